@@ -1,0 +1,354 @@
+"""Source: the kubelet pod-resources API (``v1.PodResourcesLister/List`` on a unix socket).
+
+Contract: ``PodResourcesSource.collect()`` makes at most one ``List`` call, with a deadline,
+and returns a ``model.PodResourcesSnapshot``: every pod on the node with, per container, the
+DRA claims it references (claim namespace/name and the driver/pool/device triplets) and the
+device-plugin devices it holds. On any failure it raises ``SourceError`` with a message for
+operators; it never lets a gRPC or protobuf exception escape.
+
+Reliability rules, from how a real kubelet behaves:
+
+* the socket disappears while the kubelet restarts and a new one appears at the same path;
+  the source notices both (missing path, changed inode, ``UNAVAILABLE``) and drops its
+  channel, so a stale connection never sticks;
+* the kubelet rate-limits this API (100 QPS, burst 10) and answers ``RESOURCE_EXHAUSTED``;
+  that, ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` start an exponential backoff during which
+  ``collect`` fails at once without calling the kubelet; one success resets it;
+* answers are untrusted: a size cap on the channel and our own decoding turn oversize or
+  corrupt data into a clear ``SourceError``.
+
+``snapshot_from_response`` / ``response_from_snapshot`` are the pure conversions (the second
+one serves the simulated kubelet). gRPC is imported here and nowhere in the pure core.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from .. import model
+from ..proto import api_pb2
+from . import SourceError
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+LIST_METHOD = "/v1.PodResourcesLister/List"
+
+#: Status codes after which the kubelet is asked again only once the backoff expires.
+_BACKOFF_CODES = frozenset(
+    {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+
+
+class PodResourcesSource:
+    """Reads pod → container → claims/devices from the kubelet, one ``List`` per ``collect``."""
+
+    name = "podresources"
+
+    def __init__(
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        *,
+        timeout: float = 2.0,
+        backoff: tuple[float, float] = (0.5, 30.0),
+        monotonic: Callable[[], float] = time.monotonic,
+        max_message_bytes: int = 16 << 20,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"podresources: timeout must be positive, got {timeout}")
+        if not 0 < backoff[0] <= backoff[1]:
+            raise ValueError(
+                f"podresources: backoff must be (initial, maximum) with 0 < initial <= maximum, got {backoff}"
+            )
+        if max_message_bytes <= 0:
+            raise ValueError(f"podresources: max_message_bytes must be positive, got {max_message_bytes}")
+        self.socket_path = socket_path
+        self._timeout = timeout
+        self._backoff_initial, self._backoff_max = backoff
+        self._monotonic = monotonic
+        self._max_message_bytes = max_message_bytes
+        self._log = logger or logging.getLogger(__name__)
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._list: grpc.UnaryUnaryMultiCallable | None = None
+        self._socket_id: tuple[int, int, int] | None = None
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error = ""
+
+    # --- public -----------------------------------------------------------------------------
+
+    def collect(self) -> model.PodResourcesSnapshot:
+        """One ``List`` call turned into a snapshot; raises ``SourceError`` on any failure."""
+        with self._lock:
+            self._check_backoff()
+            call = self._connect()
+            raw = self._call_list(call)
+            snapshot = _decode(raw)
+            if self._failures:
+                self._log.info("podresources: kubelet answering again at %s", self.socket_path)
+            self._failures = 0
+            self._retry_at = 0.0
+            return snapshot
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_channel()
+
+    # --- connection ---------------------------------------------------------------------------
+
+    def _check_backoff(self) -> None:
+        remaining = self._retry_at - self._monotonic()
+        if remaining > 0:
+            raise SourceError(
+                f"podresources: not asking the kubelet for another {remaining:.1f}s "
+                f"(backing off after: {self._last_error})"
+            )
+
+    def _connect(self) -> grpc.UnaryUnaryMultiCallable:
+        socket_id = self._stat_socket()
+        if self._list is not None and socket_id == self._socket_id:
+            return self._list
+        # First use, or the kubelet recreated its socket: a channel to the old inode would
+        # keep failing (or wait in gRPC's own reconnect backoff), so start afresh.
+        self._drop_channel()
+        target = "unix://" + os.path.abspath(self.socket_path)
+        options = [
+            ("grpc.max_receive_message_length", self._max_message_bytes),
+            # We run our own backoff; gRPC's reconnect backoff (up to minutes) must not add to it.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            # A private subchannel pool, so a recreated channel cannot inherit a stale connection.
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        channel = grpc.insecure_channel(target, options=options)
+        # Raw bytes out: we decode ourselves so corrupt answers get a clear message.
+        self._list = channel.unary_unary(
+            LIST_METHOD,
+            request_serializer=api_pb2.ListPodResourcesRequest.SerializeToString,
+            response_deserializer=None,
+        )
+        self._channel = channel
+        self._socket_id = socket_id
+        return self._list
+
+    def _stat_socket(self) -> tuple[int, int, int]:
+        path = self.socket_path
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            # The kubelet removes its socket while restarting; drop the channel so the
+            # new socket gets a new connection.
+            self._drop_channel()
+            raise SourceError(f"podresources: kubelet socket {path} not found") from None
+        except PermissionError:
+            self._drop_channel()
+            raise SourceError(
+                f"podresources: no permission to reach kubelet socket {path} "
+                "(mount /var/lib/kubelet/pod-resources and run with access to it)"
+            ) from None
+        except OSError as exc:
+            self._drop_channel()
+            raise SourceError(f"podresources: cannot access kubelet socket {path}: {exc.strerror}") from None
+        if not stat.S_ISSOCK(st.st_mode):
+            self._drop_channel()
+            raise SourceError(f"podresources: {path} exists but is not a unix socket")
+        # The ctime tells a recreated socket apart even when the filesystem reuses the inode.
+        return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+    def _drop_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._list = None
+        self._socket_id = None
+
+    # --- the call -------------------------------------------------------------------------------
+
+    def _call_list(self, call: grpc.UnaryUnaryMultiCallable) -> bytes:
+        try:
+            return call(api_pb2.ListPodResourcesRequest(), timeout=self._timeout)
+        except grpc.RpcError as exc:
+            code, details = _status(exc)
+            message = self._describe(code, details)
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self._drop_channel()
+            if code in _BACKOFF_CODES:
+                message = self._start_backoff(message)
+            raise SourceError(message) from None
+
+    def _describe(self, code: grpc.StatusCode | None, details: str) -> str:
+        path = self.socket_path
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+            # gRPC's own size check reuses RESOURCE_EXHAUSTED; say which limit applies.
+            return (
+                f"podresources: kubelet answer exceeds max_message_bytes={self._max_message_bytes} "
+                f"({details})"
+            )
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return f"podresources: kubelet rate limit hit ({details or 'RESOURCE_EXHAUSTED'})"
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return f"podresources: kubelet at {path} unavailable ({details or 'UNAVAILABLE'})"
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"podresources: kubelet did not answer List within {self._timeout:g}s"
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return (
+                f"podresources: kubelet at {path} does not serve {LIST_METHOD} "
+                f"(kubelet too old or API disabled: {details})"
+            )
+        name = code.name if code is not None else "UNKNOWN"
+        return f"podresources: List failed with {name}: {details}"
+
+    def _start_backoff(self, message: str) -> str:
+        self._failures += 1
+        delay = min(self._backoff_max, self._backoff_initial * 2 ** (self._failures - 1))
+        self._retry_at = self._monotonic() + delay
+        self._last_error = message
+        self._log.debug(
+            "podresources: backing off %.1fs after failure %d: %s", delay, self._failures, message
+        )
+        return f"{message}; next try in {delay:g}s"
+
+
+def _status(exc: grpc.RpcError) -> tuple[grpc.StatusCode | None, str]:
+    # Errors from a unary call are also grpc.Call objects; be defensive about others.
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    details = exc.details() if callable(getattr(exc, "details", None)) else ""
+    return code, details or ""
+
+
+def _decode(raw: Any) -> model.PodResourcesSnapshot:
+    if not isinstance(raw, bytes):
+        raise SourceError(f"podresources: kubelet answered List with {type(raw).__name__}, not bytes")
+    try:
+        response = api_pb2.ListPodResourcesResponse.FromString(raw)
+    except DecodeError as exc:
+        raise SourceError(
+            f"podresources: kubelet answered List with {len(raw)} bytes that are not a valid "
+            f"ListPodResourcesResponse ({exc})"
+        ) from None
+    return snapshot_from_response(response)
+
+
+# --- pure conversions -------------------------------------------------------------------------
+
+# Accumulators for merging: (driver, pool, device, share_id) -> CDI names.
+_Devices = dict[tuple[str, str, str, str], set[str]]
+
+
+class _ContainerAcc:
+    __slots__ = ("claims", "plugins")
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], _Devices] = {}
+        self.plugins: dict[str, set[str]] = {}
+
+    def build(self, name: str) -> model.ContainerAllocation:
+        claims = tuple(
+            model.ClaimUse(namespace=ns, name=claim, devices=_build_devices(devices))
+            for (ns, claim), devices in sorted(self.claims.items())
+        )
+        plugins = tuple(
+            model.PluginDevices(resource_name=resource, device_ids=tuple(sorted(ids)))
+            for resource, ids in sorted(self.plugins.items())
+        )
+        return model.ContainerAllocation(name=name, claims=claims, plugin_devices=plugins)
+
+
+def _build_devices(devices: _Devices) -> tuple[model.ClaimDevice, ...]:
+    return tuple(
+        model.ClaimDevice(driver=d, pool=p, device=dev, cdi_devices=tuple(sorted(cdi)), share_id=share)
+        for (d, p, dev, share), cdi in sorted(devices.items())
+    )
+
+
+def snapshot_from_response(resp: api_pb2.ListPodResourcesResponse) -> model.PodResourcesSnapshot:
+    """Normalise a ``List`` answer into a snapshot (pure).
+
+    Pods are sorted by (namespace, name), containers by name, claims by (namespace, name),
+    devices by (driver, pool, device, share_id) and ids/CDI names alphabetically: the kubelet
+    builds these lists from Go maps, so their order means nothing and changes between calls.
+    Repeated entries are merged: the kubelet lists a claim once per ``resources.claims``
+    reference of the container, and on kubelets before 1.34 a terminated pod can share its
+    name with the running one. ``share_id`` is ``""`` when the field is absent.
+    """
+    pods: dict[tuple[str, str], dict[str, _ContainerAcc]] = {}
+    for pod in resp.pod_resources:
+        containers = pods.setdefault((pod.namespace, pod.name), {})
+        for ctr in pod.containers:
+            acc = containers.setdefault(ctr.name, _ContainerAcc())
+            _add_claims(acc, ctr.dynamic_resources)
+            for devs in ctr.devices:
+                acc.plugins.setdefault(devs.resource_name, set()).update(devs.device_ids)
+    return model.PodResourcesSnapshot(
+        pods=tuple(
+            model.PodAllocation(
+                namespace=ns,
+                name=name,
+                containers=tuple(acc.build(cname) for cname, acc in sorted(containers.items())),
+            )
+            for (ns, name), containers in sorted(pods.items())
+        )
+    )
+
+
+def _add_claims(acc: _ContainerAcc, dynamic_resources: Iterable[api_pb2.DynamicResource]) -> None:
+    for dyn in dynamic_resources:
+        devices = acc.claims.setdefault((dyn.claim_namespace, dyn.claim_name), {})
+        for res in dyn.claim_resources:
+            share = res.share_id if res.HasField("share_id") else ""
+            key = (res.driver_name, res.pool_name, res.device_name, share)
+            devices.setdefault(key, set()).update(cdi.name for cdi in res.cdi_devices)
+
+
+def response_from_snapshot(snap: model.PodResourcesSnapshot) -> api_pb2.ListPodResourcesResponse:
+    """The ``List`` answer a kubelet would give for ``snap`` (pure; order kept as given).
+
+    ``share_id`` is set only when non-empty, as a kubelet does for devices that are not
+    shares of consumable capacity.
+    """
+    return api_pb2.ListPodResourcesResponse(pod_resources=[pod_resources_message(pod) for pod in snap.pods])
+
+
+def pod_resources_message(pod: model.PodAllocation) -> api_pb2.PodResources:
+    """One pod as a ``PodResources`` message (used for ``List`` and ``Get`` answers)."""
+    return api_pb2.PodResources(
+        name=pod.name,
+        namespace=pod.namespace,
+        containers=[
+            api_pb2.ContainerResources(
+                name=ctr.name,
+                devices=[
+                    api_pb2.ContainerDevices(resource_name=p.resource_name, device_ids=list(p.device_ids))
+                    for p in ctr.plugin_devices
+                ],
+                dynamic_resources=[_dynamic_resource(claim) for claim in ctr.claims],
+            )
+            for ctr in pod.containers
+        ],
+    )
+
+
+def _dynamic_resource(claim: model.ClaimUse) -> api_pb2.DynamicResource:
+    resources = []
+    for dev in claim.devices:
+        res = api_pb2.ClaimResource(
+            cdi_devices=[api_pb2.CDIDevice(name=name) for name in dev.cdi_devices],
+            driver_name=dev.driver,
+            pool_name=dev.pool,
+            device_name=dev.device,
+        )
+        if dev.share_id:
+            res.share_id = dev.share_id
+        resources.append(res)
+    return api_pb2.DynamicResource(
+        claim_name=claim.name, claim_namespace=claim.namespace, claim_resources=resources
+    )
