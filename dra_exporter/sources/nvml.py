@@ -1,0 +1,701 @@
+"""The NVML source: each ``collect()`` reads every GPU and MIG device into an ``NvmlSnapshot``.
+
+Contract (DESIGN §1, §6):
+- ``nvml`` is the pynvml module or a fake with the same call surface. Functions, constants
+  and the error class are all read from that object; nothing is imported to be called.
+- NVML is initialised on the first ``collect()``. A failed init raises ``SourceError`` and is
+  not tried again before an exponential backoff (measured on ``monotonic``) has passed.
+- Static identity (UUID, index, minor, model, PCI bus id, MIG mode, driver version) is read
+  once per GPU. MIG devices are re-enumerated every cycle: dynamic MIG creates and destroys
+  them at any time.
+- An NVML error on one device marks only that device down this cycle (``up=False``, no
+  readings, ``error`` set); it is read again next cycle and recovers by itself. NOT_SUPPORTED
+  is remembered per (device, family) and never asked again. All field-value families come
+  from one ``nvmlDeviceGetFieldValues`` call per device per cycle.
+- Processes are read from whole GPUs outside MIG mode and from MIG devices, never from a
+  MIG-enabled parent (which would count every process twice).
+- XIDs are counted on a background thread (``nvml_events``); GPM comes from ``nvml_gpm``.
+- Nothing is logged per cycle; only state changes are (init failing or succeeding, a device
+  going down or coming back, devices appearing or disappearing).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Final, NoReturn
+
+from .. import catalog as cat
+from ..model import DeviceSample, GpuDevice, Labels, NvmlSnapshot, ProcessSample, Reading
+from . import SourceError
+from .nvml_events import EventWatcher, XidCounter, XidTally
+from .nvml_gpm import GpmReader, gpm_supported
+
+_CLOCKS: Final = (
+    ("NVML_CLOCK_SM", "sm"),
+    ("NVML_CLOCK_MEM", "memory"),
+    ("NVML_CLOCK_GRAPHICS", "graphics"),
+    ("NVML_CLOCK_VIDEO", "video"),
+)
+
+#: Clock event (throttle) reason bits: NVML's name suffix and the exported label value.
+_REASONS: Final = (
+    ("GpuIdle", "gpu_idle"),
+    ("ApplicationsClocksSetting", "applications_clocks_setting"),
+    ("SwPowerCap", "sw_power_cap"),
+    ("HwSlowdown", "hw_slowdown"),
+    ("SyncBoost", "sync_boost"),
+    ("SwThermalSlowdown", "sw_thermal_slowdown"),
+    ("HwThermalSlowdown", "hw_thermal_slowdown"),
+    ("HwPowerBrakeSlowdown", "hw_power_brake_slowdown"),
+    ("DisplayClockSetting", "display_clock_setting"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldSpec:
+    metric: str
+    labels: Labels = ()
+    scale: float = 1.0
+    counter: bool = False
+    """A counter: when NVML reports it as a 32-bit value it wraps, and is unwrapped here."""
+
+
+#: The field-value families, by NVML constant name; all fetched in one call per device.
+_FIELDS: Final = (
+    ("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", _FieldSpec(cat.GPU_ENERGY, (), 1e-3, True)),  # mJ
+    ("NVML_FI_DEV_MEMORY_TEMP", _FieldSpec(cat.GPU_MEMORY_TEMPERATURE)),
+    ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", _FieldSpec(cat.GPU_PCIE_BYTES, (("direction", "tx"),), counter=True)),
+    ("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", _FieldSpec(cat.GPU_PCIE_BYTES, (("direction", "rx"),), counter=True)),
+    ("NVML_FI_DEV_PCIE_REPLAY_COUNTER", _FieldSpec(cat.GPU_PCIE_REPLAYS, counter=True)),
+    ("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", _FieldSpec(cat.GPU_ECC_ERRORS, (("type", "corrected"),), counter=True)),
+    ("NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
+     _FieldSpec(cat.GPU_ECC_ERRORS, (("type", "uncorrected"),), counter=True)),
+    ("NVML_FI_DEV_REMAPPED_COR", _FieldSpec(cat.GPU_REMAPPED_ROWS, (("type", "correctable"),), counter=True)),
+    ("NVML_FI_DEV_REMAPPED_UNC",
+     _FieldSpec(cat.GPU_REMAPPED_ROWS, (("type", "uncorrectable"),), counter=True)),
+    ("NVML_FI_DEV_REMAPPED_PENDING", _FieldSpec(cat.GPU_ROW_REMAP_PENDING)),
+    ("NVML_FI_DEV_REMAPPED_FAILURE", _FieldSpec(cat.GPU_ROW_REMAP_FAILURE)),
+)
+
+#: ``c_nvmlValue_t`` member for each ``NVML_VALUE_TYPE_*``.
+_VALUE_MEMBERS: Final = (
+    ("NVML_VALUE_TYPE_DOUBLE", "dVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_INT", "uiVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_LONG", "ulVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", "ullVal"),
+    ("NVML_VALUE_TYPE_SIGNED_LONG_LONG", "sllVal"),
+    ("NVML_VALUE_TYPE_SIGNED_INT", "siVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_SHORT", "usVal"),
+)
+
+#: What an operator should check when ``nvmlInit`` fails with these errors.
+_INIT_HINTS: Final = {
+    "NVML_ERROR_DRIVER_NOT_LOADED": "is the NVIDIA driver loaded, and are /dev/nvidia* visible "
+                                    "to this container?",
+    "NVML_ERROR_LIBRARY_NOT_FOUND": "libnvidia-ml.so.1 is not on the library path; run under the NVIDIA "
+                                    "container runtime or mount the driver libraries",
+    "NVML_ERROR_NO_PERMISSION": "no permission to open /dev/nvidia*",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": "the NVML library and the loaded kernel driver differ in version",
+}
+
+_WRAP_32: Final = 1 << 32
+
+
+class _DeviceFault(Exception):
+    """An NVML error (other than NOT_SUPPORTED) while reading one device: the device is down."""
+
+    def __init__(self, family: str, err: Exception) -> None:
+        code = getattr(err, "value", "?")
+        super().__init__(f"{err} (NVML error {code} reading {family})")
+
+
+@dataclass(slots=True)
+class _DeviceState:
+    """What the source remembers about one device between cycles (mutable on purpose)."""
+
+    field_ids: list[int]
+    unsupported: set[str] = field(default_factory=set)
+    wraps: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Field id -> (last raw 32-bit value, offset added for wraps so far)."""
+    last_process_ts: int = 0
+    gpm: GpmReader | None = None
+    down: bool = False
+
+
+@dataclass(slots=True)
+class _Mig:
+    handle: Any
+    device: GpuDevice
+    state: _DeviceState
+
+
+@dataclass(slots=True)
+class _Gpu:
+    handle: Any
+    device: GpuDevice
+    state: _DeviceState
+    max_mig: int = 0
+    gpm_supported: bool | None = None
+    """None until probed (once, on the GPU's first good cycle)."""
+    migs: dict[str, _Mig] = field(default_factory=dict)
+
+    @property
+    def mig_enabled(self) -> bool:
+        return self.device.mig_mode == "enabled"
+
+
+class _DeviceReader:
+    """Reads the metric families of one device handle; remembers NOT_SUPPORTED in its state."""
+
+    def __init__(self, nvml: Any, logger: logging.Logger) -> None:
+        self._nvml = nvml
+        self._unsupported_codes = frozenset(
+            int(code) for code in (getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", None),
+                                   getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None)) if code is not None)
+        self._not_found = int(nvml.NVML_ERROR_NOT_FOUND)
+        self._success = int(nvml.NVML_SUCCESS)
+        self._memory_v2 = getattr(nvml, "nvmlMemory_v2", None)
+        self._temperature_gpu = nvml.NVML_TEMPERATURE_GPU
+        self._uint = getattr(nvml, "NVML_VALUE_TYPE_UNSIGNED_INT", None)
+        self._value_members = {int(getattr(nvml, const)): member
+                               for const, member in _VALUE_MEMBERS if hasattr(nvml, const)}
+        self._fields = {int(getattr(nvml, const)): spec for const, spec in _FIELDS if hasattr(nvml, const)}
+        self.field_ids: tuple[int, ...] = tuple(self._fields)
+        self._reasons = tuple(
+            (int(bit), (("reason", label),)) for suffix, label in _REASONS
+            if (bit := getattr(nvml, f"nvmlClocksEventReason{suffix}",
+                               getattr(nvml, f"nvmlClocksThrottleReason{suffix}", None))) is not None)
+        plan: list[tuple[str, str, Callable[..., list[Reading]]]] = [
+            ("memory", "nvmlDeviceGetMemoryInfo", self._memory),
+            ("utilization", "nvmlDeviceGetUtilizationRates", self._utilization),
+            ("encoder", "nvmlDeviceGetEncoderUtilization",
+             partial(self._codec, "nvmlDeviceGetEncoderUtilization", cat.GPU_ENCODER_UTILIZATION)),
+            ("decoder", "nvmlDeviceGetDecoderUtilization",
+             partial(self._codec, "nvmlDeviceGetDecoderUtilization", cat.GPU_DECODER_UTILIZATION)),
+            ("power", "nvmlDeviceGetPowerUsage",
+             partial(self._milli, "nvmlDeviceGetPowerUsage", cat.GPU_POWER)),
+            ("power_limit", "nvmlDeviceGetEnforcedPowerLimit",
+             partial(self._milli, "nvmlDeviceGetEnforcedPowerLimit", cat.GPU_POWER_LIMIT)),
+            ("temperature", "nvmlDeviceGetTemperature", self._temperature),
+        ]
+        plan += [(f"clock_{label}", "nvmlDeviceGetClockInfo",
+                  partial(self._clock, int(getattr(nvml, const)), (("clock", label),)))
+                 for const, label in _CLOCKS if hasattr(nvml, const)]
+        plan += [("clock_events", "nvmlDeviceGetCurrentClocksEventReasons", self._clock_events),
+                 ("fields", "nvmlDeviceGetFieldValues", self._field_values)]
+        # A binding too old for a family loses that family, loudly once, not every cycle.
+        self._plan = tuple((family, reader) for family, function, reader in plan if hasattr(nvml, function))
+        for family, function, _ in plan:
+            if not hasattr(nvml, function):
+                logger.warning("nvml: this NVML binding has no %s; %s is not collected", function, family)
+
+    # -- one cycle of one device ---------------------------------------------------------
+
+    def read(self, handle: Any, state: _DeviceState, now: float) -> list[Reading]:
+        """Every supported family of one device; raises ``_DeviceFault`` on an NVML error."""
+        readings: list[Reading] = []
+        for family, reader in self._plan:
+            readings += self._guarded(state, family, reader, handle, state)
+        if state.gpm is not None:
+            readings += self._guarded(state, "gpm", state.gpm.read, now)
+        return readings
+
+    def processes(self, handle: Any, state: _DeviceState, uuid: str) -> list[ProcessSample]:
+        """Compute and graphics processes of one device, deduplicated by pid, with their SM share."""
+        nvml = self._nvml
+        memory: dict[int, float | None] = {}
+        for family, function in (("compute_processes", "nvmlDeviceGetComputeRunningProcesses"),
+                                 ("graphics_processes", "nvmlDeviceGetGraphicsRunningProcesses")):
+            for proc in self._guarded(state, family, getattr(nvml, function), handle):
+                pid = int(proc.pid)
+                if memory.get(pid) is None:  # a pid in both lists: keep the first known size
+                    used = proc.usedGpuMemory
+                    memory[pid] = None if used is None else float(used)
+        if not memory:
+            return []  # process utilisation costs ~2 ms per device: skip it when nobody runs
+        sm = self._process_sm(handle, state)
+        return [ProcessSample(uuid, pid, memory[pid], sm.get(pid)) for pid in sorted(memory)]
+
+    def _guarded(self, state: _DeviceState, family: str, call: Callable[..., Any], *args: Any) -> Any:
+        if family in state.unsupported:
+            return []
+        try:
+            return call(*args)
+        except self._nvml.NVMLError as err:
+            if err.value in self._unsupported_codes:
+                state.unsupported.add(family)
+                return []
+            raise _DeviceFault(family, err) from err
+
+    def _process_sm(self, handle: Any, state: _DeviceState) -> dict[int, float]:
+        """Mean SM utilisation per pid over the samples newer than the last ones seen."""
+        family = "process_utilization"
+        if family in state.unsupported:
+            return {}
+        since = state.last_process_ts
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, since)
+        except self._nvml.NVMLError as err:
+            if err.value == self._not_found:
+                return {}  # no sample newer than ``since``: not an error
+            if err.value in self._unsupported_codes:
+                state.unsupported.add(family)
+                return {}
+            raise _DeviceFault(family, err) from err
+        sums: dict[int, list[float]] = {}
+        newest = since
+        for sample in samples:
+            stamp = int(sample.timeStamp)
+            if stamp <= since:
+                continue
+            newest = max(newest, stamp)
+            acc = sums.setdefault(int(sample.pid), [0.0, 0.0])
+            acc[0] += float(sample.smUtil)
+            acc[1] += 1.0
+        state.last_process_ts = newest
+        return {pid: total / count / 100.0 for pid, (total, count) in sums.items()}
+
+    # -- family readers: one NVML call each, converted to base units --------------------
+
+    def _memory(self, handle: Any, state: _DeviceState) -> list[Reading]:
+        nvml = self._nvml
+        info = None
+        if self._memory_v2 is not None and "memory_v2" not in state.unsupported:
+            try:
+                info = nvml.nvmlDeviceGetMemoryInfo(handle, version=self._memory_v2)
+            except nvml.NVMLError as err:
+                if err.value not in self._unsupported_codes:
+                    raise
+                state.unsupported.add("memory_v2")  # drivers before R510: fall back to v1
+        if info is None:
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+        out = [Reading(cat.GPU_MEMORY_USED, float(info.used)),
+               Reading(cat.GPU_MEMORY_FREE, float(info.free)),
+               Reading(cat.GPU_MEMORY_TOTAL, float(info.total))]
+        reserved = getattr(info, "reserved", None)
+        if reserved is not None:
+            out.append(Reading(cat.GPU_MEMORY_RESERVED, float(reserved)))
+        return out
+
+    def _utilization(self, handle: Any, _state: _DeviceState) -> list[Reading]:
+        rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+        return [Reading(cat.GPU_UTILIZATION, rates.gpu / 100.0),
+                Reading(cat.GPU_MEMORY_UTILIZATION, rates.memory / 100.0)]
+
+    def _codec(self, function: str, metric: str, handle: Any, _state: _DeviceState) -> list[Reading]:
+        percent, _period_us = getattr(self._nvml, function)(handle)
+        return [Reading(metric, percent / 100.0)]
+
+    def _milli(self, function: str, metric: str, handle: Any, _state: _DeviceState) -> list[Reading]:
+        return [Reading(metric, getattr(self._nvml, function)(handle) / 1000.0)]  # mW -> W
+
+    def _temperature(self, handle: Any, _state: _DeviceState) -> list[Reading]:
+        celsius = self._nvml.nvmlDeviceGetTemperature(handle, self._temperature_gpu)
+        return [Reading(cat.GPU_TEMPERATURE, float(celsius))]
+
+    def _clock(self, clock: int, labels: Labels, handle: Any, _state: _DeviceState) -> list[Reading]:
+        return [Reading(cat.GPU_CLOCK, self._nvml.nvmlDeviceGetClockInfo(handle, clock) * 1e6, labels)]  # MHz
+
+    def _clock_events(self, handle: Any, _state: _DeviceState) -> list[Reading]:
+        bits = int(self._nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        return [Reading(cat.GPU_CLOCK_EVENT, 1.0 if bits & bit else 0.0, labels)
+                for bit, labels in self._reasons]
+
+    def _field_values(self, handle: Any, state: _DeviceState) -> list[Reading]:
+        if not state.field_ids:
+            return []
+        out: list[Reading] = []
+        dropped: set[int] = set()
+        for value in self._nvml.nvmlDeviceGetFieldValues(handle, state.field_ids):
+            field_id, ret = int(value.fieldId), int(value.nvmlReturn)
+            if ret != self._success:
+                if ret in self._unsupported_codes:
+                    dropped.add(field_id)
+                continue  # any other per-field error: absent this cycle, asked again next cycle
+            spec = self._fields.get(field_id)
+            member = self._value_members.get(int(value.valueType))
+            if spec is None or member is None:
+                continue
+            raw = getattr(value.value, member)
+            if spec.counter and int(value.valueType) == self._uint:
+                raw = _unwrap32(state.wraps, field_id, int(raw))
+            out.append(Reading(spec.metric, float(raw) * spec.scale, spec.labels))
+        if dropped:
+            state.field_ids = [fid for fid in state.field_ids if fid not in dropped]
+        return out
+
+
+def _unwrap32(wraps: dict[int, tuple[int, int]], field_id: int, raw: int) -> int:
+    """Make a 32-bit NVML counter monotonic: a value below the last one is taken as a wrap.
+
+    NVML reports the PCIe byte counters as unsigned 32-bit values (see the H200 recording),
+    which wrap after 4 GiB; exported raw they would look like counter resets.
+    """
+    last, offset = wraps.get(field_id, (raw, 0))
+    if raw < last:
+        offset += _WRAP_32
+    wraps[field_id] = (raw, offset)
+    return raw + offset
+
+
+def _text(value: Any) -> str:
+    """pynvml returns str in recent versions and bytes in old ones."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _mig_profile(name: str) -> str:
+    """``NVIDIA H200 MIG 1g.18gb`` -> ``1g.18gb``; ``""`` when the name has no MIG part."""
+    _, sep, profile = name.rpartition(" MIG ")
+    return profile.strip() if sep else ""
+
+
+def _seconds(value: float) -> str:
+    """Human seconds for messages, rounded up so "retrying in" never says 0: ``1``, ``0.5``, ``60``."""
+    if value >= 10:
+        return str(math.ceil(value))
+    return f"{math.ceil(value * 10) / 10:.1f}".removesuffix(".0")
+
+
+def _xid_readings(uuid: str, xids: dict[str, XidTally]) -> tuple[Reading, ...]:
+    tally = xids.get(uuid)
+    if tally is None:
+        return ()
+    counts = tuple(Reading(cat.GPU_XID_ERRORS, float(count), (("xid", str(code)),))
+                   for code, count in tally.counts)
+    return counts + (Reading(cat.GPU_LAST_XID, tally.last_timestamp),)
+
+
+def _mig_order(mig: _Mig) -> tuple[int, int, int, str]:
+    d = mig.device
+    start = d.placement_start if d.placement_start is not None else 1 << 30
+    return (start, d.gi_id or 0, d.ci_id or 0, d.uuid)
+
+
+class NvmlSource:
+    """Reads NVML once per ``collect()``; see the module docstring for the contract."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any, *, wall_clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 init_backoff: tuple[float, float] = (1.0, 60.0), events: bool = True,
+                 event_poll_ms: int = 500, logger: logging.Logger | None = None) -> None:
+        first, cap = init_backoff
+        if not 0 < first <= cap:
+            raise ValueError("init_backoff must be (first, max) seconds with 0 < first <= max, "
+                             f"got {init_backoff!r}")
+        if event_poll_ms <= 0:
+            raise ValueError("event_poll_ms must be a positive number of milliseconds, "
+                             f"got {event_poll_ms!r}")
+        self._nvml = nvml
+        self._wall_clock = wall_clock
+        self._monotonic = monotonic
+        self._backoff = (float(first), float(cap))
+        self._events = events
+        self._event_poll_ms = event_poll_ms
+        self._log = logger or logging.getLogger(__name__)
+        self._reader = _DeviceReader(nvml, self._log)
+        self._xids = XidCounter()
+        self._watcher: EventWatcher | None = None
+        self._gpus: list[_Gpu] = []
+        self._missing: dict[int, str] = {}
+        self._ready = False
+        self._closed = False
+        self._attempts = 0
+        self._failures = 0
+        self._retry_at = -math.inf
+        self._init_error = ""
+        self._driver = ""
+        self._nvml_version = ""
+        self._migs_changed = False
+
+    @property
+    def init_attempts(self) -> int:
+        """How many times ``nvmlInit`` has been called."""
+        return self._attempts
+
+    # -- public ------------------------------------------------------------------------
+
+    def collect(self) -> NvmlSnapshot:
+        """Read every device once; raises ``SourceError`` only when NVML itself is unusable."""
+        self._ensure_ready()
+        if self._missing:
+            self._retry_missing()
+            if not self._gpus:
+                # Not an empty node: every GPU fails. Saying so beats publishing nothing.
+                index, reason = min(self._missing.items())
+                raise SourceError(f"nvml: none of the {len(self._missing)} GPU(s) answers "
+                                  f"(GPU {index}: {reason}); retrying every cycle")
+        now = self._monotonic()
+        xids = self._xids.tallies()
+        devices: list[DeviceSample] = []
+        processes: list[ProcessSample] = []
+        for gpu in self._gpus:
+            self._collect_gpu(gpu, now, xids, devices, processes)
+        if self._migs_changed and self._watcher is not None:
+            self._watcher.mig_index = {
+                gpu.device.uuid: {(m.device.gi_id or 0, m.device.ci_id or 0): m.device.uuid
+                                  for m in gpu.migs.values()}
+                for gpu in self._gpus if gpu.migs}
+        self._migs_changed = False
+        return NvmlSnapshot(tuple(devices), tuple(processes), self._driver, self._nvml_version)
+
+    def close(self) -> None:
+        """Stop the event thread, free GPM buffers and shut NVML down. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        if not self._ready:
+            return
+        self._ready = False
+        for gpu in self._gpus:
+            for state in [gpu.state, *(m.state for m in gpu.migs.values())]:
+                if state.gpm is not None:
+                    state.gpm.free()
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError as err:
+            self._log.debug("nvml: shutdown failed: %s", err)
+
+    # -- init with backoff ---------------------------------------------------------------
+
+    def _ensure_ready(self) -> None:
+        if self._closed:
+            raise SourceError("nvml: the source is closed")
+        if self._ready:
+            return
+        now = self._monotonic()
+        if now < self._retry_at:
+            wait = _seconds(self._retry_at - now)
+            raise SourceError(f"nvml: init failed: {self._init_error}; retrying in {wait}s")
+        nvml = self._nvml
+        self._attempts += 1
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as err:
+            self._init_failed(err, now)
+        try:
+            self._start_session()
+        except nvml.NVMLError as err:
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError:
+                pass
+            self._init_failed(err, now)
+        if self._failures:
+            self._log.info("nvml: initialised after %d failed attempts", self._failures)
+        self._log.info("nvml: %d GPU(s), driver %s, NVML %s", len(self._gpus) + len(self._missing),
+                       self._driver, self._nvml_version)
+        self._ready = True
+        self._failures = 0
+        self._retry_at = -math.inf
+
+    def _init_failed(self, err: Exception, now: float) -> NoReturn:
+        first, cap = self._backoff
+        delay = min(cap, first * 2.0 ** self._failures)
+        self._failures += 1
+        self._retry_at = now + delay
+        reason = str(err)
+        for const, hint in _INIT_HINTS.items():
+            if getattr(err, "value", None) == getattr(self._nvml, const, object()):
+                reason = f"{reason} ({hint})"
+        self._init_error = reason
+        message = f"nvml: init failed: {reason}; retrying in {_seconds(delay)}s"
+        if self._failures == 1:
+            self._log.warning("%s", message)  # later failures repeat it: the agent reports them
+        raise SourceError(message) from None
+
+    def _start_session(self) -> None:
+        nvml = self._nvml
+        self._driver = _text(nvml.nvmlSystemGetDriverVersion())
+        self._nvml_version = _text(nvml.nvmlSystemGetNVMLVersion())
+        self._gpus, self._missing = [], {}
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            self._add_gpu(index)
+        if self._events:
+            self._start_events()
+
+    # -- enumeration ---------------------------------------------------------------------
+
+    def _add_gpu(self, index: int) -> bool:
+        """Read a GPU's static identity; a GPU that fails is retried on later cycles."""
+        nvml = self._nvml
+        try:
+            gpu = self._identify_gpu(index)
+        except nvml.NVMLError as err:
+            if index not in self._missing:
+                self._log.warning("nvml: GPU %d cannot be identified: %s; retrying every cycle", index, err)
+            self._missing[index] = str(err)
+            return False
+        if self._missing.pop(index, None) is not None:
+            self._log.info("nvml: GPU %d (%s) is identified now", index, gpu.device.uuid)
+        self._gpus.append(gpu)
+        self._gpus.sort(key=lambda g: g.device.index)
+        return True
+
+    def _identify_gpu(self, index: int) -> _Gpu:
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        mig_mode = self._mig_mode(handle)
+        device = GpuDevice(
+            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+            index=int(nvml.nvmlDeviceGetIndex(handle)),
+            minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
+            model=_text(nvml.nvmlDeviceGetName(handle)),
+            pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo_v3(handle).busId),
+            driver_version=self._driver,
+            mig_mode=mig_mode,
+        )
+        max_mig = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) if mig_mode == "enabled" else 0
+        return _Gpu(handle, device, _DeviceState(list(self._reader.field_ids)), max_mig=max_mig)
+
+    def _mig_mode(self, handle: Any) -> str:
+        nvml = self._nvml
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError as err:
+            if err.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                return "disabled"  # a GPU without MIG
+            raise
+        return "enabled" if current == nvml.NVML_DEVICE_MIG_ENABLE else "disabled"
+
+    def _retry_missing(self) -> None:
+        for index in sorted(self._missing):
+            if self._add_gpu(index) and self._watcher is not None:
+                gpu = next(g for g in self._gpus if g.device.index == index)
+                self._watcher.register(gpu.handle, gpu.device.uuid)
+
+    def _refresh_migs(self, gpu: _Gpu) -> None:
+        """Re-list the MIG devices of a MIG-enabled GPU; identity is read once per new UUID."""
+        nvml = self._nvml
+        found: dict[str, _Mig] = {}
+        try:
+            for slot in range(gpu.max_mig):
+                try:
+                    handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, slot)
+                except nvml.NVMLError as err:
+                    if err.value == nvml.NVML_ERROR_NOT_FOUND:
+                        continue  # an empty slot
+                    raise
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                mig = gpu.migs.get(uuid)
+                if mig is None:
+                    mig = self._identify_mig(gpu, handle, uuid)
+                mig.handle = handle
+                found[uuid] = mig
+        except nvml.NVMLError as err:
+            raise _DeviceFault("MIG devices", err) from err
+        for uuid in gpu.migs.keys() - found.keys():
+            gone = gpu.migs[uuid]
+            if gone.state.gpm is not None:
+                gone.state.gpm.free()
+            self._log.info("nvml: MIG device %s (%s) on GPU %d is gone",
+                           uuid, gone.device.profile, gpu.device.index)
+            self._migs_changed = True
+        gpu.migs = found
+
+    def _identify_mig(self, gpu: _Gpu, handle: Any, uuid: str) -> _Mig:
+        nvml = self._nvml
+        gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(handle))
+        ci_id = int(nvml.nvmlDeviceGetComputeInstanceId(handle))
+        profile = _mig_profile(_text(nvml.nvmlDeviceGetName(handle)))
+        gi_profile_id = start = size = None
+        try:
+            info = nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(gpu.handle, gi_id))
+            gi_profile_id = int(info.profileId)
+            start, size = int(info.placement.start), int(info.placement.size)
+        except nvml.NVMLError as err:
+            if err.value not in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION):
+                raise
+            # Without placement, dynamic MIG devices cannot be matched to DRA names; say so once.
+            self._log.warning("nvml: placement of MIG device %s is unknown: %s", uuid, err)
+        parent = gpu.device
+        device = GpuDevice(
+            uuid=uuid, index=parent.index, minor=parent.minor, model=parent.model,
+            pci_bus_id=parent.pci_bus_id, driver_version=parent.driver_version, mig_mode="",
+            parent_uuid=parent.uuid, profile=profile, gi_id=gi_id, ci_id=ci_id,
+            gi_profile_id=gi_profile_id, placement_start=start, placement_size=size)
+        state = _DeviceState(list(self._reader.field_ids))
+        if gpu.gpm_supported:
+            state.gpm = GpmReader(nvml, gpu.handle, gi_id)
+        self._log.info("nvml: MIG device %s (%s) on GPU %d appeared", uuid, profile, parent.index)
+        self._migs_changed = True
+        return _Mig(handle, device, state)
+
+    # -- one cycle -----------------------------------------------------------------------
+
+    def _collect_gpu(self, gpu: _Gpu, now: float, xids: dict[str, XidTally],
+                     devices: list[DeviceSample], processes: list[ProcessSample]) -> None:
+        reader = self._reader
+        try:
+            self._probe_gpm(gpu)
+            readings = reader.read(gpu.handle, gpu.state, now)
+            procs = [] if gpu.mig_enabled else reader.processes(gpu.handle, gpu.state, gpu.device.uuid)
+            if gpu.mig_enabled:
+                self._refresh_migs(gpu)
+        except _DeviceFault as fault:
+            devices.append(self._down(gpu.device, gpu.state, fault, xids))
+            devices.extend(self._down(mig.device, mig.state, fault, xids)
+                           for mig in sorted(gpu.migs.values(), key=_mig_order))
+            return
+        devices.append(self._up(gpu.device, gpu.state, readings, xids))
+        processes += procs
+        for mig in sorted(gpu.migs.values(), key=_mig_order):
+            try:
+                readings = reader.read(mig.handle, mig.state, now)
+                procs = reader.processes(mig.handle, mig.state, mig.device.uuid)
+            except _DeviceFault as fault:
+                devices.append(self._down(mig.device, mig.state, fault, xids))
+                continue
+            devices.append(self._up(mig.device, mig.state, readings, xids))
+            processes += procs
+
+    def _probe_gpm(self, gpu: _Gpu) -> None:
+        if gpu.gpm_supported is not None:
+            return
+        try:
+            gpu.gpm_supported = gpm_supported(self._nvml, gpu.handle)
+        except self._nvml.NVMLError as err:
+            raise _DeviceFault("GPM support", err) from err
+        if gpu.gpm_supported:
+            gpu.state.gpm = GpmReader(self._nvml, gpu.handle)
+
+    def _up(self, device: GpuDevice, state: _DeviceState, readings: list[Reading],
+            xids: dict[str, XidTally]) -> DeviceSample:
+        if state.down:
+            state.down = False
+            self._log.info("nvml: device %s is back up", device.uuid)
+        return DeviceSample(device, True, (*readings, *_xid_readings(device.uuid, xids)))
+
+    def _down(self, device: GpuDevice, state: _DeviceState, fault: _DeviceFault,
+              xids: dict[str, XidTally]) -> DeviceSample:
+        if not state.down:
+            state.down = True
+            self._log.warning("nvml: device %s is down: %s", device.uuid, fault)
+        if state.gpm is not None:
+            state.gpm.reset()
+        # XID counts are not read from the device, and the XID that took it down (79, "fallen
+        # off the bus") is the one an alert needs: keep them on a down device.
+        return DeviceSample(device, False, _xid_readings(device.uuid, xids), str(fault))
+
+    def _start_events(self) -> None:
+        watcher = EventWatcher(self._nvml, self._xids, poll_ms=self._event_poll_ms,
+                               wall_clock=self._wall_clock, logger=self._log)
+        try:
+            started = watcher.start((gpu.handle, gpu.device.uuid) for gpu in self._gpus)
+        except self._nvml.NVMLError as err:
+            self._log.warning("nvml: XID events are unavailable: %s", err)
+            return
+        if started:
+            self._watcher = watcher
+            self._migs_changed = True
+        else:
+            self._log.info("nvml: no GPU reports XID events; XID counters stay absent")
