@@ -1,0 +1,1036 @@
+"""Scenarios: what the simulated node has and does, loaded from validated YAML.
+
+A scenario names the node, its GPUs and MIG layout, the ResourceClaims allocated
+on it, the pods that use them (with their processes and workload curves) and the
+faults to inject. ``load_scenario`` turns a built-in name or a YAML file into a
+``Scenario``: frozen records, every identifier (UUIDs, pod and claim UIDs,
+container ids, PIDs) filled in deterministically from the seed. Any problem is a
+``ScenarioError`` naming the file and the field (``demo.yaml: pods[2].containers[0]
+.claims[0]: claim 'x' not defined in namespace 'ml'``), never a traceback.
+
+The rest of the simulator only reads scenarios: the fake NVML evaluates the
+curves and faults at simulated time, the simulated kubelet serves
+``Scenario.pod_allocations_at(t)``. The GPU profile (values recorded on a real
+H200, see ``profiles/make_profile.py``) lives here too, because validating a MIG
+layout needs it. The format is documented for users in ``docs/scenarios.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+import uuid as uuidlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+import yaml
+
+from .. import model
+from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name, parse_nvidia_device_name
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be loaded; the message names the file and the field."""
+
+
+# --- the GPU profile ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """A quantity recorded idle and under load; ``at(x)`` interpolates (x=0 idle, x=1 load)."""
+
+    idle: float
+    load: float
+
+    def at(self, x: float) -> float:
+        return self.idle + (self.load - self.idle) * x
+
+
+@dataclass(frozen=True, slots=True)
+class ClockSpec:
+    name: str
+    """``graphics``, ``sm``, ``mem`` or ``video``."""
+    idle: int
+    load: int
+    max: int
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One ``NVML_FI_DEV_*`` field as the recorded GPU answered it."""
+
+    id: int
+    name: str
+    ret: int
+    value_type: int
+    idle: float
+    load: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpmSpec:
+    """One GPM metric as the recorded GPU answered it (percent or MiB/s)."""
+
+    id: int
+    name: str
+    ret: int
+    idle: float
+    load: float
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    name: str
+    gi_profile_id: int
+    memory_slices: int
+    """The placement size."""
+    compute_slices: int
+    starts: tuple[int, ...]
+    max_instances: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProfile:
+    """A GPU model's answers, from ``profiles/<model>.json``."""
+
+    model: str
+    driver_version: str
+    nvml_version: str
+    pci_device_id: int
+    pci_subsystem_id: int
+    memory_total: int
+    memory_reserved: int
+    context_overhead: int
+    power_limit_mw: int
+    power_mw: Range
+    load_gpu_util: float
+    """Utilisation (0-1) at which the ``load`` points were recorded."""
+    memory_util: Range
+    process_mem_util_per_sm_util: float
+    energy_start_mj: int
+    gpu_temperature: Range
+    memory_temperature: Range
+    clocks: tuple[ClockSpec, ...]
+    idle_clock_event_reasons: int
+    load_clock_event_reasons: int
+    encoder: tuple[int, int]
+    decoder: tuple[int, int]
+    pcie_tx_start: int
+    pcie_rx_start: int
+    pcie_tx_idle_rate: float
+    pcie_rx_idle_rate: float
+    pcie_extra_rate_at_full_load: float
+    gpm_supported: bool
+    supported_event_types: int
+    mig_memory_slices: int
+    mig_compute_slices: int
+    mig_max_devices: int
+    mig_profiles: tuple[MigProfile, ...]
+    fields: tuple[FieldSpec, ...]
+    gpm_metrics: tuple[GpmSpec, ...]
+    latency_us: tuple[tuple[str, float], ...]
+    """Recorded median latency per NVML function, for realistic benchmarks."""
+
+    def mig_profile(self, name: str) -> MigProfile | None:
+        return next((p for p in self.mig_profiles if p.name == name), None)
+
+    def clock(self, name: str) -> ClockSpec:
+        return next(c for c in self.clocks if c.name == name)
+
+    def recorded_latency_s(self) -> dict[str, float]:
+        """Per-function latency to pass as ``FakeNvml(latency_s=...)``."""
+        return {name: us / 1e6 for name, us in self.latency_us}
+
+
+#: GPU models a scenario may name, each with a ``profiles/<model>.json``.
+GPU_MODELS: Final = ("h200",)
+
+
+@functools.cache
+def load_profile(gpu_model: str) -> GpuProfile:
+    """The recorded profile of ``gpu_model`` (one of ``GPU_MODELS``)."""
+    if gpu_model not in GPU_MODELS:
+        raise ScenarioError(f"unknown gpu_model {gpu_model!r} (known: {', '.join(GPU_MODELS)})")
+    raw = json.loads(resources.files(__package__).joinpath("profiles", f"{gpu_model}.json").read_text())
+    mig = raw["mig"]
+    return GpuProfile(
+        model=raw["model"], driver_version=raw["driver_version"], nvml_version=raw["nvml_version"],
+        pci_device_id=raw["pci"]["device_id"], pci_subsystem_id=raw["pci"]["subsystem_id"],
+        memory_total=raw["memory"]["total_bytes"], memory_reserved=raw["memory"]["reserved_bytes"],
+        context_overhead=raw["memory"]["context_overhead_bytes"],
+        power_limit_mw=raw["power_limit_mw"],
+        power_mw=Range(raw["idle"]["power_mw"], raw["load"]["power_mw"]),
+        load_gpu_util=raw["load"]["gpu_util"] / 100,
+        memory_util=Range(raw["idle"]["memory_util"], raw["load"]["memory_util"]),
+        process_mem_util_per_sm_util=raw["process_mem_util_per_sm_util"],
+        energy_start_mj=raw["energy_start_mj"],
+        gpu_temperature=Range(**raw["temperature"]["gpu"]),
+        memory_temperature=Range(**raw["temperature"]["memory"]),
+        clocks=tuple(ClockSpec(name, **c) for name, c in raw["clocks"].items()),
+        idle_clock_event_reasons=raw["clock_event_reasons"]["idle"],
+        load_clock_event_reasons=raw["clock_event_reasons"]["load"],
+        encoder=tuple(raw["encoder"]), decoder=tuple(raw["decoder"]),  # type: ignore[arg-type]
+        pcie_tx_start=raw["pcie"]["tx_bytes_start"], pcie_rx_start=raw["pcie"]["rx_bytes_start"],
+        pcie_tx_idle_rate=raw["pcie"]["tx_idle_bytes_per_s"],
+        pcie_rx_idle_rate=raw["pcie"]["rx_idle_bytes_per_s"],
+        pcie_extra_rate_at_full_load=raw["pcie"]["extra_bytes_per_s_at_full_load"],
+        gpm_supported=raw["gpm_supported"], supported_event_types=raw["supported_event_types"],
+        mig_memory_slices=mig["memory_slices"], mig_compute_slices=mig["compute_slices"],
+        mig_max_devices=mig["max_devices"],
+        mig_profiles=tuple(MigProfile(p["name"], p["gi_profile_id"], p["memory_slices"], p["compute_slices"],
+                                      tuple(p["starts"]), p["max_instances"]) for p in mig["profiles"]),
+        fields=tuple(FieldSpec(f["id"], f["name"], f["ret"], f["value_type"], f["idle"], f["load"])
+                     for f in raw["fields"]),
+        gpm_metrics=tuple(GpmSpec(m["id"], m["name"], m["ret"], m["idle"], m["load"]) for m in raw["gpm"]),
+        latency_us=tuple(raw["latency_us"].items()),
+    )
+
+
+# --- scenario records --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """A workload level over simulated time: a constant, a sine wave, plus step noise.
+
+    ``value = base + amplitude * sin(2π (t + phase) / period) + noise * u``, with ``u``
+    in [-1, 1) drawn from a hash of (seed, key, floor(t)): the same scenario, seed and
+    time always give the same value, and no global random state is touched.
+    """
+
+    base: float
+    amplitude: float = 0.0
+    period: float = 300.0
+    phase: float = 0.0
+    noise: float = 0.0
+
+    def value(self, t: float, seed: int, key: str) -> float:
+        v = self.base
+        if self.amplitude:
+            v += self.amplitude * math.sin(2 * math.pi * (t + self.phase) / self.period)
+        if self.noise:
+            v += self.noise * (2 * unit_hash(seed, key, str(math.floor(t))) - 1)
+        return v
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    profile: str
+    gi_profile_id: int
+    placement_start: int
+    placement_size: int
+    compute_slices: int
+    gi_id: int
+    ci_id: int
+    uuid: str
+    memory_total: int
+    memory_reserved: int
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    """NVML index; also the minor number (``/dev/nvidia<index>``, DRA ``gpu-<index>``)."""
+    uuid: str
+    pci_bus_id: str
+    mig: tuple[MigDevice, ...] = ()
+
+    @property
+    def minor(self) -> int:
+        return self.index
+
+    @property
+    def mig_enabled(self) -> bool:
+        return bool(self.mig)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    namespace: str
+    name: str
+    uid: str
+    request: str
+    admin_access: bool
+    driver: str
+    pool: str
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PluginDevice:
+    resource: str
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    device: str
+    """The device as the scenario wrote it (DRA name or GPU index)."""
+    uuid: str
+    """NVML UUID of that device (``GPU-…`` or ``MIG-…``)."""
+    pid: int
+    memory_bytes: int
+    sm: Curve
+    key: str
+    """Stable identity used to seed this process's curve noise."""
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    name: str
+    container_id: str
+    claims: tuple[str, ...] = ()
+    plugin_devices: tuple[PluginDevice, ...] = ()
+    processes: tuple[Process, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    start: float
+    end: float | None
+    containers: tuple[Container, ...]
+
+    def alive_at(self, t: float) -> bool:
+        return self.start <= t and (self.end is None or t < self.end)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """An injected fault, active on ``[at, until)`` (``until=None``: to the end).
+
+    ``params`` holds the kind's own parameters (``family``, ``xid``, ``mig_device``,
+    ``delay``, ``error``); an ``xid`` fault is a single event at ``at``.
+    """
+
+    kind: str
+    at: float
+    until: float | None = None
+    gpu: int | None = None
+    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+
+    def active_at(self, t: float) -> bool:
+        return self.at <= t and (self.until is None or t < self.until)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    """Where it came from (``demo.yaml`` or the path given); used in messages."""
+    node_name: str
+    seed: int
+    gpu_model: str
+    gpus: tuple[Gpu, ...]
+    claims: tuple[Claim, ...] = ()
+    pods: tuple[Pod, ...] = ()
+    faults: tuple[Fault, ...] = ()
+    exporter_pod: PodRef | None = None
+    description: str = ""
+
+    @property
+    def profile(self) -> GpuProfile:
+        return load_profile(self.gpu_model)
+
+    def pods_at(self, t: float) -> tuple[Pod, ...]:
+        return tuple(p for p in self.pods if p.alive_at(t))
+
+    def claim(self, namespace: str, name: str) -> Claim | None:
+        return next((c for c in self.claims if (c.namespace, c.name) == (namespace, name)), None)
+
+    def consumers_at(self, claim: Claim, t: float) -> tuple[Pod, ...]:
+        """Pods alive at ``t`` with a container that references ``claim`` (its ``reservedFor``)."""
+        return tuple(p for p in self.pods_at(t) if p.namespace == claim.namespace
+                     and any(claim.name in c.claims for c in p.containers))
+
+    def active_faults(self, t: float, kind: str | None = None) -> tuple[Fault, ...]:
+        return tuple(f for f in self.faults if f.active_at(t) and (kind is None or f.kind == kind))
+
+    def pod_allocations_at(self, t: float) -> model.PodResourcesSnapshot:
+        """What the kubelet's pod-resources ``List`` returns at simulated time ``t``."""
+        claims = {(c.namespace, c.name): c for c in self.claims}
+        return model.PodResourcesSnapshot(pods=tuple(
+            model.PodAllocation(pod.namespace, pod.name, tuple(
+                model.ContainerAllocation(
+                    name=c.name,
+                    claims=tuple(_claim_use(claims[(pod.namespace, name)]) for name in c.claims),
+                    plugin_devices=tuple(model.PluginDevices(d.resource, d.ids) for d in c.plugin_devices))
+                for c in pod.containers))
+            for pod in self.pods_at(t)))
+
+    def gpu_devices(self) -> tuple[model.GpuDevice, ...]:
+        """NVML identities of every GPU and MIG device, in NVML enumeration order."""
+        out: list[model.GpuDevice] = []
+        for gpu in self.gpus:
+            common = dict(index=gpu.index, minor=gpu.minor, model=self.profile.model,
+                          pci_bus_id=gpu.pci_bus_id, driver_version=self.profile.driver_version)
+            out.append(model.GpuDevice(uuid=gpu.uuid, mig_mode="enabled" if gpu.mig_enabled else "disabled",
+                                       **common))  # type: ignore[arg-type]
+            out.extend(model.GpuDevice(
+                uuid=m.uuid, mig_mode="", parent_uuid=gpu.uuid, profile=m.profile,
+                gi_id=m.gi_id, ci_id=m.ci_id,
+                gi_profile_id=m.gi_profile_id, placement_start=m.placement_start,
+                placement_size=m.placement_size, **common) for m in gpu.mig)  # type: ignore[arg-type]
+        return tuple(out)
+
+    def device_name(self, uuid: str) -> str | None:
+        """The NVIDIA DRA device name (canonical format) of an NVML device."""
+        dev = next((d for d in self.gpu_devices() if d.uuid == uuid), None)
+        return nvidia_device_name(dev) if dev else None
+
+    def nvml_uuid(self, device: str) -> str | None:
+        """The NVML UUID that an NVIDIA DRA device name on this node stands for."""
+        return NvidiaNameResolver(self.gpu_devices()).resolve(NVIDIA_DRIVER, self.node_name, device)
+
+    def find_mig(self, uuid: str) -> tuple[Gpu, MigDevice] | None:
+        for gpu in self.gpus:
+            for mig in gpu.mig:
+                if mig.uuid == uuid:
+                    return gpu, mig
+        return None
+
+
+def _claim_use(claim: Claim) -> model.ClaimUse:
+    return model.ClaimUse(claim.namespace, claim.name, tuple(
+        model.ClaimDevice(claim.driver, claim.pool, device, _cdi_devices(claim, device))
+        for device in claim.devices))
+
+
+def _cdi_devices(claim: Claim, device: str) -> tuple[str, ...]:
+    # NVIDIA's driver names one CDI device per claim device, embedding the claim UID;
+    # other drivers' CDI names are their own business, so none are invented here.
+    if claim.driver != NVIDIA_DRIVER:
+        return ()
+    return (f"k8s.gpu.nvidia.com/claim={claim.uid}-{device}",)
+
+
+# --- deterministic identifiers ----------------------------------------------------------------
+
+
+def _digest(seed: int, *parts: str, size: int = 16) -> bytes:
+    text = "\x1f".join((str(seed), *parts))
+    return hashlib.blake2b(text.encode(), digest_size=size).digest()
+
+
+def unit_hash(seed: int, *parts: str) -> float:
+    """A number in [0, 1) that depends only on its arguments."""
+    return int.from_bytes(_digest(seed, *parts, size=8), "big") / 2**64
+
+
+def derived_uuid(seed: int, *parts: str) -> str:
+    return str(uuidlib.UUID(bytes=_digest(seed, *parts), version=4))
+
+
+# PCI bus numbers of an 8-GPU HGX board, then a second set for 16-GPU nodes.
+_BUS_NUMBERS: Final = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB,
+                       0x19, 0x2B, 0x3B, 0x5E, 0x9B, 0xAC, 0xBB, 0xDC)
+MAX_GPUS: Final = len(_BUS_NUMBERS)
+_PID_MIN, _PID_SPAN = 1000, 4_000_000
+
+
+def _gi_id(size: int, start: int) -> int:
+    """GPU-instance id for a placement; distinct for any non-overlapping layout."""
+    return {8: 0, 4: 1 + start // 4, 2: 3 + start // 2}.get(size, 7 + start)
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+_SCENARIO_DIR: Final = "scenarios"
+_MAX_FILE_BYTES: Final = 4 << 20
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_QUANTITY = re.compile(r"(\d+(?:\.\d+)?)\s*(Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P)?")
+_UNITS: Final = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50,
+                 "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_MIG_RESOURCE = re.compile(r"nvidia\.com/mig-(?P<profile>.+)")
+_GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+#: NVML call families a ``family_unsupported`` fault can switch off.
+NVML_FAMILIES: Final = ("utilization", "memory", "power", "temperature", "clocks", "clock_events",
+                        "fields", "processes", "gpm", "events")
+INIT_ERRORS: Final = ("driver_not_loaded", "library_not_found")
+KUBELET_FAULTS: Final = ("kubelet_socket_gone", "kubelet_resource_exhausted", "kubelet_slow",
+                         "kubelet_malformed")
+FAULT_KINDS: Final = ("gpu_lost", "family_unsupported", "init_failure", "xid") + KUBELET_FAULTS
+
+
+def builtin_scenarios() -> list[str]:
+    """Names accepted by ``load_scenario`` besides file paths."""
+    folder = resources.files(__package__).joinpath(_SCENARIO_DIR)
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_scenario(source: str | os.PathLike[str]) -> Scenario:
+    """Load a built-in scenario by name or a scenario YAML file; raises ``ScenarioError``."""
+    label, text = _read_source(source)
+    return parse_scenario(_parse_yaml(label, text), label)
+
+
+def parse_scenario(data: Any, label: str = "<scenario>") -> Scenario:
+    """Validate already-parsed YAML (a mapping) into a ``Scenario``."""
+    return _Builder(label).build(_Cursor(label, "", data))
+
+
+def _read_source(source: str | os.PathLike[str]) -> tuple[str, str]:
+    if isinstance(source, str) and source in builtin_scenarios() and not os.path.exists(source):
+        name = f"{source}.yaml"
+        return name, resources.files(__package__).joinpath(_SCENARIO_DIR, name).read_text()
+    path = Path(source)
+    label = os.fspath(source)
+    try:
+        if path.stat().st_size > _MAX_FILE_BYTES:
+            raise ScenarioError(f"{label}: file is larger than {_MAX_FILE_BYTES >> 20} MiB; not a scenario")
+        return label, path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"scenario {label!r}: no such file, and not a built-in scenario "
+                            f"(built-ins: {', '.join(builtin_scenarios())})") from None
+    except IsADirectoryError:
+        raise ScenarioError(f"scenario {label!r} is a directory, not a YAML file") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{label}: not a UTF-8 text file") from None
+    except OSError as e:
+        raise ScenarioError(f"scenario {label!r}: cannot read it: {e.strerror}") from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, str | int | float | bool) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        if isinstance(key, str | int | float | bool):
+            seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _parse_yaml(label: str, text: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ScenarioError(f"{label}: invalid YAML{where}: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{label}: invalid YAML: {e}") from None
+
+
+class _Cursor:
+    """A value inside the YAML document, with its field path for error messages."""
+
+    __slots__ = ("label", "path", "value")
+
+    def __init__(self, label: str, path: str, value: Any) -> None:
+        self.label, self.path, self.value = label, path, value
+
+    def error(self, message: str) -> ScenarioError:
+        where = f"{self.label}: {self.path}" if self.path else self.label
+        return ScenarioError(f"{where}: {message}")
+
+    def key(self, name: str) -> _Cursor:
+        value = self.value.get(name) if isinstance(self.value, dict) else None
+        return _Cursor(self.label, f"{self.path}.{name}" if self.path else name, value)
+
+    def items(self) -> Iterator[tuple[int, _Cursor]]:
+        for i, value in enumerate(self.list()):
+            yield i, _Cursor(self.label, f"{self.path}[{i}]", value)
+
+    @property
+    def present(self) -> bool:
+        return self.value is not None
+
+    def mapping(self, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> _Cursor:
+        if not isinstance(self.value, dict):
+            raise self.error(f"expected a mapping with keys {', '.join(required + optional)}, "
+                             f"got {_kind(self.value)}")
+        for key in self.value:
+            if key not in required and key not in optional:
+                raise self.key(str(key)).error(
+                    f"unknown key (allowed here: {', '.join(required + optional)})")
+        for key in required:
+            if self.value.get(key) is None:
+                raise self.key(key).error("required")
+        return self
+
+    def list(self) -> list[Any]:
+        if self.value is None:
+            return []
+        if not isinstance(self.value, list):
+            raise self.error(f"expected a list, got {_kind(self.value)}")
+        return self.value
+
+    def str(self, default: str | None = None, pattern: re.Pattern[str] | None = None, what: str = "") -> str:
+        if self.value is None and default is not None:
+            return default
+        if not isinstance(self.value, str) or not self.value:
+            raise self.error(f"expected a non-empty string, got {_kind(self.value)}")
+        if pattern is not None and not pattern.fullmatch(self.value):
+            raise self.error(f"{self.value!r} is not a valid {what}")
+        return self.value
+
+    def name(self, what: str, pattern: re.Pattern[str] | None = None) -> str:
+        """A Kubernetes object name."""
+        return self.str(pattern=pattern or _K8S_NAME, what=f"{what} (lowercase letters, digits, '-' and '.')")
+
+    def int(self, default: int | None = None, minimum: int | None = None) -> int:
+        if self.value is None and default is not None:
+            return default
+        if isinstance(self.value, bool) or not isinstance(self.value, int):
+            raise self.error(f"expected an integer, got {_kind(self.value)}")
+        if minimum is not None and self.value < minimum:
+            raise self.error(f"must be >= {minimum}, got {self.value}")
+        return self.value
+
+    def number(self, default: float | None = None, minimum: float | None = None) -> float:
+        if self.value is None and default is not None:
+            return default
+        value = self.value
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.error(f"expected a number, got {_kind(value)}")
+        if minimum is not None and value < minimum:
+            raise self.error(f"must be >= {minimum:g}, got {value:g}")
+        return float(value)
+
+    def bool(self, default: bool) -> bool:
+        if self.value is None:
+            return default
+        if not isinstance(self.value, bool):
+            raise self.error(f"expected true or false, got {_kind(self.value)}")
+        return self.value
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"boolean {value}"
+    if isinstance(value, int | float):
+        return f"number {value}"
+    if isinstance(value, str):
+        return f"string {value!r}" if len(value) < 60 else "a long string"
+    return {dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
+
+
+class _Builder:
+    """Turns the validated document into records, in dependency order."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.seed = 0
+        self.node = ""
+        self.profile: GpuProfile
+        self.gpus: dict[int, Gpu] = {}
+        self.devices: tuple[model.GpuDevice, ...] = ()
+        self.resolver: NvidiaNameResolver
+        self.claims: dict[tuple[str, str], Claim] = {}
+        self.uuids: dict[str, str] = {}
+        self.pids: dict[int, str] = {}
+        self.process_paths: dict[str, str] = {}
+
+    def build(self, doc: _Cursor) -> Scenario:
+        if doc.value is None:
+            raise doc.error("the file is empty")
+        doc.mapping(("node", "gpus"), ("seed", "gpu_model", "exporter_pod", "claims", "pods", "faults",
+                                       "description"))
+        self.node = doc.key("node").name("node name")
+        self.seed = doc.key("seed").int(default=0)
+        gpu_model = doc.key("gpu_model").str(default="h200")
+        if gpu_model not in GPU_MODELS:
+            raise doc.key("gpu_model").error(
+                f"unknown GPU model {gpu_model!r} (known: {', '.join(GPU_MODELS)})")
+        self.profile = load_profile(gpu_model)
+        self._gpus(doc.key("gpus"))
+        scenario = Scenario(self.label, self.node, self.seed, gpu_model, tuple(self.gpus.values()))
+        self.devices = scenario.gpu_devices()
+        self.resolver = NvidiaNameResolver(self.devices)
+        claims = tuple(self._claim(c) for _, c in doc.key("claims").items())
+        self._check_exclusive(doc.key("claims"), claims)
+        pods = self._pods(doc.key("pods"))
+        faults = tuple(self._fault(f) for _, f in doc.key("faults").items())
+        exporter = doc.key("exporter_pod")
+        pod_ref = None
+        if exporter.present:
+            exporter.mapping(("namespace", "name"))
+            pod_ref = PodRef(exporter.key("namespace").name("namespace"),
+                             exporter.key("name").name("pod name"))
+        description = doc.key("description").str(default="")
+        return Scenario(self.label, self.node, self.seed, gpu_model, scenario.gpus, claims, pods, faults,
+                        pod_ref, description)
+
+    # -- GPUs and MIG ------------------------------------------------------------------------
+
+    def _gpus(self, cur: _Cursor) -> None:
+        if not cur.list():
+            raise cur.error("a node needs at least one GPU")
+        for _, g in cur.items():
+            g.mapping(("index",), ("uuid", "mig"))
+            index = g.key("index").int(minimum=0)
+            if index >= MAX_GPUS:
+                raise g.key("index").error(f"at most {MAX_GPUS} GPUs per node; index must be < {MAX_GPUS}")
+            if index in self.gpus:
+                raise g.key("index").error(f"GPU index {index} is listed twice")
+            gpu_uuid = self._uuid(g.key("uuid"), "GPU-", g.path, ("gpu", str(index)))
+            mig = self._mig(g.key("mig"), index)
+            self.gpus[index] = Gpu(index, gpu_uuid, f"00000000:{_BUS_NUMBERS[index]:02X}:00.0", mig)
+        missing = sorted(set(range(len(self.gpus))) - set(self.gpus))
+        if missing:
+            raise cur.error(f"GPU indexes must be 0..{len(self.gpus) - 1} without gaps, as NVML numbers "
+                            f"them; missing {', '.join(map(str, missing))}")
+        self.gpus = dict(sorted(self.gpus.items()))
+
+    def _mig(self, cur: _Cursor, gpu: int) -> tuple[MigDevice, ...]:
+        prof = self.profile
+        used: dict[int, str] = {}
+        out: list[MigDevice] = []
+        for i, m in cur.items():
+            m.mapping(("profile", "placement_start"), ("uuid",))
+            name = m.key("profile").str()
+            mp = prof.mig_profile(name)
+            if mp is None:
+                raise m.key("profile").error(f"unknown MIG profile {name!r} for {prof.model} "
+                                             f"(known: {', '.join(p.name for p in prof.mig_profiles)})")
+            start = m.key("placement_start").int(minimum=0)
+            if start not in mp.starts:
+                raise m.key("placement_start").error(
+                    f"{name} cannot start at slice {start} (valid starts: {', '.join(map(str, mp.starts))})")
+            for s in range(start, start + mp.memory_slices):
+                if s in used:
+                    last = start + mp.memory_slices - 1
+                    raise m.error(f"{name} at slices {start}-{last} overlaps {used[s]}")
+            for s in range(start, start + mp.memory_slices):
+                used[s] = f"{cur.path}[{i}] ({name} at {start})"
+            if sum(d.profile == name for d in out) >= mp.max_instances:
+                raise m.error(f"at most {mp.max_instances} x {name} fit on one {prof.model}")
+            mig_uuid = self._uuid(m.key("uuid"), "MIG-", m.path, ("mig", str(gpu), str(start), name))
+            share = mp.memory_slices / prof.mig_memory_slices
+            out.append(MigDevice(name, mp.gi_profile_id, start, mp.memory_slices, mp.compute_slices,
+                                 _gi_id(mp.memory_slices, start), 0, mig_uuid,
+                                 int(prof.memory_total * share), int(prof.memory_reserved * share)))
+        if sum(d.compute_slices for d in out) > prof.mig_compute_slices:
+            raise cur.error(f"the MIG devices need {sum(d.compute_slices for d in out)} compute slices; "
+                            f"a {prof.model} has {prof.mig_compute_slices}")
+        return tuple(sorted(out, key=lambda d: d.placement_start))
+
+    def _uuid(self, cur: _Cursor, prefix: str, owner: str, parts: tuple[str, ...]) -> str:
+        if cur.present:
+            value = cur.str(pattern=re.compile(re.escape(prefix) + r"[0-9A-Za-z-]{1,80}"),
+                            what=f"UUID (expected {prefix}…)")
+        else:
+            value = prefix + derived_uuid(self.seed, *parts)
+        if value in self.uuids:
+            raise cur.error(f"UUID {value} is already used by {self.uuids[value]}")
+        self.uuids[value] = owner
+        return value
+
+    # -- claims --------------------------------------------------------------------------------
+
+    def _claim(self, c: _Cursor) -> Claim:
+        c.mapping(("namespace", "name", "devices"), ("uid", "request", "admin_access", "driver"))
+        ns = c.key("namespace").name("namespace")
+        name = c.key("name").name("claim name")
+        if (ns, name) in self.claims:
+            raise c.key("name").error(f"claim {ns}/{name} is defined twice")
+        uid = c.key("uid").str() if c.key("uid").present else derived_uuid(self.seed, "claim", ns, name)
+        driver = c.key("driver").str(default=NVIDIA_DRIVER, pattern=_K8S_NAME, what="driver name")
+        devices: list[str] = []
+        if not c.key("devices").list():
+            raise c.key("devices").error("a claim needs at least one device")
+        for _, d in c.key("devices").items():
+            device = d.str()
+            if driver == NVIDIA_DRIVER:
+                self._nvidia_device(d, device)
+            if device in devices:
+                raise d.error(f"device {device!r} is listed twice")
+            devices.append(device)
+        claim = Claim(ns, name, uid, c.key("request").str(default="gpu"), c.key("admin_access").bool(False),
+                      driver, self.node, tuple(devices))
+        self.claims[(ns, name)] = claim
+        return claim
+
+    def _nvidia_device(self, cur: _Cursor, name: str) -> str:
+        """The NVML UUID of an NVIDIA DRA device name on this node."""
+        parsed = parse_nvidia_device_name(name)
+        if parsed is None:
+            raise cur.error(f"{name!r} is not an NVIDIA DRA device name (gpu-<minor>, "
+                            "gpu-<minor>-mig-<giProfileId>-<start>-<size> or "
+                            "gpu-<minor>-mig-<profile>-<giProfileId>-<start>)")
+        gpu = self.gpus.get(parsed.minor)
+        if gpu is None:
+            raise cur.error(f"{name!r}: the node has no GPU with minor {parsed.minor}")
+        if not parsed.is_mig and gpu.mig_enabled:
+            raise cur.error(f"{name!r}: GPU {gpu.index} is split into MIG devices and cannot be used whole "
+                            f"(its devices: {', '.join(self._mig_names(gpu))})")
+        found = self.resolver.resolve(NVIDIA_DRIVER, self.node, name)
+        if found is None:
+            have = ", ".join(self._mig_names(gpu)) or "none"
+            raise cur.error(f"{name!r}: no such MIG device on GPU {gpu.index} (its MIG devices: {have})")
+        return found
+
+    def _mig_names(self, gpu: Gpu) -> list[str]:
+        return [nvidia_device_name(d) for d in self.devices if d.parent_uuid == gpu.uuid]
+
+    def _check_exclusive(self, cur: _Cursor, claims: tuple[Claim, ...]) -> None:
+        # The scheduler never gives one device to two ordinary claims; admin access is exempt.
+        owner: dict[tuple[str, str], Claim] = {}
+        for i, claim in enumerate(claims):
+            if claim.admin_access:
+                continue
+            for j, device in enumerate(claim.devices):
+                other = owner.setdefault((claim.driver, device), claim)
+                if other is not claim:
+                    where = _Cursor(self.label, f"{cur.path}[{i}].devices[{j}]", device)
+                    raise where.error(f"device {device!r} is already allocated to claim "
+                                      f"{other.namespace}/{other.name}; only admin_access claims may share "
+                                      "a device")
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    def _pods(self, cur: _Cursor) -> tuple[Pod, ...]:
+        pods: list[Pod] = []
+        seen: set[tuple[str, str]] = set()
+        uids: set[str] = set()
+        for _, p in cur.items():
+            p.mapping(("namespace", "name", "containers"), ("uid", "start", "end"))
+            ns = p.key("namespace").name("namespace")
+            name = p.key("name").name("pod name")
+            if (ns, name) in seen:
+                raise p.key("name").error(f"pod {ns}/{name} is defined twice")
+            seen.add((ns, name))
+            uid = p.key("uid").str() if p.key("uid").present else derived_uuid(self.seed, "pod", ns, name)
+            if uid in uids:
+                raise p.key("uid").error(f"pod UID {uid} is used twice")
+            uids.add(uid)
+            start = p.key("start").number(default=0.0, minimum=0)
+            end = p.key("end").number(minimum=0) if p.key("end").present else None
+            if end is not None and end <= start:
+                raise p.key("end").error(f"the pod must end after it starts (start {start:g}, end {end:g})")
+            if not p.key("containers").list():
+                raise p.key("containers").error("a pod needs at least one container")
+            containers: list[Container] = []
+            for _, c in p.key("containers").items():
+                container = self._container(c, ns, name)
+                if any(x.name == container.name for x in containers):
+                    raise c.key("name").error(
+                        f"container {container.name!r} is defined twice in pod {ns}/{name}")
+                containers.append(container)
+            pods.append(Pod(ns, name, uid, start, end, tuple(containers)))
+        self._check_memory(pods)
+        return tuple(pods)
+
+    def _container(self, c: _Cursor, ns: str, pod: str) -> Container:
+        c.mapping(("name",), ("container_id", "claims", "plugin_devices", "processes"))
+        name = c.key("name").name("container name", _DNS_LABEL)
+        owner = f"{ns}/{pod}/{name}"
+        container_id = (c.key("container_id").str() if c.key("container_id").present
+                        else "containerd://" + _digest(self.seed, "container", ns, pod, name, size=32).hex())
+        claims: list[str] = []
+        for _, ref in c.key("claims").items():
+            claim = ref.str()
+            if (ns, claim) not in self.claims:
+                raise ref.error(f"claim {claim!r} not defined in namespace {ns!r}")
+            if claim in claims:
+                raise ref.error(f"claim {claim!r} is referenced twice")
+            claims.append(claim)
+        plugin = tuple(self._plugin_devices(d) for _, d in c.key("plugin_devices").items())
+        processes = tuple(self._process(p, owner, i) for i, p in c.key("processes").items())
+        return Container(name, container_id, tuple(claims), plugin, processes)
+
+    def _plugin_devices(self, cur: _Cursor) -> PluginDevice:
+        cur.mapping(("resource", "ids"))
+        resource = cur.key("resource").str()
+        mig = _MIG_RESOURCE.fullmatch(resource)
+        if resource != _GPU_RESOURCE and not (mig and self.profile.mig_profile(mig["profile"])):
+            raise cur.key("resource").error(
+                f"{resource!r} is not nvidia.com/gpu or nvidia.com/mig-<profile> (profiles of the "
+                f"{self.profile.model}: {', '.join(p.name for p in self.profile.mig_profiles)})")
+        ids: list[str] = []
+        if not cur.key("ids").list():
+            raise cur.key("ids").error("needs at least one device id")
+        for _, d in cur.key("ids").items():
+            value = d.value
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = str(value)  # YAML reads `ids: [0]` as an integer
+            device_id = _Cursor(d.label, d.path, value).str()
+            if not self._plugin_id_known(device_id, mig["profile"] if mig else None):
+                kind = f"{mig['profile']} MIG device UUID" if mig else "whole-GPU UUID or index"
+                raise d.error(f"{device_id!r} is not a {kind} on this node")
+            ids.append(device_id)
+        return PluginDevice(resource, tuple(ids))
+
+    def _plugin_id_known(self, device_id: str, mig_profile: str | None) -> bool:
+        if mig_profile is not None:
+            return any(d.uuid == device_id and d.profile == mig_profile for d in self.devices)
+        return any(not g.mig_enabled and device_id in (g.uuid, str(g.index)) for g in self.gpus.values())
+
+    def _process(self, p: _Cursor, owner: str, i: int) -> Process:
+        p.mapping(("device", "memory"), ("pid", "sm"))
+        target = self._process_device(p.key("device"))
+        memory = _quantity(p.key("memory"))
+        sm = _curve(p.key("sm"), lo=0.0, hi=1.0) if p.key("sm").present else Curve(0.0)
+        key = f"{owner}/{i}"
+        self.process_paths[key] = p.path
+        if p.key("pid").present:
+            pid = p.key("pid").int(minimum=1)
+            if self.pids.get(pid, owner) != owner:
+                raise p.key("pid").error(f"PID {pid} already belongs to container {self.pids[pid]}")
+        else:
+            pid = self._derived_pid(key)
+        self.pids[pid] = owner
+        return Process(str(p.key("device").value), target, pid, memory, sm, key)
+
+    def _derived_pid(self, key: str) -> int:
+        n = int.from_bytes(_digest(self.seed, "pid", key, size=8), "big")
+        pid = _PID_MIN + n % _PID_SPAN
+        while pid in self.pids:
+            pid = _PID_MIN + (pid - _PID_MIN + 1) % _PID_SPAN
+        return pid
+
+    def _process_device(self, cur: _Cursor) -> str:
+        value = cur.value
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            gpu = self.gpus.get(value)
+            if gpu is None:
+                raise cur.error(f"the node has no GPU with index {value}")
+            if gpu.mig_enabled:
+                raise cur.error(f"GPU {value} is split into MIG devices; name one of them "
+                                f"({', '.join(self._mig_names(gpu))})")
+            return gpu.uuid
+        return self._nvidia_device(cur, cur.str())
+
+    def _check_memory(self, pods: list[Pod]) -> None:
+        # Usage only grows when a pod starts, so checking at every start time is exhaustive.
+        whole = self.profile.memory_total - self.profile.memory_reserved
+        capacity = {g.uuid: whole for g in self.gpus.values()}
+        capacity.update({m.uuid: m.memory_total - m.memory_reserved
+                         for g in self.gpus.values() for m in g.mig})
+        for t in sorted({p.start for p in pods}):
+            used: dict[str, int] = {}
+            for pod in pods:
+                for proc in (q for c in pod.containers for q in c.processes if pod.alive_at(t)):
+                    used[proc.uuid] = used.get(proc.uuid, 0) + proc.memory_bytes
+                    if used[proc.uuid] > capacity[proc.uuid]:
+                        name = next(nvidia_device_name(d) for d in self.devices if d.uuid == proc.uuid)
+                        path = self.process_paths[proc.key] + ".memory"
+                        raise _Cursor(self.label, path, proc.memory_bytes).error(
+                            f"at t={t:g} s the processes on {name} need {used[proc.uuid]} bytes of memory; "
+                            f"it has {capacity[proc.uuid]}")
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def _fault(self, f: _Cursor) -> Fault:
+        if not isinstance(f.value, dict):
+            raise f.error(f"expected a mapping with keys kind, at, ..., got {_kind(f.value)}")
+        if not f.key("kind").present:
+            raise f.key("kind").error(f"required (one of {', '.join(FAULT_KINDS)})")
+        kind = f.key("kind").str()
+        if kind not in FAULT_KINDS:
+            raise f.key("kind").error(f"unknown fault kind {kind!r} (known: {', '.join(FAULT_KINDS)})")
+        spec = _FAULT_PARAMS[kind]
+        f.mapping(("kind", "at") + spec.required, ("until",) + spec.optional)
+        at = f.key("at").number(minimum=0)
+        until = f.key("until").number(minimum=0) if f.key("until").present else None
+        if until is not None and kind == "xid":
+            raise f.key("until").error("an xid fault is one event at 'at'; it has no 'until'")
+        if until is not None and until <= at:
+            raise f.key("until").error(f"must be after 'at' ({until:g} <= {at:g})")
+        gpu = None
+        if f.key("gpu").present:
+            gpu = f.key("gpu").int(minimum=0)
+            if gpu not in self.gpus:
+                raise f.key("gpu").error(f"the node has no GPU with index {gpu}")
+        params = {name: parse(self, f.key(name), gpu) for name, parse in spec.params.items()
+                  if f.key(name).present}
+        params.update({k: v for k, v in spec.defaults.items() if k not in params})
+        return Fault(kind, at, until, gpu, MappingProxyType(params))
+
+    def _mig_device_param(self, cur: _Cursor, gpu: int | None) -> str:
+        name = cur.str()
+        mig_uuid = self._nvidia_device(cur, name)
+        parent = next(d.parent_uuid for d in self.devices if d.uuid == mig_uuid)
+        if not parent or gpu is None or parent != self.gpus[gpu].uuid:
+            raise cur.error(f"{name!r} is not a MIG device of GPU {gpu}")
+        return name
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[_Builder, _Cursor, int | None], str]:
+    def parse(_: _Builder, cur: _Cursor, __: int | None) -> str:
+        value = cur.str()
+        if value not in choices:
+            raise cur.error(f"{value!r} is not one of {', '.join(choices)}")
+        return value
+    return parse
+
+
+@dataclass(frozen=True, slots=True)
+class _FaultParams:
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    params: Mapping[str, Callable[[_Builder, _Cursor, int | None], Any]] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+_FAULT_PARAMS: Final[Mapping[str, _FaultParams]] = {
+    "gpu_lost": _FaultParams(required=("gpu",)),
+    "family_unsupported": _FaultParams(("family",), ("gpu",), {"family": _one_of(NVML_FAMILIES)}),
+    "init_failure": _FaultParams((), ("error",), {"error": _one_of(INIT_ERRORS)},
+                                 {"error": "driver_not_loaded"}),
+    "xid": _FaultParams(("gpu", "xid"), ("mig_device",),
+                        {"xid": lambda b, c, g: c.int(minimum=0), "mig_device": _Builder._mig_device_param}),
+    "kubelet_socket_gone": _FaultParams(),
+    "kubelet_resource_exhausted": _FaultParams(),
+    "kubelet_slow": _FaultParams(("delay",), (), {"delay": lambda b, c, g: c.number(minimum=0)}),
+    "kubelet_malformed": _FaultParams(),
+}
+
+
+def _quantity(cur: _Cursor) -> int:
+    value = cur.value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise cur.error(f"must be >= 0 bytes, got {value}")
+        return value
+    if isinstance(value, str) and (m := _QUANTITY.fullmatch(value.strip())):
+        return int(float(m[1]) * _UNITS[m[2]])
+    raise cur.error(f"expected bytes as an integer or a quantity like \"20Gi\", got {_kind(value)}")
+
+
+def _curve(cur: _Cursor, lo: float, hi: float) -> Curve:
+    if not isinstance(cur.value, dict):
+        base = cur.number()
+        if not lo <= base <= hi:
+            raise cur.error(f"must be between {lo:g} and {hi:g}, got {base:g}")
+        return Curve(base)
+    cur.mapping(("base",), ("amplitude", "period", "phase", "noise"))
+    base = cur.key("base").number()
+    if not lo <= base <= hi:
+        raise cur.key("base").error(f"must be between {lo:g} and {hi:g}, got {base:g}")
+    period = cur.key("period").number(default=300.0)
+    if period <= 0:
+        raise cur.key("period").error(f"must be > 0 seconds, got {period:g}")
+    return Curve(base, cur.key("amplitude").number(default=0.0, minimum=0), period,
+                 cur.key("phase").number(default=0.0), cur.key("noise").number(default=0.0, minimum=0))
