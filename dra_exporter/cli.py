@@ -1,0 +1,160 @@
+"""Command line: ``dra-exporter serve | snapshot | doctor``.
+
+Thin by design: parse flags (every flag also reads ``DRA_EXPORTER_<FLAG>``), build
+``Settings``, hand over to ``runtime``. User errors exit with code 2 and one line.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from . import __version__
+from .config import DEFAULT_INTERVAL, DEFAULT_LISTEN, ConfigError, Settings, parse_self_pod
+
+ENV_PREFIX = "DRA_EXPORTER"
+
+
+def _env(name: str) -> str:
+    return f"{ENV_PREFIX}_{name.upper().replace('-', '_')}"
+
+
+def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A click option that also reads DRA_EXPORTER_<NAME> from the environment."""
+    long = next(d for d in decls if d.startswith("--")).lstrip("-").split("/")[0]
+    return click.option(*decls, envvar=_env(long), show_envvar=True, **kw)
+
+
+simulate_option = _opt(
+    "--simulate", "simulate", is_flag=False, flag_value="demo", default=None, metavar="[SCENARIO]",
+    help="Run on a simulated node: a built-in scenario (default 'demo') or a scenario YAML file.")
+kubelet_socket_option = _opt(
+    "--kubelet-socket", default=None, metavar="PATH",
+    help="Kubelet pod-resources socket [default: /var/lib/kubelet/pod-resources/kubelet.sock]. "
+         "With --simulate it replaces the simulated kubelet.")
+interval_option = _opt("--interval", type=click.FloatRange(min=0.05, max=3600), default=DEFAULT_INTERVAL,
+                       show_default=True, help="Seconds between collection cycles.")
+node_name_option = _opt("--node-name", default=None, help="Node name [default: $NODE_NAME, else the hostname].")
+pod_options = [
+    _opt("--pod-namespace", default=None, help="Namespace of the exporter's own pod (downward API)."),
+    _opt("--pod-name", default=None, help="Name of the exporter's own pod; its claims count as monitoring."),
+]
+log_level_option = _opt("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+                        default="info", show_default=True)
+
+
+def _common(f: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed([simulate_option, kubelet_socket_option, interval_option, node_name_option,
+                            *pod_options, log_level_option]):
+        f = option(f)
+    return f
+
+
+def _settings(listen: str = DEFAULT_LISTEN, **kw: Any) -> Settings:
+    from .sinks.http import ListenAddressError, parse_listen
+
+    try:
+        parse_listen(listen)  # fail at start-up, before anything else is built
+        return Settings(
+            listen=listen,
+            interval=kw["interval"],
+            node_name=kw["node_name"] or os.environ.get("NODE_NAME") or socket.gethostname(),
+            simulate=kw["simulate"],
+            kubelet_socket=kw["kubelet_socket"],
+            self_pod=parse_self_pod(kw["pod_namespace"], kw["pod_name"]),
+        )
+    except (ConfigError, ListenAddressError) as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Known user errors (bad scenario, bad setting) → one line on stderr, exit 2; no traceback."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .sim.scenario import ScenarioError
+        from .sinks.http import ListenAddressError
+
+        try:
+            return f(*args, **kwargs)
+        except (ScenarioError, ConfigError, ListenAddressError) as exc:
+            click.echo(f"dra-exporter: error: {exc}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="dra-exporter")
+def main() -> None:
+    """GPU metrics for Kubernetes DRA, labelled by claim, pod, container and MIG partition."""
+
+
+@main.command()
+@_opt("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
+      help="Address for /metrics, /healthz and /readyz.")
+@_common
+@_user_errors
+def serve(listen: str, log_level: str, **kw: Any) -> None:
+    """Collect every interval and serve the latest frame on /metrics."""
+    from . import runtime
+
+    settings = _settings(listen, **kw)
+    _logging(log_level)
+    runtime.serve(settings)
+
+
+@main.command()
+@_opt("--format", "fmt", type=click.Choice(["prometheus", "openmetrics", "json", "table"]), default="table",
+      show_default=True, help="Output format.")
+@_common
+@_user_errors
+def snapshot(fmt: str, log_level: str, **kw: Any) -> None:
+    """Run one collection cycle (two samples, for rates) and print it."""
+    from . import runtime
+
+    settings = _settings(**kw)
+    _logging("error" if log_level == "info" else log_level)
+    frame = runtime.snapshot(settings)
+    if fmt in ("prometheus", "openmetrics"):
+        from .sinks.prometheus import render
+
+        click.echo(render(frame, openmetrics=fmt == "openmetrics").decode(), nl=False)
+    elif fmt == "json":
+        from .sinks.text import render_json
+
+        click.echo(render_json(frame))
+    else:
+        from .sinks.text import render_table
+
+        click.echo(render_table(frame))
+
+
+@main.command()
+@_common
+@_user_errors
+def doctor(log_level: str, **kw: Any) -> None:
+    """Check what this node offers and print actionable findings."""
+    from . import doctor as checks
+
+    settings = _settings(**kw)
+    _logging("error" if log_level == "info" else log_level)
+    findings = checks.run(settings)
+    click.echo(checks.format_findings(findings))
+    sys.exit(1 if any(f.level == "FAIL" for f in findings) else 0)
+
+
+if __name__ == "__main__":
+    main()

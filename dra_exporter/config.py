@@ -1,0 +1,35 @@
+"""One frozen ``Settings`` object, built by the CLI from flags and ``DRA_EXPORTER_*`` env vars."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_LISTEN = "0.0.0.0:9401"  # 9400 is dcgm-exporter's: both can run side by side
+DEFAULT_INTERVAL = 1.0
+DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names it and says what is expected."""
+
+
+def parse_self_pod(namespace: str | None, name: str | None) -> tuple[str, str] | None:
+    if bool(namespace) != bool(name):
+        raise ConfigError("--pod-namespace and --pod-name go together (set both from the downward API)")
+    return (namespace, name) if namespace and name else None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    listen: str = DEFAULT_LISTEN
+    """Where /metrics, /healthz and /readyz are served."""
+    interval: float = DEFAULT_INTERVAL
+    """Seconds between NVML collection cycles (and rendered frames)."""
+    node_name: str = ""
+    """This node's name: the field selector for node-local API objects, and NVIDIA's pool name."""
+    simulate: str | None = None
+    """Built-in scenario name or scenario file; None runs against the real node."""
+    kubelet_socket: str | None = None
+    """Pod-resources socket; None means the default (or the simulated kubelet under --simulate)."""
+    self_pod: tuple[str, str] | None = None
+    """(namespace, name) of the exporter's own pod; its claims are monitoring claims."""

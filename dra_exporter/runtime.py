@@ -1,0 +1,127 @@
+"""The imperative shell: from ``Settings`` to running sources, agent and sinks."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .agent import Agent, SourceRunner
+from .config import DEFAULT_KUBELET_SOCKET, Settings
+from .model import Frame
+
+log = logging.getLogger(__name__)
+
+#: Simulated seconds at which `snapshot --simulate` looks at the scenario: late enough
+#: that the demo's pods run and its XID has fired, fixed so the output is reproducible.
+SNAPSHOT_SIM_TIME = 60.0
+
+
+@dataclass
+class Runtime:
+    agent: Agent
+    sim: Any = None
+    prometheus: Any = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.agent.stop()
+        for close in reversed(self.closers):
+            close()
+
+
+def build(settings: Settings, *, sim_time: float | None = None, http: bool = False) -> Runtime:
+    """Wire sources, agent and sinks. ``sim_time`` freezes the simulated clock there."""
+    from .sources.nvml import NvmlSource
+    from .sources.podresources import PodResourcesSource
+
+    closers: list[Callable[[], None]] = []
+    sim = None
+    wall_clock: Callable[[], float] = time.time
+    if settings.simulate is not None:
+        from .sim.clock import SimClock
+        from .sim.node import SimulatedNode
+        from .sim.scenario import load_scenario
+
+        scenario = load_scenario(settings.simulate)
+        clock = SimClock(sim_time or 0.0, frozen=sim_time is not None)
+        # An explicit --kubelet-socket replaces the simulated kubelet (NVML stays simulated).
+        sim = SimulatedNode(scenario, clock, kubelet=settings.kubelet_socket is None).start()
+        closers.append(sim.close)
+        wall_clock = sim.wall_clock
+        nvml: Any = sim.nvml
+        socket = sim.kubelet.socket_path if sim.kubelet else settings.kubelet_socket
+    else:
+        import pynvml
+
+        nvml = pynvml
+        socket = settings.kubelet_socket or DEFAULT_KUBELET_SOCKET
+
+    # On a simulated node, backoffs and rate integrals follow simulated time too.
+    monotonic: Callable[[], float] = sim.clock.now if sim is not None else time.monotonic
+    primary = SourceRunner(NvmlSource(nvml, wall_clock=wall_clock, monotonic=monotonic), keep_last_good=False,
+                           wall_clock=wall_clock, interval=settings.interval)
+    side = [SourceRunner(PodResourcesSource(socket), keep_last_good=True, wall_clock=wall_clock,
+                         interval=settings.interval)]
+    sinks: list[Any] = []
+    prometheus = None
+    if http:
+        from .sinks.prometheus import PrometheusSink
+
+        prometheus = PrometheusSink(settings.listen)
+        try:
+            prometheus.start()
+        except Exception:
+            for close in reversed(closers):  # don't leave the simulated kubelet's socket behind
+                close()
+            raise
+        closers.append(prometheus.stop)
+        sinks.append(prometheus)
+    agent = Agent(primary, side, sinks, interval=settings.interval, self_pod=_self_pod(settings, sim),
+                  wall_clock=wall_clock)
+    return Runtime(agent, sim, prometheus, closers)
+
+
+def _self_pod(settings: Settings, sim: Any) -> tuple[str, str] | None:
+    if settings.self_pod:
+        return settings.self_pod
+    if sim is not None and sim.scenario.exporter_pod:
+        pod = sim.scenario.exporter_pod
+        return (pod.namespace, pod.name)
+    return None
+
+
+def snapshot(settings: Settings) -> Frame:
+    """One collection cycle, taken twice so that rates (GPM, process utilisation) have two samples."""
+    runtime = build(settings, sim_time=SNAPSHOT_SIM_TIME if settings.simulate is not None else None)
+    try:
+        runtime.agent.cycle(collect_side=True)
+        if runtime.sim is not None:
+            runtime.sim.clock.advance(settings.interval)
+        else:
+            time.sleep(settings.interval)
+        return runtime.agent.cycle(collect_side=True)
+    finally:
+        runtime.close()
+
+
+def serve(settings: Settings, *, stop: threading.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or ``stop`` is set)."""
+    stop = stop or threading.Event()
+    runtime = build(settings, http=True)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    log.info("serving /metrics on %s (port %d, interval %ss%s)", settings.listen,
+             runtime.prometheus.port, settings.interval,
+             f", simulated node '{settings.simulate}'" if settings.simulate is not None else "")
+    try:
+        runtime.agent.start()
+        stop.wait()
+    finally:
+        log.info("shutting down")
+        runtime.close()

@@ -1,0 +1,139 @@
+"""The command line as users meet it: flags, env vars, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dra_exporter import cli, runtime
+from dra_exporter.config import Settings
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    """Patch runtime.serve and record the Settings the CLI built."""
+    seen: list[Settings] = []
+    monkeypatch.setattr(runtime, "serve", lambda settings, **_: seen.append(settings))
+    return seen
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli.main, list(args), env=env, catch_exceptions=False)
+
+
+def test_serve_defaults(captured: list[Settings], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+    result = invoke("serve")
+    assert result.exit_code == 0, result.output
+    (s,) = captured
+    assert (s.listen, s.interval, s.node_name, s.simulate, s.kubelet_socket) == (
+        "0.0.0.0:9401", 1.0, "gpu-node-7", None, None)
+
+
+def test_simulate_without_value_means_demo(captured: list[Settings]) -> None:
+    assert invoke("serve", "--simulate").exit_code == 0
+    assert invoke("serve", "--simulate", "my.yaml").exit_code == 0
+    assert [s.simulate for s in captured] == ["demo", "my.yaml"]
+
+
+def test_every_flag_reads_its_environment_variable(captured: list[Settings]) -> None:
+    env = {"DRA_EXPORTER_LISTEN": "127.0.0.1:9999", "DRA_EXPORTER_INTERVAL": "2.5",
+           "DRA_EXPORTER_NODE_NAME": "n1", "DRA_EXPORTER_SIMULATE": "demo",
+           "DRA_EXPORTER_KUBELET_SOCKET": "/tmp/k.sock", "DRA_EXPORTER_POD_NAMESPACE": "monitoring",
+           "DRA_EXPORTER_POD_NAME": "dra-exporter-abc"}
+    assert invoke("serve", env=env).exit_code == 0
+    (s,) = captured
+    assert (s.listen, s.interval, s.node_name, s.simulate, s.kubelet_socket, s.self_pod) == (
+        "127.0.0.1:9999", 2.5, "n1", "demo", "/tmp/k.sock", ("monitoring", "dra-exporter-abc"))
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["serve", "--listen", "nonsense"], "HOST:PORT"),
+    (["serve", "--listen", "0.0.0.0:99999"], "65535"),
+    (["serve", "--interval", "0"], "--interval"),
+    (["serve", "--pod-name", "x"], "--pod-namespace"),
+    (["snapshot", "--format", "xml"], "--format"),
+    (["serve", "--no-such-flag"], "no-such-flag"),
+])
+def test_bad_flags_exit_2_with_a_clear_line(args: list[str], needle: str, captured: list[Settings]) -> None:
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 2
+    assert needle in result.output
+    assert "Traceback" not in result.output
+    assert not captured
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dra_exporter.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_malformed_scenario_exits_2_with_one_line_naming_the_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("node: n\ngpus:\n  - index: 0\n    mig: [{profile: 9g.999gb, placement_start: 0}]\n")
+    result = run_cli("snapshot", "--simulate", str(bad))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.yaml" in lines[0] and "9g.999gb" in lines[0], result.stderr
+    missing = run_cli("snapshot", "--simulate", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "nope.yaml" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_busy_port_is_a_one_line_error() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "--simulate", "--listen", f"127.0.0.1:{port}")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and str(port) in result.stderr
+
+
+def test_snapshot_json_has_attributed_devices() -> None:
+    result = invoke("snapshot", "--simulate", "--format", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    used = doc["metrics"]["dra_gpu_memory_used_bytes"]
+    pods = {s["labels"]["pod"] for s in used}
+    assert "llama-train-0" in pods and "" in pods
+    # GPM ratios need two samples; snapshot takes them.
+    assert doc["metrics"]["dra_gpu_sm_active_ratio"]
+
+
+def test_snapshot_table_shows_every_device_with_attribution() -> None:
+    result = invoke("snapshot", "--simulate", "--format", "table")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split()[:3] == ["GPU", "UUID", "PROFILE"]
+    assert len(lines) == 1 + 8 + 2 + 7  # header, 8 GPUs, 2 + 7 MIG devices
+    assert any("llama-train-0" in ln and "trainer" in ln for ln in lines)
+    assert any("(shared)" in ln and "shared-notebook-gpu" in ln for ln in lines)
+
+
+def test_snapshot_prometheus_output_is_deterministic() -> None:
+    first = invoke("snapshot", "--simulate", "--format", "prometheus").output
+    second = invoke("snapshot", "--simulate", "--format", "prometheus").output
+    strip = lambda text: [ln for ln in text.splitlines() if "collect_duration" not in ln]  # noqa: E731
+    assert strip(first) == strip(second)
+    assert "dra_gpu_utilization_ratio{" in first
+
+
+def test_doctor_on_the_simulated_node() -> None:
+    result = invoke("doctor", "--simulate")
+    assert result.exit_code == 0, result.output
+    assert "NVIDIA H200" in result.output and "MIG enabled" in result.output
+    assert "pod-resources answers" in result.output
+
+
+def test_doctor_without_gpu_or_kubelet_says_what_to_fix(tmp_path: Path) -> None:
+    result = run_cli("doctor", "--kubelet-socket", str(tmp_path / "kubelet.sock"))
+    assert result.returncode == 1
+    assert "[FAIL] kubelet" in result.stdout and "not found" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr

@@ -1,0 +1,18 @@
+"""DESIGN §2 layering, checked with import-linter (contracts in .importlinter)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_contracts_hold() -> None:
+    exe = shutil.which("lint-imports")
+    cmd = [exe] if exe else [sys.executable, "-m", "importlinter.cli"]
+    result = subprocess.run([*cmd, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
