@@ -36,6 +36,12 @@ class Sink(Protocol):
     def publish(self, frame: Frame) -> None: ...
 
 
+class ReportingSink(Sink, Protocol):
+    """A sink whose own health is worth a self-metric (a push that can fail)."""
+
+    def health(self) -> SourceHealth: ...
+
+
 class SourceRunner:
     """Collects one source, times it and tracks its health.
 
@@ -145,6 +151,7 @@ class Agent:
             snapshot, h = runner.latest()
             snapshots[runner.name] = snapshot
             health.append(h)
+        health.extend(sink.health() for sink in self.sinks if hasattr(sink, "health"))
         nvml = snapshots.get("nvml")
         pods = snapshots.get("podresources")
         return JoinInput(

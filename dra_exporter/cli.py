@@ -6,10 +6,10 @@ Thin by design: parse flags (every flag also reads ``DRA_EXPORTER_<FLAG>``), bui
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
-import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -65,7 +65,7 @@ def _settings(listen: str = DEFAULT_LISTEN, **kw: Any) -> Settings:
         return Settings(
             listen=listen,
             interval=kw["interval"],
-            node_name=kw["node_name"] or os.environ.get("NODE_NAME") or socket.gethostname(),
+            node_name=kw["node_name"] or os.environ.get("NODE_NAME") or "",
             simulate=kw["simulate"],
             kubelet_socket=kw["kubelet_socket"],
             self_pod=parse_self_pod(kw["pod_namespace"], kw["pod_name"]),
@@ -81,10 +81,11 @@ def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from .sim.scenario import ScenarioError
         from .sinks.http import ListenAddressError
+        from .sinks.otlp import OtlpConfigError
 
         try:
             return f(*args, **kwargs)
-        except (ScenarioError, ConfigError, ListenAddressError) as exc:
+        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError) as exc:
             click.echo(f"dra-exporter: error: {exc}", err=True)
             sys.exit(2)
 
@@ -102,16 +103,70 @@ def main() -> None:
     """GPU metrics for Kubernetes DRA, labelled by claim, pod, container and MIG partition."""
 
 
+def _otlp_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        _opt("--otlp-endpoint", default=None, metavar="URL",
+             help="Push metrics to this OpenTelemetry collector (e.g. http://collector:4317). "
+                  "OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT also turns the push on."),
+        _opt("--otlp-protocol", type=click.Choice(["grpc", "http/protobuf"]), default=None,
+             help="OTLP transport [default: OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL, else grpc]."),
+        _opt("--otlp-interval", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+             help="Seconds between pushes."),
+        _opt("--otlp-header", "otlp_headers", multiple=True, metavar="KEY=VALUE",
+             help="Header sent with every push (repeatable), e.g. an API key."),
+        _opt("--otlp-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+             help="Seconds one push may take, retries included."),
+        _opt("--otlp-insecure/--otlp-secure", default=None,
+             help="gRPC without TLS [default: from the URL scheme]."),
+        _opt("--otlp-certificate", default=None, metavar="FILE", help="CA bundle for the collector's certificate."),
+        _opt("--otlp-client-certificate", default=None, metavar="FILE", help="Client certificate (mTLS)."),
+        _opt("--otlp-client-key", default=None, metavar="FILE", help="Client key (mTLS)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _otlp_settings(kw: dict[str, Any]) -> Any:
+    """OtlpSettings from the --otlp-* flags (popped from ``kw``), or None when no push is asked for."""
+    from .sinks.otlp import OtlpConfigError, OtlpSettings, parse_header
+
+    flags = {k: kw.pop(k) for k in list(kw) if k.startswith("otlp_")}
+    env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not flags["otlp_endpoint"] and not env_endpoint:
+        return None
+    protocol = flags["otlp_protocol"] or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    try:
+        return OtlpSettings(
+            endpoint=flags["otlp_endpoint"] or "",  # "" lets the SDK read OTEL_EXPORTER_OTLP_*
+            protocol=protocol, interval=flags["otlp_interval"], timeout=flags["otlp_timeout"],
+            headers=tuple(parse_header(h) for h in flags["otlp_headers"]),
+            insecure=flags["otlp_insecure"], certificate_file=flags["otlp_certificate"],
+            client_certificate_file=flags["otlp_client_certificate"],
+            client_key_file=flags["otlp_client_key"],
+        )
+    except (OtlpConfigError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 @main.command()
 @_opt("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
       help="Address for /metrics, /healthz and /readyz.")
+@_opt("--prometheus/--no-prometheus", default=True, show_default=True,
+      help="Serve the Prometheus endpoint (turn off to only push OTLP).")
+@_otlp_options
 @_common
 @_user_errors
-def serve(listen: str, log_level: str, **kw: Any) -> None:
-    """Collect every interval and serve the latest frame on /metrics."""
+def serve(listen: str, prometheus: bool, log_level: str, **kw: Any) -> None:
+    """Collect every interval; serve the latest frame on /metrics and/or push it over OTLP."""
     from . import runtime
 
-    settings = _settings(listen, **kw)
+    otlp = _otlp_settings(kw)
+    if not prometheus and otlp is None:
+        raise click.UsageError("--no-prometheus needs --otlp-endpoint: otherwise nothing is published")
+    settings = dataclasses.replace(_settings(listen, **kw), prometheus=prometheus, otlp=otlp)
     _logging(log_level)
     runtime.serve(settings)
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .sinks.otlp import OtlpSettings
 
 DEFAULT_LISTEN = "0.0.0.0:9401"  # 9400 is dcgm-exporter's: both can run side by side
 DEFAULT_INTERVAL = 1.0
@@ -26,10 +30,15 @@ class Settings:
     interval: float = DEFAULT_INTERVAL
     """Seconds between NVML collection cycles (and rendered frames)."""
     node_name: str = ""
-    """This node's name: the field selector for node-local API objects, and NVIDIA's pool name."""
+    """This node's name: the field selector for node-local API objects, and NVIDIA's pool name.
+    ``""``: the simulated scenario's node, else the hostname."""
     simulate: str | None = None
     """Built-in scenario name or scenario file; None runs against the real node."""
     kubelet_socket: str | None = None
     """Pod-resources socket; None means the default (or the simulated kubelet under --simulate)."""
     self_pod: tuple[str, str] | None = None
     """(namespace, name) of the exporter's own pod; its claims are monitoring claims."""
+    prometheus: bool = True
+    """Serve /metrics; off with --no-prometheus (then /healthz and /readyz are off too)."""
+    otlp: OtlpSettings | None = None
+    """Push to an OpenTelemetry collector when set."""

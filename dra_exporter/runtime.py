@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import __version__
 from .agent import Agent, SourceRunner
 from .config import DEFAULT_KUBELET_SOCKET, Settings
 from .model import Frame
@@ -34,14 +36,29 @@ class Runtime:
             close()
 
 
-def build(settings: Settings, *, sim_time: float | None = None, http: bool = False) -> Runtime:
-    """Wire sources, agent and sinks. ``sim_time`` freezes the simulated clock there."""
+def build(settings: Settings, *, sim_time: float | None = None, publish: bool = False) -> Runtime:
+    """Wire sources, agent and (with ``publish``) the sinks. ``sim_time`` freezes the simulated clock there.
+
+    If anything fails half-way, what was already started is closed again before the error
+    propagates (no simulated kubelet socket is left behind).
+    """
+    closers: list[Callable[[], None]] = []
+    try:
+        return _build(settings, sim_time, publish, closers)
+    except BaseException:
+        for close in reversed(closers):
+            close()
+        raise
+
+
+def _build(settings: Settings, sim_time: float | None, publish: bool,
+           closers: list[Callable[[], None]]) -> Runtime:
     from .sources.nvml import NvmlSource
     from .sources.podresources import PodResourcesSource
 
-    closers: list[Callable[[], None]] = []
     sim = None
     wall_clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
     if settings.simulate is not None:
         from .sim.clock import SimClock
         from .sim.node import SimulatedNode
@@ -52,33 +69,34 @@ def build(settings: Settings, *, sim_time: float | None = None, http: bool = Fal
         # An explicit --kubelet-socket replaces the simulated kubelet (NVML stays simulated).
         sim = SimulatedNode(scenario, clock, kubelet=settings.kubelet_socket is None).start()
         closers.append(sim.close)
-        wall_clock = sim.wall_clock
+        # On a simulated node, timestamps, backoffs and rate integrals follow simulated time.
+        wall_clock, monotonic = sim.wall_clock, clock.now
         nvml: Any = sim.nvml
-        socket = sim.kubelet.socket_path if sim.kubelet else settings.kubelet_socket
+        kubelet_socket = sim.kubelet.socket_path if sim.kubelet else settings.kubelet_socket
     else:
         import pynvml
 
         nvml = pynvml
-        socket = settings.kubelet_socket or DEFAULT_KUBELET_SOCKET
+        kubelet_socket = settings.kubelet_socket or DEFAULT_KUBELET_SOCKET
 
-    # On a simulated node, backoffs and rate integrals follow simulated time too.
-    monotonic: Callable[[], float] = sim.clock.now if sim is not None else time.monotonic
     primary = SourceRunner(NvmlSource(nvml, wall_clock=wall_clock, monotonic=monotonic), keep_last_good=False,
                            wall_clock=wall_clock, interval=settings.interval)
-    side = [SourceRunner(PodResourcesSource(socket), keep_last_good=True, wall_clock=wall_clock,
+    side = [SourceRunner(PodResourcesSource(kubelet_socket), keep_last_good=True, wall_clock=wall_clock,
                          interval=settings.interval)]
     sinks: list[Any] = []
     prometheus = None
-    if http:
+    if publish and settings.otlp is not None:
+        from .sinks.otlp import OtlpSink
+
+        node_name = settings.node_name or (sim.scenario.node_name if sim is not None else socket.gethostname())
+        otlp = OtlpSink(settings.otlp, node_name=node_name, host_name=socket.gethostname(), version=__version__)
+        closers.append(otlp.shutdown)
+        sinks.append(otlp)
+    if publish and settings.prometheus:
         from .sinks.prometheus import PrometheusSink
 
         prometheus = PrometheusSink(settings.listen)
-        try:
-            prometheus.start()
-        except Exception:
-            for close in reversed(closers):  # don't leave the simulated kubelet's socket behind
-                close()
-            raise
+        prometheus.start()
         closers.append(prometheus.stop)
         sinks.append(prometheus)
     agent = Agent(primary, side, sinks, interval=settings.interval, self_pod=_self_pod(settings, sim),
@@ -112,13 +130,17 @@ def snapshot(settings: Settings) -> Frame:
 def serve(settings: Settings, *, stop: threading.Event | None = None) -> None:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set)."""
     stop = stop or threading.Event()
-    runtime = build(settings, http=True)
+    runtime = build(settings, publish=True)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    log.info("serving /metrics on %s (port %d, interval %ss%s)", settings.listen,
-             runtime.prometheus.port, settings.interval,
-             f", simulated node '{settings.simulate}'" if settings.simulate is not None else "")
+    if runtime.prometheus is not None:
+        log.info("serving /metrics on %s (port %d)", settings.listen, runtime.prometheus.port)
+    if settings.otlp is not None:
+        log.info("pushing OTLP (%s) to %s every %ss", settings.otlp.protocol,
+                 settings.otlp.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint", settings.otlp.interval)
+    log.info("collecting every %ss%s", settings.interval,
+             f" on simulated node '{settings.simulate}'" if settings.simulate is not None else "")
     try:
         runtime.agent.start()
         stop.wait()

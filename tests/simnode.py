@@ -23,7 +23,7 @@ def simulated(scenario: str = "demo", *, sim_time: float = 50.0, http: bool = Fa
     """A built runtime on a frozen simulated clock; closed afterwards."""
     listen = "127.0.0.1:0"
     rt = runtime.build(Settings(listen=listen, simulate=scenario, **settings),  # type: ignore[arg-type]
-                       sim_time=sim_time, http=http)
+                       sim_time=sim_time, publish=http)
     try:
         yield rt
     finally:

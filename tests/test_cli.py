@@ -27,7 +27,7 @@ def invoke(*args: str, env: dict[str, str] | None = None):  # type: ignore[no-un
 
 
 def test_serve_defaults(captured: list[Settings], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")  # from the downward API in the DaemonSet
     result = invoke("serve")
     assert result.exit_code == 0, result.output
     (s,) = captured
@@ -59,6 +59,10 @@ def test_every_flag_reads_its_environment_variable(captured: list[Settings]) -> 
     (["serve", "--pod-name", "x"], "--pod-namespace"),
     (["snapshot", "--format", "xml"], "--format"),
     (["serve", "--no-such-flag"], "no-such-flag"),
+    (["serve", "--no-prometheus"], "--otlp-endpoint"),
+    (["serve", "--otlp-endpoint", "ftp://x:1"], "OTLP"),
+    (["serve", "--otlp-endpoint", "http://c:4317", "--otlp-header", "novalue"], "KEY=VALUE"),
+    (["serve", "--otlp-endpoint", "http://c:4317", "--otlp-client-certificate", "/c.pem"], "key"),
 ])
 def test_bad_flags_exit_2_with_a_clear_line(args: list[str], needle: str, captured: list[Settings]) -> None:
     result = CliRunner().invoke(cli.main, args)
@@ -66,6 +70,21 @@ def test_bad_flags_exit_2_with_a_clear_line(args: list[str], needle: str, captur
     assert needle in result.output
     assert "Traceback" not in result.output
     assert not captured
+
+
+def test_otlp_flags_and_standard_environment(captured: list[Settings], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert invoke("serve", "--otlp-endpoint", "http://collector:4318", "--otlp-protocol", "http/protobuf",
+                  "--otlp-header", "x-api-key=s3cret", "--otlp-header", "x-tenant=a", "--otlp-interval", "5",
+                  "--no-prometheus").exit_code == 0
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env-collector:4317")
+    assert invoke("serve").exit_code == 0
+    first, from_env = captured
+    assert first.prometheus is False and first.otlp is not None
+    assert (first.otlp.endpoint, first.otlp.protocol, first.otlp.interval) == (
+        "http://collector:4318", "http/protobuf", 5.0)
+    assert first.otlp.headers == (("x-api-key", "s3cret"), ("x-tenant", "a"))
+    assert from_env.prometheus is True and from_env.otlp is not None
+    assert (from_env.otlp.endpoint, from_env.otlp.protocol) == ("", "grpc"), "the SDK reads the env endpoint"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
