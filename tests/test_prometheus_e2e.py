@@ -23,7 +23,7 @@ IDLE = {"uuid": "GPU-99999999-8888-7777-6666-555555555555", "gpu": "2", "profile
 
 
 def labels(values: dict[str, str]) -> model.Labels:
-    return tuple((name, values[name]) for name in catalog.DEVICE_LABELS)
+    return tuple((name, values.get(name, "")) for name in catalog.DEVICE_LABELS)
 
 
 def frame(scale: float = 1.0) -> model.Frame:

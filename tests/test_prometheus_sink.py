@@ -43,7 +43,7 @@ def device_labels(uuid: str, gpu: str = "0", *, namespace: str = "", pod: str = 
                   extra: model.Labels = ()) -> model.Labels:
     values = {"uuid": uuid, "gpu": gpu, "profile": profile, "parent_uuid": parent_uuid,
               "namespace": namespace, "pod": pod, "container": container, "claim": claim}
-    return tuple((name, values[name]) for name in catalog.DEVICE_LABELS) + extra
+    return tuple((name, values.get(name, "")) for name in catalog.DEVICE_LABELS) + extra
 
 
 def family(name: str, *samples: tuple[model.Labels, float]) -> model.Family:

@@ -1,4 +1,4 @@
-"""The scrape endpoint: a small threaded HTTP server that serves pre-rendered bytes.
+"""The scrape endpoint: a small threaded HTTP(S) server that serves pre-rendered bytes.
 
 Contract: a request never computes anything. The server asks its ``ExpositionSource`` for
 the payload of the negotiated format and writes it; rendering happens elsewhere, once per
@@ -10,8 +10,25 @@ collection cycle. Routes:
 - ``/healthz``: 200 while the process serves requests; ``/readyz``: 503 until the first
   frame, then 200; ``/``: a tiny HTML page; anything else: 404.
 
-Every connection gets a socket timeout so a client that connects and stalls holds one
-daemon thread for at most ``request_timeout`` seconds and never blocks other scrapes.
+With a ``WebConfig`` (``sinks.webconfig``) the server speaks TLS, may require client
+certificates, and asks for basic auth on every path except the two probes: ``/healthz``
+and ``/readyz`` say only "ok" or "not ready", and the kubelet's HTTP probes cannot send
+credentials. The probes still need TLS when TLS is on (kubelet HTTPS probes do not verify
+the certificate, so that works unless client certificates are required).
+
+Staying up under hostile or broken clients:
+
+- Accepting and serving are separate: the accept loop only accepts; each connection gets a
+  thread, and the TLS handshake happens there, so a slow TLS client never blocks others.
+- Every connection has a deadline, enforced by one watchdog thread that hangs up on
+  overdue sockets: ``request_timeout`` from accept for the handshake and first request
+  (line, headers, response), ``idle_timeout`` to start the next request on a kept-alive
+  connection, then ``request_timeout`` again. Per-``recv`` socket timeouts alone would let
+  a client that trickles one byte every few seconds (slowloris) hold a thread forever.
+- At most ``max_connections`` connections are served at once; beyond that new ones are
+  closed at once, so a flood costs sockets, not unbounded threads and memory.
+- Errors from clients (resets, timeouts, TLS failures, plain HTTP on the TLS port) are
+  debug logs, never tracebacks; plain HTTP to the TLS port gets a 400 that says so.
 """
 
 from __future__ import annotations
@@ -20,21 +37,33 @@ import gzip
 import logging
 import socket
 import socketserver
+import ssl
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Protocol
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from .webconfig import BasicAuth, TlsContexts, WebConfig, peer_san_allowed
+
 METRICS_PATH = "/metrics"
+#: Paths served without basic auth (kubelet probes cannot send credentials).
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 
 _INDEX_HTML = (
     b"<!DOCTYPE html>\n<html><head><title>dra-exporter</title></head>\n"
     b"<body><h1>dra-exporter</h1><p><a href=\"/metrics\">Metrics</a></p></body></html>\n"
 )
 _NOT_READY = b"no metrics yet: the first collection cycle has not finished\n"
+_UNAUTHORIZED = b"unauthorized\n"
 _PLAIN = "text/plain; charset=utf-8"
+#: What a plain-HTTP client gets from the TLS port (the same words Go's servers use).
+_HTTP_ON_TLS_PORT = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                     b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+_TLS_HANDSHAKE_RECORD = 0x16
 
 
 class ListenAddressError(ValueError):
@@ -89,6 +118,9 @@ def parse_listen(listen: str) -> ListenAddress:
         raise ListenAddressError(f"listen address {listen!r}: port {port} is out of range 0-65535")
     if host.startswith("[") and host.endswith("]"):
         return ListenAddress(host[1:-1], port, socket.AF_INET6)
+    if "[" in host or "]" in host:
+        raise ListenAddressError(f"listen address {listen!r}: unbalanced brackets; write IPv6 addresses "
+                                 f"as [ADDRESS]:PORT, e.g. [::]:{port}")
     if ":" in host:
         # A bare IPv6 address is ambiguous with the port separator; insist on brackets.
         raise ListenAddressError(f"listen address {listen!r}: write IPv6 addresses in brackets, "
@@ -115,13 +147,158 @@ def _accepts(header: str | None, wanted: str) -> bool:
     return False
 
 
+# --- connections and their deadlines ---------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class _Connection:
+    sock: socket.socket
+    """The socket that owns the file descriptor: the TCP socket, then its TLS wrapper."""
+    peer: str
+    deadline: float
+    served: int = 0
+
+
+def _hang_up(sock: socket.socket) -> None:
+    # The plain socket method, also on an SSLSocket: it acts on the descriptor and leaves
+    # the TLS object alone (another thread may be inside it), so the blocked read returns.
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed or never connected
+
+
+class _Connections:
+    """Open connections, their deadlines, and the watchdog that enforces them."""
+
+    def __init__(self, limit: int, tick: float, logger: logging.Logger,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._limit = limit
+        self._tick = tick
+        self._log = logger
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._open: set[_Connection] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._refusing = False
+        #: Connections refused at the limit, and connections cut at their deadline.
+        self.refused = 0
+        self.expired = 0
+
+    @property
+    def count(self) -> int:
+        """Connections open now."""
+        with self._lock:
+            return len(self._open)
+
+    def open(self, sock: socket.socket, peer: str, seconds: float) -> _Connection | None:
+        """Register a new connection, or None when ``limit`` connections are already open."""
+        conn = None
+        with self._lock:
+            was_refusing = self._refusing
+            if len(self._open) >= self._limit:
+                self.refused += 1
+                self._refusing = True
+            else:
+                conn = _Connection(sock, peer, self._monotonic() + seconds)
+                self._open.add(conn)
+                self._refusing = False
+        # Log changes of state only: a flood must not turn into a flood of log lines.
+        if conn is None and not was_refusing:
+            self._log.warning("http: %d connections open, the limit; refusing new ones until some close",
+                              self._limit)
+        elif conn is not None and was_refusing:
+            self._log.info("http: below the connection limit again; accepting connections")
+        return conn
+
+    def arm(self, conn: _Connection, seconds: float) -> None:
+        conn.deadline = self._monotonic() + seconds
+
+    def rebind(self, conn: _Connection, sock: socket.socket) -> None:
+        with self._lock:
+            conn.sock = sock
+
+    def close(self, conn: _Connection) -> None:
+        with self._lock:
+            # Once removed, the watchdog cannot touch the socket, so closing it is safe.
+            self._open.discard(conn)
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)  # flush the response and send FIN
+        except (OSError, ValueError):
+            pass
+        conn.sock.close()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name="metrics-http-deadlines", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the watchdog and hang up on every open connection (their threads then end)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            for conn in self._open:
+                _hang_up(conn.sock)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._tick):
+            self.expire(self._monotonic())
+
+    def expire(self, now: float) -> None:
+        """Hang up on every connection past its deadline (called by the watchdog)."""
+        with self._lock:
+            for conn in self._open:
+                if conn.deadline <= now:
+                    if conn.deadline != float("-inf"):
+                        self.expired += 1
+                        self._log.debug("http %s: connection past its deadline; hanging up", conn.peer)
+                    # Marked so it is counted once; shut down on every tick until its
+                    # thread closes it (the shutdown may race with the TLS wrap).
+                    conn.deadline = float("-inf")
+                    _hang_up(conn.sock)
+
+
+# --- requests -------------------------------------------------------------------------------------
+
+
 class _Handler(BaseHTTPRequestHandler):
     # HTTP/1.1 lets Prometheus keep its connection open between scrapes; every answer
     # carries Content-Length so keep-alive framing is always correct.
     protocol_version = "HTTP/1.1"
     server_version = "dra-exporter"
     sys_version = ""
+    # Nobody speaks HTTP/0.9 to an exporter: a garbled request line still gets a status line.
+    default_request_version = "HTTP/1.0"
+    # Short plain-text errors instead of the stdlib's HTML page.
+    error_message_format = "%(code)d %(message)s\n"
+    error_content_type = _PLAIN
     server: _Server
+
+    def __init__(self, request: Any, client_address: Any, server: _Server, conn: _Connection) -> None:
+        self._conn = conn
+        super().__init__(request, client_address, server)
+
+    def handle_one_request(self) -> None:
+        super().handle_one_request()
+        if not self.close_connection:
+            self._conn.served += 1
+            self.server.connections.arm(self._conn, self.server.idle_timeout)
+
+    def parse_request(self) -> bool:
+        if self._conn.served:
+            # The request line of a later request on a kept-alive connection has arrived:
+            # from here the request gets the request timeout, like the first one.
+            self.server.connections.arm(self._conn, self.server.request_timeout)
+        return super().parse_request()
+
+    def end_headers(self) -> None:
+        # Every response, errors included, carries the configured extra headers.
+        for name, value in self.server.extra_headers:
+            self.send_header(name, value)
+        super().end_headers()
 
     def do_GET(self) -> None:
         self._respond(send_body=True)
@@ -131,7 +308,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _respond(self, *, send_body: bool) -> None:
         path = urlsplit(self.path).path
-        if path == METRICS_PATH:
+        auth = self.server.auth
+        if auth is not None and path not in PROBE_PATHS and not auth.check(self.headers.get("Authorization")):
+            # Never log what was sent: it may be a password typed into the wrong field.
+            self.server.logger.debug("http %s: basic auth failed", self.client_address[0])
+            self._send(401, _PLAIN, _UNAUTHORIZED, send_body,
+                       extra=(("WWW-Authenticate", 'Basic realm="dra-exporter", charset="UTF-8"'),))
+        elif path == METRICS_PATH:
             self._metrics(send_body)
         elif path == "/healthz":
             self._send(200, _PLAIN, b"ok\n", send_body)
@@ -154,13 +337,15 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(200, payload.content_type, payload.body, send_body)
 
-    def _send(self, status: int, content_type: str, body: bytes, send_body: bool,
-              encoding: str = "") -> None:
+    def _send(self, status: int, content_type: str, body: bytes, send_body: bool, encoding: str = "",
+              extra: tuple[tuple[str, str], ...] = ()) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         if encoding:
             self.send_header("Content-Encoding", encoding)
+        for name, value in extra:
+            self.send_header(name, value)
         # Caches in between must key on the negotiated format and encoding.
         self.send_header("Vary", "Accept, Accept-Encoding")
         self.end_headers()
@@ -176,18 +361,33 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.logger.debug("http %s: " + format, self.client_address[0], *args)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # stop() must not wait for a stalled client's thread; its socket timeout ends it.
-    block_on_close = False
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    request_timeout: float
+    idle_timeout: float
+    max_connections: int
 
-    def __init__(self, address: ListenAddress, source: ExpositionSource,
-                 logger: logging.Logger, request_timeout: float) -> None:
+
+class _Server(HTTPServer):
+    # The listen backlog: socketserver's default of 5 drops SYNs when a few dozen scrapers
+    # (or HA Prometheus pairs behind a NAT) connect at the same moment.
+    request_queue_size = 128
+
+    def __init__(self, address: ListenAddress, source: ExpositionSource, logger: logging.Logger,
+                 limits: _Limits, web: WebConfig | None) -> None:
         self.address_family = address.family
         self.source = source
         self.logger = logger
-        self.request_timeout = request_timeout
-        super().__init__((address.host, address.port), _Handler)
+        self.request_timeout = limits.request_timeout
+        self.idle_timeout = limits.idle_timeout
+        # A backstop for one blocking call; the watchdog enforces the real deadlines.
+        self.io_timeout = max(limits.request_timeout, limits.idle_timeout)
+        tick = min(0.5, limits.request_timeout / 4, limits.idle_timeout / 4)
+        self.connections = _Connections(limits.max_connections, tick, logger)
+        self.tls = TlsContexts(web.tls, logger=logger) if web is not None and web.tls is not None else None
+        self.auth = BasicAuth(web.users) if web is not None and web.users else None
+        self.extra_headers = web.headers if web is not None else ()
+        super().__init__((address.host, address.port), _Handler)  # type: ignore[arg-type]
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the host's FQDN, a DNS round trip that can hang
@@ -196,34 +396,89 @@ class _Server(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         self.server_name, self.server_port = str(host), int(port)
 
-    def finish_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
-        # Set before the handler reads anything: the timeout covers the request line,
-        # headers and the write of the body.
-        request.settimeout(self.request_timeout)
-        super().finish_request(request, client_address)
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Runs in the accept loop: register the connection and hand it to its own thread."""
+        conn = self.connections.open(request, client_address[0], self.request_timeout)
+        if conn is None:
+            self.shutdown_request(request)
+            return
+        try:
+            threading.Thread(target=self._serve, args=(conn, client_address), name="metrics-http-conn",
+                             daemon=True).start()
+        except RuntimeError:  # no thread could be started: shed this connection, keep accepting
+            self.logger.warning("http %s: cannot start a thread for the connection", client_address[0])
+            self.connections.close(conn)
 
-    def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
-        # Clients that hang up mid-response are routine; anything else is a bug worth a
-        # log line, but never a traceback on stderr that kills nothing.
+    def _serve(self, conn: _Connection, client_address: Any) -> None:
+        """Runs in the connection's thread: TLS handshake (if any), then HTTP requests."""
+        try:
+            conn.sock.settimeout(self.io_timeout)
+            sock = self._secure(conn) if self.tls is not None else conn.sock
+            if sock is not None:
+                _Handler(sock, client_address, self, conn)
+        except Exception:  # noqa: BLE001 - one connection must never take the server down
+            self.handle_error(conn.sock, client_address)
+        finally:
+            self.connections.close(conn)
+
+    def _secure(self, conn: _Connection) -> ssl.SSLSocket | None:
+        """The TLS socket after a completed handshake, or None when the client is turned away."""
+        assert self.tls is not None
+        raw = conn.sock
+        try:
+            first = raw.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return None
+        if not first:
+            return None
+        if first[0] != _TLS_HANDSHAKE_RECORD:
+            self.logger.debug("http %s: plain HTTP (or junk) on the TLS port", conn.peer)
+            if first.isalpha():  # an HTTP method: tell the client what went wrong
+                try:
+                    raw.sendall(_HTTP_ON_TLS_PORT)
+                except OSError:
+                    pass
+            return None
+        sock = self.tls.context().wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+        # Rebind before the handshake, so the watchdog can cut a handshake that trickles.
+        self.connections.rebind(conn, sock)
+        try:
+            sock.do_handshake()
+        except (ssl.SSLError, OSError) as exc:
+            self.logger.debug("http %s: TLS handshake failed: %s", conn.peer, exc)
+            return None
+        allowed = self.tls.settings.client_allowed_sans
+        if allowed and not peer_san_allowed(sock.getpeercert(), allowed):
+            self.logger.debug("http %s: client certificate has none of the allowed SANs", conn.peer)
+            return None
+        return sock
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients that hang up, time out or fail TLS are routine; anything else is a bug
+        # worth a log line, but never a traceback on stderr that kills nothing.
         exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError)):
+        if isinstance(exc, OSError):
             self.logger.debug("http %s: connection dropped: %s", client_address[0], exc)
         else:
             self.logger.error("http %s: request failed", client_address[0], exc_info=exc)
 
 
 class MetricsServer:
-    """Owns the listening socket and the serving thread."""
+    """Owns the listening socket, the accept thread and the deadline watchdog."""
 
     def __init__(self, listen: str, source: ExpositionSource, *, logger: logging.Logger,
-                 request_timeout: float = 10.0) -> None:
-        if request_timeout <= 0:
-            raise ValueError(f"request timeout must be positive, got {request_timeout}")
+                 request_timeout: float = 10.0, idle_timeout: float = 60.0, max_connections: int = 256,
+                 web_config: WebConfig | None = None) -> None:
+        if request_timeout <= 0 or idle_timeout <= 0:
+            raise ValueError(f"timeouts must be positive, got request {request_timeout}, idle {idle_timeout}")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
         self._address = parse_listen(listen)
         self._listen = listen
         self._source = source
         self._logger = logger
-        self._timeout = request_timeout
+        self._limits = _Limits(request_timeout, idle_timeout, max_connections)
+        self._web = web_config
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -231,14 +486,16 @@ class MetricsServer:
         if self._server is not None:
             raise RuntimeError("metrics server already started")
         try:
-            server = _Server(self._address, self._source, self._logger, self._timeout)
+            server = _Server(self._address, self._source, self._logger, self._limits, self._web)
         except OSError as exc:
             raise ListenAddressError(f"cannot listen on {self._listen}: {exc.strerror or exc}") from exc
         self._server = server
+        server.connections.start()
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="metrics-http", daemon=True)
         self._thread.start()
-        self._logger.info("serving metrics on %s (port %d)", self._listen, self.port)
+        security = self._web.describe() if self._web is not None else "plain HTTP"
+        self._logger.info("serving metrics on %s (port %d, %s)", self._listen, self.port, security)
 
     @property
     def port(self) -> int:
@@ -246,12 +503,20 @@ class MetricsServer:
             raise RuntimeError("metrics server is not started")
         return int(self._server.server_address[1])
 
+    @property
+    def connections(self) -> _Connections:
+        """Open connections and their counters (for tests and self-diagnosis)."""
+        if self._server is None:
+            raise RuntimeError("metrics server is not started")
+        return self._server.connections
+
     def stop(self) -> None:
         server, self._server = self._server, None
         if server is None:
             return
         server.shutdown()
         server.server_close()
+        server.connections.stop()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

@@ -1,0 +1,600 @@
+"""The web-config file (``--web-config FILE``): TLS, client certificates, basic auth, headers.
+
+The format is the Prometheus exporter-toolkit one, so a file written for node-exporter or
+dcgm-exporter works here too::
+
+    tls_server_config:
+      cert_file: server.crt            # relative paths are relative to the config file
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert
+      client_ca_file: clients-ca.crt
+      client_allowed_sans: [prometheus.monitoring.svc]
+      min_version: TLS12               # TLS12 (default) or TLS13
+      max_version: TLS13
+    http_server_config:
+      headers: {X-Content-Type-Options: nosniff}
+    basic_auth_users:
+      prometheus: $2y$10$...           # bcrypt hash, e.g. from `htpasswd -nBC 10 "" | tr -d ':\\n'`
+
+Contract:
+
+- ``load_web_config(path)`` checks the whole file at start-up (YAML shape, every key and
+  value, bcrypt hashes, and the certificate, key and CA files by building a TLS context
+  once) and returns a frozen ``WebConfig``; any problem is a ``WebConfigError`` whose one
+  line names the file and the field. Unknown keys are errors, and so are the toolkit keys
+  dra-exporter does not implement: a security setting silently ignored is worse than a
+  refusal to start.
+- No message, log line or ``repr`` ever contains a password, a hash or key material.
+- ``TlsContexts`` gives the server's ``ssl.SSLContext`` and rebuilds it when the certificate,
+  key or CA files change on disk, so a rotated certificate (cert-manager) is used by the
+  next connection without a restart; a broken rotation keeps the last good context.
+- ``BasicAuth`` checks ``Authorization`` headers with bcrypt, one check at a time, and
+  remembers successful checks for a short while so a scrape every second does not pay a
+  bcrypt (tens of milliseconds, on purpose) each time.
+
+Differences from exporter-toolkit, each chosen on purpose:
+
+- ``RequestClientCert`` never asks for a certificate: Python's TLS stack verifies every
+  certificate it asks for, and an unverified one proves nothing (the toolkit does not read
+  it either). ``RequireAnyClientCert`` is refused for the same reason; use
+  ``RequireAndVerifyClientCert`` with ``client_ca_file``.
+- ``min_version``/``max_version`` accept ``TLS12`` and ``TLS13``; TLS 1.0 and 1.1 are
+  refused (deprecated by RFC 8996).
+- ``http2`` is accepted and has no effect: the endpoint speaks HTTP/1.1 (ALPN says so).
+- Inline ``cert``/``key``/``client_ca``, ``cipher_suites``, ``curve_preferences``,
+  ``prefer_server_cipher_suites`` and ``rate_limit`` are refused by name.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import logging
+import os
+import re
+import secrets
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
+                     "RequireAndVerifyClientCert")
+TLS_VERSIONS: Mapping[str, ssl.TLSVersion] = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+
+#: Response headers a web config may add, with their allowed values (None: any value).
+#: The same list as exporter-toolkit, so the ecosystem stays consistent.
+EXTRA_HEADERS: Mapping[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
+}
+
+#: A web config is a few lines; anything bigger is the wrong file.
+_MAX_FILE_BYTES = 1 << 20
+_BCRYPT_HASH = re.compile(rb"\$2[abxy]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+#: bcrypt only ever looked at the first 72 bytes of a password (htpasswd, Go and OpenBSD
+#: truncate); the ``bcrypt`` package refuses longer ones instead, so we truncate as they do.
+_BCRYPT_MAX_PASSWORD = 72
+
+_TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users")
+_TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "client_allowed_sans",
+             "min_version", "max_version")
+_HTTP_KEYS = ("http2", "headers")
+#: exporter-toolkit keys we know and do not implement, with what to do instead.
+_UNSUPPORTED = {
+    "rate_limit": "rate limiting is not supported by dra-exporter",
+    "cert": "inline certificates are not supported; write it to a file and use cert_file",
+    "key": "inline keys are not supported; write it to a file and use key_file",
+    "client_ca": "inline CAs are not supported; write it to a file and use client_ca_file",
+    "cipher_suites": "cipher suites are not configurable in dra-exporter (OpenSSL's defaults apply)",
+    "curve_preferences": "curve preferences are not configurable in dra-exporter (OpenSSL's defaults apply)",
+    "prefer_server_cipher_suites": "not configurable in dra-exporter (OpenSSL's defaults apply)",
+}
+
+log = logging.getLogger(__name__)
+
+
+class WebConfigError(ValueError):
+    """The web-config file is unreadable or invalid; the message is one line, without secrets."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """``tls_server_config``, with file paths made absolute."""
+
+    cert_file: str
+    key_file: str
+    client_auth_type: str = "NoClientCert"
+    client_ca_file: str = ""
+    client_allowed_sans: tuple[str, ...] = ()
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+
+    @property
+    def verifies_clients(self) -> bool:
+        return self.client_auth_type in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
+
+    def describe(self) -> str:
+        """For the start-up log line: what a client must bring (never a path's content)."""
+        clients = {"RequireAndVerifyClientCert": "client certificate required",
+                   "VerifyClientCertIfGiven": "client certificate verified if given"}.get(
+            self.client_auth_type, "no client certificate")
+        return f"TLS {self.min_version}-{self.max_version}, {clients}"
+
+
+@dataclass(frozen=True, slots=True)
+class WebConfig:
+    """A checked web-config file. ``users`` holds bcrypt hashes and never shows in ``repr``."""
+
+    path: str = ""
+    tls: TlsSettings | None = None
+    users: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def basic_auth(self) -> bool:
+        return bool(self.users)
+
+    def describe(self) -> str:
+        parts = [self.tls.describe() if self.tls else "plain HTTP"]
+        if self.users:
+            parts.append(f"basic auth ({len(self.users)} user{'s' if len(self.users) > 1 else ''})")
+        return ", ".join(parts)
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
+    """Read and check a web-config file; raises ``WebConfigError`` with one clear line."""
+    label = os.fspath(path)
+    data = _parse_yaml(label, _read(label))
+    config = _build(label, data)
+    if config.tls is not None:
+        build_ssl_context(config.tls, label)  # fail at start-up, not at the first scrape
+    return config
+
+
+def _read(label: str) -> str:
+    try:
+        with open(label, "rb") as f:
+            raw = f.read(_MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise WebConfigError(f"web config {label}: no such file") from None
+    except IsADirectoryError:
+        raise WebConfigError(f"web config {label}: is a directory, not a YAML file") from None
+    except OSError as e:
+        raise WebConfigError(f"web config {label}: cannot read it: {e.strerror}") from None
+    if len(raw) > _MAX_FILE_BYTES:
+        raise WebConfigError(f"web config {label}: larger than {_MAX_FILE_BYTES >> 20} MiB; not a web config")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WebConfigError(f"web config {label}: not a UTF-8 text file") from None
+
+
+def _parse_yaml(label: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        # Only the position and the problem: PyYAML's own message quotes the offending line,
+        # which may hold a password hash.
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise WebConfigError(f"web config {label}: invalid YAML{where}: {e.problem or e.context}") from None
+    except yaml.YAMLError:
+        raise WebConfigError(f"web config {label}: invalid YAML") from None
+    except RecursionError:
+        raise WebConfigError(f"web config {label}: YAML nested too deeply") from None
+
+
+class _Fields:
+    """A mapping from the file, with its place in the file for messages."""
+
+    def __init__(self, label: str, where: str, value: Any, allowed: tuple[str, ...]) -> None:
+        self.label, self.where = label, where
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise self.error(f"must be a mapping, got {_kind(value)}")
+        for key in value:
+            name = f"{where}.{key}" if where else str(key)
+            if key in _UNSUPPORTED:
+                raise WebConfigError(f"web config {label}: {name}: {_UNSUPPORTED[key]}")
+            if key not in allowed:
+                raise WebConfigError(f"web config {label}: {name}: unknown key (allowed here: {', '.join(allowed)})")
+        self.value: dict[str, Any] = value
+
+    def error(self, message: str, key: str = "") -> WebConfigError:
+        name = ".".join(part for part in (self.where, key) if part)
+        return WebConfigError(f"web config {self.label}: {name + ': ' if name else ''}{message}")
+
+    def string(self, key: str, default: str = "") -> str:
+        value = self.value.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self.error(f"must be a string, got {_kind(value)}", key)
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.string(key, default) or default
+        if value not in choices:
+            raise self.error(f"{value!r} is not one of {', '.join(choices)}", key)
+        return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__)
+
+
+def _build(label: str, data: Any) -> WebConfig:
+    if data is not None and not isinstance(data, dict):
+        raise WebConfigError(f"web config {label}: must be a YAML mapping, got {_kind(data)}")
+    top = _Fields(label, "", data, _TOP_KEYS)
+    base = Path(label).resolve().parent
+    return WebConfig(
+        path=label,
+        tls=_tls(_Fields(label, "tls_server_config", top.value.get("tls_server_config"), _TLS_KEYS), base),
+        users=_users(label, top.value.get("basic_auth_users")),
+        headers=_http(_Fields(label, "http_server_config", top.value.get("http_server_config"), _HTTP_KEYS)),
+    )
+
+
+def _tls(f: _Fields, base: Path) -> TlsSettings | None:
+    if not any(f.value.get(k) not in (None, "", []) for k in _TLS_KEYS):
+        return None  # no TLS settings at all: plain HTTP, as with exporter-toolkit
+    cert, key = f.string("cert_file"), f.string("key_file")
+    if not cert or not key:
+        raise f.error("cert_file and key_file are both required to serve TLS")
+    auth = f.choice("client_auth_type", CLIENT_AUTH_TYPES, "NoClientCert")
+    if auth == "RequireAnyClientCert":
+        raise f.error("RequireAnyClientCert accepts any self-signed certificate and is not supported; "
+                      "use RequireAndVerifyClientCert with client_ca_file", "client_auth_type")
+    ca = f.string("client_ca_file")
+    if ca and auth == "NoClientCert":
+        raise f.error("client_ca_file is set but client_auth_type is NoClientCert; "
+                      "set client_auth_type: RequireAndVerifyClientCert", "client_ca_file")
+    if auth in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert") and not ca:
+        raise f.error(f"client_auth_type {auth} needs client_ca_file (the CA that signs client certificates)",
+                      "client_auth_type")
+    sans = _sans(f)
+    if sans and auth != "RequireAndVerifyClientCert":
+        raise f.error("client_allowed_sans needs client_auth_type: RequireAndVerifyClientCert", "client_allowed_sans")
+    low, high = _version(f, "min_version", "TLS12"), _version(f, "max_version", "TLS13")
+    if TLS_VERSIONS[low] > TLS_VERSIONS[high]:
+        raise f.error(f"min_version {low} is newer than max_version {high}", "min_version")
+    return TlsSettings(cert_file=_path(base, cert), key_file=_path(base, key), client_auth_type=auth,
+                       client_ca_file=_path(base, ca) if ca else "", client_allowed_sans=sans,
+                       min_version=low, max_version=high)
+
+
+def _version(f: _Fields, key: str, default: str) -> str:
+    if f.string(key) in ("TLS10", "TLS11"):
+        raise f.error(f"{f.string(key)} is obsolete (RFC 8996) and not supported; use TLS12 or TLS13", key)
+    return f.choice(key, tuple(TLS_VERSIONS), default)
+
+
+def _sans(f: _Fields) -> tuple[str, ...]:
+    value = f.value.get("client_allowed_sans")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise f.error("must be a list of non-empty strings", "client_allowed_sans")
+    return tuple(value)
+
+
+def _path(base: Path, name: str) -> str:
+    return str(base / name)  # an absolute ``name`` wins in pathlib's join
+
+
+def _http(f: _Fields) -> tuple[tuple[str, str], ...]:
+    http2 = f.value.get("http2")
+    if http2 is not None and not isinstance(http2, bool):
+        raise f.error(f"must be true or false, got {_kind(http2)}", "http2")
+    headers = f.value.get("headers")
+    if headers is None:
+        return ()
+    if not isinstance(headers, dict):
+        raise f.error(f"must be a mapping of header name to value, got {_kind(headers)}", "headers")
+    canonical = {name.lower(): name for name in EXTRA_HEADERS}
+    out = []
+    for name, value in headers.items():
+        where = f"headers.{name}"
+        spelled = canonical.get(str(name).lower())
+        if spelled is None:
+            raise f.error(f"this header cannot be configured (allowed: {', '.join(EXTRA_HEADERS)})", where)
+        if not isinstance(value, str):
+            raise f.error(f"must be a string, got {_kind(value)}", where)
+        if any(c in value for c in "\r\n\x00"):
+            raise f.error("must not contain line breaks or NUL", where)
+        allowed = EXTRA_HEADERS[spelled]
+        if allowed is not None and value not in allowed:
+            raise f.error(f"{value!r} is not one of {', '.join(allowed)}", where)
+        if value:  # blank means unset, as with exporter-toolkit
+            out.append((spelled, value))
+    return tuple(out)
+
+
+def _users(label: str, value: Any) -> tuple[tuple[str, bytes], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise WebConfigError(f"web config {label}: basic_auth_users: must be a mapping of user to bcrypt hash, "
+                             f"got {_kind(value)}")
+    users = []
+    for user, hashed in value.items():
+        # The user name may appear in messages (it is not a secret); the hash never does.
+        where = f"web config {label}: basic_auth_users[{str(user)!r}]"
+        if not isinstance(user, str) or not user:
+            raise WebConfigError(f"{where}: user names must be non-empty strings")
+        if ":" in user or any(ord(c) < 32 for c in user):
+            raise WebConfigError(f"{where}: user names cannot contain ':' or control characters "
+                                 "(HTTP basic auth could not send them)")
+        if not isinstance(hashed, str) or not _BCRYPT_HASH.fullmatch(hashed.encode("utf-8", "replace")):
+            raise WebConfigError(f"{where}: not a bcrypt hash (expected $2a$, $2b$ or $2y$, a cost of 04-31 and "
+                                 "60 characters in all, e.g. from `htpasswd -nBC 10 \"\" | tr -d ':\\n'`)")
+        users.append((user, hashed.encode("ascii")))
+    if users:
+        _require_bcrypt(label)
+    return tuple(users)
+
+
+def _require_bcrypt(label: str) -> None:
+    try:
+        import bcrypt  # noqa: F401
+    except ImportError:
+        raise WebConfigError(f"web config {label}: basic_auth_users needs the 'bcrypt' Python package "
+                             "(pip install bcrypt)") from None
+
+
+# --- TLS ------------------------------------------------------------------------------------------
+
+
+class _EncryptedKey(Exception):
+    """Raised from OpenSSL's password callback: we never prompt for a passphrase."""
+
+
+def _refuse_passphrase() -> bytes:
+    # Without a callback OpenSSL would prompt on the terminal, hanging a daemon at start-up.
+    raise _EncryptedKey
+
+
+def build_ssl_context(tls: TlsSettings, label: str = "") -> ssl.SSLContext:
+    """A server ``SSLContext`` for ``tls``; raises ``WebConfigError`` naming the file at fault."""
+    prefix = f"web config {label}: tls_server_config" if label else "tls_server_config"
+    for key, path in (("cert_file", tls.cert_file), ("key_file", tls.key_file), ("client_ca_file", tls.client_ca_file)):
+        if path:
+            _check_readable(prefix, key, path)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = TLS_VERSIONS[tls.min_version]
+    ctx.maximum_version = TLS_VERSIONS[tls.max_version]
+    # Client-initiated renegotiation only lets a client make the server work harder.
+    ctx.options |= ssl.OP_NO_RENEGOTIATION
+    try:
+        ctx.load_cert_chain(tls.cert_file, tls.key_file, password=_refuse_passphrase)
+    except _EncryptedKey:
+        raise WebConfigError(f"{prefix}.key_file: {tls.key_file} is encrypted; give an unencrypted key "
+                             "(protect it with file permissions)") from None
+    except ssl.SSLError as e:
+        raise WebConfigError(f"{prefix}: cannot use cert_file {tls.cert_file} with key_file {tls.key_file}: "
+                             f"{_ssl_reason(e)}") from None
+    if tls.verifies_clients:
+        try:
+            ctx.load_verify_locations(cafile=tls.client_ca_file)
+        except ssl.SSLError as e:
+            raise WebConfigError(f"{prefix}.client_ca_file: {tls.client_ca_file} holds no usable CA certificate: "
+                                 f"{_ssl_reason(e)}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED if tls.client_auth_type == "RequireAndVerifyClientCert" \
+            else ssl.CERT_OPTIONAL
+    # HTTP/1.1 only; say so, so HTTP/2-capable clients do not try h2.
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+def _check_readable(prefix: str, key: str, path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        raise WebConfigError(f"{prefix}.{key}: {path}: no such file") from None
+    except OSError as e:
+        raise WebConfigError(f"{prefix}.{key}: {path}: cannot read it: {e.strerror}") from None
+
+
+def _ssl_reason(e: ssl.SSLError) -> str:
+    # OpenSSL's reason codes (KEY_VALUES_MISMATCH, NO_START_LINE, ...) name the problem and
+    # never quote file content.
+    reason = (e.reason or ("PEM_LIB" if "PEM lib" in str(e) else "")).replace("_", " ").lower()
+    return {"key values mismatch": "the key does not belong to the certificate",
+            "no start line": "not a PEM file",
+            "pem lib": "not a PEM certificate and key",
+            "no certificate or crl found": "no PEM certificate in it"}.get(reason, reason or "OpenSSL could not load it")
+
+
+def peer_san_allowed(peer_cert: Mapping[str, Any] | None, allowed: tuple[str, ...]) -> bool:
+    """Whether a verified client certificate (``SSLSocket.getpeercert()``) has an allowed SAN.
+
+    DNS names, e-mail addresses and URIs compare as strings; IP addresses as addresses, since
+    Python spells IPv6 SANs in full (``0:0:0:0:0:0:0:1``).
+    """
+    if not allowed:
+        return True
+    if not peer_cert:
+        return False
+    wanted_ips = set()
+    for value in allowed:
+        try:
+            wanted_ips.add(ipaddress.ip_address(value))
+        except ValueError:
+            pass
+    for kind, value in peer_cert.get("subjectAltName", ()):
+        if kind == "IP Address":
+            try:
+                if ipaddress.ip_address(value.strip()) in wanted_ips:
+                    return True
+            except ValueError:
+                continue
+        elif value in allowed:
+            return True
+    return False
+
+
+class TlsContexts:
+    """The current server ``SSLContext``, rebuilt when its files change on disk.
+
+    ``context()`` is called once per connection, in that connection's thread; it looks at
+    the files' stat at most every ``check_interval`` seconds, so a handshake never waits for
+    more than a few ``stat`` calls.
+    """
+
+    def __init__(self, tls: TlsSettings, *, check_interval: float = 1.0,
+                 monotonic: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None) -> None:
+        self.settings = tls
+        self._interval = check_interval
+        self._monotonic = monotonic
+        self._log = logger or log
+        self._lock = threading.Lock()
+        self._files = tuple(p for p in (tls.cert_file, tls.key_file, tls.client_ca_file) if p)
+        self._stamp = self._stat()
+        self._context = build_ssl_context(tls)
+        self._checked = monotonic()
+        self._failed = ""
+        #: How many times the files changed and a new context was built.
+        self.reloads = 0
+
+    def context(self) -> ssl.SSLContext:
+        now = self._monotonic()
+        with self._lock:
+            if now - self._checked >= self._interval:
+                self._checked = now
+                self._maybe_reload()
+            return self._context
+
+    def _stat(self) -> tuple[tuple[int, int, int], ...]:
+        stamps = []
+        for path in self._files:
+            try:
+                st = os.stat(path)
+                stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except OSError:
+                stamps.append((0, 0, 0))
+        return tuple(stamps)
+
+    def _maybe_reload(self) -> None:
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return
+        try:
+            context = build_ssl_context(self.settings)
+        except WebConfigError as e:
+            # Half-written files during a rotation are normal: keep serving with the last
+            # good certificate and try again at the next check.
+            if str(e) != self._failed:
+                self._log.warning("TLS files changed but cannot be used (keeping the previous ones): %s", e)
+                self._failed = str(e)
+            return
+        self._stamp, self._context, self._failed = stamp, context, ""
+        self.reloads += 1
+        self._log.info("TLS certificate files changed; new connections use them")
+
+
+# --- basic auth -----------------------------------------------------------------------------------
+
+
+class BasicAuth:
+    """Checks ``Authorization: Basic`` headers against bcrypt hashes.
+
+    - One bcrypt at a time (bcrypt is slow on purpose; a burst of bad passwords must not
+      take every core of the node).
+    - Successful checks are remembered for ``ttl`` seconds under an HMAC of user and
+      password with a per-process random key, so no password is kept in memory in clear
+      and a wrong password never hits the cache. Failures are never cached.
+    - An unknown user still costs one bcrypt, so timing does not reveal which users exist.
+    """
+
+    def __init__(self, users: tuple[tuple[str, bytes], ...], *, ttl: float = 60.0, max_entries: int = 256,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        if not users:
+            raise ValueError("BasicAuth needs at least one user")
+        self._users = dict(users)
+        self._decoy = users[0][1]
+        self._ttl = ttl
+        self._max_entries = max_entries
+        self._monotonic = monotonic
+        self._key = secrets.token_bytes(32)
+        self._cache: dict[bytes, float] = {}
+        self._cache_lock = threading.Lock()
+        self._bcrypt_lock = threading.Lock()
+        #: bcrypt verifications made (cache misses); tests and benchmarks read it.
+        self.bcrypt_checks = 0
+
+    def check(self, authorization: str | None) -> bool:
+        """Whether the header carries a valid user and password."""
+        credentials = _parse_basic(authorization)
+        if credentials is None:
+            return False
+        user, password = credentials
+        hashed = self._users.get(user)
+        key = hmac.new(self._key, user.encode() + b"\x00" + password + b"\x00" + (hashed or b""),
+                       hashlib.sha256).digest()
+        now = self._monotonic()
+        if hashed is not None and self._cached(key, now):
+            return True
+        ok = self._verify(password, hashed if hashed is not None else self._decoy) and hashed is not None
+        if ok:
+            self._remember(key, now)
+        return ok
+
+    def _cached(self, key: bytes, now: float) -> bool:
+        with self._cache_lock:
+            expiry = self._cache.get(key)
+            return expiry is not None and expiry > now
+
+    def _remember(self, key: bytes, now: float) -> None:
+        with self._cache_lock:
+            if len(self._cache) >= self._max_entries:
+                for stale in [k for k, exp in self._cache.items() if exp <= now] or list(self._cache)[:1]:
+                    del self._cache[stale]
+            self._cache[key] = now + self._ttl
+
+    def _verify(self, password: bytes, hashed: bytes) -> bool:
+        import bcrypt
+
+        with self._bcrypt_lock:
+            self.bcrypt_checks += 1
+            try:
+                return bool(bcrypt.checkpw(password[:_BCRYPT_MAX_PASSWORD], hashed))
+            except ValueError:
+                return False
+
+
+def _parse_basic(header: str | None) -> tuple[str, bytes] | None:
+    if not header:
+        return None
+    scheme, _, encoded = header.strip().partition(" ")
+    if scheme.lower() != "basic" or not encoded:
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, sep, password = decoded.partition(b":")
+    if not sep:
+        return None
+    try:
+        return user.decode("utf-8"), password
+    except UnicodeDecodeError:
+        return None

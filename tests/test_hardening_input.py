@@ -1,0 +1,285 @@
+"""Everything from outside is untrusted: names, files, flags, oversized answers.
+
+- Names and values from every outside source (kubelet: namespace, pod, container, claim,
+  driver, pool, device, device-plugin ids; NVML: UUID, model, bus id, driver version,
+  profile) go through ``join()`` and both expositions; the output always passes
+  ``promtool check metrics`` (all examples in one promtool call) and re-parses with
+  prometheus_client to the same label values.
+- Malformed flags, scenario files and web-config files stop the exporter with exit code 2
+  and one line that names the problem; never a traceback.
+- Oversized input is bounded: scenario files (4 MiB), web-config files (1 MiB), kubelet
+  answers (16 MiB, the gRPC receive limit), YAML alias bombs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+from promharness import promtool_check_metrics
+from simnode import ATTRIBUTION, device_labels, simulated, source_up
+
+from dra_exporter import catalog as cat
+from dra_exporter.join import JoinInput, join
+from dra_exporter.model import (
+    ClaimDevice,
+    ClaimUse,
+    ContainerAllocation,
+    DeviceSample,
+    Family,
+    Frame,
+    GpuDevice,
+    NvmlSnapshot,
+    PluginDevices,
+    PodAllocation,
+    PodResourcesSnapshot,
+    Reading,
+)
+from dra_exporter.sim.kubelet import SimulatedKubelet
+from dra_exporter.sim.scenario import ScenarioError, load_scenario
+from dra_exporter.sinks.prometheus import render
+from dra_exporter.sinks.webconfig import WebConfigError, load_web_config
+
+NASTY = ["", 'say "hi"', "back\\slash", "trailing\\", "new\nline", "\\n literally", "tab\tand\rcr",
+         "ünïcødé ✓ 日本語 🚀", "}{,=\"", "# EOF", "# HELP x y", "nul\x00byte", "\u2028line\u2029sep",
+         "\ufeffbom", "x" * 5000, "a=\"b\",c=\"d\""]
+
+# Any Unicode scalar value: surrogates cannot come from outside (protobuf and NVML strings are
+# decoded UTF-8; invalid UTF-8 fails in the source, not here).
+any_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+outside = st.one_of(st.sampled_from(NASTY), any_text)
+
+
+@st.composite
+def join_inputs(draw: st.DrawFn) -> JoinInput:
+    gpus = []
+    for i in range(draw(st.integers(1, 3))):
+        gpu = GpuDevice(uuid=draw(outside), index=i, minor=i, model=draw(outside), pci_bus_id=draw(outside),
+                        driver_version=draw(outside))
+        gpus.append(gpu)
+        if draw(st.booleans()):
+            gpus.append(GpuDevice(uuid=draw(outside), index=i, minor=i, model=gpu.model,
+                                  pci_bus_id=gpu.pci_bus_id, parent_uuid=gpu.uuid, profile=draw(outside),
+                                  gi_id=1, ci_id=0, gi_profile_id=19, placement_start=0, placement_size=1,
+                                  mig_mode=""))
+    samples = tuple(DeviceSample(dev, up=draw(st.booleans()),
+                                 readings=(Reading(cat.GPU_MEMORY_USED, draw(st.floats(0, 2**50))),))
+                    for dev in gpus)
+    # Claims name real devices (gpu-<minor>) or anything at all; attribution labels then carry
+    # the hostile namespace, pod, container and claim names.
+    device_name = st.one_of(st.sampled_from([f"gpu-{i}" for i in range(3)]), outside)
+    pods = tuple(
+        PodAllocation(namespace=draw(outside), name=draw(outside), containers=tuple(
+            ContainerAllocation(
+                name=draw(outside),
+                claims=tuple(ClaimUse(draw(outside), draw(outside), tuple(
+                    ClaimDevice(draw(st.sampled_from(["gpu.nvidia.com", "x"])) if draw(st.booleans())
+                                else draw(outside), draw(outside), draw(device_name),
+                                cdi_devices=(draw(outside),))
+                    for _ in range(draw(st.integers(1, 2))))) for _ in range(draw(st.integers(0, 2)))),
+                plugin_devices=((PluginDevices("nvidia.com/gpu", (draw(outside),)),) if draw(st.booleans())
+                                else ()),
+            ) for _ in range(draw(st.integers(1, 2)))))
+        for _ in range(draw(st.integers(0, 3))))
+    self_pod = (pods[0].namespace, pods[0].name) if pods and draw(st.booleans()) else None
+    return JoinInput(nvml=NvmlSnapshot(devices=samples), pods=PodResourcesSnapshot(pods),
+                     self_pod=self_pod, version=draw(outside), python_version=draw(outside))
+
+
+Series = dict[str, set[frozenset[tuple[str, str]]]]
+
+
+def expected_series(frame: Frame) -> Series:
+    out: Series = {}
+    for fam in frame.families:
+        out.setdefault(fam.name, set()).update(frozenset(s.labels) for s in fam.samples)
+    return out
+
+
+def parsed_series(text: bytes, openmetrics: bool) -> Series:
+    out: Series = {}
+    for fam in (parse_openmetrics if openmetrics else parse_text)(text.decode("utf-8")):
+        for sample in fam.samples:
+            out.setdefault(sample.name, set()).add(frozenset(sample.labels.items()))
+    return out
+
+
+def merge(frames: list[Frame]) -> Frame:
+    """One frame holding every distinct series of ``frames`` (for one promtool call)."""
+    merged: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for frame in frames:
+        for fam in frame.families:
+            merged.setdefault(fam.name, {}).update({s.labels: s for s in fam.samples})  # type: ignore[misc]
+    order = [spec.name for spec in cat.CATALOG]
+    return Frame(tuple(Family(name, tuple(merged[name][k] for k in sorted(merged[name])))  # type: ignore[misc]
+                       for name in order if name in merged))
+
+
+@pytest.mark.prometheus
+def test_hostile_names_from_every_source_render_valid_and_round_trip(promtool: str) -> None:
+    frames: list[Frame] = []
+
+    @settings(max_examples=300, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(inp=join_inputs())
+    def check(inp: JoinInput) -> None:
+        frame = join(inp)
+        expected = expected_series(frame)
+        for openmetrics in (False, True):
+            text = render(frame, openmetrics=openmetrics)
+            assert parsed_series(text, openmetrics) == expected
+        for fam in frame.families:
+            assert all(not math.isnan(s.value) for s in fam.samples)
+        frames.append(frame)
+
+    check()
+    merged = merge(frames)
+    for openmetrics in (False, True):
+        ok, output = promtool_check_metrics(promtool, render(merged, openmetrics=openmetrics))
+        assert ok, output[:2000]
+    # The batch really held the hostile values (the check is not vacuous).
+    pods = {dict(labels).get("pod") for labels in expected_series(merged).get(cat.CLAIM_CONSUMER_INFO, set())}
+    assert {"new\nline", 'say "hi"', "back\\slash"} & pods
+
+
+def test_very_long_label_values_pass_through_intact() -> None:
+    """No truncation today: a 1 MiB pod name from the kubelet reaches the exposition whole.
+    (The kubelet answer itself is capped at 16 MiB; see docs/reliability.md.)"""
+    name = "p" * (1 << 20)
+    gpu = GpuDevice(uuid="GPU-1", index=0, minor=0, model="m", pci_bus_id="b")
+    frame = join(JoinInput(
+        nvml=NvmlSnapshot(devices=(DeviceSample(gpu, up=True),)),
+        pods=PodResourcesSnapshot((PodAllocation("ns", name, (ContainerAllocation("c", (ClaimUse(
+            "ns", "claim", (ClaimDevice("gpu.nvidia.com", "node", "gpu-0"),)),)),)),))))
+    assert device_labels(frame)["GPU-1"]["pod"] == name
+    text = render(frame)
+    assert text.count(name.encode()) >= 2  # the device series and dra_claim_consumer_info
+
+
+# --- flags and files: exit 2, one line ------------------------------------------------------------
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dra_exporter.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, check=False)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    # click prints its usage hint around the error; the error itself is one line.
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith(("Error:", "dra-exporter: error:"))]
+    assert len(errors) == 1, result.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["serve", "--interval", "abc"], ["--interval"]),
+    (["serve", "--interval", "-1"], ["--interval"]),
+    (["serve", "--listen", ""], ["HOST:PORT"]),
+    (["serve", "--listen", "[::1:9401"], ["unbalanced brackets"]),
+    (["serve", "--log-level", "verbose"], ["--log-level"]),
+    (["snapshot", "--format", "xml"], ["--format"]),
+    (["serve", "--otlp-endpoint", "http://c:4317", "--otlp-header", "=v"], ["KEY=VALUE"]),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_bad_flags_exit_2_with_one_line(args: list[str], needles: list[str]) -> None:
+    assert_one_line_error(run_cli(*args), *needles)
+
+
+def _deep(path: Path) -> None:
+    path.write_text("node: n\ngpus: " + "[" * 5000 + "]" * 5000 + "\n")
+
+
+def _bomb(path: Path) -> None:
+    # Nine levels of nine aliases: 387 million leaves if anything expanded it.
+    lines = ["node: n", "description: &a [x, x, x, x, x, x, x, x, x]"]
+    lines.append("gpus: [" + ", ".join(
+        f"&{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]" for i in range(8)) + "]")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("make, needles", [
+    (lambda p: p.mkdir(), ["is a directory"]),
+    (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff"), ["not a UTF-8"]),
+    (lambda p: p.write_text("node: n\n" + "#" * (5 << 20)), ["larger than 4 MiB"]),
+    (lambda p: p.write_text("node: n\ngpus: [{index: 0}]\ncolour: blue\n"), ["colour"]),
+    (lambda p: p.write_text("node: n\ngpus: [{index: 0}]\nnode: m\n"), ["duplicate key"]),
+    (lambda p: p.write_text("gpus: [{index: 0}\n"), ["invalid YAML at line"]),
+    (_bomb, ["gpus[0]"]),
+    (_deep, ["nested"]),
+], ids=["directory", "binary", "huge", "unknown-key", "duplicate-key", "bad-yaml", "alias-bomb", "deep-nesting"])
+def test_bad_scenario_files_exit_2_with_one_line_naming_file_and_field(tmp_path: Path, make,  # type: ignore[no-untyped-def]
+                                                                      needles: list[str]) -> None:
+    path = tmp_path / "scenario.yaml"
+    make(path)
+    assert_one_line_error(run_cli("snapshot", "--simulate", str(path)), str(path), *needles)
+
+
+def test_alias_bomb_is_refused_without_expanding(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    _bomb(path)
+    with pytest.raises(ScenarioError, match=r"gpus\[0\]"):
+        load_scenario(path)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("basic_auth_users:\n  alice: not-a-hash\n", "basic_auth_users['alice']: not a bcrypt hash"),
+    ("tls_server_config:\n  cert_file: /nope.crt\n  key_file: /nope.key\n", "/nope.crt: no such file"),
+    ("tls_server_config: {cert_file: a, key_file: b, colour: blue}\n", "tls_server_config.colour: unknown key"),
+])
+def test_bad_web_config_is_one_line_and_would_exit_2(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    with pytest.raises(WebConfigError) as err:
+        load_web_config(path)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    help_text = run_cli("serve", "--help").stdout
+    if "--web-config" not in help_text:
+        pytest.skip("--web-config is not wired into the CLI yet; the load_web_config half ran")
+    assert_one_line_error(run_cli("serve", "--simulate", "--listen", "127.0.0.1:0", "--web-config", str(path)),
+                          needle)
+
+
+# --- oversized kubelet answers ------------------------------------------------------------------------
+
+
+def test_kubelet_answer_over_16_mib_is_refused_and_the_last_good_view_kept(
+        caplog: pytest.LogCaptureFixture) -> None:
+    normal = PodResourcesSnapshot((PodAllocation("team", "good-pod", (ContainerAllocation("c", (ClaimUse(
+        "team", "claim", (ClaimDevice("gpu.nvidia.com", "test-node", "gpu-0"),)),)),)),))
+    huge = PodResourcesSnapshot((PodAllocation("team", "x" * (17 << 20)),))
+    answer = [normal]
+    caplog.set_level(logging.WARNING)
+    with SimulatedKubelet(lambda: answer[0]) as kubelet, \
+            simulated(ATTRIBUTION, kubelet_socket=kubelet.socket_path) as rt:
+        gpu0 = rt.sim.scenario.nvml_uuid("gpu-0")
+        assert device_labels(rt.agent.cycle(collect_side=True))[gpu0]["pod"] == "good-pod"
+        answer[0] = huge
+        frame = rt.agent.cycle(collect_side=True)
+        assert source_up(frame, "podresources") == 0.0
+        assert device_labels(frame)[gpu0]["pod"] == "good-pod", "the last good answer is kept"
+    assert f"max_message_bytes={16 << 20}" in caplog.text, "the production limit (16 MiB) applied"
+
+
+# --- docs/reliability.md stays honest ---------------------------------------------------------------
+
+
+def test_every_test_named_in_the_reliability_table_exists() -> None:
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    named = set(re.findall(r"tests/(test_\w+\.py)::(test_\w+)", (root / "docs" / "reliability.md").read_text()))
+    assert len(named) > 40
+    missing = [f"{file}::{test}" for file, test in sorted(named)
+               if not (root / "tests" / file).is_file()
+               or not re.search(rf"^def {test}\(", (root / "tests" / file).read_text(), re.MULTILINE)]
+    assert not missing, missing
