@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from . import __version__
 from .join import JoinInput, join
-from .model import Frame, NvmlSnapshot, PodResourcesSnapshot, SourceHealth
+from .model import ClusterSnapshot, Frame, NvmlSnapshot, PodResourcesSnapshot, SourceHealth
 from .resolve import Resolver
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ class SourceRunner:
         self._health = SourceHealth(source.name, up=False)
         self._thread: threading.Thread | None = None
         self._last_error = ""
+        self.attempted = threading.Event()
+        """Set once the first collection has finished, successfully or not."""
 
     @property
     def name(self) -> str:
@@ -71,6 +73,12 @@ class SourceRunner:
             return self._snapshot, self._health
 
     def collect_once(self) -> None:
+        try:
+            self._collect()
+        finally:
+            self.attempted.set()
+
+    def _collect(self) -> None:
         started = time.perf_counter()
         try:
             snapshot = self.source.collect()
@@ -137,6 +145,9 @@ class Agent:
             for runner in self.side:
                 runner.collect_once()
         self.primary.collect_once()
+        return self._publish()
+
+    def _publish(self) -> Frame:
         frame = join(self._join_input())
         for sink in self.sinks:
             sink.publish(frame)
@@ -154,9 +165,11 @@ class Agent:
         health.extend(sink.health() for sink in self.sinks if hasattr(sink, "health"))
         nvml = snapshots.get("nvml")
         pods = snapshots.get("podresources")
+        cluster = snapshots.get("kubeapi")
         return JoinInput(
             nvml=nvml if isinstance(nvml, NvmlSnapshot) else None,
             pods=pods if isinstance(pods, PodResourcesSnapshot) else None,
+            cluster=cluster if isinstance(cluster, ClusterSnapshot) else None,
             health=tuple(sorted(health, key=lambda h: h.source)),
             self_pod=self.self_pod,
             resolvers=tuple(self._resolvers()),
@@ -165,21 +178,45 @@ class Agent:
             timestamp=self._wall_clock(),
         )
 
-    def start(self) -> None:
-        """Run side sources on their threads and the cycle on another; returns at once."""
+    def start(self, *, startup_wait: float = 10.0) -> None:
+        """Run side sources on their threads and the cycle on another; returns at once.
+
+        The first NVML collection starts right away (it registers the XID event set), but
+        the first frame waits up to ``startup_wait`` seconds for every side source's first
+        answer, so it already carries attribution — a slow API client import or a kubelet
+        that hangs cannot hold back readiness for longer than that.
+        """
         for runner in self.side:
-            runner.collect_once()  # so the first frame already carries attribution
             runner.start(self._stop)
-        self._thread = threading.Thread(target=self._loop, name="agent-cycle", daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(startup_wait,), name="agent-cycle",
+                                        daemon=True)
         self._thread.start()
 
-    def _loop(self) -> None:
+    def _wait_for_side_sources(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for runner in self.side:
+            runner.attempted.wait(max(0.0, deadline - time.monotonic()))
+
+    def _loop(self, startup_wait: float) -> None:
+        self.primary.collect_once()  # at once: NVML init and XID event registration
+        self._wait_for_side_sources(startup_wait)
         deadline = time.monotonic()
+        failing = False
+        first = True
         while not self._stop.is_set():
             try:
-                self.cycle()
+                if first:  # NVML was just collected above; join and publish what we have
+                    self._publish()
+                    first = False
+                else:
+                    self.cycle()
+                if failing:
+                    log.info("cycles work again")
+                failing = False
             except Exception:  # noqa: BLE001 - keep serving the last frame rather than die
-                log.exception("cycle failed")
+                if not failing:  # one traceback per failure episode, not one per interval
+                    log.exception("cycle failed; serving the last good frame until it works again")
+                failing = True
             deadline += self.interval
             now = time.monotonic()
             if deadline < now:  # fell behind: skip missed ticks instead of bursting

@@ -14,8 +14,10 @@ Kind = Literal["gauge", "counter"]
 
 #: Identity of a device series: the NVML UUID, the physical GPU's index, MIG partition.
 DEVICE_ID_LABELS: Final = ("uuid", "gpu", "profile", "parent_uuid")
-#: Who holds the device (DESIGN §3). Empty strings when nobody does or when shared.
-ATTRIBUTION_LABELS: Final = ("namespace", "pod", "container", "claim")
+#: Who holds the device (DESIGN §3). Empty strings when nobody does, or where the consumers
+#: disagree (a device shared by two pods keeps ``claim`` and ``request`` but not ``pod``).
+#: ``pod_uid`` and ``request`` need the API server; node-local they stay empty.
+ATTRIBUTION_LABELS: Final = ("namespace", "pod", "pod_uid", "container", "claim", "request")
 DEVICE_LABELS: Final = DEVICE_ID_LABELS + ATTRIBUTION_LABELS
 CONTAINER_LABELS: Final = ("uuid", "namespace", "pod", "container", "claim")
 
@@ -81,6 +83,14 @@ CONTAINER_GPU_SM_UTILIZATION: Final = "dra_container_gpu_sm_utilization_ratio"
 # --- DRA identity families ------------------------------------------------------------------
 CLAIM_ALLOCATION_INFO: Final = "dra_claim_allocation_info"
 CLAIM_CONSUMER_INFO: Final = "dra_claim_consumer_info"
+CLAIM_DEVICE_CONDITION: Final = "dra_claim_device_condition"
+
+# --- ResourceSlice families (API server) ----------------------------------------------------
+DEVICE_INFO: Final = "dra_device_info"
+DEVICE_TAINT: Final = "dra_device_taint"
+DEVICE_HEALTH: Final = "dra_device_health"
+DEVICE_SHARED_CAPACITY: Final = "dra_device_shared_capacity"
+DEVICE_SHARED_CONSUMPTION: Final = "dra_device_shared_consumption"
 
 # --- self-metrics ---------------------------------------------------------------------------
 SOURCE_UP: Final = "dra_exporter_source_up"
@@ -174,6 +184,31 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
           "A pod (and container) that uses a ResourceClaim on this node; value is always 1.",
           ("namespace", "claim", "pod", "pod_uid", "container"),
           otel_name="dra.claim.consumer", otel_unit="1"),
+    # An info family: no OTLP name (and its ``type`` label is no ``error.type``).
+    _spec(CLAIM_DEVICE_CONDITION, "gauge",
+          "A condition the driver reports on a claim's device (status.devices); value is always 1.",
+          ("namespace", "claim", "driver", "pool", "device", "type", "status")),
+    _spec(DEVICE_INFO, "gauge",
+          "A device a ResourceSlice publishes for this node, allocated or not; value is always 1.",
+          ("node", "driver", "pool", "device", "uuid", "type", "profile", "parent_uuid", "model")),
+    _spec(DEVICE_TAINT, "gauge", "A taint on a ResourceSlice device; value is always 1.",
+          ("driver", "pool", "device", "key", "value", "effect"),
+          otel_name="dra.device.taint", otel_unit="1"),
+    _spec(DEVICE_HEALTH, "gauge",
+          "Health of a DRA device as the kubelet reports it for a container (allocatedResourcesStatus); "
+          "value is always 1.",
+          ("namespace", "pod", "container", "claim", "request", "driver", "pool", "device", "health"),
+          otel_name="dra.device.health", otel_unit="1"),
+    _spec(DEVICE_SHARED_CAPACITY, "gauge",
+          "Capacity of a shared counter of partitionable devices (ResourceSlice sharedCounters), "
+          "in the counter's base unit (bytes for memory).",
+          ("driver", "pool", "counter_set", "counter"),
+          otel_name="dra.device.shared.capacity", otel_unit="1"),
+    _spec(DEVICE_SHARED_CONSUMPTION, "gauge",
+          "What an allocated device takes from a shared counter (ResourceSlice consumesCounters), "
+          "in the counter's base unit; sum by counter set to compare with the capacity.",
+          ("driver", "pool", "device", "counter_set", "counter"),
+          otel_name="dra.device.shared.consumption", otel_unit="1"),
     _spec(SOURCE_UP, "gauge", "Whether the source's last collection succeeded (1) or not (0).", _SOURCE,
           otel_name="dra.exporter.source.up", otel_unit="1"),
     _spec(COLLECT_DURATION, "gauge", "Seconds the source's last collection took.", _SOURCE,

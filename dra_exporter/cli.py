@@ -41,7 +41,19 @@ kubelet_socket_option = _opt(
          "With --simulate it replaces the simulated kubelet.")
 interval_option = _opt("--interval", type=click.FloatRange(min=0.05, max=3600), default=DEFAULT_INTERVAL,
                        show_default=True, help="Seconds between collection cycles.")
-node_name_option = _opt("--node-name", default=None, help="Node name [default: $NODE_NAME, else the hostname].")
+node_name_option = _opt(
+    "--node-name", default=None,
+    help="Node name, for the API server's spec.nodeName selectors [default: $NODE_NAME, else the "
+         "scenario's node under --simulate, else the hostname].")
+kubeapi_options = [
+    _opt("--kubeapi/--no-kubeapi", default=True, show_default=True,
+         help="Read ResourceSlices, ResourceClaims and Pods from the API server (request names, pod UIDs, "
+              "admin access, slice devices, taints, health). Off: node-local attribution only."),
+    _opt("--kubeconfig", default=None, metavar="PATH",
+         type=click.Path(exists=True, dir_okay=False, readable=True),
+         help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
+              "~/.kube/config]. With --simulate it replaces the simulated API server."),
+]
 pod_options = [
     _opt("--pod-namespace", default=None, help="Namespace of the exporter's own pod (downward API)."),
     _opt("--pod-name", default=None, help="Name of the exporter's own pod; its claims count as monitoring."),
@@ -52,7 +64,7 @@ log_level_option = _opt("--log-level", type=click.Choice(["debug", "info", "warn
 
 def _common(f: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([simulate_option, kubelet_socket_option, interval_option, node_name_option,
-                            *pod_options, log_level_option]):
+                            *kubeapi_options, *pod_options, log_level_option]):
         f = option(f)
     return f
 
@@ -68,6 +80,8 @@ def _settings(listen: str = DEFAULT_LISTEN, **kw: Any) -> Settings:
             node_name=kw["node_name"] or os.environ.get("NODE_NAME") or "",
             simulate=kw["simulate"],
             kubelet_socket=kw["kubelet_socket"],
+            kubeapi=kw["kubeapi"],
+            kubeconfig=kw["kubeconfig"],
             self_pod=parse_self_pod(kw["pod_namespace"], kw["pod_name"]),
         )
     except (ConfigError, ListenAddressError) as exc:
@@ -82,10 +96,11 @@ def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
         from .sim.scenario import ScenarioError
         from .sinks.http import ListenAddressError
         from .sinks.otlp import OtlpConfigError
+        from .sinks.webconfig import WebConfigError
 
         try:
             return f(*args, **kwargs)
-        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError) as exc:
+        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError, WebConfigError) as exc:
             click.echo(f"dra-exporter: error: {exc}", err=True)
             sys.exit(2)
 
@@ -156,17 +171,24 @@ def _otlp_settings(kw: dict[str, Any]) -> Any:
       help="Address for /metrics, /healthz and /readyz.")
 @_opt("--prometheus/--no-prometheus", default=True, show_default=True,
       help="Serve the Prometheus endpoint (turn off to only push OTLP).")
+@_opt("--web-config", default=None, metavar="FILE",
+      help="TLS, client certificates, basic auth and headers for the endpoint "
+           "(the Prometheus exporter-toolkit web-config format).")
 @_otlp_options
 @_common
 @_user_errors
-def serve(listen: str, prometheus: bool, log_level: str, **kw: Any) -> None:
+def serve(listen: str, prometheus: bool, web_config: str | None, log_level: str, **kw: Any) -> None:
     """Collect every interval; serve the latest frame on /metrics and/or push it over OTLP."""
     from . import runtime
+    from .sinks.webconfig import load_web_config
 
     otlp = _otlp_settings(kw)
     if not prometheus and otlp is None:
         raise click.UsageError("--no-prometheus needs --otlp-endpoint: otherwise nothing is published")
-    settings = dataclasses.replace(_settings(listen, **kw), prometheus=prometheus, otlp=otlp)
+    if web_config and not prometheus:
+        raise click.UsageError("--web-config protects the Prometheus endpoint, which --no-prometheus turns off")
+    settings = dataclasses.replace(_settings(listen, **kw), prometheus=prometheus, otlp=otlp,
+                                   web_config=load_web_config(web_config) if web_config else None)
     _logging(log_level)
     runtime.serve(settings)
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .sinks.otlp import OtlpSettings
+    from .sinks.webconfig import WebConfig
 
 DEFAULT_LISTEN = "0.0.0.0:9401"  # 9400 is dcgm-exporter's: both can run side by side
 DEFAULT_INTERVAL = 1.0
@@ -32,6 +33,11 @@ class Settings:
     node_name: str = ""
     """This node's name: the field selector for node-local API objects, and NVIDIA's pool name.
     ``""``: the simulated scenario's node, else the hostname."""
+    kubeapi: bool = True
+    """Read the API server (slices, claims, pods); off with --no-kubeapi (node-local join only)."""
+    kubeconfig: str | None = None
+    """Kubeconfig for the API server; None: the in-cluster service account, else $KUBECONFIG or
+    ~/.kube/config (under --simulate: the simulated API server)."""
     simulate: str | None = None
     """Built-in scenario name or scenario file; None runs against the real node."""
     kubelet_socket: str | None = None
@@ -40,5 +46,7 @@ class Settings:
     """(namespace, name) of the exporter's own pod; its claims are monitoring claims."""
     prometheus: bool = True
     """Serve /metrics; off with --no-prometheus (then /healthz and /readyz are off too)."""
+    web_config: WebConfig | None = None
+    """TLS / client certificates / basic auth for the Prometheus endpoint (--web-config)."""
     otlp: OtlpSettings | None = None
     """Push to an OpenTelemetry collector when set."""

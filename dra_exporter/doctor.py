@@ -29,8 +29,10 @@ def run(settings: Settings) -> list[Finding]:
         from .sim.node import SimulatedNode
         from .sim.scenario import load_scenario
 
-        sim = SimulatedNode(load_scenario(settings.simulate), SimClock(SNAPSHOT_SIM_TIME, frozen=True),
-                            kubelet=settings.kubelet_socket is None).start()
+        scenario = load_scenario(settings.simulate, settings.node_name or None)
+        sim = SimulatedNode(scenario, SimClock(SNAPSHOT_SIM_TIME, frozen=True),
+                            kubelet=settings.kubelet_socket is None,
+                            apiserver=settings.kubeapi and not settings.kubeconfig).start()
     try:
         nvml: Any
         if sim is not None:
@@ -41,7 +43,7 @@ def run(settings: Settings) -> list[Finding]:
             nvml = pynvml
         socket = settings.kubelet_socket or (sim.kubelet.socket_path if sim and sim.kubelet
                                              else DEFAULT_KUBELET_SOCKET)
-        findings = [*_nvml(nvml), *_kubelet(socket), *_apiserver(simulated=sim is not None)]
+        findings = [*_nvml(nvml), *_kubelet(socket), *_apiserver(settings, sim)]
     finally:
         if sim is not None:
             sim.close()
@@ -128,17 +130,39 @@ def _kubelet(path: str) -> Iterator[Finding]:
                       "Kubernetes < 1.34 needs the kubelet feature gate KubeletPodResourcesDynamicResources=true.")
 
 
-def _apiserver(*, simulated: bool) -> Iterator[Finding]:
-    if simulated:
-        yield Finding("WARN", "apiserver", "not simulated: node-local attribution only")
+def _apiserver(settings: Settings, sim: Any) -> Iterator[Finding]:
+    """Discovery, the resource.k8s.io version read, and the access the source needs (RBAC)."""
+    if not settings.kubeapi:
+        yield Finding("WARN", "apiserver", "turned off (--no-kubeapi): node-local attribution only")
         return
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    if not in_cluster and not os.path.exists(kubeconfig):
-        yield Finding("WARN", "apiserver", "no in-cluster service account and no kubeconfig",
-                      "Without the API server, request names, pod UIDs and admin access stay unknown.")
+    from .runtime import node_name
+    from .sources import SourceError
+    from .sources.kubeapi import discover, load_client, probe
+
+    simulated = sim is not None and sim.apiserver is not None and not settings.kubeconfig
+    try:
+        client = load_client(sim.apiserver.kubeconfig_path if simulated else settings.kubeconfig)
+    except SourceError as exc:
+        yield Finding("WARN", "apiserver", str(exc).removeprefix("kubeapi: "),
+                      "Run in a pod with a service account (or pass --kubeconfig): without the API server, "
+                      "request names, pod UIDs, admin access, slice devices, taints and health stay unknown.")
         return
-    yield Finding("OK", "apiserver", "in-cluster config found" if in_cluster else f"kubeconfig {kubeconfig}")
+    try:
+        try:
+            served, version = discover(client, timeout=5.0)
+        except SourceError as exc:
+            yield Finding("FAIL", "apiserver", str(exc).removeprefix("kubeapi: "),
+                          "Check the API server address and that DRA (resource.k8s.io) is enabled.")
+            return
+        host = client.configuration.host
+        yield Finding("OK", "apiserver", f"{host} serves resource.k8s.io {', '.join(served)}; reading {version}")
+        # The simulated API server allows everything and has no authoriser to ask.
+        for result in probe(client, node_name(settings, sim), version, timeout=5.0, access_review=not simulated):
+            yield Finding("OK" if result.ok else "FAIL", "apiserver", result.message,
+                          "" if result.ok else "Bind a ClusterRole with get/list/watch on resourceslices, "
+                                               "resourceclaims and pods to the exporter's service account.")
+    finally:
+        client.close()
 
 
 def _text(value: str | bytes) -> str:

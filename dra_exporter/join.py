@@ -4,23 +4,41 @@ A pure function (no I/O, no clock, no logging). It owns every attribution rule o
 DESIGN §3, so the rules are tested without sockets, threads or GPUs:
 
 1. A device with no allocation still reports, with empty attribution labels.
-2. A device held by one pod carries namespace, pod and claim; ``container`` is set
-   when exactly one container of that pod references the device.
+2. A device held by one pod carries namespace, pod, pod UID, claim and request;
+   ``container`` is set when exactly one container of that pod uses the device.
 3. A device used by several pods keeps ONE series with ``pod=""``;
    ``dra_claim_consumer_info`` lists every consumer. Values are never copied.
 4. Admin-access (monitoring) claims never count as consumers.
 5. Pods and claims that are gone leave the next frame (nothing is remembered here).
+
+The kubelet's pod-resources answer says which pod holds which device on this node; the
+API server's view (``ClusterSnapshot``, optional) adds what only it knows:
+
+* device → UUID through ResourceSlice attributes, ahead of NVIDIA name parsing;
+* the request of each allocated device (``main/sub`` for a prioritized-list subrequest), and
+  which request each container uses — the kubelet reports every device of a claim to every
+  container that references the claim, the pod spec says which request it really uses;
+* pod UIDs; ``adminAccess`` from the allocation results, which is authoritative for rule 4
+  (without the API server, the claims of the exporter's own pod are the monitoring ones);
+* slice devices, taints and shared counters; claim device conditions; device health;
+* attribution when the kubelet cannot give it: pods it does not report DRA claims for
+  (kubelets before 1.34 without the ``KubeletPodResourcesDynamicResources`` gate), or all
+  running pods while the kubelet has never answered.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from . import catalog as cat
 from .model import (
     ClaimDevice,
+    ClaimInfo,
+    ClaimUse,
+    ClusterSnapshot,
+    ContainerAllocation,
     DeviceSample,
     Family,
     Frame,
@@ -28,17 +46,22 @@ from .model import (
     Labels,
     NvmlSnapshot,
     PodAllocation,
+    PodInfo,
     PodResourcesSnapshot,
     Sample,
     SourceHealth,
 )
-from .resolve import ChainResolver, NvidiaNameResolver, Resolver
+from .resolve import ChainResolver, NvidiaNameResolver, Resolver, SliceResolver
 
 #: Device-plugin resource names whose ids are NVIDIA GPU or MIG devices.
 _PLUGIN_GPU_RESOURCE = "nvidia.com/gpu"
 _PLUGIN_MIG_PREFIX = "nvidia.com/mig-"
 #: NVIDIA CDI device names embed the claim UID: ``k8s.gpu.nvidia.com/claim=<uid>-<device>``.
 _NVIDIA_CDI_PREFIX = "k8s.gpu.nvidia.com/claim="
+_RUNNING = "Running"
+#: Device attributes behind ``dra_device_info`` labels (NVIDIA's names; ``model`` is the example driver's).
+_ATTR_TYPE, _ATTR_PROFILE, _ATTR_PARENT = "type", "profile", "parentUUID"
+_ATTR_MODELS = ("productName", "model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,20 +72,25 @@ class JoinInput:
     pods: PodResourcesSnapshot | None = None
     health: tuple[SourceHealth, ...] = ()
     self_pod: tuple[str, str] | None = None
-    """(namespace, name) of the exporter's own pod: its claims are monitoring claims (rule 4)."""
+    """(namespace, name) of the exporter's own pod: its claims are monitoring claims (rule 4)
+    unless the API server says otherwise."""
     resolvers: tuple[Resolver, ...] = ()
-    """Resolvers asked before NVIDIA name parsing (e.g. ResourceSlice attributes)."""
+    """Resolvers asked first, before the ResourceSlice and NVIDIA name resolvers."""
     version: str = ""
     python_version: str = ""
     timestamp: float = 0.0
+    cluster: ClusterSnapshot | None = None
+    """The API server's view of this node; None without API access (node-local join only)."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Consumer:
     namespace: str
     pod: str
+    pod_uid: str
     container: str
     claim: str
+    request: str
 
 
 @dataclass(slots=True)
@@ -85,15 +113,72 @@ class _Builder:
         return Frame(tuple(families), timestamp)
 
 
+class _View:
+    """The cluster snapshot indexed for the join; empty (every lookup None) without one."""
+
+    def __init__(self, cluster: ClusterSnapshot | None, self_pod: tuple[str, str] | None) -> None:
+        self.cluster = cluster
+        self.self_pod = self_pod
+        self.claims = {(c.namespace, c.name): c for c in cluster.claims} if cluster else {}
+        self.pods = {(p.namespace, p.name): p for p in cluster.pods} if cluster else {}
+
+    def claim(self, namespace: str, name: str) -> ClaimInfo | None:
+        claim = self.claims.get((namespace, name))
+        return claim if claim is not None and claim.results else None
+
+    def pod_uid(self, namespace: str, pod: str, claim: ClaimInfo | None) -> str:
+        if info := self.pods.get((namespace, pod)):
+            return info.uid
+        # A pod the watch has not delivered yet may already be in the claim's reservedFor.
+        for ref in claim.reserved_for if claim else ():
+            if ref.resource == "pods" and ref.name == pod:
+                return ref.uid
+        return ""
+
+    def monitoring_claim(self, pod: PodAllocation, claim: ClaimUse) -> bool:
+        """Rule 4 for a whole claim: every result has admin access (the API server's word);
+        without it, the claim belongs to the exporter's own pod."""
+        if info := self.claim(claim.namespace, claim.name):
+            return all(r.admin_access for r in info.results)
+        return (pod.namespace, pod.name) == self.self_pod
+
+    def device_use(self, pod: PodAllocation, container: str, claim: ClaimUse,
+                   dev: ClaimDevice) -> tuple[bool, str] | None:
+        """(monitoring, request) for one device the kubelet lists for a container; None when the
+        container does not use it (the pod spec names another request of the claim)."""
+        info = self.claim(claim.namespace, claim.name)
+        results = info.results_for(dev.driver, dev.pool, dev.device) if info else ()
+        if not results:
+            return self.monitoring_claim(pod, claim), ""
+        wanted = self._requests(pod, container, claim.name)
+        if wanted is not None:
+            results = tuple(r for r in results if any(r.serves(w) for w in wanted))
+            if not results:
+                return None
+        return all(r.admin_access for r in results), _only({r.request for r in results})
+
+    def _requests(self, pod: PodAllocation, container: str, claim: str) -> set[str] | None:
+        """The requests of ``claim`` the container names; None: all of them (or unknown)."""
+        info = self.pods.get((pod.namespace, pod.name))
+        ctr = info.container(container) if info else None
+        refs = {c.request for c in ctr.claims if c.claim == claim} if ctr else set()
+        return None if not refs or "" in refs else refs
+
+
 def join(inp: JoinInput) -> Frame:
     """Build the frame for one cycle from the latest snapshots."""
     out = _Builder()
     devices = [s.device for s in inp.nvml.devices] if inp.nvml else []
-    resolver = ChainResolver((*inp.resolvers, NvidiaNameResolver(devices)))
-    pods = inp.pods.pods if inp.pods else ()
+    cluster = inp.cluster
+    slice_resolvers = (SliceResolver(cluster.slices),) if cluster else ()
+    resolver = ChainResolver((*inp.resolvers, *slice_resolvers, NvidiaNameResolver(devices)))
+    view = _View(cluster, inp.self_pod)
+    pods = _with_cluster_pods(inp.pods, view)
 
-    consumers = _device_consumers(pods, devices, resolver, inp.self_pod)
-    _claim_families(out, pods, resolver, inp.self_pod)
+    consumers = _device_consumers(pods, devices, resolver, view)
+    _claim_families(out, pods, resolver, view)
+    if cluster:
+        _cluster_families(out, cluster, resolver)
     if inp.nvml:
         for sample in inp.nvml.devices:
             _device_families(out, sample, _attribution(consumers.get(sample.device.uuid, ())))
@@ -101,47 +186,116 @@ def join(inp: JoinInput) -> Frame:
     return out.frame(inp.timestamp)
 
 
+# --- the cluster fallback for attribution ---------------------------------------------------------
+
+
+def _with_cluster_pods(snapshot: PodResourcesSnapshot | None, view: _View) -> tuple[PodAllocation, ...]:
+    """The kubelet's pods, plus claims the API server knows and the kubelet does not report.
+
+    The kubelet stays authoritative about which pods run here: while it answers, only pods it
+    lists (without any DRA claim) get their claims from the API server. Until it has ever
+    answered, every running pod on the node does.
+    """
+    pods = list(snapshot.pods) if snapshot else []
+    if view.cluster is None:
+        return tuple(pods)
+    index = {(p.namespace, p.name): i for i, p in enumerate(pods)}
+    for info in view.cluster.pods:
+        if info.phase != _RUNNING:
+            continue
+        at = index.get((info.namespace, info.name))
+        if snapshot is not None and (at is None or any(c.claims for c in pods[at].containers)):
+            continue
+        derived = _containers_from_cluster(info, view)
+        if at is None:
+            pods.append(PodAllocation(info.namespace, info.name, derived))
+        else:
+            pods[at] = _merge_claims(pods[at], derived)
+    return tuple(pods)
+
+
+def _containers_from_cluster(pod: PodInfo, view: _View) -> tuple[ContainerAllocation, ...]:
+    containers = []
+    for ctr in pod.containers:
+        uses = []
+        for name in sorted({c.claim for c in ctr.claims if c.claim}):
+            claim = view.claim(pod.namespace, name)
+            if claim is None:
+                continue
+            wanted = {c.request for c in ctr.claims if c.claim == name}
+            devices = {ClaimDevice(r.driver, r.pool, r.device, share_id=r.share_id) for r in claim.results
+                       if "" in wanted or any(r.serves(w) for w in wanted)}
+            uses.append(ClaimUse(pod.namespace, name, tuple(sorted(devices, key=_device_key))))
+        if uses:
+            containers.append(ContainerAllocation(ctr.name, tuple(uses)))
+    return tuple(containers)
+
+
+def _merge_claims(pod: PodAllocation, derived: Sequence[ContainerAllocation]) -> PodAllocation:
+    claims = {c.name: c.claims for c in derived}
+    merged = [ContainerAllocation(c.name, c.claims + claims.pop(c.name, ()), c.plugin_devices)
+              for c in pod.containers]
+    merged += [c for c in derived if c.name in claims]
+    return PodAllocation(pod.namespace, pod.name, tuple(merged))
+
+
+def _device_key(dev: ClaimDevice) -> tuple[str, str, str, str]:
+    return dev.driver, dev.pool, dev.device, dev.share_id
+
+
 # --- attribution ------------------------------------------------------------------------------
 
 
 def _device_consumers(pods: Iterable[PodAllocation], devices: Sequence[GpuDevice], resolver: Resolver,
-                      self_pod: tuple[str, str] | None) -> dict[str, set[_Consumer]]:
-    """NVML UUID → every (pod, container, claim) that holds it, monitoring claims excluded."""
+                      view: _View) -> dict[str, set[_Consumer]]:
+    """NVML UUID → every (pod, container, claim, request) that holds it, monitoring claims excluded."""
     by_uuid: dict[str, set[_Consumer]] = defaultdict(set)
     gpu_by_index = {str(d.index): d.uuid for d in devices if not d.is_mig}
     for pod in pods:
-        if (pod.namespace, pod.name) == self_pod:
-            continue
         for container in pod.containers:
             for claim in container.claims:
-                for dev in claim.devices:
-                    if uuid := resolver.resolve(dev.driver, dev.pool, dev.device):
-                        by_uuid[uuid].add(_Consumer(pod.namespace, pod.name, container.name, claim.name))
+                for uuid, consumer in _claim_consumers(pod, container.name, claim, resolver, view):
+                    by_uuid[uuid].add(consumer)
             for plugin in container.plugin_devices:
                 if plugin.resource_name != _PLUGIN_GPU_RESOURCE and not plugin.resource_name.startswith(
                         _PLUGIN_MIG_PREFIX):
                     continue
+                pod_uid = view.pod_uid(pod.namespace, pod.name, None)
                 for device_id in plugin.device_ids:
                     # Time-slicing replicas are announced as "<uuid>::<n>".
                     device_id = device_id.split("::", 1)[0]
                     uuid = gpu_by_index.get(device_id, device_id)
-                    by_uuid[uuid].add(_Consumer(pod.namespace, pod.name, container.name, ""))
+                    by_uuid[uuid].add(_Consumer(pod.namespace, pod.name, pod_uid, container.name, "", ""))
     return by_uuid
+
+
+def _claim_consumers(pod: PodAllocation, container: str, claim: ClaimUse, resolver: Resolver,
+                     view: _View) -> Iterator[tuple[str, _Consumer]]:
+    info = view.claim(claim.namespace, claim.name)
+    pod_uid = view.pod_uid(pod.namespace, pod.name, info)
+    for dev in claim.devices:
+        use = view.device_use(pod, container, claim, dev)
+        if use is None or use[0]:
+            continue  # another request's device, or a monitoring (admin-access) one
+        if uuid := resolver.resolve(dev.driver, dev.pool, dev.device):
+            yield uuid, _Consumer(pod.namespace, pod.name, pod_uid, container, claim.name, use[1])
 
 
 def _attribution(consumers: Iterable[_Consumer]) -> Labels:
     """Attribution labels for one device: a value only where every consumer agrees (rules 1-3)."""
     consumers = tuple(consumers)
     pods = {(c.namespace, c.pod) for c in consumers}
-    namespaces = {c.namespace for c in consumers}
     claims = {c.claim for c in consumers}
-    containers = {c.container for c in consumers}
     one = len(pods) == 1
+    claim = _only(claims)
     return (
-        ("namespace", _only(namespaces)),
+        ("namespace", _only({c.namespace for c in consumers})),
         ("pod", _only({p for _, p in pods}) if one else ""),
-        ("container", _only(containers) if one else ""),
-        ("claim", _only(claims)),
+        ("pod_uid", _only({c.pod_uid for c in consumers}) if one else ""),
+        ("container", _only({c.container for c in consumers}) if one else ""),
+        ("claim", claim),
+        # A request name means something only together with its claim.
+        ("request", _only({c.request for c in consumers}) if claim else ""),
     )
 
 
@@ -167,25 +321,81 @@ def _device_families(out: _Builder, sample: DeviceSample, attribution: Labels) -
         out.add(reading.metric, base + reading.labels, reading.value)
 
 
-def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Resolver,
-                    self_pod: tuple[str, str] | None) -> None:
+def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Resolver, view: _View) -> None:
+    """Allocation and consumer info. Claims the API server knows come from their allocation
+    results (real request names, admin access, UID); the others from the kubelet's view."""
+    for known in view.claims.values():
+        for r in known.results:
+            out.add(cat.CLAIM_ALLOCATION_INFO, (
+                ("namespace", known.namespace), ("claim", known.name), ("claim_uid", known.uid),
+                ("request", r.request), ("driver", r.driver), ("pool", r.pool), ("device", r.device),
+                ("uuid", resolver.resolve(r.driver, r.pool, r.device) or ""),
+                ("admin_access", "true" if r.admin_access else "false"),
+            ), 1)
     for pod in pods:
-        monitoring = (pod.namespace, pod.name) == self_pod
         for container in pod.containers:
             for claim in container.claims:
-                for dev in claim.devices:
-                    out.add(cat.CLAIM_ALLOCATION_INFO, (
-                        ("namespace", claim.namespace), ("claim", claim.name),
-                        ("claim_uid", _claim_uid_from_cdi(dev)), ("request", ""),
-                        ("driver", dev.driver), ("pool", dev.pool), ("device", dev.device),
-                        ("uuid", resolver.resolve(dev.driver, dev.pool, dev.device) or ""),
-                        ("admin_access", "true" if monitoring else "false"),
-                    ), 1)
+                info = view.claim(claim.namespace, claim.name)
+                monitoring = view.monitoring_claim(pod, claim)
+                if info is None:
+                    for dev in claim.devices:
+                        out.add(cat.CLAIM_ALLOCATION_INFO, (
+                            ("namespace", claim.namespace), ("claim", claim.name),
+                            ("claim_uid", _claim_uid_from_cdi(dev)), ("request", ""),
+                            ("driver", dev.driver), ("pool", dev.pool), ("device", dev.device),
+                            ("uuid", resolver.resolve(dev.driver, dev.pool, dev.device) or ""),
+                            ("admin_access", "true" if monitoring else "false"),
+                        ), 1)
                 if not monitoring:
                     out.add(cat.CLAIM_CONSUMER_INFO, (
                         ("namespace", claim.namespace), ("claim", claim.name), ("pod", pod.name),
-                        ("pod_uid", ""), ("container", container.name),
+                        ("pod_uid", view.pod_uid(pod.namespace, pod.name, info)), ("container", container.name),
                     ), 1)
+
+
+def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolver) -> None:
+    """What the API server alone knows: slice devices, taints, counters, conditions, health."""
+    # Counter consumption only for allocated devices: a partitionable GPU lists every possible
+    # placement (~25 per H200), and only what is allocated takes anything from the counters.
+    # Admin access does not allocate capacity.
+    allocated = {(r.driver, r.pool, r.device) for c in cluster.claims for r in c.results if not r.admin_access}
+    for sl in cluster.slices:
+        for cs in sl.shared_counters:
+            for counter, value in cs.counters:
+                out.add(cat.DEVICE_SHARED_CAPACITY, (
+                    ("driver", sl.driver), ("pool", sl.pool), ("counter_set", cs.name), ("counter", counter)), value)
+        for dev in sl.devices:
+            ident = (("driver", sl.driver), ("pool", sl.pool), ("device", dev.name))
+            out.add(cat.DEVICE_INFO, (
+                ("node", dev.node_name or sl.node_name or cluster.node), *ident,
+                ("uuid", resolver.resolve(sl.driver, sl.pool, dev.name) or ""),
+                ("type", dev.attribute(_ATTR_TYPE)), ("profile", dev.attribute(_ATTR_PROFILE)),
+                ("parent_uuid", dev.attribute(_ATTR_PARENT)),
+                ("model", next((m for a in _ATTR_MODELS if (m := dev.attribute(a))), "")),
+            ), 1)
+            for taint in dev.taints:
+                out.add(cat.DEVICE_TAINT, (
+                    *ident, ("key", taint.key), ("value", taint.value), ("effect", taint.effect)), 1)
+            for use in dev.consumes_counters if (sl.driver, sl.pool, dev.name) in allocated else ():
+                for counter, value in use.counters:
+                    out.add(cat.DEVICE_SHARED_CONSUMPTION, (
+                        *ident, ("counter_set", use.counter_set), ("counter", counter)), value)
+    for claim in cluster.claims:
+        for status in claim.devices:
+            for cond in status.conditions:
+                out.add(cat.CLAIM_DEVICE_CONDITION, (
+                    ("namespace", claim.namespace), ("claim", claim.name), ("driver", status.driver),
+                    ("pool", status.pool), ("device", status.device), ("type", cond.type),
+                    ("status", cond.status)), 1)
+    for pod in cluster.pods:
+        if pod.terminal:
+            continue
+        for ctr in pod.containers:
+            for h in ctr.health:
+                out.add(cat.DEVICE_HEALTH, (
+                    ("namespace", pod.namespace), ("pod", pod.name), ("container", ctr.name),
+                    ("claim", h.claim), ("request", h.request), ("driver", h.driver), ("pool", h.pool),
+                    ("device", h.device), ("health", h.health)), 1)
 
 
 def _claim_uid_from_cdi(dev: ClaimDevice) -> str:

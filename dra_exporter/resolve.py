@@ -1,8 +1,11 @@
 """Device resolution: which NVML device a DRA (driver, pool, device) triplet names.
 
 Pure functions over NVML identities. Resolvers form a chain: the first one that
-knows the answer wins. The node-local ``NvidiaNameResolver`` parses NVIDIA's
-device names; the cluster view puts a ResourceSlice resolver in front of it.
+knows the answer wins. ``SliceResolver`` reads the ``uuid`` attribute that drivers
+publish in their ResourceSlices (any driver that publishes one; needs the API
+server) and goes first; the node-local ``NvidiaNameResolver`` parses NVIDIA's
+device names and is the fallback (and the only way to find dynamically created
+MIG devices, which no slice names by UUID).
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from .model import GpuDevice
+from .model import GpuDevice, ResourceSliceInfo
 
 NVIDIA_DRIVER: Final = "gpu.nvidia.com"
+#: The device attribute that carries the NVML UUID (NVIDIA; any driver may publish one).
+UUID_ATTRIBUTE: Final = "uuid"
 
 _FULL_GPU = re.compile(r"gpu-(?P<minor>\d+)")
 # 25.3-25.8: gpu-<minor>-mig-<giProfileId>-<placementStart>-<placementSize>
@@ -105,6 +110,21 @@ class NvidiaNameResolver:
         if parsed.profile and canonical_profile(mig.profile) != parsed.profile:
             return None
         return mig.uuid
+
+
+class SliceResolver:
+    """Resolves a device through the ``uuid`` attribute of its ResourceSlice entry.
+
+    Expects current slices only (the highest generation of each pool): an older generation
+    may still name a device that has since been recreated with another UUID.
+    """
+
+    def __init__(self, slices: Iterable[ResourceSliceInfo]) -> None:
+        self._uuids = {(s.driver, s.pool, d.name): uuid
+                       for s in slices for d in s.devices if (uuid := d.attribute(UUID_ATTRIBUTE))}
+
+    def resolve(self, driver: str, pool: str, device: str) -> str | None:
+        return self._uuids.get((driver, pool, device))
 
 
 class ChainResolver:

@@ -64,10 +64,13 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
         from .sim.node import SimulatedNode
         from .sim.scenario import load_scenario
 
-        scenario = load_scenario(settings.simulate)
+        # --node-name picks the node of a cluster dump; an ordinary scenario names its own.
+        scenario = load_scenario(settings.simulate, settings.node_name or None)
         clock = SimClock(sim_time or 0.0, frozen=sim_time is not None)
-        # An explicit --kubelet-socket replaces the simulated kubelet (NVML stays simulated).
-        sim = SimulatedNode(scenario, clock, kubelet=settings.kubelet_socket is None).start()
+        # An explicit --kubelet-socket replaces the simulated kubelet, an explicit --kubeconfig the
+        # simulated API server (NVML stays simulated).
+        sim = SimulatedNode(scenario, clock, kubelet=settings.kubelet_socket is None,
+                            apiserver=settings.kubeapi and not settings.kubeconfig).start()
         closers.append(sim.close)
         # On a simulated node, timestamps, backoffs and rate integrals follow simulated time.
         wall_clock, monotonic = sim.wall_clock, clock.now
@@ -81,27 +84,75 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
 
     primary = SourceRunner(NvmlSource(nvml, wall_clock=wall_clock, monotonic=monotonic), keep_last_good=False,
                            wall_clock=wall_clock, interval=settings.interval)
-    side = [SourceRunner(PodResourcesSource(kubelet_socket), keep_last_good=True, wall_clock=wall_clock,
-                         interval=settings.interval)]
+    pods = SourceRunner(PodResourcesSource(kubelet_socket), keep_last_good=True, wall_clock=wall_clock,
+                        interval=settings.interval)
+    side = [pods]
+    if kubeapi := _kubeapi_source(settings, sim, pods):
+        # keep_last_good: during an API outage the last good cluster view beats none.
+        side.append(SourceRunner(kubeapi, keep_last_good=True, wall_clock=wall_clock, interval=settings.interval))
     sinks: list[Any] = []
     prometheus = None
     if publish and settings.otlp is not None:
         from .sinks.otlp import OtlpSink
 
-        node_name = settings.node_name or (sim.scenario.node_name if sim is not None else socket.gethostname())
-        otlp = OtlpSink(settings.otlp, node_name=node_name, host_name=socket.gethostname(), version=__version__)
+        otlp = OtlpSink(settings.otlp, node_name=node_name(settings, sim), host_name=socket.gethostname(),
+                        version=__version__)
         closers.append(otlp.shutdown)
         sinks.append(otlp)
     if publish and settings.prometheus:
         from .sinks.prometheus import PrometheusSink
 
-        prometheus = PrometheusSink(settings.listen)
+        prometheus = PrometheusSink(settings.listen, web_config=settings.web_config)
         prometheus.start()
         closers.append(prometheus.stop)
         sinks.append(prometheus)
     agent = Agent(primary, side, sinks, interval=settings.interval, self_pod=_self_pod(settings, sim),
                   wall_clock=wall_clock)
     return Runtime(agent, sim, prometheus, closers)
+
+
+def node_name(settings: Settings, sim: Any) -> str:
+    """The simulated scenario's node (which --node-name chose for a dump), else --node-name
+    (or $NODE_NAME), else the hostname."""
+    if sim is not None:
+        return str(sim.scenario.node_name)
+    return settings.node_name or socket.gethostname()
+
+
+def _kubeapi_source(settings: Settings, sim: Any, pods: SourceRunner) -> Any:
+    """The API server source, or None when turned off (--no-kubeapi).
+
+    Without any API access it is still built: it then reports itself down once
+    (``dra_exporter_source_up{source="kubeapi"} 0``) and the join stays node-local.
+    """
+    if not settings.kubeapi:
+        return None
+    from .config import ConfigError
+    from .model import PodResourcesSnapshot
+    from .sources import SourceError
+    from .sources.kubeapi import KubeApiSource, load_client
+
+    kubeconfig = settings.kubeconfig
+    client_factory = None
+    if kubeconfig:
+        # A kubeconfig the operator named must work: a broken one is a start-up error, not a source outage.
+        try:
+            api_client = load_client(kubeconfig)
+        except SourceError as exc:
+            raise ConfigError(f"--kubeconfig: {exc}".replace("kubeapi: ", "")) from None
+        client_factory = lambda: api_client
+    elif sim is not None and sim.apiserver is not None:
+        kubeconfig = sim.apiserver.kubeconfig_path
+
+    def claim_hints() -> list[tuple[str, str]]:
+        # Claims the kubelet reports are fetched even before the pod watch has their pod.
+        snap, _ = pods.latest()
+        if not isinstance(snap, PodResourcesSnapshot):
+            return []
+        return [(c.namespace, c.name) for p in snap.pods for ctr in p.containers for c in ctr.claims]
+
+    return KubeApiSource(node_name(settings, sim), kubeconfig=kubeconfig, client_factory=client_factory,
+                         claim_hints=claim_hints)
 
 
 def _self_pod(settings: Settings, sim: Any) -> tuple[str, str] | None:

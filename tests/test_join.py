@@ -5,17 +5,32 @@ from __future__ import annotations
 from dra_exporter import catalog as cat
 from dra_exporter.join import JoinInput, join
 from dra_exporter.model import (
+    AllocationResult,
     ClaimDevice,
+    ClaimDeviceStatus,
+    ClaimInfo,
     ClaimUse,
+    ClusterSnapshot,
+    ConsumerRef,
     ContainerAllocation,
+    ContainerClaim,
+    ContainerInfo,
+    CounterConsumption,
+    CounterSet,
+    DeviceCondition,
+    DeviceHealth,
     DeviceSample,
+    DeviceTaint,
     Frame,
     GpuDevice,
     NvmlSnapshot,
     PluginDevices,
     PodAllocation,
+    PodInfo,
     PodResourcesSnapshot,
     Reading,
+    ResourceSliceInfo,
+    SliceDevice,
     SourceHealth,
 )
 
@@ -65,7 +80,12 @@ def attribution(frame: Frame, uuid: str, name: str = cat.GPU_MEMORY_USED) -> dic
     return {k: found[0][k] for k in cat.ATTRIBUTION_LABELS}
 
 
-EMPTY = {"namespace": "", "pod": "", "container": "", "claim": ""}
+EMPTY = dict.fromkeys(cat.ATTRIBUTION_LABELS, "")
+
+
+def att(**values: str) -> dict[str, str]:
+    """Attribution labels: the given values, every other label empty."""
+    return {**EMPTY, **values}
 
 
 def test_unallocated_device_reports_with_empty_attribution() -> None:
@@ -77,7 +97,7 @@ def test_unallocated_device_reports_with_empty_attribution() -> None:
 def test_single_pod_claim_carries_claim_pod_container() -> None:
     frame = run([sample(gpu(0)), sample(gpu(1))],
                 [pod("ml", "train-0", ctr("trainer", claim("ml", "gpus", "gpu-0", "gpu-1")))])
-    want = {"namespace": "ml", "pod": "train-0", "container": "trainer", "claim": "gpus"}
+    want = att(namespace="ml", pod="train-0", container="trainer", claim="gpus")
     assert attribution(frame, "GPU-0") == want
     assert attribution(frame, "GPU-1") == want
 
@@ -85,7 +105,7 @@ def test_single_pod_claim_carries_claim_pod_container() -> None:
 def test_two_containers_of_one_pod_leave_container_empty() -> None:
     c = claim("ml", "gpus", "gpu-0")
     frame = run([sample(gpu(0))], [pod("ml", "p", ctr("a", c), ctr("b", c))])
-    assert attribution(frame, "GPU-0") == {"namespace": "ml", "pod": "p", "container": "", "claim": "gpus"}
+    assert attribution(frame, "GPU-0") == att(namespace="ml", pod="p", claim="gpus")
 
 
 def test_shared_claim_keeps_one_series_and_lists_every_consumer() -> None:
@@ -94,7 +114,7 @@ def test_shared_claim_keeps_one_series_and_lists_every_consumer() -> None:
                 [pod("research", "alice", ctr("nb", c)), pod("research", "bob", ctr("nb", c))])
     values = series(frame, cat.GPU_MEMORY_USED)
     assert list(values.values()) == [42.0], "device value must not be copied per pod"
-    assert attribution(frame, "GPU-0") == {"namespace": "research", "pod": "", "container": "", "claim": "shared"}
+    assert attribution(frame, "GPU-0") == att(namespace="research", claim="shared")
     consumers = {(d["pod"], d["container"]) for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))}
     assert consumers == {("alice", "nb"), ("bob", "nb")}
 
@@ -122,7 +142,7 @@ def test_device_plugin_gpus_by_uuid_index_and_replica() -> None:
         pod("legacy", "replica", ctr("c", plugin=(PluginDevices("nvidia.com/gpu", ("GPU-2::3",)),))),
         pod("legacy", "other", ctr("c", plugin=(PluginDevices("example.com/fpga", ("GPU-2",)),))),
     ])
-    assert attribution(frame, "GPU-0") == {"namespace": "legacy", "pod": "by-uuid", "container": "c", "claim": ""}
+    assert attribution(frame, "GPU-0") == att(namespace="legacy", pod="by-uuid", container="c")
     assert attribution(frame, "GPU-1")["pod"] == "by-index"
     assert attribution(frame, "GPU-2")["pod"] == "replica"
 
@@ -192,3 +212,232 @@ def test_self_metrics_reflect_source_health() -> None:
     errors = {dict(lbl)["source"]: v for lbl, v in series(frame, cat.COLLECT_ERRORS).items()}
     assert up == {"nvml": 1.0, "podresources": 0.0}
     assert errors == {"nvml": 0.0, "podresources": 3.0}
+
+
+# --- the cluster view (API server) -----------------------------------------------------------------
+
+EXAMPLE = "gpu.example.com"
+
+
+def slice_dev(name: str, **attrs: str) -> SliceDevice:
+    return SliceDevice(name, tuple(sorted(attrs.items())))
+
+
+def nv_slice(*devices: SliceDevice, generation: int = 1) -> ResourceSliceInfo:
+    return ResourceSliceInfo(f"{NODE}-gpu", DRV, NODE, generation, 1, NODE, devices)
+
+
+def result(request: str, device: str, *, driver: str = DRV, admin: bool = False) -> AllocationResult:
+    return AllocationResult(request, driver, NODE, device, admin)
+
+
+def claim_info(ns: str, name: str, *results: AllocationResult, uid: str = "",
+               reserved: tuple[ConsumerRef, ...] = (), devices: tuple[ClaimDeviceStatus, ...] = ()) -> ClaimInfo:
+    return ClaimInfo(ns, name, uid or f"uid-{name}", results, reserved, devices)
+
+
+def pod_info(ns: str, name: str, *containers: ContainerInfo, phase: str = "Running") -> PodInfo:
+    claims = tuple(sorted({c.claim for ctr in containers for c in ctr.claims if c.claim}))
+    return PodInfo(ns, name, f"uid-{name}", phase, claims, containers)
+
+
+def ctr_info(name: str, *claims: tuple[str, str], health: tuple[DeviceHealth, ...] = ()) -> ContainerInfo:
+    """``claims``: (claim object name, request) pairs; the reference name is the claim's."""
+    return ContainerInfo(name, f"containerd://{name}", tuple(ContainerClaim(c, c, r) for c, r in claims), health)
+
+
+def cluster(*, slices: tuple[ResourceSliceInfo, ...] = (), claims: tuple[ClaimInfo, ...] = (),
+            pods: tuple[PodInfo, ...] = ()) -> ClusterSnapshot:
+    return ClusterSnapshot(NODE, "v1", slices, claims, pods)
+
+
+def test_slice_uuid_attribute_resolves_any_driver() -> None:
+    use = ClaimUse("ns", "c", (ClaimDevice(EXAMPLE, NODE, "gpu-0"),))
+    pods = [pod("ns", "p", ctr("main", use))]
+    assert attribution(run([sample(gpu(0))], pods), "GPU-0") == EMPTY, "no slice, no way to know"
+    sl = ResourceSliceInfo("s", EXAMPLE, NODE, 1, 1, NODE, (slice_dev("gpu-0", uuid="GPU-0"),))
+    frame = run([sample(gpu(0))], pods, cluster=cluster(slices=(sl,)))
+    assert attribution(frame, "GPU-0") == att(namespace="ns", pod="p", container="main", claim="c")
+    (alloc,) = map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO))
+    assert alloc["uuid"] == "GPU-0"
+
+
+def test_slice_attribute_goes_before_nvidia_name_parsing() -> None:
+    # The name says minor 0, the driver's slice says this device is GPU-1: the slice is right
+    # (name parsing is only the fallback for devices no slice names by UUID).
+    frame = run([sample(gpu(0)), sample(gpu(1))], [pod("ml", "p", ctr("c", claim("ml", "g", "gpu-0")))],
+                cluster=cluster(slices=(nv_slice(slice_dev("gpu-0", uuid="GPU-1")),)))
+    assert attribution(frame, "GPU-1")["pod"] == "p"
+    assert attribution(frame, "GPU-0") == EMPTY
+
+
+def test_request_names_subrequests_and_pod_uid_join_the_device_labels() -> None:
+    frame = run([sample(gpu(0)), sample(gpu(1))],
+                [pod("ml", "train-0", ctr("trainer", claim("ml", "gpus", "gpu-0", "gpu-1")))],
+                cluster=cluster(claims=(claim_info("ml", "gpus", result("gpus/h200", "gpu-0"),
+                                                   result("gpus/h200", "gpu-1"), uid="claim-uid"),),
+                                pods=(pod_info("ml", "train-0", ctr_info("trainer", ("gpus", "gpus"))),)))
+    want = att(namespace="ml", pod="train-0", pod_uid="uid-train-0", container="trainer", claim="gpus",
+               request="gpus/h200")
+    assert attribution(frame, "GPU-0") == attribution(frame, "GPU-1") == want
+    allocs = {(a["device"], a["request"], a["claim_uid"]) for a in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO))}
+    assert allocs == {("gpu-0", "gpus/h200", "claim-uid"), ("gpu-1", "gpus/h200", "claim-uid")}
+    (consumer,) = map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))
+    assert consumer["pod_uid"] == "uid-train-0"
+
+
+def test_each_container_gets_only_the_devices_of_the_request_it_names() -> None:
+    # The kubelet lists every device of the claim for both containers; the pod spec says who uses what.
+    c = claim("ml", "pair", "gpu-0", "gpu-1")
+    pods = [pod("ml", "p", ctr("a", c), ctr("b", c))]
+    devices = [sample(gpu(0)), sample(gpu(1))]
+    assert attribution(run(devices, pods), "GPU-0")["container"] == "", "node-local: both containers"
+    view = cluster(claims=(claim_info("ml", "pair", result("first", "gpu-0"), result("second", "gpu-1")),),
+                   pods=(pod_info("ml", "p", ctr_info("a", ("pair", "first")), ctr_info("b", ("pair", "second"))),))
+    frame = run(devices, pods, cluster=view)
+    assert (attribution(frame, "GPU-0")["container"], attribution(frame, "GPU-0")["request"]) == ("a", "first")
+    assert (attribution(frame, "GPU-1")["container"], attribution(frame, "GPU-1")["request"]) == ("b", "second")
+    # Both containers still use the claim.
+    assert {d["container"] for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))} == {"a", "b"}
+
+
+def test_a_container_naming_the_main_request_uses_the_chosen_subrequest() -> None:
+    view = cluster(claims=(claim_info("ml", "g", result("main/fallback", "gpu-0")),),
+                   pods=(pod_info("ml", "p", ctr_info("c", ("g", "main"))),))
+    frame = run([sample(gpu(0))], [pod("ml", "p", ctr("c", claim("ml", "g", "gpu-0")))], cluster=view)
+    assert attribution(frame, "GPU-0")["request"] == "main/fallback"
+    assert attribution(frame, "GPU-0")["container"] == "c"
+
+
+def test_admin_access_from_the_api_server_is_authoritative() -> None:
+    pods = [pod("ml", "train", ctr("t", claim("ml", "gpus", "gpu-0"))),
+            pod("ops", "dcgm", ctr("d", claim("ops", "watch", "gpu-0"))),
+            pod("monitoring", "dra-exporter-x", ctr("e", claim("monitoring", "mine", "gpu-1")))]
+    view = cluster(claims=(claim_info("ml", "gpus", result("gpu", "gpu-0")),
+                           claim_info("ops", "watch", result("gpu", "gpu-0", admin=True)),
+                           claim_info("monitoring", "mine", result("gpu", "gpu-1"))))
+    frame = run([sample(gpu(0)), sample(gpu(1))], pods, self_pod=("monitoring", "dra-exporter-x"), cluster=view)
+    # Another pod's admin-access claim is monitoring although it is not the exporter's pod ...
+    assert attribution(frame, "GPU-0")["pod"] == "train"
+    # ... and the exporter pod's claim without admin access is an ordinary one.
+    assert attribution(frame, "GPU-1")["pod"] == "dra-exporter-x"
+    admin = {(d["claim"], d["admin_access"]) for d in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO))}
+    assert admin == {("gpus", "false"), ("watch", "true"), ("mine", "false")}
+    assert {d["pod"] for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))} == {"train", "dra-exporter-x"}
+
+
+def test_own_pod_rule_stays_for_claims_the_api_server_does_not_know() -> None:
+    pods = [pod("ml", "train", ctr("t", claim("ml", "gpus", "gpu-0"))),
+            pod("monitoring", "exp", ctr("e", claim("monitoring", "all", "gpu-0")))]
+    frame = run([sample(gpu(0))], pods, self_pod=("monitoring", "exp"), cluster=cluster())
+    assert attribution(frame, "GPU-0")["pod"] == "train"
+
+
+def test_shared_claim_keeps_request_but_not_pod_uid() -> None:
+    c = claim("research", "shared", "gpu-0")
+    view = cluster(claims=(claim_info("research", "shared", result("gpu", "gpu-0")),),
+                   pods=(pod_info("research", "alice", ctr_info("nb", ("shared", ""))),
+                         pod_info("research", "bob", ctr_info("nb", ("shared", "")))))
+    frame = run([sample(gpu(0))], [pod("research", "alice", ctr("nb", c)), pod("research", "bob", ctr("nb", c))],
+                cluster=view)
+    assert attribution(frame, "GPU-0") == att(namespace="research", claim="shared", request="gpu")
+    uids = {d["pod_uid"] for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))}
+    assert uids == {"uid-alice", "uid-bob"}
+
+
+def test_pod_uid_from_reserved_for_when_the_pod_watch_lags() -> None:
+    view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0"),
+                                      reserved=(ConsumerRef("pods", "p", "uid-from-claim"),)),))
+    frame = run([sample(gpu(0))], [pod("ml", "p", ctr("c", claim("ml", "g", "gpu-0")))], cluster=view)
+    assert attribution(frame, "GPU-0")["pod_uid"] == "uid-from-claim"
+
+
+def test_different_claims_share_no_request_label() -> None:
+    view = cluster(claims=(claim_info("a", "x", result("gpu", "gpu-0")), claim_info("b", "y", result("gpu", "gpu-0"))))
+    frame = run([sample(gpu(0))], [pod("a", "p", ctr("c", claim("a", "x", "gpu-0"))),
+                                   pod("b", "q", ctr("c", claim("b", "y", "gpu-0")))], cluster=view)
+    assert attribution(frame, "GPU-0") == EMPTY
+
+
+def test_every_slice_device_is_described_allocated_or_not() -> None:
+    parent = gpu(4, "enabled")
+    static = mig(4, 9, 0, 4, "3g.71gb", 1)
+    sl = nv_slice(
+        slice_dev("gpu-0", uuid="GPU-0", type="gpu", productName="NVIDIA H200"),
+        slice_dev("gpu-4-mig-3g71gb-9-0", uuid=static.uuid, type="mig", profile="3g.71gb", parentUUID="GPU-4",
+                  productName="NVIDIA H200"),
+        # A dynamic MIG device has no uuid in its slice; NVML finds it by parent, profile and placement.
+        slice_dev("gpu-4-mig-3g71gb-9-4", type="mig", profile="3g.71gb", parentUUID="GPU-4"))
+    dynamic = mig(4, 9, 4, 4, "3g.71gb", 2)
+    other = ResourceSliceInfo("nic", "nic.example.com", "pool/a", 3, 1, "", (slice_dev("eth-0", model="X1"),))
+    frame = run([sample(gpu(0)), sample(parent), sample(static), sample(dynamic)], [],
+                cluster=cluster(slices=(sl, other)))
+    info = {d["device"]: d for d in map(dict, series(frame, cat.DEVICE_INFO))}
+    assert set(info) == {"gpu-0", "gpu-4-mig-3g71gb-9-0", "gpu-4-mig-3g71gb-9-4", "eth-0"}
+    assert info["gpu-0"] == {"node": NODE, "driver": DRV, "pool": NODE, "device": "gpu-0", "uuid": "GPU-0",
+                             "type": "gpu", "profile": "", "parent_uuid": "", "model": "NVIDIA H200"}
+    assert (info["gpu-4-mig-3g71gb-9-0"]["uuid"], info["gpu-4-mig-3g71gb-9-0"]["profile"]) == (static.uuid, "3g.71gb")
+    assert info["gpu-4-mig-3g71gb-9-4"]["uuid"] == dynamic.uuid
+    assert (info["eth-0"]["node"], info["eth-0"]["uuid"], info["eth-0"]["model"]) == (NODE, "", "X1")
+
+
+def test_taints_conditions_health_and_counters() -> None:
+    dev = SliceDevice("gpu-0", (("uuid", "GPU-0"),), consumes_counters=(
+        CounterConsumption("gpu-0-counter-set", (("memory", 1.5e11), ("multiprocessors", 132.0))),),
+        taints=(DeviceTaint("gpu.nvidia.com/xid", "79", "NoExecute"),))
+    # A placement nobody holds: listed in the slice, but it takes nothing from the counters.
+    free = SliceDevice("gpu-0-mig-1g18gb-19-0", consumes_counters=(
+        CounterConsumption("gpu-0-counter-set", (("memory", 1.8e10), ("multiprocessors", 16.0))),))
+    sl = ResourceSliceInfo("s", DRV, NODE, 1, 2, NODE, (dev, free),
+                           (CounterSet("gpu-0-counter-set", (("memory", 1.5e11), ("multiprocessors", 132.0))),))
+    cond = ClaimDeviceStatus(DRV, NODE, "gpu-0", conditions=(DeviceCondition("Ready", "True"),))
+    health = DeviceHealth("g", "gpu", DRV, NODE, "gpu-0", "Unhealthy")
+    view = cluster(slices=(sl,), claims=(claim_info("ml", "g", result("gpu", "gpu-0"), devices=(cond,)),),
+                   pods=(pod_info("ml", "p", ctr_info("c", ("g", "gpu"), health=(health,))),
+                         pod_info("ml", "done", ctr_info("c", ("g", "gpu"), health=(health,)), phase="Succeeded")))
+    frame = run([sample(gpu(0))], [pod("ml", "p", ctr("c", claim("ml", "g", "gpu-0")))], cluster=view)
+    assert list(map(dict, series(frame, cat.DEVICE_TAINT))) == [
+        {"driver": DRV, "pool": NODE, "device": "gpu-0", "key": "gpu.nvidia.com/xid", "value": "79",
+         "effect": "NoExecute"}]
+    assert list(map(dict, series(frame, cat.CLAIM_DEVICE_CONDITION))) == [
+        {"namespace": "ml", "claim": "g", "driver": DRV, "pool": NODE, "device": "gpu-0", "type": "Ready",
+         "status": "True"}]
+    assert list(map(dict, series(frame, cat.DEVICE_HEALTH))) == [
+        {"namespace": "ml", "pod": "p", "container": "c", "claim": "g", "request": "gpu", "driver": DRV,
+         "pool": NODE, "device": "gpu-0", "health": "Unhealthy"}], "a finished pod's health is history"
+    capacity = {dict(lbl)["counter"]: v for lbl, v in series(frame, cat.DEVICE_SHARED_CAPACITY).items()}
+    consumption = {(dict(lbl)["device"], dict(lbl)["counter"]): v
+                   for lbl, v in series(frame, cat.DEVICE_SHARED_CONSUMPTION).items()}
+    assert capacity == {"memory": 1.5e11, "multiprocessors": 132.0}
+    assert consumption == {("gpu-0", "memory"): 1.5e11, ("gpu-0", "multiprocessors"): 132.0}
+
+
+def test_api_server_attributes_pods_the_kubelet_reports_without_claims() -> None:
+    # A kubelet before 1.34 without the dynamic-resources gate lists the pod but no claims.
+    view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0")),),
+                   pods=(pod_info("ml", "p", ctr_info("c", ("g", "gpu"))),
+                         pod_info("ml", "gone", ctr_info("c", ("g", "gpu")))))
+    frame = run([sample(gpu(0))], [pod("ml", "p", ctr("c"))], cluster=view)
+    assert attribution(frame, "GPU-0") == att(namespace="ml", pod="p", pod_uid="uid-p", container="c", claim="g",
+                                              request="gpu"), "a pod the kubelet does not list holds nothing here"
+
+
+def test_api_server_attributes_running_pods_while_the_kubelet_never_answered() -> None:
+    view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0")), claim_info("ml", "h", result("gpu", "gpu-1"))),
+                   pods=(pod_info("ml", "p", ctr_info("c", ("g", ""))),
+                         pod_info("ml", "waiting", ctr_info("c", ("h", "")), phase="Pending")))
+    frame = join(JoinInput(NvmlSnapshot((sample(gpu(0)), sample(gpu(1)))), None, cluster=view))
+    assert attribution(frame, "GPU-0")["pod"] == "p"
+    assert attribution(frame, "GPU-1") == EMPTY, "a pending pod runs nothing yet"
+    # The kubelet answering (and listing nobody) wins over the API server.
+    assert attribution(run([sample(gpu(0))], [], cluster=view), "GPU-0") == EMPTY
+
+
+def test_cluster_frame_labels_follow_the_catalogue() -> None:
+    view = cluster(slices=(nv_slice(slice_dev("gpu-0", uuid="GPU-0", type="gpu")),),
+                   claims=(claim_info("ml", "g", result("gpu", "gpu-0")),),
+                   pods=(pod_info("ml", "p", ctr_info("c", ("g", ""))),))
+    frame = run([sample(gpu(0))], [pod("ml", "p", ctr("c", claim("ml", "g", "gpu-0")))], cluster=view)
+    for fam in frame.families:
+        for s in fam.samples:
+            assert tuple(k for k, _ in s.labels) == cat.spec(fam.name).labels, fam.name

@@ -47,7 +47,7 @@ def test_golden_file_shows_claim_pod_container_and_partition_labels() -> None:
     golden = GOLDEN.read_text()
     assert re.search(r'dra_gpu_memory_used_bytes\{claim="vllm-small-0-gpu",container="vllm",'
                      r'gpu="4",namespace="inference",parent_uuid="GPU-[^"]+",pod="vllm-small-0",'
-                     r'profile="3g.71gb"', golden)
+                     r'pod_uid="[0-9a-f-]{36}",profile="3g.71gb",request="gpu/mig-3g"', golden)
     assert 'claim="shared-notebook-gpu",container="",gpu="6",namespace="research",parent_uuid="",pod=""' in golden
 
 

@@ -1,7 +1,9 @@
-"""A whole simulated node: fake NVML and a kubelet gRPC server, both driven by one scenario and clock."""
+"""A whole simulated node: fake NVML, a kubelet gRPC server and the cluster's API server,
+all driven by one scenario and clock."""
 
 from __future__ import annotations
 
+from .apiserver import SimulatedApiServer
 from .clock import SimClock
 from .fake_nvml import FakeNvml
 from .kubelet import SimulatedKubelet
@@ -11,9 +13,11 @@ _KUBELET_FAULT_PREFIX = "kubelet_"
 
 
 class SimulatedNode:
-    """Owns the simulated parts; ``start()`` opens the kubelet socket, ``close()`` removes it."""
+    """Owns the simulated parts; ``start()`` opens the kubelet socket and the API server's
+    port, ``close()`` removes them. ``kubelet``/``apiserver`` are None when switched off."""
 
-    def __init__(self, scenario: Scenario, clock: SimClock, *, kubelet: bool = True) -> None:
+    def __init__(self, scenario: Scenario, clock: SimClock, *, kubelet: bool = True,
+                 apiserver: bool = True) -> None:
         self.scenario = scenario
         self.clock = clock
         self.nvml = FakeNvml(scenario, clock)
@@ -21,6 +25,7 @@ class SimulatedNode:
             provider=lambda: scenario.pod_allocations_at(clock.now()),
             fault_provider=self._kubelet_faults,
         ) if kubelet else None
+        self.apiserver = SimulatedApiServer(scenario, clock) if apiserver else None
 
     def _kubelet_faults(self) -> set[str]:
         return {f.kind for f in self.scenario.active_faults(self.clock.now())
@@ -31,11 +36,19 @@ class SimulatedNode:
         return self.clock.epoch + self.clock.now()
 
     def start(self) -> SimulatedNode:
-        if self.kubelet:
-            self.kubelet.start()
+        try:
+            if self.kubelet:
+                self.kubelet.start()
+            if self.apiserver:
+                self.apiserver.start()
+        except BaseException:
+            self.close()  # nothing half-started is left behind
+            raise
         return self
 
     def close(self) -> None:
+        if self.apiserver:
+            self.apiserver.stop()
         if self.kubelet:
             self.kubelet.stop()
 

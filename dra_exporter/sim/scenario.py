@@ -10,9 +10,12 @@ container ids, PIDs) filled in deterministically from the seed. Any problem is a
 
 The rest of the simulator only reads scenarios: the fake NVML evaluates the
 curves and faults at simulated time, the simulated kubelet serves
-``Scenario.pod_allocations_at(t)``. The GPU profile (values recorded on a real
-H200, see ``profiles/make_profile.py``) lives here too, because validating a MIG
-layout needs it. The format is documented for users in ``docs/scenarios.md``.
+``Scenario.pod_allocations_at(t)`` and the simulated API server serves the
+Kubernetes objects ``k8s_objects`` derives from the scenario (or, for a scenario
+loaded from a cluster dump by ``dump``, the dump's own objects, ``raw_objects``).
+The GPU profile (values recorded on a real H200, see ``profiles/make_profile.py``)
+lives here too, because validating a MIG layout needs it. The format is documented
+for users in ``docs/scenarios.md``.
 """
 
 from __future__ import annotations
@@ -223,6 +226,16 @@ class Curve:
 
 
 @dataclass(frozen=True, slots=True)
+class Taint:
+    """A device taint as a DRA driver publishes it in its ResourceSlice (KEP-5055)."""
+
+    key: str
+    value: str
+    effect: str
+    """``NoSchedule``, ``NoExecute`` or ``None``."""
+
+
+@dataclass(frozen=True, slots=True)
 class MigDevice:
     profile: str
     gi_profile_id: int
@@ -234,6 +247,7 @@ class MigDevice:
     uuid: str
     memory_total: int
     memory_reserved: int
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +257,7 @@ class Gpu:
     uuid: str
     pci_bus_id: str
     mig: tuple[MigDevice, ...] = ()
+    taints: tuple[Taint, ...] = ()
 
     @property
     def minor(self) -> int:
@@ -254,15 +269,99 @@ class Gpu:
 
 
 @dataclass(frozen=True, slots=True)
+class SubRequest:
+    """One alternative of a prioritized-list request (``firstAvailable``, KEP-4816)."""
+
+    name: str
+    device_class: str
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """A named request of a claim and the devices allocated for it."""
+
+    name: str
+    devices: tuple[str, ...]
+    device_class: str = ""
+    """DeviceClass of an ``exactly`` request; ``""`` for a prioritized list."""
+    all_devices: bool = False
+    """``allocationMode: All`` (every matching device) instead of ``ExactCount``."""
+    first_available: tuple[SubRequest, ...] = ()
+    allocated: str = ""
+    """The subrequest the scheduler chose, for a prioritized list."""
+
+    @property
+    def result_name(self) -> str:
+        """``request`` of the allocation results: ``<request>/<subrequest>`` for a prioritized list."""
+        return f"{self.name}/{self.allocated}" if self.allocated else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCondition:
+    """A condition a driver writes into a claim's ``status.devices[]``, from simulated time ``at``."""
+
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+    at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    device: str
+    conditions: tuple[DeviceCondition, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Claim:
     namespace: str
     name: str
     uid: str
     request: str
+    """Name of the first request (the only one for claims written with ``devices``)."""
     admin_access: bool
     driver: str
     pool: str
     devices: tuple[str, ...]
+    """Every allocated device, over all requests."""
+    requests: tuple[ClaimRequest, ...] = ()
+    template: str = ""
+    """The ResourceClaimTemplate it was generated from: then it exists only while its pod does."""
+    device_status: tuple[DeviceStatus, ...] = ()
+
+    @property
+    def pod_claim_name(self) -> str:
+        """The name pods use for it in ``spec.resourceClaims[]`` and container ``resources.claims[]``."""
+        return self.template or self.name
+
+    def all_requests(self) -> tuple[ClaimRequest, ...]:
+        return self.requests or (ClaimRequest(self.request, self.devices),)
+
+    def request_of(self, device: str) -> ClaimRequest | None:
+        return next((r for r in self.all_requests() if device in r.devices), None)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """A device of another driver's ResourceSlice; NVML knows nothing of it."""
+
+    name: str
+    attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
+    """Attribute name → typed value as in the API (``{"string": "x"}``, ``{"int": 3}``…)."""
+    capacity: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Capacity name → quantity string."""
+    taints: tuple[Taint, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DriverSlice:
+    """The ResourceSlice of a driver other than NVIDIA's on this node."""
+
+    driver: str
+    pool: str
+    devices: tuple[SliceDevice, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +390,14 @@ class Container:
     claims: tuple[str, ...] = ()
     plugin_devices: tuple[PluginDevice, ...] = ()
     processes: tuple[Process, ...] = ()
+    claim_requests: tuple[tuple[str, str], ...] = ()
+    """(claim, request) for each claim the container uses one request of (``resources.claims[].request``)."""
+    device_health: tuple[tuple[str, str], ...] = ()
+    """(device, health) the kubelet reports in ``allocatedResourcesStatus``; empty: not reported."""
+
+    def request_for(self, claim: str) -> str:
+        """The one request of ``claim`` this container uses; ``""`` for all of them."""
+        return next((r for c, r in self.claim_requests if c == claim), "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +450,13 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     exporter_pod: PodRef | None = None
     description: str = ""
+    api_version: str = "v1"
+    """resource.k8s.io version the simulated cluster prefers; it serves that one and the older ones."""
+    slices: tuple[DriverSlice, ...] = ()
+    dynamic_mig: bool = False
+    """NVIDIA's DynamicMIG: partitionable devices with shared counters in the slices."""
+    raw_objects: tuple[Mapping[str, Any], ...] = field(default=(), hash=False, compare=False)
+    """A cluster dump's own objects (ResourceSlices, ResourceClaims, Pods), served as they are."""
 
     @property
     def profile(self) -> GpuProfile:
@@ -369,10 +483,15 @@ class Scenario:
             model.PodAllocation(pod.namespace, pod.name, tuple(
                 model.ContainerAllocation(
                     name=c.name,
-                    claims=tuple(_claim_use(claims[(pod.namespace, name)]) for name in c.claims),
+                    claims=tuple(_claim_use(claims[(pod.namespace, name)], c.request_for(name))
+                                 for name in c.claims),
                     plugin_devices=tuple(model.PluginDevices(d.resource, d.ids) for d in c.plugin_devices))
                 for c in pod.containers))
             for pod in self.pods_at(t)))
+
+    def claims_at(self, t: float) -> tuple[Claim, ...]:
+        """Claims that exist at ``t``: standalone ones always, generated ones while their pod lives."""
+        return tuple(c for c in self.claims if not c.template or self.consumers_at(c, t))
 
     def gpu_devices(self) -> tuple[model.GpuDevice, ...]:
         """NVML identities of every GPU and MIG device, in NVML enumeration order."""
@@ -406,10 +525,15 @@ class Scenario:
         return None
 
 
-def _claim_use(claim: Claim) -> model.ClaimUse:
+def _claim_use(claim: Claim, request: str = "") -> model.ClaimUse:
+    # A container that names one request of the claim gets only that request's devices,
+    # as the kubelet prepares and reports them per request.
+    devices = claim.devices
+    if request:
+        devices = tuple(d for r in claim.all_requests() if r.name == request for d in r.devices)
     return model.ClaimUse(claim.namespace, claim.name, tuple(
         model.ClaimDevice(claim.driver, claim.pool, device, _cdi_devices(claim, device))
-        for device in claim.devices))
+        for device in devices))
 
 
 def _cdi_devices(claim: Claim, device: str) -> tuple[str, ...]:
@@ -467,7 +591,23 @@ NVML_FAMILIES: Final = ("utilization", "memory", "power", "temperature", "clocks
 INIT_ERRORS: Final = ("driver_not_loaded", "library_not_found")
 KUBELET_FAULTS: Final = ("kubelet_socket_gone", "kubelet_resource_exhausted", "kubelet_slow",
                          "kubelet_malformed")
-FAULT_KINDS: Final = ("gpu_lost", "family_unsupported", "init_failure", "xid") + KUBELET_FAULTS
+APISERVER_FAULTS: Final = ("apiserver_gone", "apiserver_error", "apiserver_slow", "apiserver_watch_drop",
+                           "apiserver_gone_410")
+FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid") + KUBELET_FAULTS
+                      + APISERVER_FAULTS)
+
+#: resource.k8s.io versions a simulated cluster can serve, newest first.
+API_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
+TAINT_EFFECTS: Final = ("NoSchedule", "NoExecute", "None")
+DEVICE_HEALTH: Final = ("Healthy", "Unhealthy", "Unknown")
+CONDITION_STATUS: Final = ("True", "False", "Unknown")
+#: NVIDIA's DeviceClasses for whole GPUs and MIG devices.
+NVIDIA_GPU_CLASS: Final = "gpu.nvidia.com"
+NVIDIA_MIG_CLASS: Final = "mig.nvidia.com"
+_QUALIFIED_NAME = re.compile(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z_][A-Za-z0-9_]{0,31}")
+_CONDITION_TYPE = re.compile(
+    r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]{0,1022}[A-Za-z0-9_])?")
 
 
 def builtin_scenarios() -> list[str]:
@@ -476,10 +616,28 @@ def builtin_scenarios() -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def load_scenario(source: str | os.PathLike[str]) -> Scenario:
-    """Load a built-in scenario by name or a scenario YAML file; raises ``ScenarioError``."""
+def load_scenario(source: str | os.PathLike[str], node_name: str | None = None) -> Scenario:
+    """Load a built-in scenario by name, a scenario YAML file or a cluster dump; raises ``ScenarioError``.
+
+    A cluster dump (``kubectl get resourceslices,resourceclaims,pods -A -o yaml``: a ``kind: List``
+    or several Kubernetes objects) becomes the scenario of node ``node_name``; see ``dump``.
+    ``node_name`` is not used for an ordinary scenario, which names its node itself.
+    """
+    label, docs = read_documents(source)
+    from .dump import is_dump, parse_dump  # dump builds on this module
+
+    if is_dump(docs):
+        return parse_dump(docs, label, node_name)
+    if len(docs) > 1:
+        raise ScenarioError(f"{label}: {len(docs)} YAML documents; a scenario is one document "
+                            "(several documents are only accepted as a dump of Kubernetes objects)")
+    return parse_scenario(docs[0], label)
+
+
+def read_documents(source: str | os.PathLike[str]) -> tuple[str, list[Any]]:
+    """The label (for messages) and every YAML document of a built-in scenario or a file."""
     label, text = _read_source(source)
-    return parse_scenario(_parse_yaml(label, text), label)
+    return label, _parse_yaml_documents(label, text)
 
 
 def parse_scenario(data: Any, label: str = "<scenario>") -> Scenario:
@@ -527,15 +685,23 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _parse_yaml(label: str, text: str) -> Any:
+def _parse_yaml_documents(label: str, text: str) -> list[Any]:
+    """Every document of a (possibly multi-document) YAML text; ``[None]`` for an empty one."""
+    docs = _yaml_errors(label, lambda: list(yaml.load_all(text, Loader=_StrictLoader)))  # noqa: S506
+    return docs or [None]
+
+
+def _yaml_errors(label: str, load: Callable[[], Any]) -> Any:
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return load()
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ScenarioError(f"{label}: invalid YAML{where}: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise ScenarioError(f"{label}: invalid YAML: {e}") from None
+    except RecursionError:
+        raise ScenarioError(f"{label}: YAML nested too deeply; not a scenario") from None
 
 
 class _Cursor:
@@ -646,6 +812,7 @@ class _Builder:
         self.devices: tuple[model.GpuDevice, ...] = ()
         self.resolver: NvidiaNameResolver
         self.claims: dict[tuple[str, str], Claim] = {}
+        self.slices: dict[tuple[str, str], DriverSlice] = {}
         self.uuids: dict[str, str] = {}
         self.pids: dict[int, str] = {}
         self.process_paths: dict[str, str] = {}
@@ -654,7 +821,7 @@ class _Builder:
         if doc.value is None:
             raise doc.error("the file is empty")
         doc.mapping(("node", "gpus"), ("seed", "gpu_model", "exporter_pod", "claims", "pods", "faults",
-                                       "description"))
+                                       "description", "api_version", "slices", "dynamic_mig"))
         self.node = doc.key("node").name("node name")
         self.seed = doc.key("seed").int(default=0)
         gpu_model = doc.key("gpu_model").str(default="h200")
@@ -662,13 +829,24 @@ class _Builder:
             raise doc.key("gpu_model").error(
                 f"unknown GPU model {gpu_model!r} (known: {', '.join(GPU_MODELS)})")
         self.profile = load_profile(gpu_model)
+        api_version = doc.key("api_version").str(default="v1")
+        if api_version not in API_VERSIONS:
+            raise doc.key("api_version").error(
+                f"{api_version!r} is not a resource.k8s.io version the simulator serves "
+                f"({', '.join(API_VERSIONS)})")
+        dynamic_mig = doc.key("dynamic_mig").bool(False)
+        if dynamic_mig and api_version == "v1beta1":
+            raise doc.key("dynamic_mig").error("partitionable devices need resource.k8s.io v1beta2 or v1 "
+                                               "(Kubernetes 1.33+); api_version is v1beta1")
         self._gpus(doc.key("gpus"))
         scenario = Scenario(self.label, self.node, self.seed, gpu_model, tuple(self.gpus.values()))
         self.devices = scenario.gpu_devices()
         self.resolver = NvidiaNameResolver(self.devices)
+        slices = self._slices(doc.key("slices"))
         claims = tuple(self._claim(c) for _, c in doc.key("claims").items())
         self._check_exclusive(doc.key("claims"), claims)
         pods = self._pods(doc.key("pods"))
+        self._check_templates(doc.key("claims"), claims, pods)
         faults = tuple(self._fault(f) for _, f in doc.key("faults").items())
         exporter = doc.key("exporter_pod")
         pod_ref = None
@@ -678,7 +856,7 @@ class _Builder:
                              exporter.key("name").name("pod name"))
         description = doc.key("description").str(default="")
         return Scenario(self.label, self.node, self.seed, gpu_model, scenario.gpus, claims, pods, faults,
-                        pod_ref, description)
+                        pod_ref, description, api_version, slices, dynamic_mig)
 
     # -- GPUs and MIG ------------------------------------------------------------------------
 
@@ -686,7 +864,7 @@ class _Builder:
         if not cur.list():
             raise cur.error("a node needs at least one GPU")
         for _, g in cur.items():
-            g.mapping(("index",), ("uuid", "mig"))
+            g.mapping(("index",), ("uuid", "mig", "taints"))
             index = g.key("index").int(minimum=0)
             if index >= MAX_GPUS:
                 raise g.key("index").error(f"at most {MAX_GPUS} GPUs per node; index must be < {MAX_GPUS}")
@@ -694,7 +872,11 @@ class _Builder:
                 raise g.key("index").error(f"GPU index {index} is listed twice")
             gpu_uuid = self._uuid(g.key("uuid"), "GPU-", g.path, ("gpu", str(index)))
             mig = self._mig(g.key("mig"), index)
-            self.gpus[index] = Gpu(index, gpu_uuid, f"00000000:{_BUS_NUMBERS[index]:02X}:00.0", mig)
+            taints = _taints(g.key("taints"))
+            if taints and mig:
+                raise g.key("taints").error("a MIG-enabled GPU is published as its MIG devices; "
+                                            "taint those (mig[].taints)")
+            self.gpus[index] = Gpu(index, gpu_uuid, f"00000000:{_BUS_NUMBERS[index]:02X}:00.0", mig, taints)
         missing = sorted(set(range(len(self.gpus))) - set(self.gpus))
         if missing:
             raise cur.error(f"GPU indexes must be 0..{len(self.gpus) - 1} without gaps, as NVML numbers "
@@ -706,7 +888,7 @@ class _Builder:
         used: dict[int, str] = {}
         out: list[MigDevice] = []
         for i, m in cur.items():
-            m.mapping(("profile", "placement_start"), ("uuid",))
+            m.mapping(("profile", "placement_start"), ("uuid", "taints"))
             name = m.key("profile").str()
             mp = prof.mig_profile(name)
             if mp is None:
@@ -728,7 +910,8 @@ class _Builder:
             share = mp.memory_slices / prof.mig_memory_slices
             out.append(MigDevice(name, mp.gi_profile_id, start, mp.memory_slices, mp.compute_slices,
                                  _gi_id(mp.memory_slices, start), 0, mig_uuid,
-                                 int(prof.memory_total * share), int(prof.memory_reserved * share)))
+                                 int(prof.memory_total * share), int(prof.memory_reserved * share),
+                                 _taints(m.key("taints"))))
         if sum(d.compute_slices for d in out) > prof.mig_compute_slices:
             raise cur.error(f"the MIG devices need {sum(d.compute_slices for d in out)} compute slices; "
                             f"a {prof.model} has {prof.mig_compute_slices}")
@@ -748,27 +931,180 @@ class _Builder:
     # -- claims --------------------------------------------------------------------------------
 
     def _claim(self, c: _Cursor) -> Claim:
-        c.mapping(("namespace", "name", "devices"), ("uid", "request", "admin_access", "driver"))
+        c.mapping(("namespace", "name"), ("uid", "request", "admin_access", "driver", "pool", "devices",
+                                          "requests", "template", "device_status"))
         ns = c.key("namespace").name("namespace")
         name = c.key("name").name("claim name")
         if (ns, name) in self.claims:
             raise c.key("name").error(f"claim {ns}/{name} is defined twice")
         uid = c.key("uid").str() if c.key("uid").present else derived_uuid(self.seed, "claim", ns, name)
         driver = c.key("driver").str(default=NVIDIA_DRIVER, pattern=_K8S_NAME, what="driver name")
+        pool = c.key("pool").name("pool name") if c.key("pool").present else self.node
+        if driver == NVIDIA_DRIVER and pool != self.node:
+            raise c.key("pool").error(f"NVIDIA's pool is the node name ({self.node!r}), not {pool!r}")
+        seen: set[str] = set()
+        if c.key("requests").present:
+            for key in ("devices", "request"):
+                if c.key(key).present:
+                    raise c.key(key).error("give either 'requests' or 'devices' (with 'request'), not both")
+            if not c.key("requests").list():
+                raise c.key("requests").error("a claim needs at least one request")
+            built: list[ClaimRequest] = []
+            for _, r in c.key("requests").items():
+                request = self._request(r, driver, pool, seen)
+                if any(x.name == request.name for x in built):
+                    raise r.key("name").error(f"request {request.name!r} is defined twice")
+                built.append(request)
+            requests = tuple(built)
+        else:
+            if not c.key("devices").present:
+                raise c.key("devices").error("required (or 'requests')")
+            request_name = (c.key("request").name("request name", _DNS_LABEL) if c.key("request").present
+                            else "gpu")
+            devices = self._claim_devices(c.key("devices"), driver, pool, seen)
+            requests = (ClaimRequest(request_name, devices, self._device_class(driver, devices)),)
+        devices = tuple(d for r in requests for d in r.devices)
+        admin = c.key("admin_access").bool(False)
+        if admin and any(r.first_available for r in requests):
+            raise c.key("admin_access").error("a prioritized list (first_available) cannot ask for admin "
+                                              "access")
+        template = c.key("template").name("ResourceClaimTemplate name") if c.key("template").present else ""
+        status = tuple(self._device_status(d, devices) for _, d in c.key("device_status").items())
+        claim = Claim(ns, name, uid, requests[0].name, admin, driver, pool, devices,
+                      requests if c.key("requests").present else (), template, status)
+        self.claims[(ns, name)] = claim
+        return claim
+
+    def _claim_devices(self, cur: _Cursor, driver: str, pool: str, seen: set[str]) -> tuple[str, ...]:
         devices: list[str] = []
-        if not c.key("devices").list():
-            raise c.key("devices").error("a claim needs at least one device")
-        for _, d in c.key("devices").items():
+        if not cur.list():
+            raise cur.error("a claim needs at least one device")
+        for _, d in cur.items():
             device = d.str()
             if driver == NVIDIA_DRIVER:
                 self._nvidia_device(d, device)
-            if device in devices:
+            else:
+                self._slice_device(d, driver, pool, device)
+            if device in seen:
                 raise d.error(f"device {device!r} is listed twice")
+            seen.add(device)
             devices.append(device)
-        claim = Claim(ns, name, uid, c.key("request").str(default="gpu"), c.key("admin_access").bool(False),
-                      driver, self.node, tuple(devices))
-        self.claims[(ns, name)] = claim
-        return claim
+        return tuple(devices)
+
+    def _request(self, r: _Cursor, driver: str, pool: str, seen: set[str]) -> ClaimRequest:
+        r.mapping(("name", "devices"), ("device_class", "all", "first_available", "allocated"))
+        name = r.key("name").name("request name", _DNS_LABEL)
+        devices = self._claim_devices(r.key("devices"), driver, pool, seen)
+        every = r.key("all").bool(False)
+        if not r.key("first_available").present:
+            if r.key("allocated").present:
+                raise r.key("allocated").error("only a prioritized list (first_available) has an allocated "
+                                               "subrequest")
+            device_class = (r.key("device_class").name("DeviceClass name") if r.key("device_class").present
+                            else self._device_class(driver, devices))
+            return ClaimRequest(name, devices, device_class, every)
+        for key in ("device_class", "all"):
+            if r.key(key).present:
+                raise r.key(key).error("a prioritized list sets this per subrequest (first_available[])")
+        subs: list[SubRequest] = []
+        if not r.key("first_available").list():
+            raise r.key("first_available").error("a prioritized list needs at least one subrequest")
+        if len(r.key("first_available").list()) > 8:
+            raise r.key("first_available").error("at most 8 subrequests")
+        if not r.key("allocated").present:
+            raise r.key("allocated").error("required with first_available: the subrequest the scheduler "
+                                           "chose")
+        allocated = r.key("allocated").str()
+        for _, sub in r.key("first_available").items():
+            sub.mapping(("name",), ("device_class", "count"))
+            sub_name = sub.key("name").name("subrequest name", _DNS_LABEL)
+            if any(x.name == sub_name for x in subs):
+                raise sub.key("name").error(f"subrequest {sub_name!r} is defined twice")
+            count_default = len(devices) if sub_name == allocated else 1
+            subs.append(SubRequest(
+                sub_name,
+                sub.key("device_class").name("DeviceClass name") if sub.key("device_class").present
+                else self._device_class(driver, devices),
+                sub.key("count").int(default=count_default, minimum=1)))
+        if allocated not in {x.name for x in subs}:
+            raise r.key("allocated").error(f"{allocated!r} is not one of the subrequests "
+                                           f"({', '.join(x.name for x in subs)})")
+        return ClaimRequest(name, devices, "", False, tuple(subs), allocated)
+
+    def _device_class(self, driver: str, devices: tuple[str, ...]) -> str:
+        # NVIDIA's chart installs one DeviceClass per device type; other drivers usually
+        # name theirs after the driver.
+        if driver != NVIDIA_DRIVER:
+            return driver
+        parsed = [parse_nvidia_device_name(d) for d in devices]
+        return NVIDIA_MIG_CLASS if any(p is not None and p.is_mig for p in parsed) else NVIDIA_GPU_CLASS
+
+    def _device_status(self, cur: _Cursor, devices: tuple[str, ...]) -> DeviceStatus:
+        cur.mapping(("device", "conditions"))
+        device = cur.key("device").str()
+        if device not in devices:
+            raise cur.key("device").error(f"{device!r} is not a device of this claim "
+                                          f"({', '.join(devices)})")
+        conditions: list[DeviceCondition] = []
+        for _, c in cur.key("conditions").items():
+            c.mapping(("type", "status"), ("reason", "message", "at"))
+            ctype = c.key("type").str(pattern=_CONDITION_TYPE, what="condition type")
+            if any(x.type == ctype for x in conditions):
+                raise c.key("type").error(f"condition {ctype!r} is listed twice")
+            status = c.key("status").value
+            if isinstance(status, bool):  # YAML reads an unquoted True as a boolean
+                status = "True" if status else "False"
+            if status not in CONDITION_STATUS:
+                raise c.key("status").error(f"{status!r} is not one of {', '.join(CONDITION_STATUS)}")
+            conditions.append(DeviceCondition(
+                ctype, status, c.key("reason").str(default=ctype, pattern=_REASON, what="reason (CamelCase)"),
+                "" if c.key("message").value == "" else c.key("message").str(default=""),
+                c.key("at").number(default=0.0, minimum=0)))
+        if len(conditions) > 8:
+            raise cur.key("conditions").error("at most 8 conditions per device")
+        return DeviceStatus(device, tuple(conditions))
+
+    # -- other drivers' slices -----------------------------------------------------------------
+
+    def _slices(self, cur: _Cursor) -> tuple[DriverSlice, ...]:
+        out: list[DriverSlice] = []
+        for _, sl in cur.items():
+            sl.mapping(("driver", "devices"), ("pool",))
+            driver = sl.key("driver").str(pattern=_K8S_NAME, what="driver name")
+            if driver == NVIDIA_DRIVER:
+                raise sl.key("driver").error("the NVIDIA slice is derived from gpus; list other drivers here")
+            pool = sl.key("pool").name("pool name") if sl.key("pool").present else self.node
+            if any((x.driver, x.pool) == (driver, pool) for x in out):
+                raise sl.key("pool").error(f"pool {pool!r} of {driver} is listed twice")
+            devices: list[SliceDevice] = []
+            if not sl.key("devices").list():
+                raise sl.key("devices").error("a slice needs at least one device")
+            if len(sl.key("devices").list()) > 128:
+                raise sl.key("devices").error("at most 128 devices per ResourceSlice")
+            for _, d in sl.key("devices").items():
+                d.mapping(("name",), ("attributes", "capacity", "taints"))
+                name = d.key("name").name("device name", _DNS_LABEL)
+                if any(x.name == name for x in devices):
+                    raise d.key("name").error(f"device {name!r} is listed twice")
+                devices.append(SliceDevice(name, _attributes(d.key("attributes")),
+                                           _capacities(d.key("capacity")), _taints(d.key("taints"))))
+            out.append(DriverSlice(driver, pool, tuple(devices)))
+        self.slices = {(x.driver, x.pool): x for x in out}
+        return tuple(out)
+
+    def _slice_device(self, cur: _Cursor, driver: str, pool: str, device: str) -> None:
+        # Without a slice of that driver the devices are taken as written (the kubelet view
+        # needs no slice); with one, they must be in it.
+        declared = [x for x in self.slices.values() if x.driver == driver]
+        if not declared:
+            return
+        sl = self.slices.get((driver, pool))
+        if sl is None:
+            raise cur.error(f"{driver} has no pool {pool!r} in slices (pools: "
+                            f"{', '.join(x.pool for x in declared)})")
+        if not any(d.name == device for d in sl.devices):
+            raise cur.error(f"{device!r} is not a device of {driver} pool {pool!r} "
+                            f"({', '.join(d.name for d in sl.devices)})")
 
     def _nvidia_device(self, cur: _Cursor, name: str) -> str:
         """The NVML UUID of an NVIDIA DRA device name on this node."""
@@ -840,23 +1176,85 @@ class _Builder:
         self._check_memory(pods)
         return tuple(pods)
 
+    def _check_templates(self, cur: _Cursor, claims: tuple[Claim, ...], pods: tuple[Pod, ...]) -> None:
+        # A claim generated from a template belongs to exactly one pod; and a pod's claims must
+        # have distinct pod-level names, since containers refer to them by those names.
+        for i, claim in enumerate(claims):
+            users = [p for p in pods if p.namespace == claim.namespace
+                     and any(claim.name in c.claims for c in p.containers)]
+            if claim.template and len(users) != 1:
+                raise _Cursor(self.label, f"{cur.path}[{i}].template", claim.template).error(
+                    f"a claim generated from a template belongs to exactly one pod; "
+                    f"{len(users)} pods use {claim.namespace}/{claim.name}")
+        by_key = {(c.namespace, c.name): c for c in claims}
+        for pod in pods:
+            names: dict[str, str] = {}
+            for used in sorted({n for c in pod.containers for n in c.claims}):
+                pod_name = by_key[(pod.namespace, used)].pod_claim_name
+                if names.setdefault(pod_name, used) != used:
+                    raise cur.error(f"pod {pod.namespace}/{pod.name} uses claims {names[pod_name]!r} and "
+                                    f"{used!r} under the same pod-level name {pod_name!r}")
+
     def _container(self, c: _Cursor, ns: str, pod: str) -> Container:
-        c.mapping(("name",), ("container_id", "claims", "plugin_devices", "processes"))
+        c.mapping(("name",), ("container_id", "claims", "plugin_devices", "processes", "device_health"))
         name = c.key("name").name("container name", _DNS_LABEL)
         owner = f"{ns}/{pod}/{name}"
         container_id = (c.key("container_id").str() if c.key("container_id").present
                         else "containerd://" + _digest(self.seed, "container", ns, pod, name, size=32).hex())
         claims: list[str] = []
+        requests: list[tuple[str, str]] = []
         for _, ref in c.key("claims").items():
-            claim = ref.str()
-            if (ns, claim) not in self.claims:
-                raise ref.error(f"claim {claim!r} not defined in namespace {ns!r}")
+            claim, request = self._claim_ref(ref, ns)
             if claim in claims:
                 raise ref.error(f"claim {claim!r} is referenced twice")
             claims.append(claim)
+            if request:
+                requests.append((claim, request))
         plugin = tuple(self._plugin_devices(d) for _, d in c.key("plugin_devices").items())
         processes = tuple(self._process(p, owner, i) for i, p in c.key("processes").items())
-        return Container(name, container_id, tuple(claims), plugin, processes)
+        health = self._device_health(c.key("device_health"), ns, claims, dict(requests))
+        return Container(name, container_id, tuple(claims), plugin, processes, tuple(requests), health)
+
+    def _claim_ref(self, ref: _Cursor, ns: str) -> tuple[str, str]:
+        """A container's claim reference: ``name`` or ``{claim: name, request: r}``."""
+        request = ""
+        if isinstance(ref.value, dict):
+            ref.mapping(("claim",), ("request",))
+            claim_cur = ref.key("claim")
+            claim = claim_cur.str()
+        else:
+            claim_cur = ref
+            claim = ref.str()
+        found = self.claims.get((ns, claim))
+        if found is None:
+            raise claim_cur.error(f"claim {claim!r} not defined in namespace {ns!r}")
+        if isinstance(ref.value, dict) and ref.key("request").present:
+            request = ref.key("request").str()
+            names = [r.name for r in found.all_requests()]
+            if request not in names:
+                raise ref.key("request").error(f"claim {claim!r} has no request {request!r} "
+                                               f"(its requests: {', '.join(names)})")
+        return claim, request
+
+    def _device_health(self, cur: _Cursor, ns: str, claims: list[str],
+                       requests: dict[str, str]) -> tuple[tuple[str, str], ...]:
+        if not cur.present:
+            return ()
+        if not isinstance(cur.value, dict) or not cur.value:
+            raise cur.error(f"expected a mapping of device name to health "
+                            f"({', '.join(DEVICE_HEALTH)}), got {_kind(cur.value)}")
+        names = {d.device for claim in claims
+                 for d in _claim_use(self.claims[(ns, claim)], requests.get(claim, "")).devices}
+        out: list[tuple[str, str]] = []
+        for device, health in cur.value.items():
+            where = cur.key(str(device))
+            if device not in names:
+                raise where.error(f"{device!r} is not a device of this container's claims "
+                                  f"({', '.join(sorted(names)) or 'none'})")
+            if health not in DEVICE_HEALTH:
+                raise where.error(f"{health!r} is not one of {', '.join(DEVICE_HEALTH)}")
+            out.append((str(device), str(health)))
+        return tuple(out)
 
     def _plugin_devices(self, cur: _Cursor) -> PluginDevice:
         cur.mapping(("resource", "ids"))
@@ -1005,7 +1403,72 @@ _FAULT_PARAMS: Final[Mapping[str, _FaultParams]] = {
     "kubelet_resource_exhausted": _FaultParams(),
     "kubelet_slow": _FaultParams(("delay",), (), {"delay": lambda b, c, g: c.number(minimum=0)}),
     "kubelet_malformed": _FaultParams(),
+    "apiserver_gone": _FaultParams(),
+    "apiserver_error": _FaultParams(),
+    "apiserver_slow": _FaultParams(("delay",), (), {"delay": lambda b, c, g: c.number(minimum=0)}),
+    "apiserver_watch_drop": _FaultParams(),
+    "apiserver_gone_410": _FaultParams(),
 }
+
+
+def _taints(cur: _Cursor) -> tuple[Taint, ...]:
+    out: list[Taint] = []
+    for _, t in cur.items():
+        t.mapping(("key", "effect"), ("value",))
+        key = t.key("key").str(pattern=_QUALIFIED_NAME, what="taint key")
+        effect = t.key("effect").str()
+        if effect not in TAINT_EFFECTS:
+            raise t.key("effect").error(f"{effect!r} is not one of {', '.join(TAINT_EFFECTS)}")
+        value = t.key("value").value
+        if value is not None and not isinstance(value, str | int | bool):
+            raise t.key("value").error(f"expected a string, got {_kind(value)}")
+        value = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        if len(value) > 63:
+            raise t.key("value").error("at most 63 characters")
+        out.append(Taint(key, value, effect))
+    if len(out) > 16:
+        raise cur.error("at most 16 taints per device")
+    return tuple(out)
+
+
+def _attributes(cur: _Cursor) -> Mapping[str, Mapping[str, Any]]:
+    """Scenario attributes (``model: x``, ``index: 3``, ``driverVersion: {version: 1.0.0}``) as API values."""
+    if not cur.present:
+        return MappingProxyType({})
+    if not isinstance(cur.value, dict):
+        raise cur.error(f"expected a mapping of attribute name to value, got {_kind(cur.value)}")
+    out: dict[str, Mapping[str, Any]] = {}
+    for name, value in cur.value.items():
+        where = cur.key(str(name))
+        if not isinstance(name, str) or not _QUALIFIED_NAME.fullmatch(name):
+            raise where.error(f"{name!r} is not a valid attribute name")
+        if isinstance(value, bool):
+            out[name] = MappingProxyType({"bool": value})
+        elif isinstance(value, int):
+            out[name] = MappingProxyType({"int": value})
+        elif isinstance(value, str) and len(value) <= 64:
+            out[name] = MappingProxyType({"string": value})
+        elif isinstance(value, dict) and list(value) == ["version"] and isinstance(value["version"], str):
+            out[name] = MappingProxyType({"version": value["version"]})
+        else:
+            raise where.error(f"expected a string (at most 64 characters), an integer, true/false or "
+                              f"{{version: x.y.z}}, got {_kind(value)}")
+    return MappingProxyType(out)
+
+
+def _capacities(cur: _Cursor) -> Mapping[str, str]:
+    if not cur.present:
+        return MappingProxyType({})
+    if not isinstance(cur.value, dict):
+        raise cur.error(f"expected a mapping of capacity name to quantity, got {_kind(cur.value)}")
+    out: dict[str, str] = {}
+    for name, value in cur.value.items():
+        where = cur.key(str(name))
+        if not isinstance(name, str) or not _QUALIFIED_NAME.fullmatch(name):
+            raise where.error(f"{name!r} is not a valid capacity name")
+        _quantity(where)  # validates
+        out[name] = str(value)
+    return MappingProxyType(out)
 
 
 def _quantity(cur: _Cursor) -> int:

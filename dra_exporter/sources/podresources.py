@@ -106,12 +106,10 @@ class PodResourcesSource:
     # --- connection ---------------------------------------------------------------------------
 
     def _check_backoff(self) -> None:
-        remaining = self._retry_at - self._monotonic()
-        if remaining > 0:
-            raise SourceError(
-                f"podresources: not asking the kubelet for another {remaining:.1f}s "
-                f"(backing off after: {self._last_error})"
-            )
+        if self._retry_at > self._monotonic():
+            # The same text on every call while backing off: the agent logs a source's
+            # error only when it changes, so a countdown here would log every cycle.
+            raise SourceError(f"podresources: backing off after: {self._last_error}")
 
     def _connect(self) -> grpc.UnaryUnaryMultiCallable:
         socket_id = self._stat_socket()

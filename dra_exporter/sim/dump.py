@@ -1,0 +1,674 @@
+"""Cluster dumps as scenarios: one node of a real cluster, replayed by the simulator.
+
+``kubectl get resourceslices,resourceclaims,pods -A -o yaml`` (a ``kind: List``), or a
+multi-document YAML of such objects, in resource.k8s.io v1, v1beta2 or v1beta1, becomes
+the ``Scenario`` of one node:
+
+* **GPUs** from the node's ``gpu.nvidia.com`` slices (``spec.nodeName``, newest pool
+  generation): ``type: gpu`` devices give a GPU with their ``uuid``, the index from the name
+  ``gpu-<minor>``; ``type: mig`` devices give MIG devices (``parentUUID``, ``profile``,
+  placement from the name, in either NVIDIA format). A MIG device without a ``uuid``
+  (DynamicMIG) exists only when a claim on the node has it allocated. Unpublished minors
+  in between become plain GPUs, since NVML numbers GPUs without gaps.
+* **The kubelet's view**: claims with allocation results in the node's pools (any driver),
+  consumed by the node's running pods through ``spec.resourceClaims`` (+
+  ``status.resourceClaimStatuses`` for generated claims), or, for pods missing from the
+  dump, by the pods in the claim's ``status.reservedFor`` (one container named ``unknown``).
+* **The API server's view**: the dump's objects, kept as they are (``Scenario.raw_objects``).
+
+No GPU processes are invented: the GPUs are idle. Partial dumps (no pods, other drivers,
+null fields) load; an unusable one is a ``ScenarioError`` naming the object as
+``kind/namespace/name`` and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..resolve import NVIDIA_DRIVER, canonical_profile, parse_nvidia_device_name
+from .scenario import (
+    API_VERSIONS,
+    DEVICE_HEALTH,
+    MAX_GPUS,
+    Scenario,
+    ScenarioError,
+    load_profile,
+    parse_scenario,
+    read_documents,
+)
+
+KINDS: Final = ("ResourceSlice", "ResourceClaim", "Pod")
+_GROUP: Final = "resource.k8s.io"
+_FINISHED: Final = ("Succeeded", "Failed")
+#: Container name given to pods known only from a claim's ``reservedFor``.
+UNKNOWN_CONTAINER: Final = "unknown"
+
+
+def is_dump(docs: list[Any]) -> bool:
+    """Whether parsed YAML documents are Kubernetes objects rather than a scenario."""
+    return any(isinstance(d, Mapping) and "kind" in d and "apiVersion" in d and "gpus" not in d for d in docs)
+
+
+def load_dump(path: str | os.PathLike[str], node_name: str | None = None) -> Scenario:
+    """The scenario of ``node_name`` (or of the dump's only GPU node) in a dump file."""
+    label, docs = read_documents(path)
+    if not is_dump(docs):
+        raise ScenarioError(
+            f"{label}: not a cluster dump (expected a kind: List or Kubernetes objects, "
+            "as `kubectl get resourceslices,resourceclaims,pods -A -o yaml` prints)"
+        )
+    return parse_dump(docs, label, node_name)
+
+
+def parse_dump(docs: list[Any], label: str, node_name: str | None = None) -> Scenario:
+    """Parsed dump documents → ``Scenario``; see the module docstring."""
+    objects = list(_objects(docs, label))
+    node = _choose_node(objects, label, node_name)
+    builder = _DumpBuilder(label, node, objects)
+    data = builder.scenario_document()
+    try:
+        scenario = parse_scenario(data, label)
+    except ScenarioError as e:
+        # Only reachable for dumps the checks here let through; say that it is about the dump.
+        raise ScenarioError(f"{label}: node {node!r} of the dump is not a consistent node: {e}") from None
+    return dataclasses.replace(scenario, raw_objects=tuple(o.raw for o in objects))
+
+
+# --- objects --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Obj:
+    """One object of the dump with its place for error messages."""
+
+    raw: dict[str, Any]
+    label: str
+
+    @property
+    def kind(self) -> str:
+        return str(self.raw.get("kind"))
+
+    @property
+    def namespace(self) -> str:
+        return str(_get(self.raw, "metadata", "namespace") or "")
+
+    @property
+    def name(self) -> str:
+        return str(_get(self.raw, "metadata", "name") or "")
+
+    @property
+    def version(self) -> str:
+        """resource.k8s.io version (``v1beta1``…), ``v1`` for core objects."""
+        return str(self.raw.get("apiVersion", "")).rpartition("/")[2]
+
+    def where(self) -> str:
+        return "/".join(p for p in (self.kind, self.namespace, self.name) if p)
+
+    def error(self, field: str, message: str) -> ScenarioError:
+        return ScenarioError(f"{self.label}: {self.where()}: {field}: {message}")
+
+
+def _get(value: Any, *path: str | int) -> Any:
+    """``value[path[0]][path[1]]…``, None where anything on the way is missing or null."""
+    for key in path:
+        if isinstance(key, int):
+            value = value[key] if isinstance(value, list) and -len(value) <= key < len(value) else None
+        else:
+            value = value.get(key) if isinstance(value, Mapping) else None
+    return value
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _plain(value: Any) -> Any:
+    """YAML values as JSON would have them: unquoted timestamps back to RFC 3339 strings."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dt.datetime):
+        value = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return value
+
+
+def _objects(docs: list[Any], label: str) -> Iterator[_Obj]:
+    for d, doc in enumerate(docs):
+        if doc is None:
+            continue
+        where = f"{label}: document {d + 1}" if len(docs) > 1 else label
+        if not isinstance(doc, Mapping):
+            raise ScenarioError(
+                f"{where}: expected a Kubernetes object or a kind: List, got {type(doc).__name__}"
+            )
+        items = doc.get("items") if str(doc.get("kind", "")).endswith("List") else [doc]
+        if not isinstance(items, list):
+            raise ScenarioError(f"{where}: items: expected a list of objects")
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping) or not item.get("kind") or not item.get("apiVersion"):
+                raise ScenarioError(
+                    f"{where}: items[{i}]: expected a Kubernetes object with kind and apiVersion"
+                )
+            obj = _Obj(_plain(item), label)
+            if obj.kind not in KINDS:
+                continue  # DeviceClasses, templates, nodes…: nothing the simulated node needs
+            if not obj.name:
+                raise obj.error("metadata.name", "required")
+            group, _, version = str(item["apiVersion"]).rpartition("/")
+            expected = _GROUP if obj.kind != "Pod" else ""
+            if (
+                group != expected
+                or (expected and version not in API_VERSIONS)
+                or (not expected and version != "v1")
+            ):
+                served = ", ".join(f"{_GROUP}/{v}" for v in API_VERSIONS) if expected else "v1"
+                raise obj.error(
+                    "apiVersion", f"{item['apiVersion']!r} is not supported (supported: {served})"
+                )
+            if obj.kind == "ResourceClaim" and not obj.namespace:
+                raise obj.error("metadata.namespace", "required for a ResourceClaim")
+            if obj.kind == "Pod" and not obj.namespace:
+                raise obj.error("metadata.namespace", "required for a Pod")
+            yield obj
+
+
+def _slices(objects: list[_Obj]) -> list[_Obj]:
+    return [o for o in objects if o.kind == "ResourceSlice"]
+
+
+def _choose_node(objects: list[_Obj], label: str, node_name: str | None) -> str:
+    nodes = sorted(
+        {
+            str(_get(o.raw, "spec", "nodeName"))
+            for o in _slices(objects)
+            if _get(o.raw, "spec", "driver") == NVIDIA_DRIVER and _get(o.raw, "spec", "nodeName")
+        }
+    )
+    if node_name:
+        if node_name not in nodes:
+            have = f"nodes with one: {', '.join(nodes)}" if nodes else "the dump has none"
+            raise ScenarioError(
+                f"{label}: no {NVIDIA_DRIVER} ResourceSlice with spec.nodeName {node_name!r} ({have})"
+            )
+        return node_name
+    if len(nodes) == 1:
+        return nodes[0]
+    if not nodes:
+        raise ScenarioError(
+            f"{label}: the dump has no {NVIDIA_DRIVER} ResourceSlice with a spec.nodeName, "
+            "so there is no GPU node to simulate"
+        )
+    raise ScenarioError(
+        f"{label}: the dump has GPUs on several nodes ({', '.join(nodes)}); name one (--node-name)"
+    )
+
+
+# --- the builder ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Gpu:
+    minor: int
+    uuid: str
+    source: str
+    """Where the GPU was found, for conflict messages."""
+    mig: dict[tuple[int, int], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """(giProfileId, placementStart) → scenario MIG entry."""
+
+
+class _DumpBuilder:
+    """Builds a scenario document for ``node`` from the dump's objects, checking what can go wrong."""
+
+    def __init__(self, label: str, node: str, objects: list[_Obj]) -> None:
+        self.label = label
+        self.node = node
+        self.objects = objects
+        self.profile = load_profile("h200")
+        self.slices = self._newest_slices()
+        self.pools = {
+            (str(_get(s.raw, "spec", "driver")), str(_get(s.raw, "spec", "pool", "name")))
+            for s in self.slices
+        }
+        self.pools.add((NVIDIA_DRIVER, node))
+        self.gpus: dict[int, _Gpu] = {}
+        self.abstract_mig: dict[str, tuple[int, str, int, int, _Obj, str]] = {}
+        """Name → (minor, profile, giProfileId, start, slice, field) of MIG devices without a UUID."""
+        self.nvidia_devices: set[str] = set()
+
+    def scenario_document(self) -> dict[str, Any]:
+        self._gpus_from_slices()
+        claims = self._claims()
+        pods = self._pods(claims)
+        self._fill_gpu_gaps()
+        versions = {o.version for o in self.objects if o.kind != "Pod"}
+        api_version = next((v for v in API_VERSIONS if v in versions), "v1")
+        return {
+            "node": self.node,
+            "description": f"node {self.node} of the cluster dump {os.path.basename(self.label)}",
+            "api_version": api_version,
+            "gpus": [self._gpu_entry(g) for g in sorted(self.gpus.values(), key=lambda g: g.minor)],
+            "claims": [c for c, _ in claims.values()],
+            "pods": pods,
+        }
+
+    # -- slices and GPUs --------------------------------------------------------------------------
+
+    def _newest_slices(self) -> list[_Obj]:
+        # Only the highest generation of a pool counts; older slices are being replaced.
+        mine = [s for s in _slices(self.objects) if _get(s.raw, "spec", "nodeName") == self.node]
+        newest: dict[tuple[str, str], int] = {}
+        for s in mine:
+            key = (str(_get(s.raw, "spec", "driver")), str(_get(s.raw, "spec", "pool", "name")))
+            generation = _get(s.raw, "spec", "pool", "generation")
+            newest[key] = max(newest.get(key, 0), generation if isinstance(generation, int) else 0)
+        return [
+            s
+            for s in mine
+            if (_get(s.raw, "spec", "pool", "generation") or 0)
+            == newest[(str(_get(s.raw, "spec", "driver")), str(_get(s.raw, "spec", "pool", "name")))]
+        ]
+
+    def _gpus_from_slices(self) -> None:
+        for s in self.slices:
+            if _get(s.raw, "spec", "driver") != NVIDIA_DRIVER:
+                continue
+            for i, device in enumerate(_list(_get(s.raw, "spec", "devices"))):
+                self._nvidia_device(s, f"spec.devices[{i}]", device)
+
+    def _nvidia_device(self, s: _Obj, path: str, device: Any) -> None:
+        if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
+            raise s.error(f"{path}.name", "a device needs a name")
+        name = device["name"]
+        body = device.get("basic") if s.version == "v1beta1" else device
+        prefix = f"{path}.basic" if s.version == "v1beta1" else path
+        attrs = _get(body, "attributes") or {}
+        if not isinstance(attrs, Mapping):
+            raise s.error(f"{prefix}.attributes", "expected a mapping")
+        parsed = parse_nvidia_device_name(name)
+        kind = _attr(attrs, "type") or ("mig" if parsed and parsed.is_mig else "gpu" if parsed else "")
+        if kind not in ("gpu", "mig"):
+            return  # VFIO passthrough and whatever comes next: not an NVML device of this node
+        if parsed is None or parsed.is_mig != (kind == "mig"):
+            raise s.error(
+                f"{path}.name",
+                f"{name!r} is not an NVIDIA {kind} device name "
+                f"({'gpu-<minor>-mig-…' if kind == 'mig' else 'gpu-<minor>'})",
+            )
+        self.nvidia_devices.add(name)
+        if parsed.minor >= MAX_GPUS:
+            raise s.error(
+                f"{path}.name", f"GPU minor {parsed.minor}: the simulator has at most {MAX_GPUS} GPUs"
+            )
+        if kind == "gpu":
+            uuid = _attr(attrs, "uuid")
+            if not uuid:
+                raise s.error(f"{prefix}.attributes.uuid", f"required for the gpu device {name!r}")
+            self._gpu(parsed.minor, uuid, f"{s.where()} {path}", s, f"{prefix}.attributes.uuid")
+            return
+        parent = _attr(attrs, "parentUUID")
+        profile = _attr(attrs, "profile")
+        if not parent:
+            raise s.error(f"{prefix}.attributes.parentUUID", f"required for the MIG device {name!r}")
+        if not profile:
+            raise s.error(f"{prefix}.attributes.profile", f"required for the MIG device {name!r}")
+        mp = self.profile.mig_profile(profile)
+        if mp is None:
+            raise s.error(
+                f"{prefix}.attributes.profile",
+                f"{profile!r} is not a MIG profile of the simulated {self.profile.model} "
+                f"({', '.join(p.name for p in self.profile.mig_profiles)})",
+            )
+        if parsed.profile and parsed.profile != canonical_profile(profile):
+            raise s.error(f"{path}.name", f"{name!r} does not name profile {profile!r}")
+        if parsed.gi_profile_id != mp.gi_profile_id:
+            raise s.error(
+                f"{path}.name",
+                f"{name!r}: GPU-instance profile {parsed.gi_profile_id} is not "
+                f"{profile}'s ({mp.gi_profile_id})",
+            )
+        assert parsed.placement_start is not None
+        if parsed.placement_start not in mp.starts:
+            raise s.error(f"{path}.name", f"{profile} cannot start at memory slice {parsed.placement_start}")
+        gpu = self._gpu(parsed.minor, parent, f"{s.where()} {path}", s, f"{prefix}.attributes.parentUUID")
+        uuid = _attr(attrs, "uuid")
+        if not uuid:
+            self.abstract_mig[name] = (
+                parsed.minor,
+                profile,
+                mp.gi_profile_id,
+                parsed.placement_start,
+                s,
+                path,
+            )
+            return
+        entry = {"profile": profile, "placement_start": parsed.placement_start, "uuid": uuid}
+        gpu.mig[(mp.gi_profile_id, parsed.placement_start)] = entry
+
+    def _gpu(self, minor: int, uuid: str, source: str, s: _Obj, field: str) -> _Gpu:
+        gpu = self.gpus.get(minor)
+        if gpu is None:
+            gpu = self.gpus[minor] = _Gpu(minor, uuid, source)
+        elif gpu.uuid != uuid:
+            raise s.error(field, f"GPU minor {minor} is {gpu.uuid} in {gpu.source}, not {uuid}")
+        return gpu
+
+    def _fill_gpu_gaps(self) -> None:
+        for minor in range(max(self.gpus, default=-1)):
+            # A GPU the driver does not publish is still on the node (NVML counts it).
+            self.gpus.setdefault(minor, _Gpu(minor, "", "not published"))
+
+    def _gpu_entry(self, gpu: _Gpu) -> dict[str, Any]:
+        entry: dict[str, Any] = {"index": gpu.minor}
+        if gpu.uuid:
+            entry["uuid"] = gpu.uuid
+        if gpu.mig:
+            entry["mig"] = sorted(gpu.mig.values(), key=lambda m: m["placement_start"])
+        return entry
+
+    # -- claims -------------------------------------------------------------------------------------
+
+    def _claims(self) -> dict[tuple[str, str], tuple[dict[str, Any], _Obj]]:
+        out: dict[tuple[str, str], tuple[dict[str, Any], _Obj]] = {}
+        owners: dict[tuple[str, str], tuple[str, str]] = {}
+        for obj in (o for o in self.objects if o.kind == "ResourceClaim"):
+            claim = self._claim(obj, owners)
+            if claim is not None:
+                out[(obj.namespace, obj.name)] = (claim, obj)
+        for claim, obj in out.values():
+            # With DynamicMIG a GPU is either allocated whole or partitioned, never both.
+            for device in (d for r in claim["requests"] for d in r["devices"]):
+                parsed = parse_nvidia_device_name(device) if claim["driver"] == NVIDIA_DRIVER else None
+                if parsed is not None and not parsed.is_mig and self.gpus[parsed.minor].mig:
+                    raise obj.error(
+                        "status.allocation.devices.results",
+                        f"{device!r} is allocated whole while MIG devices of it exist or are allocated",
+                    )
+        return out
+
+    def _claim(self, obj: _Obj, owners: dict[tuple[str, str], tuple[str, str]]) -> dict[str, Any] | None:
+        results = _get(obj.raw, "status", "allocation", "devices", "results")
+        if results is not None and not isinstance(results, list):
+            raise obj.error("status.allocation.devices.results", "expected a list")
+        local: list[tuple[int, Mapping[str, Any]]] = []
+        for i, r in enumerate(results or ()):
+            field = f"status.allocation.devices.results[{i}]"
+            if not isinstance(r, Mapping):
+                raise obj.error(field, "expected a mapping")
+            for key in ("request", "driver", "pool", "device"):
+                if not isinstance(r.get(key), str) or not r[key]:
+                    raise obj.error(f"{field}.{key}", "required")
+            if (r["driver"], r["pool"]) in self.pools:
+                local.append((i, r))
+        if not local:
+            return None  # allocated elsewhere, or not allocated: not this node's business
+        # The scenario has one driver per claim; NVIDIA's devices are the ones with metrics.
+        drivers = [r["driver"] for _, r in local]
+        driver = NVIDIA_DRIVER if NVIDIA_DRIVER in drivers else drivers[0]
+        local = [(i, r) for i, r in local if r["driver"] == driver]
+        admin = any(r.get("adminAccess") is True for _, r in local)
+        requests: dict[str, dict[str, Any]] = {}
+        for i, r in local:
+            field = f"status.allocation.devices.results[{i}]"
+            device = r["device"]
+            if driver == NVIDIA_DRIVER:
+                self._check_nvidia_result(obj, f"{field}.device", device)
+            if not admin and not r.get("shareID"):
+                other = owners.setdefault((driver, device), (obj.namespace, obj.name))
+                if other != (obj.namespace, obj.name):
+                    raise obj.error(
+                        f"{field}.device", f"{device!r} is also allocated to claim {'/'.join(other)}"
+                    )
+            main, _, sub = r["request"].partition("/")
+            request = requests.setdefault(main, self._request(obj, main, sub))
+            if device not in request["devices"]:
+                request["devices"].append(device)
+        claim: dict[str, Any] = {
+            "namespace": obj.namespace,
+            "name": obj.name,
+            "driver": driver,
+            "pool": local[0][1]["pool"],
+            "admin_access": admin,
+            "requests": list(requests.values()),
+        }
+        uid = _get(obj.raw, "metadata", "uid")
+        if isinstance(uid, str) and uid:
+            claim["uid"] = uid
+        status = self._device_status(obj, driver, {d for r in requests.values() for d in r["devices"]})
+        if status:
+            claim["device_status"] = status
+        return claim
+
+    def _check_nvidia_result(self, obj: _Obj, field: str, device: str) -> None:
+        if device in self.abstract_mig:
+            minor, profile, _, start, _, _ = self.abstract_mig[device]
+            gpu = self.gpus[minor]
+            mp = self.profile.mig_profile(profile)
+            assert mp is not None
+            # A DynamicMIG device allocated to a claim has been created: it is an NVML device now.
+            gpu.mig.setdefault((mp.gi_profile_id, start), {"profile": profile, "placement_start": start})
+            return
+        if device not in self.nvidia_devices:
+            raise obj.error(
+                field, f"{device!r} is not a device of the {NVIDIA_DRIVER} slices of node {self.node}"
+            )
+
+    def _request(self, obj: _Obj, main: str, sub: str) -> dict[str, Any]:
+        spec = next(
+            (
+                r
+                for r in _list(_get(obj.raw, "spec", "devices", "requests"))
+                if isinstance(r, Mapping) and r.get("name") == main
+            ),
+            None,
+        )
+        request: dict[str, Any] = {"name": main, "devices": []}
+        if sub:
+            subs = [
+                s for s in _list(_get(spec, "firstAvailable")) if isinstance(s, Mapping) and s.get("name")
+            ]
+            if not any(s["name"] == sub for s in subs):
+                subs.append({"name": sub})
+            request["first_available"] = [
+                {
+                    "name": s["name"],
+                    **(
+                        {"device_class": s["deviceClassName"]}
+                        if isinstance(s.get("deviceClassName"), str) and s["deviceClassName"]
+                        else {}
+                    ),
+                }
+                for s in subs[:8]
+            ]
+            request["allocated"] = sub
+            return request
+        exact = _get(spec, "exactly") if obj.version != "v1beta1" else spec
+        device_class = _get(exact, "deviceClassName")
+        if isinstance(device_class, str) and device_class:
+            request["device_class"] = device_class
+        if _get(exact, "allocationMode") == "All":
+            request["all"] = True
+        return request
+
+    def _device_status(self, obj: _Obj, driver: str, devices: set[str]) -> list[dict[str, Any]]:
+        out = []
+        for i, entry in enumerate(_list(_get(obj.raw, "status", "devices"))):
+            if (
+                not isinstance(entry, Mapping)
+                or entry.get("driver") != driver
+                or entry.get("device") not in devices
+            ):
+                continue
+            conditions = []
+            for j, c in enumerate(_list(entry.get("conditions"))):
+                field = f"status.devices[{i}].conditions[{j}]"
+                if not isinstance(c, Mapping) or not isinstance(c.get("type"), str):
+                    raise obj.error(f"{field}.type", "required")
+                if c.get("status") not in ("True", "False", "Unknown"):
+                    raise obj.error(f"{field}.status", f"{c.get('status')!r} is not True, False or Unknown")
+                condition = {"type": c["type"], "status": c["status"]}
+                if isinstance(c.get("reason"), str) and c["reason"]:
+                    condition["reason"] = c["reason"]
+                if isinstance(c.get("message"), str) and c["message"]:
+                    condition["message"] = c["message"]
+                conditions.append(condition)
+            if conditions:
+                out.append({"device": entry["device"], "conditions": conditions[:8]})
+        return out
+
+    # -- pods ---------------------------------------------------------------------------------------
+
+    def _pods(self, claims: Mapping[tuple[str, str], tuple[dict[str, Any], _Obj]]) -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = []
+        present: set[tuple[str, str]] = set()
+        for obj in (o for o in self.objects if o.kind == "Pod"):
+            present.add((obj.namespace, obj.name))
+            if (
+                _get(obj.raw, "spec", "nodeName") != self.node
+                or _get(obj.raw, "status", "phase") in _FINISHED
+            ):
+                continue
+            pods.append(self._pod(obj, claims))
+        pods.extend(self._reserved_only_pods(claims, present))
+        return pods
+
+    def _pod(
+        self, obj: _Obj, claims: Mapping[tuple[str, str], tuple[dict[str, Any], _Obj]]
+    ) -> dict[str, Any]:
+        by_pod_name = self._pod_claim_names(obj)
+        statuses = {
+            s.get("name"): s
+            for s in _list(_get(obj.raw, "status", "containerStatuses"))
+            if isinstance(s, Mapping)
+        }
+        containers = []
+        containers_raw = _list(_get(obj.raw, "spec", "containers"))
+        if not containers_raw:
+            raise obj.error("spec.containers", "a pod needs at least one container")
+        for i, c in enumerate(containers_raw):
+            if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
+                raise obj.error(f"spec.containers[{i}].name", "required")
+            container: dict[str, Any] = {"name": c["name"]}
+            status = statuses.get(c["name"]) or {}
+            if isinstance(status.get("containerID"), str) and status["containerID"]:
+                container["container_id"] = status["containerID"]
+            refs = self._container_claims(obj, c, by_pod_name, claims)
+            if refs:
+                container["claims"] = refs
+                health = self._health(status, refs, claims, obj.namespace)
+                if health:
+                    container["device_health"] = health
+            containers.append(container)
+        pod: dict[str, Any] = {"namespace": obj.namespace, "name": obj.name, "containers": containers}
+        uid = _get(obj.raw, "metadata", "uid")
+        if isinstance(uid, str) and uid:
+            pod["uid"] = uid
+        return pod
+
+    def _pod_claim_names(self, obj: _Obj) -> dict[str, str]:
+        """Pod-level claim name → ResourceClaim name (``""``: no claim is needed or known yet)."""
+        generated = {
+            s.get("name"): s.get("resourceClaimName") or ""
+            for s in _list(_get(obj.raw, "status", "resourceClaimStatuses"))
+            if isinstance(s, Mapping)
+        }
+        out = {}
+        for i, ref in enumerate(_list(_get(obj.raw, "spec", "resourceClaims"))):
+            if not isinstance(ref, Mapping) or not isinstance(ref.get("name"), str):
+                raise obj.error(f"spec.resourceClaims[{i}].name", "required")
+            direct = ref.get("resourceClaimName")
+            out[ref["name"]] = (
+                direct if isinstance(direct, str) and direct else generated.get(ref["name"], "")
+            )
+        return out
+
+    def _container_claims(
+        self,
+        obj: _Obj,
+        c: Mapping[str, Any],
+        by_pod_name: Mapping[str, str],
+        claims: Mapping[tuple[str, str], tuple[dict[str, Any], _Obj]],
+    ) -> list[Any]:
+        refs: list[Any] = []
+        seen: set[str] = set()
+        for ref in _list(_get(c, "resources", "claims")):
+            if not isinstance(ref, Mapping):
+                continue
+            name = by_pod_name.get(str(ref.get("name")), "")
+            found = claims.get((obj.namespace, name))
+            if found is None or name in seen:
+                continue  # not allocated on this node (or not at all), or named twice
+            seen.add(name)
+            request = ref.get("request")
+            if isinstance(request, str) and any(r["name"] == request for r in found[0]["requests"]):
+                refs.append({"claim": name, "request": request})
+            else:
+                refs.append(name)
+        return refs
+
+    def _health(
+        self,
+        status: Mapping[str, Any],
+        refs: list[Any],
+        claims: Mapping[tuple[str, str], Any],
+        namespace: str,
+    ) -> dict[str, str]:
+        mine = set()
+        for ref in refs:
+            claim = claims[(namespace, ref if isinstance(ref, str) else ref["claim"])][0]
+            request = "" if isinstance(ref, str) else ref["request"]
+            mine |= {
+                f"{claim['driver']}/{claim['pool']}/{d}"
+                for r in claim["requests"]
+                if not request or r["name"] == request
+                for d in r["devices"]
+            }
+        out = {}
+        for entry in _list(status.get("allocatedResourcesStatus")):
+            for res in _list(_get(entry, "resources")):
+                rid, health = _get(res, "resourceID"), _get(res, "health")
+                if rid in mine and health in DEVICE_HEALTH:
+                    out[rid.rsplit("/", 1)[1]] = health
+        return out
+
+    def _reserved_only_pods(
+        self, claims: Mapping[tuple[str, str], tuple[dict[str, Any], _Obj]], present: set[tuple[str, str]]
+    ) -> list[dict[str, Any]]:
+        # Pods missing from the dump: the claim's reservedFor still names them (and their UIDs).
+        missing: dict[tuple[str, str], dict[str, Any]] = {}
+        for (ns, name), (_, obj) in claims.items():
+            for i, ref in enumerate(_list(_get(obj.raw, "status", "reservedFor"))):
+                if not isinstance(ref, Mapping) or ref.get("resource") != "pods" or ref.get("apiGroup"):
+                    continue
+                pod_name = ref.get("name")
+                if not isinstance(pod_name, str) or not pod_name:
+                    raise obj.error(f"status.reservedFor[{i}].name", "required")
+                if (ns, pod_name) in present:
+                    continue
+                pod = missing.setdefault(
+                    (ns, pod_name),
+                    {
+                        "namespace": ns,
+                        "name": pod_name,
+                        "containers": [{"name": UNKNOWN_CONTAINER, "claims": []}],
+                    },
+                )
+                if isinstance(ref.get("uid"), str) and ref["uid"]:
+                    pod.setdefault("uid", ref["uid"])
+                pod["containers"][0]["claims"].append(name)
+        return list(missing.values())
+
+
+def _attr(attrs: Mapping[str, Any], name: str) -> str:
+    """A string attribute's value; NVIDIA's own attributes may also be written with its domain."""
+    value = attrs.get(name) or attrs.get(f"{NVIDIA_DRIVER}/{name}")
+    text = _get(value, "string")
+    return text if isinstance(text, str) else ""

@@ -1,0 +1,732 @@
+"""A scenario as Kubernetes objects: ResourceSlices, ResourceClaims and Pods as JSON dicts.
+
+``cluster_objects(scenario, t)`` is what the simulated cluster's API server stores at
+simulated time ``t``: the NVIDIA driver's ResourceSlice(s) for the node, the slices of
+the scenario's other drivers, the claims that exist at ``t`` and the pods alive at
+``t``. Objects are built in the shape of resource.k8s.io **v1** (the storage version);
+``convert`` turns a resource.k8s.io object of any served version into any other, so the
+server can answer v1, v1beta2 and v1beta1 requests from one store. A scenario loaded
+from a cluster dump carries its own objects (``Scenario.raw_objects``); they are
+returned unchanged.
+
+Shapes follow ``reference/dra-api.md`` §2 and NVIDIA's driver (§4.1): one slice per node,
+pool = node name, devices ``gpu-<minor>`` and MIG devices in the 25.12+ name format with
+the attributes and capacities the driver publishes. Everything here is pure: no clock,
+no I/O; timestamps are ``SimClock.epoch + simulated seconds``. ``metadata.resourceVersion``
+is the server's business and is not set here.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
+from .clock import SimClock
+from .scenario import (
+    API_VERSIONS,
+    Claim,
+    Container,
+    DriverSlice,
+    Gpu,
+    MigDevice,
+    MigProfile,
+    Pod,
+    Scenario,
+    Taint,
+    derived_uuid,
+    unit_hash,
+)
+
+GROUP: Final = "resource.k8s.io"
+
+#: ``/version`` answers of a cluster whose newest resource.k8s.io version is the key.
+KUBERNETES_VERSIONS: Final = {"v1": "v1.35.1", "v1beta2": "v1.33.5", "v1beta1": "v1.32.9"}
+
+JSON = dict[str, Any]
+
+# Facts NVIDIA's driver publishes that NVML has and the recorded profile does not keep
+# (the H200 recording: architecture 9 = Hopper, compute capability 9.0, CUDA driver 13000).
+_ARCHITECTURE: Final = {"h200": ("Hopper", "9.0.0", "13.0.0")}
+_BRAND: Final = "Nvidia"
+# MIG capacities per compute-slice count on a Hopper GPU (NVIDIA's MIG user guide, H100/H200
+# profiles); the simulator approximates engines by slice count.
+_MIG_SMS: Final = {1: 16, 2: 32, 3: 60, 4: 64, 7: 132}
+_GPU_SMS: Final = 132
+_NODE_FIELD_SELECTOR_KEY: Final = "metadata.name"
+_DELETE_PROTECTION: Final = "resource.kubernetes.io/delete-protection"
+_POD_CLAIM_NAME: Final = "resource.kubernetes.io/pod-claim-name"
+# generateName suffixes use this alphabet (no vowels, no look-alikes), as the API server does.
+_SUFFIX_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterObjects:
+    """The objects of the simulated cluster at one instant, by resource."""
+
+    resourceslices: tuple[JSON, ...] = ()
+    resourceclaims: tuple[JSON, ...] = ()
+    pods: tuple[JSON, ...] = ()
+
+    def by_resource(self) -> dict[str, tuple[JSON, ...]]:
+        return {
+            "resourceslices": self.resourceslices,
+            "resourceclaims": self.resourceclaims,
+            "pods": self.pods,
+        }
+
+
+def served_versions(preferred: str) -> tuple[str, ...]:
+    """resource.k8s.io versions a cluster preferring ``preferred`` serves, newest first.
+
+    A 1.34+ cluster serves v1 and still v1beta2/v1beta1; a 1.33 cluster v1beta2 and
+    v1beta1; a 1.32 cluster only v1beta1.
+    """
+    if preferred not in API_VERSIONS:
+        raise ValueError(f"unknown resource.k8s.io version {preferred!r} (known: {', '.join(API_VERSIONS)})")
+    return API_VERSIONS[API_VERSIONS.index(preferred) :]
+
+
+def timestamp(t: float) -> str:
+    """RFC 3339 time of simulated second ``t`` on the simulated node's wall clock."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(SimClock.epoch + t))
+
+
+def cluster_objects(scenario: Scenario, t: float) -> ClusterObjects:
+    """Every object of the simulated cluster at simulated time ``t`` (see the module docstring)."""
+    if scenario.raw_objects:
+        return _raw_objects(scenario.raw_objects)
+    return ClusterObjects(
+        resourceslices=(*nvidia_slices(scenario), *(driver_slice(scenario, s) for s in scenario.slices)),
+        resourceclaims=tuple(resource_claim(scenario, c, t) for c in scenario.claims_at(t)),
+        pods=tuple(pod(scenario, p) for p in scenario.pods_at(t)),
+    )
+
+
+def changes_key(scenario: Scenario, t: float) -> object:
+    """Equal for two instants exactly when ``cluster_objects`` gives the same objects for both.
+
+    Objects change only when a pod starts or ends or a device condition appears, so the
+    API server can skip rebuilding them on most clock ticks.
+    """
+    if scenario.raw_objects:
+        return ()
+    return (
+        tuple(p.uid for p in scenario.pods_at(t)),
+        tuple(c.at <= t for claim in scenario.claims for s in claim.device_status for c in s.conditions),
+    )
+
+
+def _raw_objects(objects: Iterable[Mapping[str, Any]]) -> ClusterObjects:
+    by_kind: dict[str, list[JSON]] = {"ResourceSlice": [], "ResourceClaim": [], "Pod": []}
+    for obj in objects:
+        if obj.get("kind") in by_kind:
+            by_kind[obj["kind"]].append(copy.deepcopy(dict(obj)))
+    return ClusterObjects(
+        tuple(by_kind["ResourceSlice"]), tuple(by_kind["ResourceClaim"]), tuple(by_kind["Pod"])
+    )
+
+
+# --- names and metadata ------------------------------------------------------------------------
+
+
+def _suffix(seed: int, *parts: str) -> str:
+    n = int(unit_hash(seed, "suffix", *parts) * len(_SUFFIX_ALPHABET) ** 5)
+    out = ""
+    for _ in range(5):
+        n, i = divmod(n, len(_SUFFIX_ALPHABET))
+        out += _SUFFIX_ALPHABET[i]
+    return out
+
+
+def _metadata(
+    seed: int, kind: str, name: str, namespace: str = "", uid: str = "", t: float = 0.0, **extra: Any
+) -> JSON:
+    meta: JSON = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    meta["uid"] = uid or derived_uuid(seed, "k8s", kind, namespace, name)
+    meta["creationTimestamp"] = timestamp(t)
+    meta.update({k: v for k, v in extra.items() if v})
+    return meta
+
+
+def _owner(kind: str, api_version: str, name: str, uid: str) -> JSON:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+# --- ResourceSlices ----------------------------------------------------------------------------
+
+
+def binary_quantity(n: int) -> str:
+    """``n`` as Kubernetes writes a BinarySI quantity: the largest exact binary suffix (``141Gi``)."""
+    for suffix, size in (
+        ("Ei", 1 << 60),
+        ("Pi", 1 << 50),
+        ("Ti", 1 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ):
+        if n and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def _semver(version: str) -> str:
+    """NVIDIA publishes versions as semver: ``580.159.04`` → ``580.159.4``."""
+    parts = [str(int(p)) for p in version.split(".")[:3] if p.isdigit()]
+    return ".".join(parts + ["0"] * (3 - len(parts)))
+
+
+def _pci_bus_id(nvml_bus_id: str) -> str:
+    """NVML's ``00000000:18:00.0`` → the attribute's ``0000:18:00.0``."""
+    return nvml_bus_id[-12:].lower()
+
+
+def _s(value: str) -> JSON:
+    return {"string": value}
+
+
+def _v(value: str) -> JSON:
+    return {"version": value}
+
+
+def _q(value: int | str) -> JSON:
+    return {"value": str(value)}
+
+
+def _taints(taints: Iterable[Taint]) -> list[JSON]:
+    out = []
+    for t in taints:
+        taint: JSON = {"key": t.key, "effect": t.effect, "timeAdded": timestamp(0)}
+        if t.value:
+            taint["value"] = t.value
+        out.append(taint)
+    return out
+
+
+def _common_attributes(scenario: Scenario, gpu: Gpu) -> JSON:
+    arch, cc, cuda = _ARCHITECTURE.get(scenario.gpu_model, ("", "", ""))
+    attrs: JSON = {"productName": _s(scenario.profile.model), "brand": _s(_BRAND)}
+    if arch:
+        attrs.update(architecture=_s(arch), cudaComputeCapability=_v(cc), cudaDriverVersion=_v(cuda))
+    attrs["driverVersion"] = _v(_semver(scenario.profile.driver_version))
+    attrs["resource.kubernetes.io/pciBusID"] = _s(_pci_bus_id(gpu.pci_bus_id))
+    attrs["addressingMode"] = _s("None")
+    return attrs
+
+
+def gpu_device(scenario: Scenario, gpu: Gpu) -> JSON:
+    """The slice device NVIDIA's driver publishes for a whole GPU (v1 shape)."""
+    device: JSON = {
+        "name": f"gpu-{gpu.minor}",
+        "attributes": {"type": _s("gpu"), "uuid": _s(gpu.uuid), **_common_attributes(scenario, gpu)},
+        "capacity": {"memory": _q(binary_quantity(scenario.profile.memory_total))},
+    }
+    if gpu.taints:
+        device["taints"] = _taints(gpu.taints)
+    return device
+
+
+def _mig_capacity(profile: MigProfile, memory: int, start: int) -> JSON:
+    slices = profile.compute_slices
+    media = profile.name.endswith("+me") or slices == 7
+    capacity: JSON = {
+        "multiprocessors": _q(_MIG_SMS.get(slices, 16 * slices)),
+        "copyEngines": _q(slices + 1 if slices == 7 else slices),
+        "decoders": _q(slices),
+        "encoders": _q(0),
+        "jpegEngines": _q(slices),
+        "ofaEngines": _q(1 if media else 0),
+        "memory": _q(binary_quantity(memory >> 20 << 20)),
+    }
+    capacity.update({f"memorySlice{i}": _q(1) for i in range(start, start + profile.memory_slices)})
+    return capacity
+
+
+def mig_device(
+    scenario: Scenario,
+    gpu: Gpu,
+    profile: MigProfile,
+    start: int,
+    *,
+    uuid: str = "",
+    taints: Iterable[Taint] = (),
+    name: str = "",
+) -> JSON:
+    """A MIG device as NVIDIA's driver publishes it; no ``uuid`` for a DynamicMIG placement.
+
+    ``name`` defaults to the 25.12+ format (``gpu-0-mig-1g18gb-19-0``).
+    """
+    memory = int(scenario.profile.memory_total * profile.memory_slices / scenario.profile.mig_memory_slices)
+    attrs: JSON = {"type": _s("mig")}
+    if uuid:
+        attrs["uuid"] = _s(uuid)
+    attrs.update(parentUUID=_s(gpu.uuid), profile=_s(profile.name), **_common_attributes(scenario, gpu))
+    device: JSON = {
+        "name": name
+        or f"gpu-{gpu.minor}-mig-{canonical_profile(profile.name)}-{profile.gi_profile_id}-{start}",
+        "attributes": attrs,
+        "capacity": _mig_capacity(profile, memory, start),
+    }
+    if published := _taints(taints):
+        device["taints"] = published
+    return device
+
+
+def _slice(scenario: Scenario, driver: str, pool: str, count: int, index: int, spec_extra: JSON) -> JSON:
+    name = f"{scenario.node_name}-{driver}-{_suffix(scenario.seed, driver, pool, str(index))}"
+    return {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "ResourceSlice",
+        "metadata": _metadata(
+            scenario.seed,
+            "ResourceSlice",
+            name,
+            generation=1,
+            generateName=f"{scenario.node_name}-{driver}-",
+            ownerReferences=[
+                _owner(
+                    "Node", "v1", scenario.node_name, derived_uuid(scenario.seed, "node", scenario.node_name)
+                )
+            ],
+        ),
+        "spec": {
+            "driver": driver,
+            "nodeName": scenario.node_name,
+            "pool": {"name": pool, "generation": 1, "resourceSliceCount": count},
+            **spec_extra,
+        },
+    }
+
+
+def nvidia_slices(scenario: Scenario) -> tuple[JSON, ...]:
+    """The ``gpu.nvidia.com`` slice(s) of the node: one slice, or partitionable ones (DynamicMIG)."""
+    if scenario.dynamic_mig:
+        return _partitionable_slices(scenario)
+    names = _claimed_names(scenario)
+    devices: list[JSON] = []
+    for gpu in scenario.gpus:
+        if not gpu.mig:
+            devices.append(gpu_device(scenario, gpu))
+            continue
+        # A MIG-enabled GPU is published as its MIG devices only; the GPU itself cannot be allocated.
+        for m in gpu.mig:
+            profile = scenario.profile.mig_profile(m.profile)
+            assert profile is not None  # validated when the scenario was loaded
+            devices.append(
+                mig_device(
+                    scenario,
+                    gpu,
+                    profile,
+                    m.placement_start,
+                    uuid=m.uuid,
+                    taints=m.taints,
+                    name=names.get(m.uuid, ""),
+                )
+            )
+    return (_slice(scenario, NVIDIA_DRIVER, scenario.node_name, 1, 0, {"devices": devices}),)
+
+
+def _claimed_names(scenario: Scenario) -> dict[str, str]:
+    """NVML UUID → the device name the scenario's claims use for it.
+
+    Claims name a device as the driver published it, so a scenario that allocates a MIG
+    device by its older name (driver 25.3-25.8) gets a slice that publishes that name.
+    """
+    resolver = NvidiaNameResolver(scenario.gpu_devices())
+    out: dict[str, str] = {}
+    for claim in scenario.claims:
+        if claim.driver == NVIDIA_DRIVER:
+            for device in claim.devices:
+                if (uuid := resolver.resolve(NVIDIA_DRIVER, scenario.node_name, device)) is not None:
+                    out.setdefault(uuid, device)
+    return out
+
+
+def _counter_set_name(gpu: Gpu) -> str:
+    return f"gpu-{gpu.minor}-counter-set"
+
+
+def _gpu_counters(scenario: Scenario) -> JSON:
+    counters: JSON = {
+        "multiprocessors": _q(_GPU_SMS),
+        "memory": _q(binary_quantity(scenario.profile.memory_total)),
+    }
+    counters.update({f"memory-slice-{i}": _q(1) for i in range(scenario.profile.mig_memory_slices)})
+    return counters
+
+
+def _consumes(gpu: Gpu, counters: JSON) -> list[JSON]:
+    return [{"counterSet": _counter_set_name(gpu), "counters": counters}]
+
+
+def _partitionable_devices(scenario: Scenario, gpu: Gpu) -> list[JSON]:
+    """The whole GPU and every MIG placement, each consuming the GPU's shared counters."""
+    whole = gpu_device(scenario, gpu)
+    whole["consumesCounters"] = _consumes(gpu, _gpu_counters(scenario))
+    devices = [whole]
+    existing: dict[tuple[str, int], MigDevice] = {(m.profile, m.placement_start): m for m in gpu.mig}
+    for profile in scenario.profile.mig_profiles:
+        for start in profile.starts:
+            mig = existing.get((profile.name, start))
+            # Dynamic MIG devices have no UUID in the slice: they only exist once prepared.
+            device = mig_device(scenario, gpu, profile, start, taints=mig.taints if mig else ())
+            memory = device["capacity"]["memory"]["value"]
+            counters: JSON = {"multiprocessors": device["capacity"]["multiprocessors"], "memory": _q(memory)}
+            counters.update({f"memory-slice-{i}": _q(1) for i in range(start, start + profile.memory_slices)})
+            device["consumesCounters"] = _consumes(gpu, counters)
+            devices.append(device)
+    return devices
+
+
+def _partitionable_slices(scenario: Scenario) -> tuple[JSON, ...]:
+    counter_sets = [
+        {"name": _counter_set_name(g), "counters": _gpu_counters(scenario)} for g in scenario.gpus
+    ]
+    node = scenario.node_name
+    n = len(scenario.gpus)
+    if scenario.api_version == "v1":
+        # Kubernetes 1.35+: a slice holds either devices or shared counters, so the pool is one
+        # counters-only slice plus one device slice per GPU.
+        out = [_slice(scenario, NVIDIA_DRIVER, node, n + 1, 0, {"sharedCounters": counter_sets})]
+        out += [
+            _slice(
+                scenario,
+                NVIDIA_DRIVER,
+                node,
+                n + 1,
+                g.index + 1,
+                {"devices": _partitionable_devices(scenario, g)},
+            )
+            for g in scenario.gpus
+        ]
+        return tuple(out)
+    # 1.33-1.34: counters live in the slice of the devices that consume them.
+    return tuple(
+        _slice(
+            scenario,
+            NVIDIA_DRIVER,
+            node,
+            n,
+            g.index,
+            {"sharedCounters": [counter_sets[g.index]], "devices": _partitionable_devices(scenario, g)},
+        )
+        for g in scenario.gpus
+    )
+
+
+def driver_slice(scenario: Scenario, driver_slice: DriverSlice) -> JSON:
+    """Another driver's slice, as the scenario describes it (v1 shape)."""
+    devices = []
+    for d in driver_slice.devices:
+        device: JSON = {"name": d.name}
+        if d.attributes:
+            device["attributes"] = {k: dict(v) for k, v in d.attributes.items()}
+        if d.capacity:
+            device["capacity"] = {k: _q(v) for k, v in d.capacity.items()}
+        if d.taints:
+            device["taints"] = _taints(d.taints)
+        devices.append(device)
+    return _slice(scenario, driver_slice.driver, driver_slice.pool, 1, 0, {"devices": devices})
+
+
+# --- ResourceClaims ----------------------------------------------------------------------------
+
+
+def _requests(claim: Claim) -> list[JSON]:
+    out: list[JSON] = []
+    for r in claim.all_requests():
+        if r.first_available:
+            out.append(
+                {
+                    "name": r.name,
+                    "firstAvailable": [
+                        {
+                            "name": s.name,
+                            "deviceClassName": s.device_class,
+                            "allocationMode": "ExactCount",
+                            "count": s.count,
+                        }
+                        for s in r.first_available
+                    ],
+                }
+            )
+            continue
+        exactly: JSON = {"deviceClassName": r.device_class or _default_class(claim)}
+        if r.all_devices:
+            exactly["allocationMode"] = "All"
+        else:
+            exactly.update(allocationMode="ExactCount", count=len(r.devices))
+        if claim.admin_access:
+            exactly["adminAccess"] = True
+        out.append({"name": r.name, "exactly": exactly})
+    return out
+
+
+def _default_class(claim: Claim) -> str:
+    return "gpu.nvidia.com" if claim.driver == NVIDIA_DRIVER else claim.driver
+
+
+def _results(claim: Claim) -> list[JSON]:
+    out = []
+    for r in claim.all_requests():
+        for device in r.devices:
+            result: JSON = {
+                "request": r.result_name,
+                "driver": claim.driver,
+                "pool": claim.pool,
+                "device": device,
+            }
+            if claim.admin_access:
+                result["adminAccess"] = True
+            out.append(result)
+    return out
+
+
+def _device_statuses(claim: Claim, t: float) -> list[JSON]:
+    out = []
+    for status in claim.device_status:
+        conditions = [
+            {
+                "type": c.type,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": timestamp(c.at),
+            }
+            for c in status.conditions
+            if c.at <= t
+        ]
+        if conditions:
+            out.append(
+                {
+                    "driver": claim.driver,
+                    "pool": claim.pool,
+                    "device": status.device,
+                    "conditions": conditions,
+                }
+            )
+    return out
+
+
+def resource_claim(scenario: Scenario, claim: Claim, t: float) -> JSON:
+    """A claim allocated on the node, reserved for the pods alive at ``t`` that use it (v1 shape)."""
+    consumers = scenario.consumers_at(claim, t)
+    created = min((p.start for p in consumers), default=0.0) if claim.template else 0.0
+    extra: JSON = {"generation": 1, "finalizers": [_DELETE_PROTECTION]}
+    if claim.template and consumers:
+        owner = consumers[0]
+        extra.update(
+            generateName=f"{owner.name}-{claim.pod_claim_name}-",
+            annotations={_POD_CLAIM_NAME: claim.pod_claim_name},
+            ownerReferences=[_owner("Pod", "v1", owner.name, owner.uid)],
+        )
+    allocation: JSON = {
+        "devices": {"results": _results(claim)},
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {
+                    "matchFields": [
+                        {"key": _NODE_FIELD_SELECTOR_KEY, "operator": "In", "values": [scenario.node_name]}
+                    ]
+                }
+            ]
+        },
+    }
+    if scenario.api_version == "v1":
+        allocation["allocationTimestamp"] = timestamp(created)  # a 1.34+ field
+    status: JSON = {"allocation": allocation}
+    if consumers:
+        status["reservedFor"] = [{"resource": "pods", "name": p.name, "uid": p.uid} for p in consumers]
+    if devices := _device_statuses(claim, t):
+        status["devices"] = devices
+    return {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "ResourceClaim",
+        "metadata": _metadata(
+            scenario.seed, "ResourceClaim", claim.name, claim.namespace, claim.uid, created, **extra
+        ),
+        "spec": {"devices": {"requests": _requests(claim)}},
+        "status": status,
+    }
+
+
+# --- Pods --------------------------------------------------------------------------------------
+
+
+def _container(container: Container, claims: Mapping[str, Claim]) -> JSON:
+    out: JSON = {"name": container.name, "image": f"sim.local/{container.name}:latest"}
+    resources: JSON = {}
+    refs = []
+    for name in container.claims:
+        ref: JSON = {"name": claims[name].pod_claim_name}
+        if request := container.request_for(name):
+            ref["request"] = request
+        refs.append(ref)
+    if refs:
+        resources["claims"] = refs
+    if container.plugin_devices:
+        resources["limits"] = {d.resource: str(len(d.ids)) for d in container.plugin_devices}
+    if resources:
+        out["resources"] = resources
+    return out
+
+
+def _allocated_resources_status(container: Container, claims: Mapping[str, Claim]) -> list[JSON]:
+    # Reported only where the scenario gives health: a driver without health checks reports none.
+    if not container.device_health:
+        return []
+    health = dict(container.device_health)
+    out = []
+    for name in container.claims:
+        claim = claims[name]
+        request = container.request_for(name)
+        devices = [d for r in claim.all_requests() if not request or r.name == request for d in r.devices]
+        out.append(
+            {
+                "name": f"claim:{claim.pod_claim_name}" + (f"/{request}" if request else ""),
+                "resources": [
+                    {"resourceID": f"{claim.driver}/{claim.pool}/{d}", "health": health.get(d, "Healthy")}
+                    for d in devices
+                ],
+            }
+        )
+    return out
+
+
+def _container_status(container: Container, claims: Mapping[str, Claim], started: str) -> JSON:
+    status: JSON = {
+        "name": container.name,
+        "containerID": container.container_id,
+        "image": f"sim.local/{container.name}:latest",
+        "imageID": "",
+        "ready": True,
+        "restartCount": 0,
+        "started": True,
+        "state": {"running": {"startedAt": started}},
+    }
+    if health := _allocated_resources_status(container, claims):
+        status["allocatedResourcesStatus"] = health
+    return status
+
+
+def pod(scenario: Scenario, p: Pod) -> JSON:
+    """A running pod on the node, with its claim references and container statuses."""
+    claims = {c.name: c for c in scenario.claims if c.namespace == p.namespace}
+    used = list(dict.fromkeys(n for c in p.containers for n in c.claims))
+    started = timestamp(p.start)
+    spec: JSON = {
+        "nodeName": scenario.node_name,
+        "restartPolicy": "Always",
+        "schedulerName": "default-scheduler",
+        "containers": [_container(c, claims) for c in p.containers],
+    }
+    if used:
+        spec["resourceClaims"] = [
+            {
+                "name": claims[n].pod_claim_name,
+                **(
+                    {"resourceClaimTemplateName": claims[n].template}
+                    if claims[n].template
+                    else {"resourceClaimName": n}
+                ),
+            }
+            for n in used
+        ]
+    status: JSON = {
+        "phase": "Running",
+        "startTime": started,
+        "conditions": [
+            {"type": t, "status": "True", "lastTransitionTime": started}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ],
+        "containerStatuses": [_container_status(c, claims, started) for c in p.containers],
+        "qosClass": "BestEffort",
+    }
+    # The resourceclaim controller records which claim it generated for each template reference.
+    generated = [
+        {"name": claims[n].pod_claim_name, "resourceClaimName": n} for n in used if claims[n].template
+    ]
+    if generated:
+        status["resourceClaimStatuses"] = generated
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(scenario.seed, "Pod", p.name, p.namespace, p.uid, p.start),
+        "spec": spec,
+        "status": status,
+    }
+
+
+# --- conversion between resource.k8s.io versions ------------------------------------------------
+
+_CONVERTIBLE: Final = ("ResourceSlice", "ResourceClaim")
+
+
+def api_version_of(obj: Mapping[str, Any]) -> str:
+    """The version part of a resource.k8s.io object's ``apiVersion`` (``v1beta1``); ``""`` otherwise."""
+    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
+    return version if group == GROUP else ""
+
+
+def convert(obj: Mapping[str, Any], version: str) -> JSON:
+    """``obj`` (a ResourceSlice or ResourceClaim of any served version) in ``version``.
+
+    Other objects, and objects already in ``version``, come back unchanged (as a copy).
+    v1beta2 and v1 share every shape used here; v1beta1 nests device fields under
+    ``basic`` and writes ``exactly`` requests flat.
+    """
+    out = copy.deepcopy(dict(obj))
+    current = api_version_of(out)
+    if not current or current == version or out.get("kind") not in _CONVERTIBLE:
+        return out
+    if version not in API_VERSIONS:
+        raise ValueError(f"cannot convert to {GROUP}/{version}")
+    if current == "v1beta1":
+        _beta1_to_v1(out)
+    if version == "v1beta1":
+        _v1_to_beta1(out)
+    out["apiVersion"] = f"{GROUP}/{version}"
+    return out
+
+
+def _devices(obj: JSON) -> list[JSON]:
+    return (obj.get("spec") or {}).get("devices") or []
+
+
+def _requests_of(obj: JSON) -> list[JSON]:
+    return (((obj.get("spec") or {}).get("devices") or {}).get("requests")) or []
+
+
+def _beta1_to_v1(obj: JSON) -> None:
+    if obj["kind"] == "ResourceSlice":
+        for device in _devices(obj):
+            device.update(device.pop("basic", None) or {})
+        return
+    for request in _requests_of(obj):
+        if request.get("firstAvailable"):
+            continue
+        exactly = {k: request.pop(k) for k in list(request) if k != "name"}
+        request["exactly"] = exactly
+
+
+def _v1_to_beta1(obj: JSON) -> None:
+    if obj["kind"] == "ResourceSlice":
+        for device in _devices(obj):
+            basic = {k: device.pop(k) for k in list(device) if k != "name"}
+            device["basic"] = basic
+        return
+    for request in _requests_of(obj):
+        request.update(request.pop("exactly", None) or {})

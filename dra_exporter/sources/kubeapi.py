@@ -1,0 +1,594 @@
+"""Source: the API server's view of this node — ResourceSlices, the claims local pods use, pods.
+
+Contract: ``KubeApiSource.collect()`` returns a ``model.ClusterSnapshot`` (slices of the highest
+pool generation only, claims, pods) and raises ``SourceError`` with an operator's message when
+there is no API access (no in-cluster service account and no kubeconfig, RBAC, API server down).
+The agent runs it with ``keep_last_good``: during an outage the last good view stays in use and
+``dra_exporter_source_up{source="kubeapi"}`` says 0.
+
+What it asks the API server, and why the load per node does not grow with the cluster:
+
+* discovery: one ``GET /apis/resource.k8s.io``; the first of v1, v1beta2, v1beta1 that the
+  server serves and the installed client knows is used;
+* ResourceSlices and Pods: one list, then one watch each, filtered by ``spec.nodeName=<node>``
+  (the kubelet's own pattern). A watch resumes from the last ``resourceVersion`` it saw (bookmarks
+  keep it fresh); when the server answers 410 Gone the source lists again. Watches end after a
+  random 5-10 minutes (as client-go's reflectors do), so: ~2 lists at start and ~16 watch
+  requests per hour;
+* ResourceClaims: never a cluster-wide list or watch. Each claim a local pod references (from the
+  pod watch, plus names the kubelet reports, ``claim_hints``) is fetched with one GET when first
+  seen or when a pod that uses it appears or changes its claims, and again every
+  ``claim_refresh`` seconds (default 300) for the status the driver updates (device conditions).
+  Claims no local pod uses any more are forgotten without a request. Cost: 12 GETs per claim in
+  use per hour, plus one per claim per pod start.
+
+The typed API classes of the official client (``ResourceV1Api``, ``ResourceV1beta2Api``,
+``ResourceV1beta1Api``, ``CoreV1Api``) build the requests (paths, field selectors, auth, TLS,
+in-cluster token refresh), but answers are read as raw JSON (``_preload_content=False``) and
+normalised by ``kubeapi_normalize``: the typed models differ per version and client release
+(``V1ResourceClaim`` changed meaning in 34.x), drop fields newer than the client, and cost a
+deserialisation per watch event. The dynamic client was not used because it discovers every
+group of the cluster and caches discovery in a temporary file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from .. import model
+from . import SourceError
+from .kubeapi_normalize import (
+    SUPPORTED_VERSIONS,
+    choose_version,
+    claim_from_dict,
+    current_slices,
+    pod_from_dict,
+    served_versions,
+    slice_from_dict,
+)
+
+SOURCE: Final = "kubeapi"
+GROUP: Final = "resource.k8s.io"
+#: The typed API class of the official client for each version (absent in older clients).
+API_CLASSES: Final = {"v1": "ResourceV1Api", "v1beta2": "ResourceV1beta2Api", "v1beta1": "ResourceV1beta1Api"}
+NO_ACCESS: Final = ("kubeapi: no API server access (no in-cluster service account, no kubeconfig): "
+                    "node-local attribution only")
+RBAC_HINT: Final = "the exporter needs get/list/watch on resourceslices, resourceclaims and pods"
+
+T = TypeVar("T")
+
+
+def usable_versions() -> tuple[str, ...]:
+    """The resource.k8s.io versions the installed client has typed APIs for."""
+    return tuple(v for v in SUPPORTED_VERSIONS if hasattr(k8s, API_CLASSES[v]))
+
+
+def load_client(kubeconfig: str | None = None) -> k8s.ApiClient:
+    """An API client from ``kubeconfig``, else the in-cluster service account, else ``$KUBECONFIG``
+    or ``~/.kube/config``. Raises ``SourceError`` when there is none or it cannot be read."""
+    cfg = k8s.Configuration()
+    try:
+        if kubeconfig:
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=cfg)
+        elif os.path.exists(_default_kubeconfig()):
+            k8s_config.load_kube_config(client_configuration=cfg, persist_config=False)
+        else:
+            raise SourceError(NO_ACCESS)
+    except SourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - YAML, base64, missing keys, exec plugins: all "cannot use"
+        where = kubeconfig or ("the in-cluster service account" if os.environ.get("KUBERNETES_SERVICE_HOST")
+                               else _default_kubeconfig())
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SourceError(f"kubeapi: cannot use {where}: {detail}") from None
+    # The source retries on its own schedule; urllib3's silent retries would hide (and multiply) requests.
+    cfg.retries = 0
+    return k8s.ApiClient(cfg)
+
+
+def _default_kubeconfig() -> str:
+    return os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
+
+
+def discover(api_client: k8s.ApiClient, timeout: float = 10.0) -> tuple[tuple[str, ...], str]:
+    """(versions the server serves, the one to read): one ``GET /apis/resource.k8s.io``.
+    Raises ``SourceError`` when the group is not served or no version fits the client."""
+    try:
+        response = k8s.ResourceApi(api_client).get_api_group(_preload_content=False, _request_timeout=timeout)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise SourceError(f"kubeapi: the API server does not serve {GROUP} "
+                              "(Kubernetes before 1.32, or DRA turned off)") from None
+        raise _api_error(exc, f"discover {GROUP}") from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise _unreachable(exc) from None
+    served = served_versions(_json(response, f"discover {GROUP}"))
+    usable = usable_versions()
+    version = choose_version(served, usable)
+    if version is None:
+        raise SourceError(f"kubeapi: no {GROUP} version both served ({', '.join(served) or 'none'}) and "
+                          f"known to the installed kubernetes client ({', '.join(usable) or 'none'}); "
+                          f"dra-exporter reads {', '.join(SUPPORTED_VERSIONS)}")
+    return served, version
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One access check for ``dra-exporter doctor``."""
+
+    ok: bool
+    message: str
+
+
+#: (verb, group, resource) the source needs; lists are tried for real, the rest asked of the
+#: authoriser with a SelfSubjectAccessReview.
+NEEDED_ACCESS: Final = (("watch", GROUP, "resourceslices"), ("get", GROUP, "resourceclaims"), ("watch", "", "pods"))
+
+
+def probe(api_client: k8s.ApiClient, node_name: str, version: str, *, timeout: float = 10.0,
+          access_review: bool = True) -> list[Probe]:
+    """List this node's slices and pods once, and ask whether the watches and claim GETs are allowed."""
+    selector = f"spec.nodeName={node_name}"
+    resource_api = getattr(k8s, API_CLASSES[version])(api_client)
+    results = []
+    for kind, call in (("resourceslices", resource_api.list_resource_slice),
+                       ("pods", k8s.CoreV1Api(api_client).list_pod_for_all_namespaces)):
+        try:
+            body = _json(_request(f"list {kind}", lambda call=call: call(  # type: ignore[misc]
+                field_selector=selector, _preload_content=False, _request_timeout=timeout)), f"list {kind}")
+        except SourceError as exc:
+            results.append(Probe(False, str(exc).removeprefix("kubeapi: ")))
+            continue
+        results.append(Probe(True, f"{kind} with {selector}: {len(body.get('items') or ())}"))
+    if access_review:
+        results.extend(_review(api_client, verb, group, resource, timeout) for verb, group, resource in NEEDED_ACCESS)
+    return results
+
+
+def _review(api_client: k8s.ApiClient, verb: str, group: str, resource: str, timeout: float) -> Probe:
+    what = f"{verb} {resource}" + (f".{group}" if group else "")
+    review = k8s.V1SelfSubjectAccessReview(spec=k8s.V1SelfSubjectAccessReviewSpec(
+        resource_attributes=k8s.V1ResourceAttributes(verb=verb, group=group, resource=resource)))
+    try:
+        answer = k8s.AuthorizationV1Api(api_client).create_self_subject_access_review(
+            review, _request_timeout=timeout)
+    except ApiException as exc:
+        return Probe(False, f"could not check whether it may {what}: HTTP {exc.status}")
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        return Probe(False, str(_unreachable(exc)).removeprefix("kubeapi: "))
+    allowed = bool(answer.status and answer.status.allowed)
+    return Probe(allowed, f"may {what}" if allowed else f"may not {what} ({RBAC_HINT})")
+
+
+class _Gone(SourceError):
+    """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+    def __init__(self) -> None:
+        super().__init__("kubeapi: resourceVersion too old (410 Gone)")
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    request: float = 10.0
+    """Seconds a list or get may take."""
+    watch: tuple[int, int] = (300, 600)
+    """Each watch asks the server to end it after a random number of seconds in this range."""
+    backoff: tuple[float, float] = (1.0, 60.0)
+    """Initial and maximum wait after a failure (doubling in between)."""
+
+
+class _Reflector(Generic[T]):
+    """Lists one kind, then watches it from the list's resourceVersion on its own thread.
+
+    Keeps every object normalised by ``normalize``, keyed ``namespace/name``. A failure is kept in
+    ``error`` (``""`` while healthy) and retried with backoff, resuming from the last
+    resourceVersion; 410 Gone (as an HTTP status or as a watch ERROR event) lists again.
+    ``changed(key, old, new)`` is called for every object that changes (None: absent).
+    """
+
+    def __init__(self, kind: str, call: Callable[..., Any], field_selector: str,
+                 normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
+                 changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
+                 on_update: Callable[[], None] = lambda: None) -> None:
+        self.kind = kind
+        self._call = call
+        self._selector = field_selector
+        self._normalize = normalize
+        self._timeouts = timeouts
+        self._requests = requests
+        self._changed = changed
+        self._on_update = on_update
+        self._lock = threading.Lock()
+        self.items: dict[str, T] = {}
+        self.resource_version: str | None = None
+        self.error = ""
+        self._response: Any = None
+        self._thread: threading.Thread | None = None
+
+    def snapshot(self) -> list[T]:
+        with self._lock:
+            return list(self.items.values())
+
+    # --- list -------------------------------------------------------------------------------------
+
+    def list_once(self) -> None:
+        """One consistent list; replaces every object. Raises ``SourceError``."""
+        self._requests[f"list {self.kind}"] += 1
+        body = _json(_request(f"list {self.kind}", lambda: self._call(
+            field_selector=self._selector, _preload_content=False,
+            _request_timeout=self._timeouts.request)), f"list {self.kind}")
+        items = {}
+        for obj in body.get("items") or ():
+            if isinstance(obj, Mapping):
+                items[_key(obj)] = self._normalize(obj)
+        with self._lock:
+            old, self.items = self.items, items
+            self.resource_version = _str(body.get("metadata"), "resourceVersion") or None
+            self.error = ""
+        for key in old.keys() | items.keys():
+            if old.get(key) != items.get(key):
+                self._changed(key, old.get(key), items.get(key))
+        self._on_update()
+
+    # --- watch --------------------------------------------------------------------------------------
+
+    def start(self, stop: threading.Event) -> None:
+        self._thread = threading.Thread(target=self._run, args=(stop,), name=f"kubeapi-{self.kind}", daemon=True)
+        self._thread.start()
+
+    def _run(self, stop: threading.Event) -> None:
+        initial, maximum = self._timeouts.backoff
+        delay = initial
+        while not stop.is_set():
+            try:
+                if self.resource_version is None:
+                    self.list_once()
+                self._watch_once(stop)
+                delay = initial
+            except _Gone:
+                self.resource_version = None  # too old to resume: list again, at once
+            except SourceError as exc:
+                self.error = str(exc)
+                self._on_update()
+                stop.wait(delay * random.uniform(0.8, 1.2))
+                delay = min(maximum, delay * 2)
+            except Exception as exc:
+                self.error = f"kubeapi: watching {self.kind} failed: {type(exc).__name__}: {exc}"
+                logging.getLogger(__name__).debug("watch %s failed", self.kind, exc_info=True)
+                stop.wait(delay)
+                delay = min(maximum, delay * 2)
+
+    def _watch_once(self, stop: threading.Event) -> None:
+        low, high = self._timeouts.watch
+        seconds = random.randint(low, high)
+        what = f"watch {self.kind}"
+        self._requests[what] += 1
+        response = _request(what, lambda: self._call(
+            field_selector=self._selector, watch=True, resource_version=self.resource_version or "",
+            allow_watch_bookmarks=True, timeout_seconds=seconds, _preload_content=False,
+            # The server ends the watch after `seconds`; a read timeout catches a silently dead peer.
+            _request_timeout=(self._timeouts.request, float(seconds + 30))))
+        self._response = response
+        if self.error:
+            self.error = ""
+            self._on_update()
+        try:
+            for line in iter_resp_lines(response):
+                if stop.is_set():
+                    return
+                if line.strip():
+                    self._event(line)
+        except (urllib3.exceptions.HTTPError, OSError):
+            # A dropped watch is routine (API server restart, load balancer); resume from our version.
+            return
+        finally:
+            self._response = None
+            response.release_conn()
+
+    def _event(self, line: str) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            raise SourceError(f"kubeapi: the API server sent a watch event for {self.kind} that is not JSON") from None
+        kind, obj = event.get("type"), event.get("object")
+        if not isinstance(obj, Mapping):
+            return
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Gone()
+            raise SourceError(f"kubeapi: watching {self.kind} failed: {obj.get('code')} {obj.get('message', '')}")
+        version = _str(obj.get("metadata"), "resourceVersion")
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            key = _key(obj)
+            new = self._normalize(obj) if kind != "DELETED" else None
+            with self._lock:
+                old = self.items.pop(key, None) if new is None else self.items.get(key)
+                if new is not None:
+                    self.items[key] = new
+            if old != new:
+                self._changed(key, old, new)
+                self._on_update()
+        if version:
+            self.resource_version = version
+
+    def stop(self) -> None:
+        response = self._response
+        if response is not None:
+            try:
+                response.shutdown()  # unblocks the thread's read at once
+            except Exception:  # closing anyway: a failure only means the watch thread ends later
+                logging.getLogger(__name__).debug("shutting down the %s watch failed", self.kind, exc_info=True)
+
+    def join(self, timeout: float) -> None:
+        if self._thread:
+            self._thread.join(timeout)
+
+
+@dataclass(slots=True)
+class _CachedClaim:
+    info: model.ClaimInfo | None
+    """None: the claim does not exist (yet)."""
+    fetched_at: float
+
+
+class KubeApiSource:
+    """The cluster view of one node: see the module docstring for what it asks and how often."""
+
+    name = SOURCE
+
+    def __init__(self, node_name: str, *, client_factory: Callable[[], k8s.ApiClient] | None = None,
+                 kubeconfig: str | None = None,
+                 claim_hints: Callable[[], Iterable[tuple[str, str]]] = tuple,
+                 claim_refresh: float = 300.0, timeouts: Timeouts = Timeouts(),
+                 monotonic: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None) -> None:
+        if not node_name:
+            raise ValueError("kubeapi: a node name is needed for the spec.nodeName field selectors")
+        self.node_name = node_name
+        self._client_factory = client_factory or (lambda: load_client(kubeconfig))
+        self._claim_hints = claim_hints
+        self._claim_refresh = claim_refresh
+        self._timeouts = timeouts
+        self._monotonic = monotonic
+        self._log = logger or logging.getLogger(__name__)
+        self.requests: Counter[str] = Counter()
+        """Requests sent, by ``"<verb> <kind>"``: what this source costs the API server."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._client: k8s.ApiClient | None = None
+        self.api_version: str | None = None
+        self._slices: _Reflector[model.ResourceSliceInfo] | None = None
+        self._pods: _Reflector[model.PodInfo] | None = None
+        self._claim_api: Any = None
+        self._claims: dict[tuple[str, str], _CachedClaim] = {}
+        self._stale: set[tuple[str, str]] = set()
+        self._stale_lock = threading.Lock()
+        self._revision = 0
+        self._revision_lock = threading.Lock()
+        self._snapshot: tuple[int, model.ClusterSnapshot] | None = None
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error = ""
+
+    # --- public ---------------------------------------------------------------------------------
+
+    def collect(self) -> model.ClusterSnapshot:
+        with self._lock:
+            if self._monotonic() < self._retry_at:
+                raise SourceError(self._last_error)
+            try:
+                self._start()
+                self._check_watches()
+                self._refresh_claims()
+            except SourceError as exc:
+                self._fail(str(exc))
+                raise
+            self._failures, self._last_error = 0, ""
+            return self._build_snapshot()
+
+    def close(self) -> None:
+        self._stop.set()
+        for reflector in (self._slices, self._pods):
+            if reflector is not None:
+                reflector.stop()
+                reflector.join(2.0)
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001 - shutting down anyway
+                self._log.debug("closing the API client failed", exc_info=True)
+
+    # --- start: client, discovery, first lists, watches -----------------------------------------------
+
+    def _start(self) -> None:
+        if self._client is None:
+            self._client = self._client_factory()
+        if self.api_version is None:
+            self.api_version = self._discover()
+            self._log.info("kubeapi: reading %s/%s for node %s", GROUP, self.api_version, self.node_name)
+        if self._slices is None or self._pods is None:
+            selector = f"spec.nodeName={self.node_name}"
+            resource_api = getattr(k8s, API_CLASSES[self.api_version])(self._client)
+            version = self.api_version
+            slices = _Reflector("resourceslices", resource_api.list_resource_slice, selector,
+                                lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
+                                on_update=self._bump)
+            pods = _Reflector("pods", k8s.CoreV1Api(self._client).list_pod_for_all_namespaces, selector,
+                              pod_from_dict, self._timeouts, self.requests, changed=self._pod_changed,
+                              on_update=self._bump)
+            # The first lists happen here, so the first frame already has the cluster view.
+            slices.list_once()
+            pods.list_once()
+            slices.start(self._stop)
+            pods.start(self._stop)
+            self._slices, self._pods = slices, pods
+            self._claim_api = resource_api
+
+    def _discover(self) -> str:
+        assert self._client is not None
+        self.requests["discover"] += 1
+        _, version = discover(self._client, self._timeouts.request)
+        return version
+
+    def _check_watches(self) -> None:
+        for reflector in (self._slices, self._pods):
+            if reflector is not None and reflector.error:
+                raise SourceError(reflector.error)
+
+    # --- claims ---------------------------------------------------------------------------------------
+
+    def _pod_changed(self, key: str, old: model.PodInfo | None, new: model.PodInfo | None) -> None:
+        # A pod that appears (or changes its claims) may use a claim re-created under an old name,
+        # or one whose allocation changed: fetch its claims again instead of waiting for the refresh.
+        if new is None or (old is not None and (old.uid, old.claims) == (new.uid, new.claims)):
+            return
+        with self._stale_lock:
+            self._stale.update((new.namespace, c) for c in new.claims)
+
+    def _wanted_claims(self) -> set[tuple[str, str]]:
+        assert self._pods is not None
+        wanted = {(p.namespace, c) for p in self._pods.snapshot() if not p.terminal for c in p.claims}
+        try:
+            wanted.update((ns, name) for ns, name in self._claim_hints() if ns and name)
+        except Exception:  # noqa: BLE001 - hints are a bonus; the pod watch is the source of truth
+            self._log.debug("claim hints failed", exc_info=True)
+        return wanted
+
+    def _refresh_claims(self) -> None:
+        wanted = self._wanted_claims()
+        for key in self._claims.keys() - wanted:
+            del self._claims[key]  # no local pod uses it: forget it, no request needed
+            self._bump()
+        with self._stale_lock:
+            stale, self._stale = self._stale & wanted, set()
+        now = self._monotonic()
+        for key in sorted(wanted):
+            cached = self._claims.get(key)
+            if cached is None or key in stale or now - cached.fetched_at >= self._claim_refresh:
+                self._fetch_claim(*key, now)
+
+    def _fetch_claim(self, namespace: str, name: str, now: float) -> None:
+        self.requests["get resourceclaims"] += 1
+        try:
+            response = self._claim_api.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=self._timeouts.request)
+            info: model.ClaimInfo | None = claim_from_dict(_json(response, "get resourceclaims"), self.api_version or "")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _api_error(exc, f"get resourceclaims {namespace}/{name}") from None
+            info = None  # not created yet, or deleted: asked again on the next pod change or refresh
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _unreachable(exc) from None
+        old = self._claims.get((namespace, name))
+        self._claims[(namespace, name)] = _CachedClaim(info, now)
+        if old is None or old.info != info:
+            self._bump()
+
+    # --- snapshot -------------------------------------------------------------------------------------
+
+    def _bump(self) -> None:
+        with self._revision_lock:  # watch threads and collect both bump it
+            self._revision += 1
+
+    def _build_snapshot(self) -> model.ClusterSnapshot:
+        revision = self._revision
+        if self._snapshot is not None and self._snapshot[0] == revision:
+            return self._snapshot[1]  # nothing changed: the same object, so the join sees no churn
+        assert self._slices is not None and self._pods is not None
+        snapshot = model.ClusterSnapshot(
+            node=self.node_name,
+            api_version=self.api_version or "",
+            slices=current_slices(self._slices.snapshot()),
+            claims=tuple(sorted((c.info for c in self._claims.values() if c.info is not None),
+                                key=lambda c: (c.namespace, c.name))),
+            pods=tuple(sorted(self._pods.snapshot(), key=lambda p: (p.namespace, p.name))),
+        )
+        self._snapshot = (revision, snapshot)
+        return snapshot
+
+    def _fail(self, message: str) -> None:
+        self._failures += 1
+        initial, maximum = self._timeouts.backoff
+        self._retry_at = self._monotonic() + min(maximum, initial * 2 ** (self._failures - 1))
+        self._last_error = message
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+
+
+def _request(what: str, call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status == 410:
+            raise _Gone() from None
+        raise _api_error(exc, what) from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise _unreachable(exc) from None
+
+
+def _api_error(exc: ApiException, what: str) -> SourceError:
+    status = exc.status
+    if status == 401:
+        return SourceError(f"kubeapi: the API server rejected our credentials (401) on {what}")
+    if status == 403:
+        return SourceError(f"kubeapi: forbidden (403) to {what}: {RBAC_HINT}")
+    return SourceError(f"kubeapi: {what} failed: HTTP {status} {exc.reason or ''}".rstrip())
+
+
+def _unreachable(exc: BaseException) -> SourceError:
+    # The exception's own text names objects by memory address; a stable message is logged once.
+    reason = getattr(exc, "reason", None) or exc
+    for kind, words in _TRANSPORT_ERRORS:
+        if isinstance(reason, kind):
+            return SourceError(f"kubeapi: API server unreachable ({words})")
+    return SourceError(f"kubeapi: API server unreachable ({type(reason).__name__})")
+
+
+_TRANSPORT_ERRORS: Final = (
+    # NewConnectionError is a ConnectTimeoutError subclass (urllib3 compatibility): test it first.
+    (urllib3.exceptions.NewConnectionError, "cannot connect"),
+    (urllib3.exceptions.ConnectTimeoutError, "connecting timed out"),
+    (urllib3.exceptions.ReadTimeoutError, "no answer in time"),
+    (urllib3.exceptions.SSLError, "TLS handshake failed"),
+    (urllib3.exceptions.ProtocolError, "connection dropped"),
+)
+
+
+def _json(response: Any, what: str) -> Mapping[str, Any]:
+    try:
+        data = response.data
+        body = json.loads(data)
+    except (ValueError, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise SourceError(f"kubeapi: {what}: the API server's answer is not JSON ({type(exc).__name__})") from None
+    finally:
+        response.release_conn()
+    if not isinstance(body, Mapping):
+        raise SourceError(f"kubeapi: {what}: the API server's answer is not a JSON object")
+    return body
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return f"{_str(meta, 'namespace')}/{_str(meta, 'name')}"
+
+
+def _str(obj: Any, key: str) -> str:
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, str) else ""

@@ -1,0 +1,308 @@
+"""Pure normalisation of API server objects (plain JSON dicts) into the cluster records of ``model``.
+
+Contract: every function here is pure — a dict as the API server sends it (camelCase JSON,
+what ``kubectl get -o json`` prints) in, frozen records out; no client, no I/O, no clock.
+``kubeapi.py`` feeds it what it lists and watches; the tests feed it hand-written dicts.
+
+resource.k8s.io differs between the versions the exporter reads (reference: dra-api.md §2.2-2.3):
+
+* ``v1`` and ``v1beta2`` put device fields on the device (``devices[].attributes``); ``v1beta1``
+  (and the older ``v1alpha3``) nest them under ``devices[].basic``;
+* capacities are ``{value: <quantity>}`` (``v1alpha3``: a bare quantity) — both are accepted;
+* an attribute is a union of ``int``/``bool``/``string``/``version`` (1.36 adds list forms);
+* ``nodeName``/``allNodes`` are pointers in v1beta2/v1 (absent when unset) and plain values in
+  v1beta1 (``""``/``false`` when unset); both become ``""``.
+
+Objects come from outside, so nothing here trusts a field's type: a missing or mistyped field
+reads as empty, a quantity that does not parse is left out, and one bad entry never hides the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any, Final
+
+from kubernetes.utils.quantity import parse_quantity
+
+from .. import model
+
+#: The resource.k8s.io versions this exporter reads, most preferred first.
+SUPPORTED_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
+#: Versions whose devices keep their fields under ``basic``.
+_NESTED_VERSIONS: Final = frozenset({"v1beta1", "v1alpha3"})
+_ATTRIBUTE_SCALARS: Final = ("string", "int", "bool", "version")
+_ATTRIBUTE_LISTS: Final = ("strings", "ints", "bools", "versions")
+_CLAIM_STATUS_PREFIX: Final = "claim:"
+
+
+def choose_version(served: Iterable[str], usable: Iterable[str] = SUPPORTED_VERSIONS) -> str | None:
+    """The version to read: the first of ``SUPPORTED_VERSIONS`` that the server serves and the
+    installed client can talk (``usable``); None when there is none."""
+    served, usable = set(served), set(usable)
+    return next((v for v in SUPPORTED_VERSIONS if v in served and v in usable), None)
+
+
+def served_versions(api_group: Mapping[str, Any]) -> tuple[str, ...]:
+    """Versions listed in an ``APIGroup`` discovery document (``GET /apis/resource.k8s.io``)."""
+    return tuple(v for entry in _list(api_group, "versions") if (v := _str(_map_of(entry), "version")))
+
+
+# --- ResourceSlice -------------------------------------------------------------------------------
+
+
+def slice_from_dict(obj: Mapping[str, Any], version: str) -> model.ResourceSliceInfo:
+    """One ResourceSlice in any supported version."""
+    meta, spec = _map(obj, "metadata"), _map(obj, "spec")
+    pool = _map(spec, "pool")
+    driver = _str(spec, "driver")
+    return model.ResourceSliceInfo(
+        name=_str(meta, "name"),
+        driver=driver,
+        pool=_str(pool, "name"),
+        generation=_int(pool, "generation"),
+        resource_slice_count=_int(pool, "resourceSliceCount", 1),
+        node_name=_str(spec, "nodeName"),
+        devices=tuple(sorted((_device(d, driver, version) for d in _list(spec, "devices")
+                              if _str(_map_of(d), "name")), key=lambda d: d.name)),
+        shared_counters=_counter_sets(_list(spec, "sharedCounters")),
+    )
+
+
+def _device(raw: Any, driver: str, version: str) -> model.SliceDevice:
+    dev = _map_of(raw)
+    body = _map(dev, "basic") if version in _NESTED_VERSIONS else dev
+    return model.SliceDevice(
+        name=_str(dev, "name"),
+        attributes=tuple(sorted(_attributes(_map(body, "attributes"), driver))),
+        capacity=tuple(sorted(_capacities(_map(body, "capacity")))),
+        consumes_counters=tuple(
+            model.CounterConsumption(_str(c, "counterSet"), _counters(_map(c, "counters")))
+            for c in map(_map_of, _list(body, "consumesCounters")) if _str(c, "counterSet")),
+        taints=tuple(
+            model.DeviceTaint(_str(t, "key"), _str(t, "value"), _str(t, "effect"))
+            for t in map(_map_of, _list(body, "taints")) if _str(t, "key")),
+        node_name=_str(body, "nodeName"),
+    )
+
+
+def _attributes(raw: Mapping[str, Any], driver: str) -> Iterable[tuple[str, str]]:
+    for key, value in raw.items():
+        text = attribute_value(_map_of(value))
+        if text is None or not isinstance(key, str):
+            continue
+        # An unqualified key is in the driver's domain (the CEL rule), so both spellings mean one thing.
+        domain, sep, name = key.rpartition("/")
+        yield (name if sep and domain == driver else key), text
+
+
+def attribute_value(value: Mapping[str, Any]) -> str | None:
+    """A ``DeviceAttribute`` union as text; None when no known member is set."""
+    for member in _ATTRIBUTE_SCALARS:
+        if member in value and value[member] is not None:
+            return _scalar_text(value[member])
+    for member in _ATTRIBUTE_LISTS:
+        if isinstance(value.get(member), list):
+            return ",".join(_scalar_text(v) for v in value[member])
+    return None
+
+
+def _scalar_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _capacities(raw: Mapping[str, Any]) -> Iterable[tuple[str, float]]:
+    for key, value in raw.items():
+        # v1alpha3 wrote the quantity itself; later versions wrap it as {value: …}.
+        number = quantity(value.get("value") if isinstance(value, Mapping) else value)
+        if number is not None and isinstance(key, str):
+            yield key, number
+
+
+def _counter_sets(raw: Sequence[Any]) -> tuple[model.CounterSet, ...]:
+    sets = (model.CounterSet(_str(s, "name"), _counters(_map(s, "counters"))) for s in map(_map_of, raw))
+    return tuple(sorted((s for s in sets if s.name), key=lambda s: s.name))
+
+
+def _counters(raw: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted(
+        (key, number) for key, value in raw.items()
+        if isinstance(key, str) and (number := quantity(_map_of(value).get("value"))) is not None))
+
+
+def quantity(value: Any) -> float | None:
+    """A Kubernetes quantity (``80Gi``, ``500m``, ``12``) as a float in base units; None if invalid."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number: Decimal = parse_quantity(value)
+    except (ValueError, TypeError, InvalidOperation):
+        return None
+    return float(number)
+
+
+def current_slices(slices: Iterable[model.ResourceSliceInfo]) -> tuple[model.ResourceSliceInfo, ...]:
+    """Only the slices of each (driver, pool) with the highest pool generation: consumers "must
+    only use ResourceSlices with the highest generation number" (older ones are being replaced)."""
+    slices = tuple(slices)
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key = (s.driver, s.pool)
+        newest[key] = max(newest.get(key, s.generation), s.generation)
+    return tuple(sorted((s for s in slices if s.generation == newest[(s.driver, s.pool)]),
+                        key=lambda s: (s.driver, s.pool, s.name)))
+
+
+# --- ResourceClaim ----------------------------------------------------------------------------------
+
+
+def claim_from_dict(obj: Mapping[str, Any], version: str) -> model.ClaimInfo:
+    """One ResourceClaim; the status shapes the exporter reads are the same in every version
+    (``version`` is taken for symmetry and for shapes that may yet diverge)."""
+    del version  # results, reservedFor and devices[] have one shape from v1beta1 to v1
+    meta, status = _map(obj, "metadata"), _map(obj, "status")
+    devices = _map(_map(status, "allocation"), "devices")
+    return model.ClaimInfo(
+        namespace=_str(meta, "namespace"),
+        name=_str(meta, "name"),
+        uid=_str(meta, "uid"),
+        results=tuple(
+            model.AllocationResult(
+                request=_str(r, "request"), driver=_str(r, "driver"), pool=_str(r, "pool"),
+                device=_str(r, "device"), admin_access=r.get("adminAccess") is True,
+                share_id=_str(r, "shareID"))
+            for r in map(_map_of, _list(devices, "results")) if _str(r, "device")),
+        reserved_for=tuple(
+            model.ConsumerRef(_str(c, "resource"), _str(c, "name"), _str(c, "uid"), _str(c, "apiGroup"))
+            for c in map(_map_of, _list(status, "reservedFor"))),
+        devices=tuple(
+            model.ClaimDeviceStatus(
+                driver=_str(d, "driver"), pool=_str(d, "pool"), device=_str(d, "device"),
+                share_id=_str(d, "shareID"),
+                conditions=tuple(
+                    model.DeviceCondition(_str(c, "type"), _str(c, "status"), _str(c, "reason"))
+                    for c in map(_map_of, _list(d, "conditions")) if _str(c, "type")))
+            for d in map(_map_of, _list(status, "devices")) if _str(d, "device")),
+    )
+
+
+# --- Pod ---------------------------------------------------------------------------------------------
+
+
+def pod_from_dict(obj: Mapping[str, Any]) -> model.PodInfo:
+    """One core/v1 Pod: its UID, the claim objects it references, and per container the claim
+    requests it uses, its container ID and the health of its DRA devices."""
+    meta, spec, status = _map(obj, "metadata"), _map(obj, "spec"), _map(obj, "status")
+    names = claim_object_names(spec, status)
+    extended = _map(status, "extendedResourceClaimStatus")
+    extended_claim = _str(extended, "resourceClaimName")
+    container_ids, health = _container_statuses(status, names)
+    containers = []
+    for ctr in map(_map_of, [*_list(spec, "initContainers"), *_list(spec, "containers")]):
+        name = _str(ctr, "name")
+        if not name:
+            continue
+        uses = [model.ContainerClaim(ref, names.get(ref, ""), _str(c, "request"))
+                for c in map(_map_of, _list(_map(ctr, "resources"), "claims")) if (ref := _str(c, "name"))]
+        if extended_claim:
+            # DRA extended resources (1.34+): ``nvidia.com/gpu: 1`` served by a claim the scheduler made.
+            uses += [model.ContainerClaim("", extended_claim, _str(m, "requestName"))
+                       for m in map(_map_of, _list(extended, "requestMappings"))
+                       if _str(m, "containerName") == name]
+        containers.append(model.ContainerInfo(
+            name=name, container_id=container_ids.get(name, ""),
+            claims=tuple(sorted(set(uses), key=lambda c: (c.ref, c.claim, c.request))),
+            health=tuple(sorted(set(health.get(name, ())),
+                                key=lambda h: (h.claim, h.request, h.driver, h.pool, h.device)))))
+    claims = {n for n in names.values() if n} | ({extended_claim} if extended_claim else set())
+    return model.PodInfo(
+        namespace=_str(meta, "namespace"), name=_str(meta, "name"), uid=_str(meta, "uid"),
+        phase=_str(status, "phase"), claims=tuple(sorted(claims)),
+        containers=tuple(sorted(containers, key=lambda c: c.name)))
+
+
+def claim_object_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, str]:
+    """Pod-level claim reference name → ResourceClaim object name (``""`` while not known).
+
+    A reference names its claim directly (``resourceClaimName``) or through a template, whose
+    generated claim's name is only in ``status.resourceClaimStatuses`` (where an unset name
+    means that no claim is needed)."""
+    generated = {_str(s, "name"): _str(s, "resourceClaimName")
+                 for s in map(_map_of, _list(status, "resourceClaimStatuses"))}
+    names = {}
+    for ref in map(_map_of, _list(spec, "resourceClaims")):
+        if name := _str(ref, "name"):
+            names[name] = _str(ref, "resourceClaimName") or generated.get(name, "")
+    return names
+
+
+def _container_statuses(status: Mapping[str, Any], names: Mapping[str, str]
+                        ) -> tuple[dict[str, str], dict[str, list[model.DeviceHealth]]]:
+    ids: dict[str, str] = {}
+    health: dict[str, list[model.DeviceHealth]] = {}
+    for cs in map(_map_of, [*_list(status, "initContainerStatuses"), *_list(status, "containerStatuses")]):
+        name = _str(cs, "name")
+        if not name:
+            continue
+        ids[name] = _str(cs, "containerID")
+        for entry in map(_map_of, _list(cs, "allocatedResourcesStatus")):
+            ref, request = _health_name(_str(entry, "name"))
+            if ref is None:
+                continue  # a device-plugin resource, not a DRA claim
+            for res in map(_map_of, _list(entry, "resources")):
+                if triplet := resource_id(_str(res, "resourceID")):
+                    health.setdefault(name, []).append(model.DeviceHealth(
+                        names.get(ref, ""), request, *triplet, health=_str(res, "health") or "Unknown"))
+    return ids, health
+
+
+def _health_name(name: str) -> tuple[str | None, str]:
+    """``claim:<ref>/<request>`` or ``claim:<ref>`` → (ref, request); (None, "") for other names."""
+    if not name.startswith(_CLAIM_STATUS_PREFIX):
+        return None, ""
+    ref, _, request = name[len(_CLAIM_STATUS_PREFIX):].partition("/")
+    return (ref or None), request
+
+
+def resource_id(text: str) -> tuple[str, str, str] | None:
+    """``<driver>/<pool>/<device>`` → the triplet. Pool names may contain ``/``; driver names
+    (DNS subdomains) and device names (DNS labels) never do."""
+    driver, sep, rest = text.partition("/")
+    pool, sep2, device = rest.rpartition("/")
+    if not (sep and sep2 and driver and pool and device):
+        return None
+    return driver, pool, device
+
+
+# --- untrusted-field helpers ---------------------------------------------------------------------------
+
+
+def _map_of(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _map(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    return _map_of(obj.get(key))
+
+
+def _list(obj: Mapping[str, Any], key: str) -> list[Any]:
+    value = obj.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _str(obj: Mapping[str, Any], key: str) -> str:
+    value = obj.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _int(obj: Mapping[str, Any], key: str, default: int = 0) -> int:
+    value = obj.get(key)
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():  # int64 may arrive quoted
+        return int(value)
+    return default

@@ -1,0 +1,382 @@
+"""Cluster dumps (``kubectl get resourceslices,resourceclaims,pods -A -o yaml``) as scenarios."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_exporter import model
+from dra_exporter.sim import k8s_objects as ko
+from dra_exporter.sim.dump import is_dump, load_dump, parse_dump
+from dra_exporter.sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+
+DUMPS = Path(__file__).resolve().parent / "dumps"
+VERSIONS = ["v1", "v1beta2", "v1beta1"]
+NODE = "gpu-node-a"
+GPU = "GPU-aaaaaaaa-0000-4000-8000-00000000000"
+MIG = "MIG-bbbbbbbb-0000-4000-8000-0000000000"
+
+
+def load(version: str, node: str | None = NODE) -> Scenario:
+    return load_scenario(DUMPS / f"{version}.yaml", node)
+
+
+def kubelet_view(s: Scenario) -> dict[tuple[str, str, str], set[tuple[str, str, str]]]:
+    """(namespace, pod, container) → {(claim, driver, device)} as the kubelet lists it."""
+    return {
+        (p.namespace, p.name, c.name): {(u.name, d.driver, d.device) for u in c.claims for d in u.devices}
+        for p in s.pod_allocations_at(0).pods
+        for c in p.containers
+    }
+
+
+def items(version: str) -> list[dict[str, Any]]:
+    text = (DUMPS / f"{version}.yaml").read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    return [i for d in docs for i in (d["items"] if d.get("kind") == "List" else [d])]
+
+
+def dump_of(objects: list[dict[str, Any]]) -> list[Any]:
+    return [{"apiVersion": "v1", "kind": "List", "items": objects}]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+# --- the three fixtures ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_gpus_and_mig_devices_come_from_the_nodes_nvidia_slice(version: str) -> None:
+    s = load(version)
+    assert s.node_name == NODE and s.api_version == version
+    assert [(g.index, g.uuid) for g in s.gpus] == [(0, GPU + "0"), (1, GPU + "1"), (2, GPU + "2")]
+    assert not s.gpus[0].mig and not s.gpus[1].mig
+    assert [(m.profile, m.placement_start, m.uuid) for m in s.gpus[2].mig] == [
+        ("3g.71gb", 0, MIG + "20"),
+        ("1g.18gb", 4, MIG + "24"),
+    ]
+    assert all(not p.containers[0].processes for p in s.pods)  # idle GPUs
+    assert len(s.raw_objects) == 19
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_claims_on_the_node_and_their_requests(version: str) -> None:
+    s = load(version)
+    claims = {(c.namespace, c.name): c for c in s.claims}
+    assert set(claims) == {
+        ("research", "shared-gpu"),
+        ("ml", "train"),
+        ("inference", "vllm-0-gpu-x7k2p"),
+        ("monitoring", "exporter-gpus"),
+        ("batch", "job-1-gpu"),
+        ("demo", "example-claim"),
+    }
+    assert claims[("monitoring", "exporter-gpus")].admin_access
+    assert not claims[("research", "shared-gpu")].admin_access
+    assert claims[("research", "shared-gpu")].uid == "11111111-0000-4000-8000-000000000001"
+    (prio,) = claims[("inference", "vllm-0-gpu-x7k2p")].all_requests()
+    assert prio.result_name == "gpu/mig-3g"
+    assert [x.name for x in prio.first_available] == ["h200", "mig-3g"]
+    assert claims[("ml", "train")].request == "gpus"
+    example = claims[("demo", "example-claim")]
+    assert (example.driver, example.pool, example.devices) == ("gpu.example.com", NODE, ("gpu-0",))
+    (status,) = claims[("ml", "train")].device_status
+    assert (status.device, status.conditions[0].type, status.conditions[0].status) == (
+        "gpu-1",
+        "Ready",
+        "True",
+    )
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_kubelet_view_of_the_dumped_node(version: str) -> None:
+    s = load(version)
+    mig3g = "gpu-2-mig-3g71gb-9-0" if version != "v1beta1" else "gpu-2-mig-9-0-4"
+    nv = "gpu.nvidia.com"
+    assert kubelet_view(s) == {
+        ("research", "notebook-alice", "notebook"): {("shared-gpu", nv, "gpu-0")},
+        ("research", "notebook-bob", "notebook"): {("shared-gpu", nv, "gpu-0")},
+        ("research", "notebook-bob", "sidecar"): set(),
+        ("ml", "trainer-0", "trainer"): {("train", nv, "gpu-1")},
+        # Generated claim: found through status.resourceClaimStatuses.
+        ("inference", "vllm-0", "vllm"): {("vllm-0-gpu-x7k2p", nv, mig3g)},
+        ("monitoring", "dra-exporter-q8x2m", "exporter"): {
+            ("exporter-gpus", nv, d) for d in ("gpu-0", "gpu-1", mig3g, "gpu-2-mig-19-4-1")
+        },
+        ("demo", "example-0", "app"): {("example-claim", "gpu.example.com", "gpu-0")},
+        # Not in the dump: known from the claim's reservedFor.
+        ("batch", "job-1", "unknown"): {("job-1-gpu", nv, "gpu-2-mig-19-4-1")},
+    }
+    pods = {p.name: p for p in s.pods}
+    assert pods["job-1"].uid == "22222222-0000-4000-8000-000000000006"
+    assert pods["notebook-alice"].containers[0].container_id.endswith("0001")
+    assert pods["notebook-alice"].containers[0].device_health == (("gpu-0", "Unhealthy"),)
+    assert pods["trainer-0"].containers[0].claim_requests == (("train", "gpus"),)
+    shared = s.claim("research", "shared-gpu")
+    assert shared is not None
+    assert {p.name for p in s.consumers_at(shared, 0)} == {"notebook-alice", "notebook-bob"}
+    # Finished pods and pods of other nodes are not the kubelet's.
+    assert not {"finished-0", "other-node-pod"} & set(pods)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_nvidia_device_resolves_to_an_nvml_uuid(version: str) -> None:
+    s = load(version)
+    for claim in s.claims:
+        if claim.driver == "gpu.nvidia.com":
+            assert all(s.nvml_uuid(d) for d in claim.devices), claim.name
+
+
+def test_the_other_node_of_the_dump() -> None:
+    s = load("v1", "gpu-node-b")
+    assert [g.uuid for g in s.gpus] == ["GPU-cccccccc-0000-4000-8000-000000000000"]
+    assert [c.name for c in s.claims] == ["elsewhere"]
+    assert kubelet_view(s) == {("ml", "other-node-pod", "main"): {("elsewhere", "gpu.nvidia.com", "gpu-0")}}
+
+
+def test_node_must_be_named_when_the_dump_has_several() -> None:
+    with pytest.raises(ScenarioError, match=r"several nodes \(gpu-node-a, gpu-node-b\); name one"):
+        load("v1", None)
+    with pytest.raises(
+        ScenarioError,
+        match="no gpu.nvidia.com ResourceSlice with spec.nodeName 'gpu-node-z' "
+        r"\(nodes with one: gpu-node-a, gpu-node-b\)",
+    ):
+        load("v1", "gpu-node-z")
+    one_node = [o for o in items("v1") if o["spec"].get("nodeName") != "gpu-node-b"]
+    assert parse_dump(dump_of(one_node), "d.yaml").node_name == NODE
+
+
+def test_load_dump_and_load_scenario_agree(tmp_path: Path) -> None:
+    a, b = load_dump(DUMPS / "v1beta2.yaml", NODE), load("v1beta2")
+    assert a.gpus == b.gpus and a.claims == b.claims and a.pods == b.pods
+    path = tmp_path / "scenario.yaml"
+    path.write_text("node: n\ngpus: [{index: 0}]\n")
+    with pytest.raises(ScenarioError, match="not a cluster dump"):
+        load_dump(path)
+    assert is_dump(items("v1")) and not is_dump([{"node": "n", "gpus": []}])
+
+
+# --- partial dumps --------------------------------------------------------------------------------
+
+
+def test_slices_only_give_idle_gpus() -> None:
+    slices = [o for o in items("v1") if o["kind"] == "ResourceSlice"]
+    s = parse_dump(dump_of(slices), "slices.yaml", NODE)
+    assert len(s.gpus) == 3 and s.claims == () and s.pods == ()
+    assert s.pod_allocations_at(0) == model.PodResourcesSnapshot()
+
+
+def test_claims_without_pods_take_their_consumers_from_reserved_for() -> None:
+    no_pods = [o for o in items("v1beta1") if o["kind"] != "Pod"]
+    s = parse_dump(dump_of(no_pods), "nopods.yaml", NODE)
+    view = kubelet_view(s)
+    assert view[("research", "notebook-alice", "unknown")] == {("shared-gpu", "gpu.nvidia.com", "gpu-0")}
+    assert view[("research", "notebook-bob", "unknown")] == {("shared-gpu", "gpu.nvidia.com", "gpu-0")}
+    assert {p.uid for p in s.pods if p.name == "notebook-bob"} == {"22222222-0000-4000-8000-000000000002"}
+
+
+def test_null_fields_and_other_kinds_are_tolerated() -> None:
+    objects = items("v1")
+    find(objects, "ResourceClaim", "train")["status"]["devices"] = None
+    find(objects, "ResourceClaim", "shared-gpu")["spec"] = None
+    find(objects, "ResourceClaim", "job-1-gpu")["status"]["reservedFor"] = None
+    find(objects, "Pod", "notebook-bob")["status"] = None
+    find(objects, "Pod", "trainer-0")["spec"]["containers"][0]["resources"] = None
+    find(objects, "ResourceSlice", "gpu-node-a-gpu.example.com-p9w2d")["spec"]["devices"][0]["attributes"] = (
+        None
+    )
+    objects.append(
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"}}
+    )
+    s = parse_dump(dump_of(objects), "nulls.yaml", NODE)
+    view = kubelet_view(s)
+    assert view[("research", "notebook-bob", "notebook")] == {("shared-gpu", "gpu.nvidia.com", "gpu-0")}
+    assert view[("ml", "trainer-0", "trainer")] == set()
+    assert ("batch", "job-1", "unknown") not in view
+    assert s.claim("ml", "train").device_status == ()  # type: ignore[union-attr]
+
+
+def test_multi_document_yaml_with_unquoted_timestamps(tmp_path: Path) -> None:
+    path = tmp_path / "dump.yaml"
+    path.write_text((DUMPS / "v1beta1.yaml").read_text())
+    s = load_scenario(path, NODE)
+    slice_ = next(o for o in s.raw_objects if o["kind"] == "ResourceSlice")
+    assert slice_["metadata"]["creationTimestamp"] == "2026-03-02T09:15:00Z"  # back to a string
+
+
+def test_unpublished_minors_become_plain_gpus() -> None:
+    objects = items("v1")
+    nvidia = find(objects, "ResourceSlice", "gpu-node-a-gpu.nvidia.com-7xkqz")
+    nvidia["spec"]["devices"] = [d for d in nvidia["spec"]["devices"] if d["name"] != "gpu-1"]
+    for claim in (o for o in objects if o["kind"] == "ResourceClaim"):
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        results[:] = [r for r in results if r["device"] != "gpu-1"]
+    s = parse_dump(dump_of(objects), "gap.yaml", NODE)
+    assert [g.index for g in s.gpus] == [0, 1, 2]
+    assert s.gpus[1].uuid.startswith("GPU-") and s.gpus[1].uuid != GPU + "1"
+
+
+# --- DynamicMIG: abstract MIG devices exist once allocated ----------------------------------------
+
+
+def test_dynamic_mig_dump_round_trips_through_the_api_objects() -> None:
+    scenario = parse_scenario(
+        {
+            "node": "n1",
+            "seed": 9,
+            "api_version": "v1",
+            "dynamic_mig": True,
+            "gpus": [{"index": 0}, {"index": 1, "mig": [{"profile": "2g.35gb", "placement_start": 2}]}],
+            "claims": [{"namespace": "ml", "name": "c", "devices": ["gpu-1-mig-2g35gb-14-2"]}],
+            "pods": [{"namespace": "ml", "name": "p", "containers": [{"name": "m", "claims": ["c"]}]}],
+        }
+    )
+    objects = ko.cluster_objects(scenario, 0)
+    dumped = parse_dump(
+        dump_of([*objects.resourceslices, *objects.resourceclaims, *objects.pods]), "dyn.yaml"
+    )
+    assert [(g.uuid, [(m.profile, m.placement_start) for m in g.mig]) for g in dumped.gpus] == [
+        (scenario.gpus[0].uuid, []),
+        (scenario.gpus[1].uuid, [("2g.35gb", 2)]),
+    ]
+    assert dumped.pod_allocations_at(0) == scenario.pod_allocations_at(0)
+
+
+def test_demo_round_trips_through_the_api_objects() -> None:
+    # The demo as the API server shows it, dumped and loaded back: the same node for the kubelet.
+    demo = load_scenario("demo")
+    objects = ko.cluster_objects(demo, 50)
+    for version in VERSIONS:
+        converted = [ko.convert(o, version) for o in (*objects.resourceslices, *objects.resourceclaims)]
+        dumped = parse_dump(dump_of([*converted, *objects.pods]), f"demo-{version}.yaml")
+        assert dumped.gpu_devices() == demo.gpu_devices()
+        assert sorted(dumped.pod_allocations_at(0).pods, key=lambda p: p.name) == sorted(
+            demo.pod_allocations_at(50).pods, key=lambda p: p.name
+        )
+
+
+# --- unusable dumps: one clear line naming the object and the field ------------------------------
+
+
+def broken(change: Any, version: str = "v1") -> str:
+    objects = copy.deepcopy(items(version))
+    change(objects)
+    with pytest.raises(ScenarioError) as err:
+        parse_dump(dump_of(objects), "bad.yaml", NODE)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_gpu_device_without_uuid() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        del find(o, "ResourceSlice", "gpu-node-a-gpu.nvidia.com-7xkqz")["spec"]["devices"][1]["attributes"][
+            "uuid"
+        ]
+
+    assert broken(change) == (
+        "bad.yaml: ResourceSlice/gpu-node-a-gpu.nvidia.com-7xkqz: "
+        "spec.devices[1].attributes.uuid: required for the gpu device 'gpu-1'"
+    )
+
+
+def test_v1beta1_paths_name_basic() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        device = find(o, "ResourceSlice", "gpu-node-a-gpu.nvidia.com-7xkqz")["spec"]["devices"][3]
+        del device["basic"]["attributes"]["parentUUID"]
+
+    assert broken(change, "v1beta1") == (
+        "bad.yaml: ResourceSlice/gpu-node-a-gpu.nvidia.com-7xkqz: "
+        "spec.devices[3].basic.attributes.parentUUID: required for the MIG device 'gpu-2-mig-19-4-1'"
+    )
+
+
+def test_unsupported_api_version() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        find(o, "ResourceClaim", "train")["apiVersion"] = "resource.k8s.io/v1alpha3"
+
+    assert broken(change) == (
+        "bad.yaml: ResourceClaim/ml/train: apiVersion: 'resource.k8s.io/v1alpha3' is not "
+        "supported (supported: resource.k8s.io/v1, resource.k8s.io/v1beta2, "
+        "resource.k8s.io/v1beta1)"
+    )
+
+
+def test_allocated_device_that_the_node_does_not_have() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        find(o, "ResourceClaim", "train")["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-9"
+
+    assert broken(change) == (
+        "bad.yaml: ResourceClaim/ml/train: status.allocation.devices.results[0].device: "
+        "'gpu-9' is not a device of the gpu.nvidia.com slices of node gpu-node-a"
+    )
+
+
+def test_device_allocated_to_two_claims() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        find(o, "ResourceClaim", "train")["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-0"
+
+    message = broken(change)
+    assert "ResourceClaim/" in message and "'gpu-0' is also allocated to claim" in message
+
+
+def test_mig_profile_the_simulated_h200_lacks() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        device = find(o, "ResourceSlice", "gpu-node-a-gpu.nvidia.com-7xkqz")["spec"]["devices"][3]
+        device["attributes"]["profile"] = {"string": "1g.10gb"}
+
+    message = broken(change)
+    assert message.startswith(
+        "bad.yaml: ResourceSlice/gpu-node-a-gpu.nvidia.com-7xkqz: "
+        "spec.devices[3].attributes.profile: '1g.10gb' is not a MIG profile"
+    )
+
+
+def test_mig_name_and_profile_disagree() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        device = find(o, "ResourceSlice", "gpu-node-a-gpu.nvidia.com-7xkqz")["spec"]["devices"][2]
+        device["attributes"]["profile"] = {"string": "4g.71gb"}
+
+    assert broken(change).endswith(
+        "spec.devices[2].name: 'gpu-2-mig-3g71gb-9-0' does not name profile '4g.71gb'"
+    )
+
+
+def test_two_uuids_for_one_gpu() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        device = find(o, "ResourceSlice", "gpu-node-a-gpu.nvidia.com-7xkqz")["spec"]["devices"][3]
+        device["attributes"]["parentUUID"] = {"string": GPU + "9"}
+
+    assert "GPU minor 2 is " + GPU + "2 in ResourceSlice" in broken(change)
+
+
+def test_result_without_a_device() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        find(o, "ResourceClaim", "train")["status"]["allocation"]["devices"]["results"][0]["device"] = None
+
+    assert broken(change) == (
+        "bad.yaml: ResourceClaim/ml/train: status.allocation.devices.results[0].device: required"
+    )
+
+
+def test_not_kubernetes_objects() -> None:
+    with pytest.raises(ScenarioError, match=r"bad.yaml: items\[0\]: expected a Kubernetes object"):
+        parse_dump([{"apiVersion": "v1", "kind": "List", "items": ["x"]}], "bad.yaml", NODE)
+    with pytest.raises(ScenarioError, match="no gpu.nvidia.com ResourceSlice with a spec.nodeName"):
+        parse_dump([{"apiVersion": "v1", "kind": "List", "items": []}], "bad.yaml")
+    with pytest.raises(ScenarioError, match=r"document 2: expected a Kubernetes object"):
+        parse_dump([items("v1")[0], "text"], "bad.yaml", NODE)
+
+
+def test_several_documents_that_are_not_a_dump(tmp_path: Path) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text("node: a\ngpus: [{index: 0}]\n---\nnode: b\ngpus: [{index: 0}]\n")
+    with pytest.raises(ScenarioError, match="2 YAML documents; a scenario is one document"):
+        load_scenario(path)

@@ -1,0 +1,344 @@
+"""The API server source with the real ``kubernetes`` client: against the simulated API server
+(list, watch, resume, 410, outages, claim fetching) and a tiny local server for the answers the
+simulator does not give (403, unserved group)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from simnode import eventually
+
+from dra_exporter.agent import SourceRunner
+from dra_exporter.sim.apiserver import GONE, GONE_410, WATCH_DROP, SimulatedApiServer
+from dra_exporter.sim.clock import SimClock
+from dra_exporter.sim.scenario import parse_scenario
+from dra_exporter.sources import SourceError
+from dra_exporter.sources.kubeapi import NO_ACCESS, RBAC_HINT, KubeApiSource, Timeouts, load_client, probe
+
+NODE = "kube-node-1"
+FAST = Timeouts(request=5.0, backoff=(0.05, 0.2))
+
+
+def scenario(api_version: str = "v1") -> Any:
+    """Three GPUs; `short-0` ends at t=100 s (with its generated claim), `late-0` starts at t=200 s."""
+    return parse_scenario({
+        "node": NODE, "seed": 3, "api_version": api_version,
+        "gpus": [{"index": 0}, {"index": 1}, {"index": 2}],
+        "claims": [
+            {"namespace": "ml", "name": "train", "devices": ["gpu-0"]},
+            {"namespace": "ml", "name": "short-0-gpu", "template": "short-gpu", "devices": ["gpu-1"]},
+            {"namespace": "ml", "name": "late-0-gpu", "template": "late-gpu", "devices": ["gpu-2"]},
+        ],
+        "pods": [
+            {"namespace": "ml", "name": "train-0", "containers": [{"name": "c", "claims": ["train"]}]},
+            {"namespace": "ml", "name": "short-0", "end": 100,
+             "containers": [{"name": "c", "claims": ["short-0-gpu"]}]},
+            {"namespace": "ml", "name": "late-0", "start": 200,
+             "containers": [{"name": "c", "claims": ["late-0-gpu"]}]},
+        ],
+    }, "kubeapi-test")
+
+
+@contextmanager
+def api_server(api_version: str = "v1", t: float = 50.0, **kw: Any) -> Iterator[SimulatedApiServer]:
+    with SimulatedApiServer(scenario(api_version), SimClock(t, frozen=True), poll_s=0.02, **kw) as server:
+        yield server
+
+
+@contextmanager
+def source(server: SimulatedApiServer | None = None, **kw: Any) -> Iterator[KubeApiSource]:
+    kw.setdefault("timeouts", FAST)
+    src = KubeApiSource(NODE, kubeconfig=server.kubeconfig_path if server else None, **kw)
+    try:
+        yield src
+    finally:
+        src.close()
+
+
+def pods_of(src: KubeApiSource) -> set[str]:
+    return {p.name for p in src.collect().pods}
+
+
+def counts(server: SimulatedApiServer, verb: str, resource: str) -> int:
+    return server.requests[(verb, resource)]
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2", "v1beta1"])
+def test_first_collect_lists_slices_pods_and_gets_the_claims_they_use(version: str) -> None:
+    with api_server(version) as server, source(server) as src:
+        snap = src.collect()
+        assert (snap.node, snap.api_version) == (NODE, version)
+        uuids = {d.name: d.attribute("uuid") for s in snap.slices for d in s.devices}
+        assert uuids == {name: server.scenario.nvml_uuid(name) for name in ("gpu-0", "gpu-1", "gpu-2")}
+        assert {p.name for p in snap.pods} == {"train-0", "short-0"}
+        assert {c.name for c in snap.claims} == {"train", "short-0-gpu"}, "only claims local pods use"
+        train = snap.claim("ml", "train")
+        assert train is not None and [(r.request, r.device) for r in train.results] == [("gpu", "gpu-0")]
+        assert counts(server, "list", "resourceslices") == counts(server, "list", "pods") == 1
+        assert counts(server, "get", "resourceclaims") == 2
+        assert counts(server, "list", "resourceclaims") == counts(server, "watch", "resourceclaims") == 0
+        eventually(lambda: counts(server, "watch", "resourceslices") == counts(server, "watch", "pods") == 1)
+
+
+def test_quiet_cluster_costs_no_requests_and_returns_the_same_snapshot() -> None:
+    with api_server() as server, source(server) as src:
+        first = src.collect()
+        eventually(lambda: counts(server, "watch", "pods") == 1)
+        before = sum(server.requests.values())
+        assert all(src.collect() is first for _ in range(20))
+        assert sum(server.requests.values()) == before
+
+
+def test_watch_delivers_changes_and_claims_follow_their_pods() -> None:
+    with api_server() as server, source(server) as src:
+        src.collect()
+        server.clock.set(150.0)  # short-0 ends, its generated claim is deleted
+        eventually(lambda: pods_of(src) == {"train-0"})
+        assert {c.name for c in src.collect().claims} == {"train"}, "forgotten without a request"
+        server.clock.set(250.0)  # late-0 starts
+        eventually(lambda: pods_of(src) == {"train-0", "late-0"})
+        assert {c.name for c in src.collect().claims} == {"train", "late-0-gpu"}
+        assert counts(server, "list", "pods") == 1, "watch events, no re-list"
+        assert counts(server, "get", "resourceclaims") == 3
+
+
+def test_dropped_watch_resumes_from_its_resource_version() -> None:
+    with api_server() as server, source(server) as src:
+        src.collect()
+        eventually(lambda: counts(server, "watch", "pods") == 1)
+        server.inject(WATCH_DROP)
+        eventually(lambda: counts(server, "watch", "pods") >= 3)
+        server.clock.set(150.0)
+        server.inject(None)
+        eventually(lambda: pods_of(src) == {"train-0"})
+        assert counts(server, "list", "pods") == 1, "resumed from the resourceVersion, not re-listed"
+
+
+def test_expired_resource_version_410_lists_again() -> None:
+    with api_server() as server, source(server) as src:
+        src.collect()
+        eventually(lambda: counts(server, "watch", "pods") == 1)
+        server.inject(GONE_410)
+        eventually(lambda: counts(server, "list", "pods") >= 2 and counts(server, "list", "resourceslices") >= 2)
+        server.clock.set(150.0)
+        server.inject(None)
+        eventually(lambda: pods_of(src) == {"train-0"})
+
+
+def test_outage_is_an_error_and_recovery_catches_up() -> None:
+    with api_server() as server, source(server) as src:
+        good = src.collect()
+        server.inject(GONE)
+
+        def down() -> bool:
+            try:
+                src.collect()
+            except SourceError as exc:
+                assert "unreachable" in str(exc)
+                return True
+            return False
+
+        eventually(down)
+        server.clock.set(150.0)  # changes while we are cut off
+        server.inject(None)
+        eventually(lambda: not down() and pods_of(src) == {"train-0"})
+        assert src.collect() != good
+
+
+def test_runner_keeps_the_last_good_view_and_logs_the_outage_once(caplog: pytest.LogCaptureFixture) -> None:
+    with api_server() as server, source(server) as src:
+        runner = SourceRunner(src, keep_last_good=True)
+        runner.collect_once()
+        good, health = runner.latest()
+        assert health.up and good is not None
+        server.inject(GONE)
+        with caplog.at_level(logging.WARNING, logger="dra_exporter.agent"):
+            eventually(lambda: (runner.collect_once(), not runner.latest()[1].up)[1])
+            for _ in range(10):
+                runner.collect_once()
+        snapshot, health = runner.latest()
+        assert snapshot is good and not health.up and health.errors_total >= 1
+        assert len([r for r in caplog.records if "kubeapi" in r.getMessage()]) == 1
+
+
+def test_claims_are_fetched_again_after_the_refresh_period() -> None:
+    now = [0.0]
+    with api_server() as server, source(server, claim_refresh=300.0, monotonic=lambda: now[0]) as src:
+        src.collect()
+        assert counts(server, "get", "resourceclaims") == 2
+        now[0] = 299.0
+        src.collect()
+        assert counts(server, "get", "resourceclaims") == 2
+        now[0] = 300.0
+        src.collect()
+        assert counts(server, "get", "resourceclaims") == 4
+
+
+def test_a_new_pod_of_a_claim_in_use_fetches_it_again() -> None:
+    # Its allocation or reservedFor may have changed; waiting for the refresh would show it late.
+    shared = parse_scenario({
+        "node": NODE, "gpus": [{"index": 0}],
+        "claims": [{"namespace": "ml", "name": "shared", "devices": ["gpu-0"]}],
+        "pods": [{"namespace": "ml", "name": "a", "containers": [{"name": "c", "claims": ["shared"]}]},
+                 {"namespace": "ml", "name": "b", "start": 200, "containers": [{"name": "c", "claims": ["shared"]}]}],
+    }, "shared")
+    with SimulatedApiServer(shared, SimClock(50.0, frozen=True), poll_s=0.02) as server, \
+            source(server, monotonic=lambda: 0.0) as src:
+        src.collect()
+        src.collect()
+        assert counts(server, "get", "resourceclaims") == 1
+        server.clock.set(250.0)
+        eventually(lambda: pods_of(src) == {"a", "b"})
+        assert counts(server, "get", "resourceclaims") == 2
+
+
+def test_claims_named_by_the_kubelet_are_fetched_before_the_pod_watch_has_them() -> None:
+    with api_server() as server, source(server, claim_hints=lambda: [("ml", "late-0-gpu"), ("ml", "nope")]) as src:
+        claims = {c.name for c in src.collect().claims}
+        assert "late-0-gpu" not in claims, "not created before t=200"
+        assert counts(server, "get", "resourceclaims") == 4
+        src.collect()
+        assert counts(server, "get", "resourceclaims") == 4, "a missing claim is not asked for every cycle"
+
+
+def test_older_served_versions_are_read_when_v1_is_not_served() -> None:
+    with api_server("v1beta2") as server, source(server) as src:
+        assert src.collect().api_version == "v1beta2"
+    with api_server("v1", versions=["v1beta1"]) as server, source(server) as src:
+        assert src.collect().api_version == "v1beta1"
+
+
+def test_no_api_access_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(SourceError) as err:
+        load_client()
+    assert str(err.value) == NO_ACCESS
+    with source() as src, pytest.raises(SourceError, match="no API server access"):
+        src.collect()
+
+
+def test_unreadable_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("clusters: [")
+    with pytest.raises(SourceError, match=f"cannot use {bad}"):
+        load_client(str(bad))
+
+
+# --- answers the simulator does not give ---------------------------------------------------------
+
+
+@contextmanager
+def canned(answers: dict[str, tuple[int, dict[str, Any]]], tmp_path: Path,
+           denied: frozenset[str] = frozenset()) -> Iterator[str]:
+    """A local HTTP server answering GET <path prefix> with (status, JSON), and access reviews with
+    allowed unless the resource is in ``denied``; yields a kubeconfig path."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = next(((s, b) for prefix, (s, b) in answers.items() if self.path.startswith(prefix)),
+                                (404, {"kind": "Status", "code": 404}))
+            self._send(status, body)
+
+        def do_POST(self) -> None:
+            review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            resource = review["spec"]["resourceAttributes"]["resource"]
+            self._send(201, {**review, "status": {"allowed": resource not in denied}})
+
+        def _send(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "users": [{"name": "u", "user": {}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    try:
+        yield str(config)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+GROUP_V1 = {"kind": "APIGroup", "name": "resource.k8s.io",
+            "versions": [{"groupVersion": "resource.k8s.io/v1", "version": "v1"}]}
+FORBIDDEN = {"kind": "Status", "code": 403, "reason": "Forbidden",
+             "message": 'resourceslices.resource.k8s.io is forbidden: User "system:serviceaccount:x:y" cannot list'}
+
+
+def collect_error(kubeconfig: str) -> str:
+    src = KubeApiSource(NODE, kubeconfig=kubeconfig, timeouts=FAST)
+    try:
+        with pytest.raises(SourceError) as err:
+            src.collect()
+        return str(err.value)
+    finally:
+        src.close()
+
+
+def test_rbac_forbidden_names_what_is_missing(tmp_path: Path) -> None:
+    answers = {"/apis/resource.k8s.io/v1/resourceslices": (403, FORBIDDEN), "/apis/resource.k8s.io": (200, GROUP_V1)}
+    with canned(answers, tmp_path) as kubeconfig:
+        message = collect_error(kubeconfig)
+    assert "forbidden (403)" in message and "list resourceslices" in message and "get/list/watch" in message
+
+
+def test_dra_not_served(tmp_path: Path) -> None:
+    with canned({}, tmp_path) as kubeconfig:
+        assert "does not serve resource.k8s.io" in collect_error(kubeconfig)
+    alpha = {"kind": "APIGroup", "versions": [{"groupVersion": "resource.k8s.io/v1alpha3", "version": "v1alpha3"}]}
+    with canned({"/apis/resource.k8s.io": (200, alpha)}, tmp_path) as kubeconfig:
+        assert "no resource.k8s.io version both served (v1alpha3)" in collect_error(kubeconfig)
+
+
+def test_server_errors_and_garbage_are_source_errors(tmp_path: Path) -> None:
+    answers: dict[str, tuple[int, dict[str, Any]]] = {
+        "/apis/resource.k8s.io/v1/resourceslices": (500, {"kind": "Status", "code": 500}),
+        "/apis/resource.k8s.io": (200, GROUP_V1)}
+    with canned(answers, tmp_path) as kubeconfig:
+        assert "list resourceslices failed: HTTP 500" in collect_error(kubeconfig)
+    answers["/apis/resource.k8s.io/v1/resourceslices"] = (200, [1, 2])  # type: ignore[assignment]
+    with canned(answers, tmp_path) as kubeconfig:
+        assert "not a JSON object" in collect_error(kubeconfig)
+
+
+def test_probe_lists_for_real_and_asks_for_the_rest(tmp_path: Path) -> None:
+    answers = {"/apis/resource.k8s.io/v1/resourceslices": (200, {"items": [{}, {}]}),
+               "/api/v1/pods": (403, {**FORBIDDEN, "message": "pods is forbidden"})}
+    with canned(answers, tmp_path, denied=frozenset({"resourceclaims"})) as kubeconfig:
+        client = load_client(kubeconfig)
+        try:
+            results = probe(client, NODE, "v1", timeout=5.0)
+        finally:
+            client.close()
+    assert [(r.ok, r.message) for r in results] == [
+        (True, f"resourceslices with spec.nodeName={NODE}: 2"),
+        (False, f"forbidden (403) to list pods: {RBAC_HINT}"),
+        (True, "may watch resourceslices.resource.k8s.io"),
+        (False, f"may not get resourceclaims.resource.k8s.io ({RBAC_HINT})"),
+        (True, "may watch pods"),
+    ]
+
+
+def test_a_node_name_is_required() -> None:
+    with pytest.raises(ValueError, match="node name"):
+        KubeApiSource("")

@@ -1,0 +1,304 @@
+"""API objects of every served resource.k8s.io version normalise into one model (plain dicts in).
+
+The dicts are written the way the API server sends them (camelCase JSON), after the shapes in
+reference/dra-api.md §2.2-2.4: v1/v1beta2 flat devices, v1beta1 devices nested under ``basic``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from dra_exporter import model
+from dra_exporter.sources.kubeapi_normalize import (
+    attribute_value,
+    choose_version,
+    claim_from_dict,
+    current_slices,
+    pod_from_dict,
+    quantity,
+    resource_id,
+    served_versions,
+    slice_from_dict,
+)
+
+NODE = "gpu-node-1"
+DRV = "gpu.nvidia.com"
+GPU_UUID = "GPU-4b3c8f0e-1d2a-4c5b-9e8f-7a6b5c4d3e2f"
+MIG_UUID = "MIG-0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
+
+
+def flat_devices() -> list[dict[str, Any]]:
+    """Devices as v1 and v1beta2 write them."""
+    return [
+        {"name": "gpu-0",
+         "attributes": {"uuid": {"string": GPU_UUID}, "type": {"string": "gpu"},
+                        "productName": {"string": "NVIDIA H200"}, "cudaComputeCapability": {"version": "9.0.0"},
+                        "resource.kubernetes.io/pciBusID": {"string": "0000:18:00.0"},
+                        "gpu.nvidia.com/brand": {"string": "Nvidia"}, "index": {"int": 0},
+                        "multiInstance": {"bool": True}},
+         "capacity": {"memory": {"value": "143771Mi"}},
+         "consumesCounters": [{"counterSet": "gpu-0-counter-set",
+                               "counters": {"memory": {"value": "141Gi"}, "multiprocessors": {"value": "132"}}}],
+         "taints": [{"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoExecute",
+                     "timeAdded": "2026-01-02T03:04:05Z"}]},
+        {"name": "gpu-1-mig-1g18gb-19-0",
+         "attributes": {"uuid": {"string": MIG_UUID}, "type": {"string": "mig"}, "profile": {"string": "1g.18gb"},
+                        "parentUUID": {"string": GPU_UUID}},
+         "capacity": {"memory": {"value": "16Gi"}, "multiprocessors": {"value": "16"}}},
+    ]
+
+
+def nested_devices() -> list[dict[str, Any]]:
+    """The same devices as v1beta1 writes them: every field under ``basic``."""
+    return [{"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}} for d in flat_devices()]
+
+
+def resource_slice(version: str, *, generation: int = 3) -> dict[str, Any]:
+    devices = nested_devices() if version == "v1beta1" else flat_devices()
+    spec: dict[str, Any] = {
+        "driver": DRV, "pool": {"name": NODE, "generation": generation, "resourceSliceCount": 1},
+        "nodeName": NODE, "devices": devices,
+        "sharedCounters": [{"name": "gpu-0-counter-set",
+                            "counters": {"memory": {"value": "141Gi"}, "multiprocessors": {"value": "132"}}}],
+    }
+    if version == "v1beta1":
+        spec["allNodes"] = False  # plain values in v1beta1, omitted pointers in v1beta2/v1
+    return {"apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceSlice",
+            "metadata": {"name": f"{NODE}-gpu.nvidia.com-abcde", "resourceVersion": "17"}, "spec": spec}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2", "v1beta1"])
+def test_every_version_normalises_to_the_same_slice(version: str) -> None:
+    sl = slice_from_dict(resource_slice(version), version)
+    assert (sl.driver, sl.pool, sl.generation, sl.resource_slice_count, sl.node_name) == (DRV, NODE, 3, 1, NODE)
+    gpu, mig = sl.devices
+    assert gpu.name == "gpu-0"
+    assert dict(gpu.attributes) == {
+        "uuid": GPU_UUID, "type": "gpu", "productName": "NVIDIA H200", "cudaComputeCapability": "9.0.0",
+        "resource.kubernetes.io/pciBusID": "0000:18:00.0", "brand": "Nvidia", "index": "0", "multiInstance": "true"}
+    assert dict(gpu.capacity) == {"memory": 143771 * 2**20}
+    assert gpu.consumes_counters == (model.CounterConsumption(
+        "gpu-0-counter-set", (("memory", 141 * 2.0**30), ("multiprocessors", 132.0))),)
+    assert gpu.taints == (model.DeviceTaint("gpu.nvidia.com/unhealthy", "xid-79", "NoExecute"),)
+    assert (mig.attribute("uuid"), mig.attribute("profile"), mig.attribute("parentUUID")) == (
+        MIG_UUID, "1g.18gb", GPU_UUID)
+    assert sl.shared_counters == (model.CounterSet(
+        "gpu-0-counter-set", (("memory", 141 * 2.0**30), ("multiprocessors", 132.0))),)
+    others = {v: slice_from_dict(resource_slice(v), v) for v in ("v1", "v1beta2", "v1beta1")}
+    assert len(set(others.values())) == 1, "one model whatever the version"
+
+
+def test_v1alpha3_bare_quantities_and_v1beta1_nesting() -> None:
+    raw = resource_slice("v1beta1")
+    raw["spec"]["devices"][0]["basic"]["capacity"] = {"memory": "80Gi"}  # 1.31's bare quantity
+    sl = slice_from_dict(raw, "v1alpha3")
+    assert dict(sl.devices[0].capacity) == {"memory": 80 * 2.0**30}
+    # A v1 reader does not look under ``basic``: no attributes leak in from a wrong version.
+    assert slice_from_dict(resource_slice("v1beta1"), "v1").devices[0].attributes == ()
+
+
+def test_attribute_unions_and_lists() -> None:
+    assert attribute_value({"int": 7}) == "7"
+    assert attribute_value({"bool": False}) == "false"
+    assert attribute_value({"version": "1.2.3"}) == "1.2.3"
+    assert attribute_value({"strings": ["a", "b"]}) == "a,b"
+    assert attribute_value({"ints": [1, 2]}) == "1,2"
+    assert attribute_value({}) is None
+
+
+def test_quantities_in_base_units() -> None:
+    assert quantity("80Gi") == 80 * 2**30
+    assert quantity("1500m") == 1.5
+    assert quantity("12") == 12.0
+    assert quantity(4) == 4.0
+    assert quantity("1e3") == 1000.0
+    for bad in ("lots", "", None, True, [1]):
+        assert quantity(bad) is None
+
+
+def test_highest_pool_generation_wins_per_pool() -> None:
+    old = slice_from_dict(resource_slice("v1", generation=2), "v1")
+    new = slice_from_dict(resource_slice("v1", generation=3), "v1")
+    other = model.ResourceSliceInfo("x", "nic.example.com", NODE, 1)
+    assert set(current_slices([old, new, other])) == {new, other}
+
+
+def test_hostile_objects_read_as_empty_not_as_errors() -> None:
+    raw = resource_slice("v1")
+    raw["spec"]["pool"] = {"name": NODE, "generation": "9"}  # int64 may arrive as a string
+    raw["spec"]["devices"] += ["not-a-device", {"name": 5}, {"name": "d", "attributes": "x",
+                                                              "capacity": {"memory": {"value": "lots"}},
+                                                              "taints": [{"effect": "NoSchedule"}]}]
+    sl = slice_from_dict(raw, "v1")
+    assert sl.generation == 9
+    assert [d.name for d in sl.devices] == ["d", "gpu-0", "gpu-1-mig-1g18gb-19-0"]
+    assert sl.devices[0] == model.SliceDevice("d")
+    assert slice_from_dict({"spec": None, "metadata": []}, "v1") == model.ResourceSliceInfo("", "", "")
+    assert claim_from_dict({"status": {"allocation": {"devices": {"results": [None, {}]}}}}, "v1").results == ()
+    assert pod_from_dict({"spec": {"containers": [{"name": "c", "resources": {"claims": "x"}}]}}).containers == (
+        model.ContainerInfo("c"),)
+
+
+def test_api_versions_from_discovery() -> None:
+    group = {"kind": "APIGroup", "name": "resource.k8s.io",
+             "versions": [{"groupVersion": "resource.k8s.io/v1beta2", "version": "v1beta2"},
+                          {"groupVersion": "resource.k8s.io/v1beta1", "version": "v1beta1"},
+                          {"groupVersion": "resource.k8s.io/v1alpha3", "version": "v1alpha3"}]}
+    assert served_versions(group) == ("v1beta2", "v1beta1", "v1alpha3")
+    assert choose_version(served_versions(group)) == "v1beta2"
+    assert choose_version(["v1beta1", "v1", "v1beta2"]) == "v1"
+    assert choose_version(["v1", "v1beta1"], usable=["v1beta1", "v1beta2"]) == "v1beta1", "an older client"
+    assert choose_version(["v1alpha3"]) is None
+
+
+# --- ResourceClaim ----------------------------------------------------------------------------
+
+
+def resource_claim(version: str) -> dict[str, Any]:
+    if version == "v1beta1":
+        requests = [{"name": "gpus", "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 2},
+                    {"name": "watch", "deviceClassName": "gpu.nvidia.com", "adminAccess": True}]
+    else:
+        requests = [{"name": "gpus", "firstAvailable": [
+            {"name": "h200", "deviceClassName": "gpu.nvidia.com", "count": 2},
+            {"name": "any", "deviceClassName": "gpu.nvidia.com"}]},
+            {"name": "watch", "exactly": {"deviceClassName": "gpu.nvidia.com", "adminAccess": True}}]
+    return {
+        "apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceClaim",
+        "metadata": {"namespace": "ml", "name": "train-0-gpus-x7k2p", "uid": "c1a1m-uid",
+                     "annotations": {"resource.kubernetes.io/pod-claim-name": "gpus"}},
+        "spec": {"devices": {"requests": requests}},
+        "status": {
+            "allocation": {"devices": {"results": [
+                {"request": "gpus/h200", "driver": DRV, "pool": NODE, "device": "gpu-0"},
+                {"request": "gpus/h200", "driver": DRV, "pool": NODE, "device": "gpu-1", "adminAccess": False},
+                {"request": "watch", "driver": DRV, "pool": NODE, "device": "gpu-2", "adminAccess": True},
+                {"request": "gpus/h200", "driver": DRV, "pool": NODE, "device": "gpu-3", "shareID": "share-1"},
+            ]}, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": "train-0", "uid": "pod-uid-0"}],
+            "devices": [{"driver": DRV, "pool": NODE, "device": "gpu-0",
+                         "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",
+                                         "lastTransitionTime": "2026-01-02T03:04:05Z"}],
+                         "data": {"anything": 1}}],
+        },
+    }
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2", "v1beta1"])
+def test_claims_normalise_with_request_names_admin_access_consumers_and_conditions(version: str) -> None:
+    claim = claim_from_dict(resource_claim(version), version)
+    assert (claim.namespace, claim.name, claim.uid) == ("ml", "train-0-gpus-x7k2p", "c1a1m-uid")
+    assert claim.results == (
+        model.AllocationResult("gpus/h200", DRV, NODE, "gpu-0"),
+        model.AllocationResult("gpus/h200", DRV, NODE, "gpu-1"),
+        model.AllocationResult("watch", DRV, NODE, "gpu-2", admin_access=True),
+        model.AllocationResult("gpus/h200", DRV, NODE, "gpu-3", share_id="share-1"),
+    )
+    assert claim.reserved_for == (model.ConsumerRef("pods", "train-0", "pod-uid-0"),)
+    assert claim.devices == (model.ClaimDeviceStatus(DRV, NODE, "gpu-0", conditions=(
+        model.DeviceCondition("Ready", "True", "Prepared"),)),)
+    assert claim.results[0].serves("gpus") and claim.results[0].serves("gpus/h200") and claim.results[0].serves("")
+    assert not claim.results[0].serves("gpu") and not claim.results[2].serves("gpus")
+
+
+def test_unallocated_claim_has_no_results() -> None:
+    raw = resource_claim("v1")
+    raw["status"] = {}
+    assert claim_from_dict(raw, "v1").results == ()
+
+
+# --- Pod ---------------------------------------------------------------------------------------------
+
+
+def pod() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": "ml", "name": "train-0", "uid": "pod-uid-0"},
+        "spec": {
+            "nodeName": NODE,
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "train-gpus"},
+                               {"name": "shared", "resourceClaimName": "team-shared"},
+                               {"name": "optional", "resourceClaimTemplateName": "maybe"}],
+            "initContainers": [{"name": "sidecar", "restartPolicy": "Always",
+                                "resources": {"claims": [{"name": "shared"}]}}],
+            "containers": [
+                {"name": "trainer", "resources": {"claims": [{"name": "gpus", "request": "gpus"},
+                                                             {"name": "shared"}]}},
+                {"name": "logger", "resources": {}},
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "train-0-gpus-x7k2p"},
+                                      {"name": "optional"}],
+            "initContainerStatuses": [{"name": "sidecar", "containerID": "containerd://aaa"}],
+            "containerStatuses": [
+                {"name": "trainer", "containerID": "containerd://bbb", "allocatedResourcesStatus": [
+                    {"name": "claim:gpus/gpus", "resources": [
+                        {"resourceID": f"{DRV}/{NODE}/gpu-0", "health": "Healthy"},
+                        {"resourceID": f"{DRV}/{NODE}/gpu-1", "health": "Unhealthy"}]},
+                    {"name": "claim:shared", "resources": [
+                        {"resourceID": "nic.example.com/rack-1/pool-a/eth-3"}]},
+                    {"name": "nvidia.com/gpu", "resources": [{"resourceID": "GPU-abc", "health": "Healthy"}]},
+                ]},
+                {"name": "logger"},
+            ],
+        },
+    }
+
+
+def test_pod_claims_requests_container_ids_and_health() -> None:
+    info = pod_from_dict(pod())
+    assert (info.namespace, info.name, info.uid, info.phase) == ("ml", "train-0", "pod-uid-0", "Running")
+    assert info.claims == ("team-shared", "train-0-gpus-x7k2p"), "the optional claim was not needed"
+    assert [c.name for c in info.containers] == ["logger", "sidecar", "trainer"]
+    trainer = info.container("trainer")
+    assert trainer is not None and trainer.container_id == "containerd://bbb"
+    assert trainer.claims == (model.ContainerClaim("gpus", "train-0-gpus-x7k2p", "gpus"),
+                              model.ContainerClaim("shared", "team-shared", ""))
+    assert trainer.health == (
+        model.DeviceHealth("team-shared", "", "nic.example.com", "rack-1/pool-a", "eth-3", "Unknown"),
+        model.DeviceHealth("train-0-gpus-x7k2p", "gpus", DRV, NODE, "gpu-0", "Healthy"),
+        model.DeviceHealth("train-0-gpus-x7k2p", "gpus", DRV, NODE, "gpu-1", "Unhealthy"),
+    ), "pool names may hold '/'; device-plugin entries are not DRA health"
+    assert info.container("sidecar") == model.ContainerInfo(
+        "sidecar", "containerd://aaa", (model.ContainerClaim("shared", "team-shared", ""),))
+    assert not info.terminal
+
+
+def test_template_claim_not_yet_generated_has_no_object_name() -> None:
+    raw = pod()
+    del raw["status"]["resourceClaimStatuses"]
+    info = pod_from_dict(raw)
+    assert info.claims == ("team-shared",)
+    trainer = info.container("trainer")
+    assert trainer is not None and model.ContainerClaim("gpus", "", "gpus") in trainer.claims
+
+
+def test_extended_resource_claims_count_for_their_containers() -> None:
+    raw = copy.deepcopy(pod())
+    raw["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "train-0-extended-resources-q9z",
+        "requestMappings": [{"containerName": "logger", "resourceName": "nvidia.com/gpu", "requestName": "container-1-request-0"}]}
+    info = pod_from_dict(raw)
+    assert "train-0-extended-resources-q9z" in info.claims
+    logger = info.container("logger")
+    assert logger is not None and logger.claims == (
+        model.ContainerClaim("", "train-0-extended-resources-q9z", "container-1-request-0"),)
+
+
+def test_finished_pods_are_terminal() -> None:
+    raw = pod()
+    raw["status"]["phase"] = "Succeeded"
+    assert pod_from_dict(raw).terminal
+
+
+def test_resource_ids() -> None:
+    assert resource_id("gpu.nvidia.com/node-1/gpu-0") == ("gpu.nvidia.com", "node-1", "gpu-0")
+    assert resource_id("d/a/b/c") == ("d", "a/b", "c")
+    for bad in ("", "gpu-0", "d/p", "/p/d", "d//x", "d/p/"):
+        assert resource_id(bad) is None, bad
