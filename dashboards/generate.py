@@ -1,0 +1,1039 @@
+"""Generate the Grafana dashboards in this folder from the metric catalogue.
+
+Role: the single source of the committed ``dashboards/*.json``. Every metric name comes from
+``dra_exporter.catalog`` so a renamed family breaks generation, not a dashboard in production.
+Contract: ``python dashboards/generate.py`` rewrites the JSON files; ``--check`` exits 1 when a
+committed file differs from what this script writes (``tests/test_dashboards.py`` checks the
+same, and runs every panel's PromQL against a real Prometheus).
+
+The dashboards are plain Grafana JSON (schemaVersion 39, Grafana 10+) with a ``${datasource}``
+Prometheus variable, so they import into any Grafana without editing. Written by hand rather
+than with a dashboard SDK: the output is a small, reviewable JSON document and generating it
+needs nothing beyond the exporter package itself.
+
+Node selection: the exporter puts no node label on its series; the scrape target's labels say
+where a series comes from. ``NODE_LABEL`` (``instance``) is that label; the Helm chart's
+ServiceMonitor rewrites ``instance`` to the node name so the picker lists nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dra_exporter import catalog as cat
+
+HERE = Path(__file__).resolve().parent
+NODE_LABEL = "instance"
+JOB = "dra-exporter"
+"""The ``job`` label of the exporter's targets (the chart's ServiceMonitor pins it)."""
+IDLE_RATIO = 0.01
+"""Below this utilisation a claimed device counts as idle (the alert uses the same)."""
+IDLE_WINDOW = "1h"
+TAGS = ("dra-exporter", "gpu", "dra")
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SCHEMA_VERSION = 39
+
+PanelKind = Literal["timeseries", "stat", "table", "bargauge", "text"]
+QueryKind = Literal["range", "instant", "table"]
+
+
+# --- PromQL helpers ---------------------------------------------------------------------------
+
+
+def eq(label: str, value: str) -> str:
+    return f'{label}="{value}"'
+
+
+def ne(label: str, value: str = "") -> str:
+    return f'{label}!="{value}"'
+
+
+def rx(label: str, value: str) -> str:
+    return f'{label}=~"{value}"'
+
+
+CLAIMED = ne("claim")
+BY_CLAIM = "{{namespace}}/{{claim}}"
+UNCLAIMED = eq("claim", "")
+MIG = ne("profile")
+WHOLE = eq("profile", "")
+
+
+def sel(*matchers: str) -> str:
+    """A label selector that always starts with the node picker."""
+    return "{" + ", ".join((rx(NODE_LABEL, "$node"), *matchers)) + "}"
+
+
+def busy(*matchers: str) -> str:
+    """How busy a device is: NVML utilisation, or GPM SM activity where NVML has none (MIG).
+
+    NVML reports no utilisation rates for MIG devices; GPM does. ``or`` keeps one series per
+    device because the two families carry the same labels.
+    """
+    return f"({cat.GPU_UTILIZATION}{sel(*matchers)} or {cat.GPU_SM_ACTIVE}{sel(*matchers, MIG)})"
+
+
+# Whole GPUs and MIG devices a claim can hold: a MIG-enabled GPU is only a parent.
+ALLOCATABLE = f"unless on (uuid) {cat.GPU_INFO}{{{eq('mig_mode', 'enabled')}}}"
+
+
+def or_zero(expr: str) -> str:
+    """Counts of nothing are 0, not "No data"."""
+    return f"({expr}) or vector(0)"
+
+
+# --- dashboard model --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    expr: str
+    legend: str = ""
+    query: QueryKind = "range"
+    """``range`` for graphs; ``instant`` (latest value per series) for stats and bar gauges;
+    ``table``: an instant query whose labels become table columns."""
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    kind: PanelKind
+    targets: tuple[Target, ...] = ()
+    description: str = ""
+    unit: str = "short"
+    width: int = 12
+    height: int = 8
+    max: float | None = None
+    columns: tuple[str, ...] = ()
+    """For tables: the label columns to show, in order (everything else is hidden)."""
+    content: str = ""
+    """Markdown of a text panel."""
+    thresholds: tuple[tuple[float, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Row:
+    title: str
+    panels: tuple[Panel, ...]
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    label: str
+    query: str
+    """``label_values(<selector>, <label>)``, evaluated by Grafana's Prometheus data source."""
+    multi: bool = True
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: str
+    filename: str
+    title: str
+    description: str
+    variables: tuple[Variable, ...]
+    rows: tuple[Row, ...] = field(default=())
+
+
+def t(expr: str, legend: str = "") -> Target:
+    return Target(expr, legend)
+
+
+def now(expr: str, legend: str = "") -> Target:
+    return Target(expr, legend, "instant")
+
+
+def tab(expr: str) -> Target:
+    return Target(expr, query="table")
+
+
+def stat(
+    title: str,
+    expr: str,
+    description: str,
+    *,
+    unit: str = "short",
+    thresholds: tuple[tuple[float, str], ...] = (),
+    width: int = 4,
+) -> Panel:
+    return Panel(title, "stat", (now(expr),), description, unit, width, 4, thresholds=thresholds)
+
+
+RED_FROM_ONE = ((1, "red"),)
+
+
+# --- JSON rendering ---------------------------------------------------------------------------
+
+
+def _thresholds(steps: Sequence[tuple[float, str]]) -> dict[str, Any]:
+    return {
+        "mode": "absolute",
+        "steps": [{"color": "green", "value": None}] + [{"color": c, "value": v} for v, c in steps],
+    }
+
+
+def _target_json(target: Target, ref: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "refId": ref,
+        "datasource": DS,
+        "expr": target.expr,
+        "editorMode": "code",
+        "instant": target.query != "range",
+        "range": target.query == "range",
+        "format": "table" if target.query == "table" else "time_series",
+    }
+    if target.query != "table":
+        out["legendFormat"] = target.legend or "__auto"
+    return out
+
+
+def _table_transform(columns: Sequence[str]) -> list[dict[str, Any]]:
+    # Instant table queries return Time, every label and Value; keep what the title promises.
+    wanted = list(columns) + ["Value"]
+    return [
+        {
+            "id": "organize",
+            "options": {
+                "excludeByName": {"Time": True, "__name__": True, "job": True},
+                "indexByName": {name: i for i, name in enumerate(wanted)},
+                "includeByName": {name: True for name in wanted},
+                "renameByName": {},
+            },
+        }
+    ]
+
+
+def _panel_json(panel: Panel, pid: int, pos: dict[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": pid,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "gridPos": pos,
+    }
+    if panel.kind == "text":
+        out["options"] = {"mode": "markdown", "content": panel.content}
+        return out
+    defaults: dict[str, Any] = {"unit": panel.unit, "thresholds": _thresholds(panel.thresholds)}
+    if panel.max is not None:
+        defaults.update(min=0, max=panel.max)
+    out.update(
+        datasource=DS,
+        fieldConfig={"defaults": defaults, "overrides": []},
+        targets=[_target_json(tg, chr(ord("A") + i)) for i, tg in enumerate(panel.targets)],
+    )
+    if panel.kind == "timeseries":
+        out["options"] = {
+            "legend": {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull", "max"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    elif panel.kind == "stat":
+        out["options"] = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "none",
+            "textMode": "value",
+        }
+    elif panel.kind == "bargauge":
+        out["options"] = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "orientation": "horizontal",
+            "displayMode": "gradient",
+            "showUnfilled": True,
+        }
+    elif panel.kind == "table":
+        out["options"] = {"showHeader": True, "cellHeight": "sm"}
+        out["transformations"] = _table_transform(panel.columns) if panel.columns else []
+    return out
+
+
+def _variable_json(var: Variable) -> dict[str, Any]:
+    return {
+        "name": var.name,
+        "label": var.label,
+        "type": "query",
+        "datasource": DS,
+        "definition": var.query,
+        "query": {"query": var.query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        "refresh": 2,
+        "sort": 1,
+        "multi": var.multi,
+        "includeAll": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [],
+        "hide": 0,
+    }
+
+
+def _datasource_variable() -> dict[str, Any]:
+    return {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+        "options": [],
+        "refresh": 1,
+        "regex": "",
+        "hide": 0,
+    }
+
+
+def _layout(rows: Iterable[Row]) -> list[dict[str, Any]]:
+    """Flow panels left to right in 24 columns, each row starting on a fresh line."""
+    out: list[dict[str, Any]] = []
+    y, pid = 0, 1
+    for row in rows:
+        out.append(
+            {
+                "id": pid,
+                "type": "row",
+                "title": row.title,
+                "collapsed": False,
+                "panels": [],
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+            }
+        )
+        pid, y = pid + 1, y + 1
+        x, line_height = 0, 0
+        for panel in row.panels:
+            if x + panel.width > 24:
+                x, y, line_height = 0, y + line_height, 0
+            out.append(_panel_json(panel, pid, {"h": panel.height, "w": panel.width, "x": x, "y": y}))
+            pid, x, line_height = pid + 1, x + panel.width, max(line_height, panel.height)
+        y += line_height
+    return out
+
+
+def dashboard_json(dash: Dashboard) -> dict[str, Any]:
+    return {
+        "uid": dash.uid,
+        "title": dash.title,
+        "description": dash.description,
+        "tags": list(TAGS),
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "timezone": "",
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "links": [
+            {
+                "type": "dashboards",
+                "tags": [TAGS[0]],
+                "asDropdown": True,
+                "title": "DRA dashboards",
+                "includeVars": True,
+                "keepTime": True,
+            }
+        ],
+        "annotations": {"list": []},
+        "templating": {"list": [_datasource_variable(), *(_variable_json(v) for v in dash.variables)]},
+        "panels": _layout(dash.rows),
+    }
+
+
+def render(dash: Dashboard) -> str:
+    return json.dumps(dashboard_json(dash), indent=2, ensure_ascii=False) + "\n"
+
+
+# --- the dashboards ---------------------------------------------------------------------------
+
+NODE_VAR = Variable("node", "Node", f"label_values({cat.GPU_INFO}, {NODE_LABEL})")
+GPU_VAR = Variable("gpu", "GPU", f"label_values({cat.GPU_INFO}{sel()}, gpu)")
+DEV = (rx("gpu", "$gpu"),)
+DEVICE_LEGEND = "{{instance}} GPU {{gpu}} {{profile}} {{claim}}"
+
+
+def overview() -> Dashboard:
+    allocated = f"count({cat.GPU_UP}{sel(CLAIMED)})"
+    unallocated = f"count({cat.GPU_UP}{sel(UNCLAIMED)} {ALLOCATABLE})"
+    idle = (
+        f"count((max_over_time({cat.GPU_UTILIZATION}{sel(CLAIMED)}[{IDLE_WINDOW}]) or "
+        f"max_over_time({cat.GPU_SM_ACTIVE}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}])) < {IDLE_RATIO})"
+    )
+    fleet = Row(
+        "Fleet",
+        (
+            stat("GPUs", f"count({cat.GPU_INFO}{sel(WHOLE)})", "Physical GPUs on the selected nodes."),
+            stat(
+                "MIG devices",
+                or_zero(f"count({cat.GPU_INFO}{sel(MIG)})"),
+                "MIG devices (partitions) on the selected nodes.",
+            ),
+            stat(
+                "Allocated devices",
+                or_zero(allocated),
+                "Whole GPUs and MIG devices held by a ResourceClaim (admin-access claims do not count).",
+            ),
+            stat(
+                "Unallocated devices",
+                or_zero(unallocated),
+                "Whole GPUs and MIG devices no claim holds (MIG-enabled GPUs count through their MIG devices).",
+            ),
+            stat(
+                "Claimed but idle",
+                or_zero(idle),
+                f"Allocated devices whose utilisation stayed below {IDLE_RATIO:.0%} for the last {IDLE_WINDOW}.",
+                thresholds=RED_FROM_ONE,
+            ),
+            stat(
+                "Devices down",
+                or_zero(f"count({cat.GPU_UP}{sel()} == 0)"),
+                "Devices the last collection could not read (GPU lost, NVML error).",
+                thresholds=RED_FROM_ONE,
+            ),
+        ),
+    )
+    allocation = Row(
+        "Allocation and use",
+        (
+            Panel(
+                "Allocated vs unallocated devices",
+                "timeseries",
+                (
+                    t(or_zero(allocated), "allocated"),
+                    t(or_zero(unallocated), "unallocated"),
+                    t(or_zero(idle), "claimed but idle"),
+                ),
+                "Devices over time by allocation state.",
+            ),
+            Panel(
+                "Mean utilisation: allocated vs unallocated",
+                "timeseries",
+                (
+                    t(f"avg({busy(CLAIMED)})", "allocated"),
+                    t(f"avg({cat.GPU_UTILIZATION}{sel(UNCLAIMED)} {ALLOCATABLE})", "unallocated whole GPUs"),
+                ),
+                "Mean utilisation of allocated devices (MIG devices through GPM SM activity) and of whole GPUs "
+                "nobody holds.",
+                "percentunit",
+                max=1,
+            ),
+            Panel(
+                "Top claims by utilisation",
+                "bargauge",
+                (now(f"topk(10, avg by (namespace, claim) ({busy(CLAIMED)}))", BY_CLAIM),),
+                "Mean utilisation over the devices of each claim, now.",
+                "percentunit",
+                max=1,
+            ),
+            Panel(
+                "Top claims by memory used",
+                "bargauge",
+                (
+                    now(
+                        f"topk(10, sum by (namespace, claim) ({cat.GPU_MEMORY_USED}{sel(CLAIMED)}))", BY_CLAIM
+                    ),
+                ),
+                "Device memory in use on the devices of each claim.",
+                "bytes",
+            ),
+            Panel(
+                "Top claims by power",
+                "bargauge",
+                (now(f"topk(10, sum by (namespace, claim) ({cat.GPU_POWER}{sel(CLAIMED)}))", BY_CLAIM),),
+                "Board power of the whole GPUs each claim holds (NVML reports no power per MIG device).",
+                "watt",
+            ),
+            Panel(
+                "Power by node",
+                "timeseries",
+                (t(f"sum by ({NODE_LABEL}) ({cat.GPU_POWER}{sel()})", f"{{{{{NODE_LABEL}}}}}"),),
+                "Board power of all GPUs of each node.",
+                "watt",
+            ),
+        ),
+    )
+    health = Row(
+        "Health",
+        (
+            Panel(
+                "XID errors in the last hour",
+                "timeseries",
+                (
+                    t(
+                        f"sum by ({NODE_LABEL}, xid) (increase({cat.GPU_XID_ERRORS}{sel()}[1h]))",
+                        f"{{{{{NODE_LABEL}}}}} XID {{{{xid}}}}",
+                    ),
+                ),
+                "XID errors by node and code; see the node dashboard for the device.",
+                width=12,
+            ),
+            Panel(
+                "Exporter sources",
+                "table",
+                (tab(f"{cat.SOURCE_UP}{sel()}"),),
+                "Whether each exporter's sources (nvml, podresources, kubeapi, otlp) collected successfully (1).",
+                columns=(NODE_LABEL, "source"),
+                width=12,
+            ),
+        ),
+    )
+    return Dashboard(
+        "dra-exporter-overview",
+        "dra-overview.json",
+        "DRA GPUs / Cluster overview",
+        "GPUs allocated through Dynamic Resource Allocation: allocation, idle claims, top claims.",
+        (NODE_VAR,),
+        (fleet, allocation, health),
+    )
+
+
+def claims() -> Dashboard:
+    namespace = Variable(
+        "namespace",
+        "Namespace",
+        f"label_values({cat.CLAIM_ALLOCATION_INFO}{sel(eq('admin_access', 'false'))}, namespace)",
+    )
+    claim = Variable(
+        "claim",
+        "Claim",
+        f"label_values({cat.CLAIM_ALLOCATION_INFO}"
+        f"{sel(eq('admin_access', 'false'), rx('namespace', '$namespace'))}, claim)",
+    )
+    c = (rx("namespace", "$namespace"), rx("claim", "$claim"), CLAIMED)
+    by_ns = "{{namespace}}"
+    per_namespace = Row(
+        "Per namespace",
+        (
+            Panel(
+                "Devices by namespace",
+                "bargauge",
+                (now(f"count by (namespace) ({cat.GPU_UP}{sel(*c)})", by_ns),),
+                "Whole GPUs and MIG devices each namespace's claims hold.",
+                width=8,
+            ),
+            Panel(
+                "Utilisation by namespace",
+                "timeseries",
+                (t(f"avg by (namespace) ({busy(*c)})", by_ns),),
+                "Mean utilisation over each namespace's devices.",
+                "percentunit",
+                width=8,
+                max=1,
+            ),
+            Panel(
+                "Memory used by namespace",
+                "timeseries",
+                (t(f"sum by (namespace) ({cat.GPU_MEMORY_USED}{sel(*c)})", by_ns),),
+                "Device memory in use on each namespace's devices.",
+                "bytes",
+                width=8,
+            ),
+        ),
+    )
+    per_claim = Row(
+        "Per claim",
+        (
+            Panel(
+                "Utilisation by claim",
+                "timeseries",
+                (t(f"avg by (namespace, claim) ({busy(*c)})", BY_CLAIM),),
+                "Mean utilisation over each claim's devices (MIG devices through GPM SM activity).",
+                "percentunit",
+                max=1,
+            ),
+            Panel(
+                "Memory used by claim",
+                "timeseries",
+                (
+                    t(
+                        f"sum by (namespace, claim) ({cat.GPU_MEMORY_USED}{sel(*c)}) / "
+                        f"sum by (namespace, claim) ({cat.GPU_MEMORY_TOTAL}{sel(*c)})",
+                        BY_CLAIM,
+                    ),
+                ),
+                "Fraction of the claim's device memory in use.",
+                "percentunit",
+                max=1,
+            ),
+            Panel(
+                "Tensor core activity by claim",
+                "timeseries",
+                (t(f"avg by (namespace, claim) ({cat.GPU_TENSOR_ACTIVE}{sel(*c)})", BY_CLAIM),),
+                "GPM: fraction of cycles a tensor pipe was active (Hopper and newer).",
+                "percentunit",
+                max=1,
+            ),
+            Panel(
+                "Power by claim",
+                "timeseries",
+                (
+                    t(
+                        f"sum by (namespace, claim) (rate({cat.GPU_ENERGY}{sel(*c)}[$__rate_interval]))",
+                        BY_CLAIM,
+                    ),
+                ),
+                "Mean board power of each claim's whole GPUs, from the energy counter.",
+                "watt",
+            ),
+            Panel(
+                "Devices of each claim",
+                "table",
+                (tab(f"{cat.CLAIM_ALLOCATION_INFO}{sel(eq('admin_access', 'false'), *c)}"),),
+                "Every device allocated to the selected claims.",
+                columns=(NODE_LABEL, "namespace", "claim", "request", "driver", "pool", "device", "uuid"),
+                width=24,
+            ),
+            Panel(
+                "Pods using each claim",
+                "table",
+                (tab(f"{cat.CLAIM_CONSUMER_INFO}{sel(*c)}"),),
+                "Consumers: every pod (and container) that references a claim. A claim with several pods "
+                'shares its devices; its device series carry pod="".',
+                columns=(NODE_LABEL, "namespace", "claim", "pod", "container"),
+                width=12,
+            ),
+            Panel(
+                "Monitoring (admin-access) claims",
+                "table",
+                (tab(f"{cat.CLAIM_ALLOCATION_INFO}{sel(eq('admin_access', 'true'))}"),),
+                "Admin-access claims, such as the exporter's own: they see devices but never count as use.",
+                columns=(NODE_LABEL, "namespace", "claim", "device", "uuid"),
+                width=12,
+            ),
+        ),
+    )
+    return Dashboard(
+        "dra-exporter-claims",
+        "dra-claims.json",
+        "DRA GPUs / Claims and namespaces",
+        "Use of GPUs per ResourceClaim and per namespace.",
+        (NODE_VAR, namespace, claim),
+        (per_namespace, per_claim),
+    )
+
+
+def node() -> Dashboard:
+    d = DEV
+    devices = Row(
+        "Devices",
+        (
+            Panel(
+                "Devices",
+                "table",
+                (tab(f"{cat.GPU_INFO}{sel(*d)}"),),
+                "Every GPU and MIG device NVML reports, with its identity.",
+                columns=(
+                    NODE_LABEL,
+                    "gpu",
+                    "profile",
+                    "model",
+                    "uuid",
+                    "parent_uuid",
+                    "pci_bus_id",
+                    "driver_version",
+                    "mig_mode",
+                    "gpu_instance_id",
+                    "compute_instance_id",
+                ),
+                width=24,
+            ),
+            Panel(
+                "Who holds each device",
+                "table",
+                (tab(f"{cat.GPU_UP}{sel(*d)}"),),
+                'Attribution of each device (empty: unallocated, or pod="" when several pods share it); '
+                "Value is 1 when the device was read, 0 when it is down.",
+                columns=(NODE_LABEL, "gpu", "profile", "uuid", "namespace", "pod", "container", "claim"),
+                width=24,
+            ),
+        ),
+    )
+    use = Row(
+        "Utilisation and memory",
+        (
+            Panel(
+                "GPU utilisation",
+                "timeseries",
+                (t(f"{cat.GPU_UTILIZATION}{sel(*d)}", DEVICE_LEGEND),),
+                "NVML utilisation of whole GPUs (not reported for MIG devices).",
+                "percentunit",
+                max=1,
+            ),
+            Panel(
+                "SM active (GPM)",
+                "timeseries",
+                (t(f"{cat.GPU_SM_ACTIVE}{sel(*d)}", DEVICE_LEGEND),),
+                "Fraction of SM cycles with a warp resident, for GPUs and MIG devices.",
+                "percentunit",
+                max=1,
+            ),
+            Panel(
+                "Memory used",
+                "timeseries",
+                (t(f"{cat.GPU_MEMORY_USED}{sel(*d)}", DEVICE_LEGEND),),
+                "Device memory in use.",
+                "bytes",
+            ),
+            Panel(
+                "Tensor and DRAM activity (GPM)",
+                "timeseries",
+                (
+                    t(f"{cat.GPU_TENSOR_ACTIVE}{sel(*d)}", "tensor " + DEVICE_LEGEND),
+                    t(f"{cat.GPU_DRAM_ACTIVE}{sel(*d)}", "dram " + DEVICE_LEGEND),
+                ),
+                "Tensor pipe activity and DRAM bandwidth use.",
+                "percentunit",
+                max=1,
+            ),
+        ),
+    )
+    physical = Row(
+        "Power, temperature, clocks",
+        (
+            Panel(
+                "Power",
+                "timeseries",
+                (
+                    t(f"{cat.GPU_POWER}{sel(*d)}", "GPU {{gpu}}"),
+                    t(f"{cat.GPU_POWER_LIMIT}{sel(*d)}", "GPU {{gpu}} limit"),
+                ),
+                "Board power draw and the enforced limit.",
+                "watt",
+            ),
+            Panel(
+                "Temperature",
+                "timeseries",
+                (
+                    t(f"{cat.GPU_TEMPERATURE}{sel(*d)}", "GPU {{gpu}}"),
+                    t(f"{cat.GPU_MEMORY_TEMPERATURE}{sel(*d)}", "GPU {{gpu}} memory"),
+                ),
+                "Die and HBM temperature.",
+                "celsius",
+            ),
+            Panel(
+                "Clocks",
+                "timeseries",
+                (t(f"{cat.GPU_CLOCK}{sel(*d, rx('clock', 'sm|memory'))}", "GPU {{gpu}} {{clock}}"),),
+                "SM and memory clocks.",
+                "hertz",
+            ),
+            Panel(
+                "GPUs throttled, by reason",
+                "timeseries",
+                (
+                    t(
+                        f"sum by (reason) ({cat.GPU_CLOCK_EVENT}{sel(*d, ne('reason', 'gpu_idle'))})",
+                        "{{reason}}",
+                    ),
+                ),
+                "How many selected GPUs have each clock event reason active. sw_power_cap under full load is "
+                "normal; thermal and hardware slowdowns are not.",
+            ),
+            Panel(
+                "Clock event reasons active now",
+                "table",
+                (tab(f"{cat.GPU_CLOCK_EVENT}{sel(*d)} == 1"),),
+                "Every clock event reason (throttling) active at the end of the range.",
+                columns=(NODE_LABEL, "gpu", "uuid", "reason"),
+                width=24,
+            ),
+        ),
+    )
+    errors = Row(
+        "Errors",
+        (
+            stat(
+                "Devices down",
+                or_zero(f"count({cat.GPU_UP}{sel(*d)} == 0)"),
+                "Devices the last collection could not read.",
+                thresholds=RED_FROM_ONE,
+            ),
+            stat(
+                "Uncorrected ECC errors",
+                f"sum({cat.GPU_ECC_ERRORS}{sel(*d, eq('type', 'uncorrected'))})",
+                "Volatile uncorrected ECC errors since the driver loaded.",
+                thresholds=RED_FROM_ONE,
+            ),
+            stat(
+                "Rows remapped (uncorrectable)",
+                f"sum({cat.GPU_REMAPPED_ROWS}{sel(*d, eq('type', 'uncorrectable'))})",
+                "Memory rows remapped because of uncorrectable errors.",
+                thresholds=((1, "orange"),),
+            ),
+            stat(
+                "Row remap pending",
+                f"sum({cat.GPU_ROW_REMAP_PENDING}{sel(*d)})",
+                "GPUs waiting for a reset to finish a row remap.",
+                thresholds=((1, "orange"),),
+            ),
+            stat(
+                "Row remap failed",
+                f"sum({cat.GPU_ROW_REMAP_FAILURE}{sel(*d)})",
+                "GPUs where a row remap failed: replace or service the GPU.",
+                thresholds=RED_FROM_ONE,
+            ),
+            stat(
+                "XID errors in range",
+                or_zero(f"sum(increase({cat.GPU_XID_ERRORS}{sel(*d)}[$__range]))"),
+                "XID errors counted over the dashboard's time range.",
+                thresholds=RED_FROM_ONE,
+            ),
+            Panel(
+                "XID errors",
+                "table",
+                (tab(f"{cat.GPU_XID_ERRORS}{sel(*d)}"),),
+                "XID errors this exporter has seen since it started, by device and code.",
+                columns=(NODE_LABEL, "gpu", "profile", "uuid", "xid", "claim"),
+                width=12,
+            ),
+            Panel(
+                "Last XID",
+                "table",
+                (tab(f"{cat.GPU_LAST_XID}{sel(*d)} * 1000"),),
+                "When each device last reported an XID.",
+                "dateTimeAsIso",
+                columns=(NODE_LABEL, "gpu", "profile", "uuid"),
+                width=12,
+            ),
+            Panel(
+                "ECC errors",
+                "timeseries",
+                (
+                    t(
+                        f"sum by ({NODE_LABEL}, gpu, type) (increase({cat.GPU_ECC_ERRORS}{sel(*d)}[$__rate_interval]))",
+                        "GPU {{gpu}} {{type}}",
+                    ),
+                ),
+                "ECC errors per interval.",
+            ),
+            Panel(
+                "PCIe replays",
+                "timeseries",
+                (t(f"increase({cat.GPU_PCIE_REPLAYS}{sel(*d)}[$__rate_interval])", "GPU {{gpu}}"),),
+                "PCIe replays per interval: a rising count points at a bad link or riser.",
+            ),
+        ),
+    )
+    io = Row(
+        "Interconnect",
+        (
+            Panel(
+                "PCIe throughput",
+                "timeseries",
+                (t(f"rate({cat.GPU_PCIE_BYTES}{sel(*d)}[$__rate_interval])", "GPU {{gpu}} {{direction}}"),),
+                "Bytes per second over PCIe.",
+                "Bps",
+            ),
+            Panel(
+                "NVLink throughput",
+                "timeseries",
+                (
+                    t(
+                        f"rate({cat.GPU_NVLINK_BYTES}{sel(*d)}[$__rate_interval])",
+                        DEVICE_LEGEND + " {{direction}}",
+                    ),
+                ),
+                "Bytes per second over NVLink (from GPM).",
+                "Bps",
+            ),
+            Panel(
+                "Energy used in range",
+                "bargauge",
+                (
+                    now(
+                        f"sum by ({NODE_LABEL}, gpu) (increase({cat.GPU_ENERGY}{sel(*d)}[$__range]))",
+                        f"{{{{{NODE_LABEL}}}}} GPU {{{{gpu}}}}",
+                    ),
+                ),
+                "Energy each GPU used over the dashboard's time range.",
+                "joule",
+            ),
+        ),
+    )
+    exporter = Row(
+        "Exporter",
+        (
+            Panel(
+                "Collection duration",
+                "timeseries",
+                (t(f"{cat.COLLECT_DURATION}{sel()}", "{{instance}} {{source}}"),),
+                "Seconds each source's last collection took.",
+                "s",
+                width=8,
+            ),
+            Panel(
+                "Collection errors",
+                "timeseries",
+                (t(f"increase({cat.COLLECT_ERRORS}{sel()}[$__rate_interval])", "{{instance}} {{source}}"),),
+                "Failed collections per interval.",
+                width=8,
+            ),
+            Panel(
+                "Data age",
+                "timeseries",
+                (t(f"time() - {cat.LAST_SUCCESS}{sel()}", "{{instance}} {{source}}"),),
+                "Seconds since each source last succeeded.",
+                "s",
+                width=8,
+            ),
+        ),
+    )
+    return Dashboard(
+        "dra-exporter-node",
+        "dra-node.json",
+        "DRA GPUs / Node",
+        "Every GPU and MIG device of a node: use, power, temperature, clocks, throttling, XID and ECC.",
+        (NODE_VAR, GPU_VAR),
+        (devices, use, physical, errors, io, exporter),
+    )
+
+
+def sharing() -> Dashboard:
+    d = DEV
+    mig = (*d, MIG)
+    shared = (*d, CLAIMED, eq("pod", ""))
+    layout = Row(
+        "MIG layout",
+        (
+            Panel(
+                "MIG devices and who holds them",
+                "table",
+                (tab(f"{cat.GPU_UP}{sel(*mig)}"),),
+                "Every MIG device with its claim and pod (empty: free).",
+                columns=(NODE_LABEL, "gpu", "profile", "uuid", "namespace", "pod", "container", "claim"),
+                width=24,
+            ),
+            Panel(
+                "MIG devices by profile",
+                "bargauge",
+                (now(f"count by (profile) ({cat.GPU_INFO}{sel(*mig)})", "{{profile}}"),),
+                "MIG devices of each profile on the selected GPUs.",
+                width=8,
+            ),
+            Panel(
+                "Allocated MIG devices by profile",
+                "bargauge",
+                (now(f"count by (profile) ({cat.GPU_UP}{sel(*mig, CLAIMED)})", "{{profile}}"),),
+                "MIG devices of each profile that a claim holds.",
+                width=8,
+            ),
+            Panel(
+                "MIG memory used",
+                "bargauge",
+                (
+                    now(
+                        f"{cat.GPU_MEMORY_USED}{sel(*mig)} / {cat.GPU_MEMORY_TOTAL}{sel(*mig)}", DEVICE_LEGEND
+                    ),
+                ),
+                "Fraction of each MIG device's memory in use.",
+                "percentunit",
+                width=8,
+                max=1,
+            ),
+            Panel(
+                "MIG SM active (GPM)",
+                "timeseries",
+                (t(f"{cat.GPU_SM_ACTIVE}{sel(*mig)}", DEVICE_LEGEND),),
+                "How busy each MIG device's SMs are.",
+                "percentunit",
+                max=1,
+            ),
+            Panel(
+                "MIG memory used over time",
+                "timeseries",
+                (t(f"{cat.GPU_MEMORY_USED}{sel(*mig)}", DEVICE_LEGEND),),
+                "Device memory in use on each MIG device.",
+                "bytes",
+            ),
+        ),
+    )
+    sharing_row = Row(
+        "Shared claims",
+        (
+            Panel(
+                "Claims used by several pods",
+                "table",
+                (tab(f"count by (namespace, claim) ({cat.CLAIM_CONSUMER_INFO}{sel()}) > 1"),),
+                "Claims whose devices several pods share (Value: how many pods).",
+                columns=("namespace", "claim"),
+                width=8,
+            ),
+            Panel(
+                "Consumers of shared claims",
+                "table",
+                (
+                    tab(
+                        f"{cat.CLAIM_CONSUMER_INFO}{sel()} and on (namespace, claim) "
+                        f"(count by (namespace, claim) ({cat.CLAIM_CONSUMER_INFO}{sel()}) > 1)"
+                    ),
+                ),
+                "Every pod and container of the shared claims.",
+                columns=(NODE_LABEL, "namespace", "claim", "pod", "container"),
+                width=16,
+            ),
+            Panel(
+                "Shared devices: utilisation",
+                "timeseries",
+                (t(busy(*shared), DEVICE_LEGEND),),
+                "Devices held by a claim that several pods use: one series per device, never copied per pod.",
+                "percentunit",
+                max=1,
+            ),
+            Panel(
+                "Shared devices: memory used",
+                "timeseries",
+                (t(f"{cat.GPU_MEMORY_USED}{sel(*shared)}", DEVICE_LEGEND),),
+                "Device memory in use on shared devices (all their pods together).",
+                "bytes",
+            ),
+            Panel(
+                "About per-pod shares",
+                "text",
+                (),
+                "Why a shared device has one series.",
+                width=24,
+                height=3,
+                content='A device that several pods share keeps **one** series with `pod=""`, so `sum()` stays '
+                "right; `dra_claim_consumer_info` lists its pods. Per-container use of a shared device "
+                "comes from the per-process families (`dra_container_gpu_*`).",
+            ),
+        ),
+    )
+    return Dashboard(
+        "dra-exporter-sharing",
+        "dra-mig-sharing.json",
+        "DRA GPUs / MIG and shared GPUs",
+        "MIG partitions and GPUs shared by several pods: layout, holders, use.",
+        (NODE_VAR, GPU_VAR),
+        (layout, sharing_row),
+    )
+
+
+def dashboards() -> tuple[Dashboard, ...]:
+    return (overview(), claims(), node(), sharing())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a committed file is out of date")
+    parser.add_argument("--out", type=Path, default=HERE, help="folder to write to [default: dashboards/]")
+    args = parser.parse_args(argv)
+    stale = []
+    for dash in dashboards():
+        path = args.out / dash.filename
+        text = render(dash)
+        if args.check:
+            if not path.is_file() or path.read_text() != text:
+                stale.append(path.name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)}; run: python dashboards/generate.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

