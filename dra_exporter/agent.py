@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from . import __version__
 from .join import JoinInput, join
-from .model import ClusterSnapshot, Frame, NvmlSnapshot, PodResourcesSnapshot, SourceHealth
+from .model import ClusterSnapshot, Frame, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot, SourceHealth
 from .resolve import Resolver
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,13 @@ class Agent:
     def __init__(self, primary: SourceRunner, side: Sequence[SourceRunner], sinks: Sequence[Sink], *,
                  interval: float = 1.0, self_pod: tuple[str, str] | None = None,
                  wall_clock: Callable[[], float] = time.time,
-                 resolvers: Callable[[], Sequence[Resolver]] = tuple) -> None:
+                 resolvers: Callable[[], Sequence[Resolver]] = tuple,
+                 followers: Sequence[SourceRunner] = ()) -> None:
         self.primary = primary
         self.side = tuple(side)
+        self.followers = tuple(followers)
+        """Collected right after the primary source in the same cycle, because they read its
+        snapshot (the /proc lookup of the PIDs NVML just reported)."""
         self.sinks = list(sinks)
         self.interval = interval
         self.self_pod = self_pod
@@ -144,8 +148,13 @@ class Agent:
         if collect_side:
             for runner in self.side:
                 runner.collect_once()
-        self.primary.collect_once()
+        self._collect_primary()
         return self._publish()
+
+    def _collect_primary(self) -> None:
+        self.primary.collect_once()
+        for runner in self.followers:
+            runner.collect_once()
 
     def _publish(self) -> Frame:
         frame = join(self._join_input())
@@ -158,7 +167,7 @@ class Agent:
     def _join_input(self) -> JoinInput:
         snapshots: dict[str, Any] = {}
         health = []
-        for runner in (self.primary, *self.side):
+        for runner in (self.primary, *self.followers, *self.side):
             snapshot, h = runner.latest()
             snapshots[runner.name] = snapshot
             health.append(h)
@@ -166,7 +175,9 @@ class Agent:
         nvml = snapshots.get("nvml")
         pods = snapshots.get("podresources")
         cluster = snapshots.get("kubeapi")
+        owners = snapshots.get("procs")
         return JoinInput(
+            owners=owners if isinstance(owners, ProcessOwnersSnapshot) else None,
             nvml=nvml if isinstance(nvml, NvmlSnapshot) else None,
             pods=pods if isinstance(pods, PodResourcesSnapshot) else None,
             cluster=cluster if isinstance(cluster, ClusterSnapshot) else None,
@@ -198,7 +209,7 @@ class Agent:
             runner.attempted.wait(max(0.0, deadline - time.monotonic()))
 
     def _loop(self, startup_wait: float) -> None:
-        self.primary.collect_once()  # at once: NVML init and XID event registration
+        self._collect_primary()  # at once: NVML init and XID event registration
         self._wait_for_side_sources(startup_wait)
         deadline = time.monotonic()
         failing = False
@@ -229,7 +240,7 @@ class Agent:
             self._thread.join(timeout)
         for runner in self.side:
             runner.join(timeout)
-        for runner in (self.primary, *self.side):
+        for runner in (self.primary, *self.followers, *self.side):
             try:
                 runner.source.close()
             except Exception:  # noqa: BLE001 - shutting down anyway

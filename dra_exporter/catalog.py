@@ -19,7 +19,7 @@ DEVICE_ID_LABELS: Final = ("uuid", "gpu", "profile", "parent_uuid")
 #: ``pod_uid`` and ``request`` need the API server; node-local they stay empty.
 ATTRIBUTION_LABELS: Final = ("namespace", "pod", "pod_uid", "container", "claim", "request")
 DEVICE_LABELS: Final = DEVICE_ID_LABELS + ATTRIBUTION_LABELS
-CONTAINER_LABELS: Final = ("uuid", "namespace", "pod", "container", "claim")
+CONTAINER_LABELS: Final = ("uuid", "namespace", "pod", "pod_uid", "container", "claim")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +98,7 @@ COLLECT_DURATION: Final = "dra_exporter_collect_duration_seconds"
 COLLECT_ERRORS: Final = "dra_exporter_collect_errors_total"
 LAST_SUCCESS: Final = "dra_exporter_last_success_timestamp_seconds"
 BUILD_INFO: Final = "dra_exporter_build_info"
+UNATTRIBUTED_PROCESSES: Final = "dra_exporter_unattributed_gpu_processes"
 
 _SOURCE = ("source",)
 
@@ -218,6 +219,10 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     _spec(LAST_SUCCESS, "gauge", "Unix time of the source's last successful collection.", _SOURCE,
           otel_name="dra.exporter.source.last_success_time", otel_unit="s"),
     _spec(BUILD_INFO, "gauge", "Version of dra-exporter; value is always 1.", ("version", "python_version")),
+    _spec(UNATTRIBUTED_PROCESSES, "gauge",
+          "GPU processes of the last cycle whose pod could not be found (no host PID namespace, or not in a "
+          "container); they count in device totals but in no container series.", (),
+          otel_name="dra.exporter.unattributed_processes", otel_unit="{process}"),
 )
 
 BY_NAME: Final[dict[str, MetricSpec]] = {spec.name: spec for spec in CATALOG}

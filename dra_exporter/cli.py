@@ -45,6 +45,10 @@ node_name_option = _opt(
     "--node-name", default=None,
     help="Node name, for the API server's spec.nodeName selectors [default: $NODE_NAME, else the "
          "scenario's node under --simulate, else the hostname].")
+procfs_option = _opt(
+    "--procfs", default=None, metavar="PATH",
+    help="The host's /proc, to find the pod of each GPU process [default: /proc; the exporter needs "
+         "hostPID: true]. With --simulate it replaces the simulated /proc.")
 kubeapi_options = [
     _opt("--kubeapi/--no-kubeapi", default=True, show_default=True,
          help="Read ResourceSlices, ResourceClaims and Pods from the API server (request names, pod UIDs, "
@@ -64,7 +68,7 @@ log_level_option = _opt("--log-level", type=click.Choice(["debug", "info", "warn
 
 def _common(f: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([simulate_option, kubelet_socket_option, interval_option, node_name_option,
-                            *kubeapi_options, *pod_options, log_level_option]):
+                            procfs_option, *kubeapi_options, *pod_options, log_level_option]):
         f = option(f)
     return f
 
@@ -81,6 +85,7 @@ def _settings(listen: str = DEFAULT_LISTEN, **kw: Any) -> Settings:
             simulate=kw["simulate"],
             kubelet_socket=kw["kubelet_socket"],
             kubeapi=kw["kubeapi"],
+            procfs=kw["procfs"],
             kubeconfig=kw["kubeconfig"],
             self_pod=parse_self_pod(kw["pod_namespace"], kw["pod_name"]),
         )

@@ -33,6 +33,8 @@ class Settings:
     node_name: str = ""
     """This node's name: the field selector for node-local API objects, and NVIDIA's pool name.
     ``""``: the simulated scenario's node, else the hostname."""
+    procfs: str | None = None
+    """Where the host's /proc is (GPU PIDs → pods); None: /proc, or the simulated one under --simulate."""
     kubeapi: bool = True
     """Read the API server (slices, claims, pods); off with --no-kubeapi (node-local join only)."""
     kubeconfig: str | None = None

@@ -48,6 +48,8 @@ from .model import (
     PodAllocation,
     PodInfo,
     PodResourcesSnapshot,
+    ProcessOwnersSnapshot,
+    ProcessSample,
     Sample,
     SourceHealth,
 )
@@ -81,6 +83,8 @@ class JoinInput:
     timestamp: float = 0.0
     cluster: ClusterSnapshot | None = None
     """The API server's view of this node; None without API access (node-local join only)."""
+    owners: ProcessOwnersSnapshot | None = None
+    """Which pod and container each GPU process runs in; None when /proc is not read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,7 @@ class _View:
         self.self_pod = self_pod
         self.claims = {(c.namespace, c.name): c for c in cluster.claims} if cluster else {}
         self.pods = {(p.namespace, p.name): p for p in cluster.pods} if cluster else {}
+        self.pods_by_uid = {p.uid: p for p in cluster.pods} if cluster else {}
 
     def claim(self, namespace: str, name: str) -> ClaimInfo | None:
         claim = self.claims.get((namespace, name))
@@ -182,6 +187,8 @@ def join(inp: JoinInput) -> Frame:
     if inp.nvml:
         for sample in inp.nvml.devices:
             _device_families(out, sample, _attribution(consumers.get(sample.device.uuid, ())))
+        if inp.owners is not None:
+            _container_families(out, inp.nvml.processes, inp.owners, view, consumers)
     _self_families(out, inp)
     return out.frame(inp.timestamp)
 
@@ -396,6 +403,52 @@ def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolve
                     ("namespace", pod.namespace), ("pod", pod.name), ("container", ctr.name),
                     ("claim", h.claim), ("request", h.request), ("driver", h.driver), ("pool", h.pool),
                     ("device", h.device), ("health", h.health)), 1)
+
+
+def _container_families(out: _Builder, processes: Iterable[ProcessSample], owners: ProcessOwnersSnapshot,
+                        view: _View, consumers: dict[str, set[_Consumer]]) -> None:
+    """Per-container shares of each device: the container's processes summed (rule 3's true shares).
+
+    Processes whose pod is unknown count in ``dra_exporter_unattributed_gpu_processes``; they
+    stay in the device totals but get no container series.
+    """
+    by_pid = {o.pid: o for o in owners.owners}
+    memory: dict[Labels, float] = defaultdict(float)
+    sm: dict[Labels, float] = defaultdict(float)
+    unattributed = set(owners.unresolved)
+    for proc in processes:
+        owner = by_pid.get(proc.pid)
+        if owner is None:
+            unattributed.add(proc.pid)
+            continue
+        labels = _container_labels(proc.uuid, owner.pod_uid, owner.container_id, view,
+                                   consumers.get(proc.uuid, ()))
+        if proc.used_memory_bytes is not None:
+            memory[labels] += proc.used_memory_bytes
+        if proc.sm_utilization_ratio is not None:
+            sm[labels] += proc.sm_utilization_ratio
+    for labels, value in memory.items():
+        out.add(cat.CONTAINER_GPU_MEMORY_USED, labels, value)
+    for labels, value in sm.items():
+        out.add(cat.CONTAINER_GPU_SM_UTILIZATION, labels, min(value, 1.0))
+    out.add(cat.UNATTRIBUTED_PROCESSES, (), len(unattributed))
+
+
+def _container_labels(uuid: str, pod_uid: str, container_id: str, view: _View,
+                      consumers: Iterable[_Consumer]) -> Labels:
+    """Names for a (pod UID, container ID) from the API server's pods; the claim when the
+    device reached that container through exactly one claim."""
+    pod = view.pods_by_uid.get(pod_uid)
+    namespace = pod.namespace if pod else ""
+    name = pod.name if pod else ""
+    container = ""
+    for ctr in pod.containers if pod else ():
+        if ctr.container_id and ctr.container_id.rpartition("://")[2] == container_id:
+            container = ctr.name
+    claims = {c.claim for c in consumers if (c.namespace, c.pod) == (namespace, name) and c.claim
+              and (not container or c.container == container)} if pod else set()
+    return (("uuid", uuid), ("namespace", namespace), ("pod", name), ("pod_uid", pod_uid),
+            ("container", container), ("claim", _only(claims)))
 
 
 def _claim_uid_from_cdi(dev: ClaimDevice) -> str:

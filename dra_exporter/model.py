@@ -352,6 +352,26 @@ class ClusterSnapshot:
         return None
 
 
+# --- /proc -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessOwner:
+    """The pod and container a GPU process runs in, from its cgroup."""
+
+    pid: int
+    pod_uid: str
+    container_id: str
+    """The bare runtime ID, without ``containerd://``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessOwnersSnapshot:
+    owners: tuple[ProcessOwner, ...] = ()
+    unresolved: tuple[int, ...] = ()
+    """GPU PIDs whose pod could not be found (no host PID namespace, or not a container)."""
+
+
 # --- self health ----------------------------------------------------------------------------
 
 

@@ -106,8 +106,10 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
         prometheus.start()
         closers.append(prometheus.stop)
         sinks.append(prometheus)
+    followers = [SourceRunner(_procs_source(settings, sim, primary), keep_last_good=False, wall_clock=wall_clock,
+                              interval=settings.interval)]
     agent = Agent(primary, side, sinks, interval=settings.interval, self_pod=_self_pod(settings, sim),
-                  wall_clock=wall_clock)
+                  wall_clock=wall_clock, followers=followers)
     return Runtime(agent, sim, prometheus, closers)
 
 
@@ -153,6 +155,19 @@ def _kubeapi_source(settings: Settings, sim: Any, pods: SourceRunner) -> Any:
 
     return KubeApiSource(node_name(settings, sim), kubeconfig=kubeconfig, client_factory=client_factory,
                          claim_hints=claim_hints)
+
+
+def _procs_source(settings: Settings, sim: Any, nvml: SourceRunner) -> Any:
+    """GPU PIDs of the latest NVML snapshot → pods and containers, through the host's /proc."""
+    from .model import NvmlSnapshot
+    from .sources.procs import DEFAULT_PROCFS, ProcsSource
+
+    def gpu_pids() -> list[int]:
+        snap, _ = nvml.latest()
+        return [p.pid for p in snap.processes] if isinstance(snap, NvmlSnapshot) else []
+
+    procfs = settings.procfs or (sim.procfs.root if sim is not None and sim.procfs else DEFAULT_PROCFS)
+    return ProcsSource(gpu_pids, procfs)
 
 
 def _self_pod(settings: Settings, sim: Any) -> tuple[str, str] | None:

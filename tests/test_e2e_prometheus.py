@@ -98,6 +98,23 @@ def test_sum_by_claim_matches_the_scenario(exporter: int, prometheus) -> None:  
     result = prom.wait_for(query, lambda r: len(r) == len(want), timeout=60)
     got = {(r["metric"]["namespace"], r["metric"]["claim"]): float(r["value"][1]) for r in result}
     assert got == want
-    health = prom.wait_for('dra_exporter_source_up == 1', lambda r: len(r) == 3)
-    assert {r["metric"]["source"] for r in health} == {"nvml", "podresources", "kubeapi"}
+    sources = {"nvml", "podresources", "kubeapi", "procs"}
+    health = prom.wait_for('dra_exporter_source_up == 1', lambda r: len(r) == len(sources))
+    assert {r["metric"]["source"] for r in health} == sources
     assert all(t["health"] == "up" for t in prom.targets())
+
+
+def test_sum_by_pod_of_container_memory_matches_the_scenario(exporter: int, prometheus) -> None:  # type: ignore[no-untyped-def]
+    prom = prometheus([f"127.0.0.1:{exporter}"])
+    scenario = load_scenario(ATTRIBUTION)
+    want: dict[str, float] = defaultdict(float)
+    for pod in scenario.pods:
+        if pod.end is None:  # short-0 ends at simulated t=100; the exporter runs in real time from 0
+            for container in pod.containers:
+                want[pod.name] += sum(p.memory_bytes for p in container.processes)
+    want = {pod: v for pod, v in want.items() if v}
+    query = 'sum by (pod) (dra_container_gpu_memory_used_bytes{pod!="short-0"})'
+    result = prom.wait_for(query, lambda r: len(r) == len(want), timeout=60)
+    assert {r["metric"]["pod"]: float(r["value"][1]) for r in result} == want
+    # The shared GPU's two notebooks: different, correct shares.
+    assert (want["alice"], want["bob"]) == (30 * 2**30, 12 * 2**30)

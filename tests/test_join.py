@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dra_exporter import catalog as cat
 from dra_exporter.join import JoinInput, join
 from dra_exporter.model import (
@@ -28,6 +30,9 @@ from dra_exporter.model import (
     PodAllocation,
     PodInfo,
     PodResourcesSnapshot,
+    ProcessOwner,
+    ProcessOwnersSnapshot,
+    ProcessSample,
     Reading,
     ResourceSliceInfo,
     SliceDevice,
@@ -441,3 +446,78 @@ def test_cluster_frame_labels_follow_the_catalogue() -> None:
     for fam in frame.families:
         for s in fam.samples:
             assert tuple(k for k, _ in s.labels) == cat.spec(fam.name).labels, fam.name
+
+
+# --- per-container shares (processes + cgroups) ---------------------------------------------------
+
+
+def procs_frame(processes: tuple[ProcessSample, ...], owners: tuple[ProcessOwner, ...], *,
+                unresolved: tuple[int, ...] = (), with_cluster: bool = True) -> Frame:
+    """GPU 0 shared by pods alice and bob through one claim; a MIG device held by carol."""
+    shared = claim("team", "shared", "gpu-0")
+    mig_dev = mig(1, 9, 0, 4, "3g.71gb", 1)
+    pods = [pod("team", "alice", ctr("nb", shared)), pod("team", "bob", ctr("nb", shared)),
+            pod("team", "carol", ctr("srv", claim("team", "mig", "gpu-1-mig-3g71gb-9-0")))]
+    infos = (pod_info("team", "alice", ctr_info("nb", ("shared", ""))),
+             pod_info("team", "bob", ctr_info("nb", ("shared", ""))),
+             pod_info("team", "carol", ctr_info("srv", ("mig", ""))))
+    nvml = NvmlSnapshot((sample(gpu(0)), sample(gpu(1, "enabled")), sample(mig_dev)), processes)
+    return join(JoinInput(nvml, PodResourcesSnapshot(tuple(pods)),
+                          cluster=cluster(pods=infos) if with_cluster else None,
+                          owners=ProcessOwnersSnapshot(owners, unresolved)))
+
+
+def container_series(frame: Frame, name: str = cat.CONTAINER_GPU_MEMORY_USED) -> dict[tuple[str, str], dict]:
+    return {(d["pod"], d["uuid"]): {**d, "value": v} for d, v in
+            ((dict(lbl), v) for lbl, v in series(frame, name).items())}
+
+
+SHARED_PROCS = (
+    ProcessSample("GPU-0", 100, 30 * 2**30, 0.40),
+    ProcessSample("GPU-0", 101, 2 * 2**30, 0.05),   # alice's second process: summed with the first
+    ProcessSample("GPU-0", 200, 12 * 2**30, 0.15),
+    ProcessSample("MIG-1-0", 300, 5 * 2**30, None),  # MIG: no per-process utilisation from NVML
+)
+SHARED_OWNERS = (ProcessOwner(100, "uid-alice", "nb"), ProcessOwner(101, "uid-alice", "nb"),
+                 ProcessOwner(200, "uid-bob", "nb"), ProcessOwner(300, "uid-carol", "srv"))
+
+
+def test_shared_gpu_gets_one_series_per_container_with_its_own_share() -> None:
+    frame = procs_frame(SHARED_PROCS, SHARED_OWNERS)
+    memory = container_series(frame)
+    alice, bob = memory[("alice", "GPU-0")], memory[("bob", "GPU-0")]
+    assert (alice["value"], bob["value"]) == (32 * 2**30, 12 * 2**30)
+    assert (alice["namespace"], alice["container"], alice["claim"], alice["pod_uid"]) == (
+        "team", "nb", "shared", "uid-alice")
+    sm = container_series(frame, cat.CONTAINER_GPU_SM_UTILIZATION)
+    assert sm[("alice", "GPU-0")]["value"] == pytest.approx(0.45)
+    assert sm[("bob", "GPU-0")]["value"] == pytest.approx(0.15)
+    # No double counting: the container shares add up to what the processes use on the device.
+    assert sum(v["value"] for k, v in memory.items() if k[1] == "GPU-0") == sum(
+        p.used_memory_bytes for p in SHARED_PROCS if p.uuid == "GPU-0")
+
+
+def test_mig_device_share_is_attributed_and_missing_utilisation_is_not_invented() -> None:
+    frame = procs_frame(SHARED_PROCS, SHARED_OWNERS)
+    carol = container_series(frame)[("carol", "MIG-1-0")]
+    assert (carol["container"], carol["claim"], carol["value"]) == ("srv", "mig", 5 * 2**30)
+    assert ("carol", "MIG-1-0") not in container_series(frame, cat.CONTAINER_GPU_SM_UTILIZATION)
+
+
+def test_a_container_whose_processes_ended_has_no_series() -> None:
+    frame = procs_frame(SHARED_PROCS[2:], SHARED_OWNERS[2:])
+    assert {k[0] for k in container_series(frame)} == {"bob", "carol"}
+
+
+def test_unresolvable_processes_are_counted_not_dropped_silently() -> None:
+    frame = procs_frame(SHARED_PROCS, SHARED_OWNERS[:2], unresolved=(200,))
+    assert ("bob", "GPU-0") not in container_series(frame)
+    # 200 (no cgroup) and 300 (asked for, but no owner came back) are both unattributed.
+    assert series(frame, cat.UNATTRIBUTED_PROCESSES) == {(): 2.0}
+
+
+def test_without_the_api_server_containers_are_known_by_pod_uid_only() -> None:
+    frame = procs_frame(SHARED_PROCS, SHARED_OWNERS, with_cluster=False)
+    alice = [(dict(lbl), v) for lbl, v in series(frame, cat.CONTAINER_GPU_MEMORY_USED).items()
+             if dict(lbl)["pod_uid"] == "uid-alice"]
+    assert [(d["pod"], d["container"], d["claim"], v) for d, v in alice] == [("", "", "", 32 * 2**30)]

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from dra_exporter.model import ProcessOwner
+from dra_exporter.sources import SourceError
 from dra_exporter.sources.procs import CgroupOwner, ProcsSource, bare_container_id, parse_cgroup
 
 UID = "3f1c2a7e-5b9d-4c1a-9e2f-7a6b8c0d1e22"
@@ -73,25 +75,34 @@ def write_proc(root: Path, pid: int, cgroup: str, start: int = 100) -> None:
     (d / "stat").write_text(f"{pid} (python (x) y) S " + " ".join(["1"] * 18) + f" {start} 0 0\n")
 
 
+def owners(snapshot) -> dict[int, CgroupOwner]:  # type: ignore[no-untyped-def]
+    return {o.pid: CgroupOwner(o.pod_uid, o.container_id) for o in snapshot.owners}
+
+
 def test_source_resolves_counts_unresolved_and_forgets_ended(tmp_path: Path) -> None:
     write_proc(tmp_path, 10, CASES["v2 cgroupfs containerd"])
     write_proc(tmp_path, 11, "0::/system.slice/sshd.service\n")
-    source = ProcsSource(str(tmp_path))
-    found = source.lookup([10, 11, 12])  # 12: not visible (no hostPID, or ended)
-    assert found.owners == {10: WANT}
+    source = ProcsSource(lambda: [10, 11, 12], str(tmp_path))
+    found = source.collect()  # 12: not visible (no hostPID, or ended)
+    assert found.owners == (ProcessOwner(10, UID, CID),)
     assert found.unresolved == (11, 12)
     # A PID reused by another container (new start time) is read again, not served from cache.
     other = "b" * 64
     write_proc(tmp_path, 10, f"0::/kubepods/pod{UID}/{other}\n", start=200)
-    assert source.lookup([10]).owners[10].container_id == other
+    assert owners(source.lookup([10]))[10].container_id == other
 
 
 def test_source_caches_a_pid_while_it_lives(tmp_path: Path) -> None:
     write_proc(tmp_path, 10, CASES["v2 cgroupfs containerd"])
-    source = ProcsSource(str(tmp_path))
-    source.lookup([10])
+    source = ProcsSource(lambda: [10], str(tmp_path))
+    source.collect()
     (tmp_path / "10" / "cgroup").write_text("0::/changed\n")  # same start time: same process
-    assert source.lookup([10]).owners == {10: WANT}
+    assert owners(source.collect()) == {10: WANT}
+
+
+def test_missing_procfs_is_a_source_error(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="--procfs"):
+        ProcsSource(lambda: [1], str(tmp_path / "nope")).collect()
 
 
 def test_simulated_procfs_resolves_every_scenario_process_in_several_shapes() -> None:
@@ -103,8 +114,8 @@ def test_simulated_procfs_resolves_every_scenario_process_in_several_shapes() ->
     try:
         want = {p.pid: CgroupOwner(pod.uid, bare_container_id(c.container_id))
                 for pod in scenario.pods for c in pod.containers for p in c.processes}
-        found = ProcsSource(procfs.root).lookup([*want, 1])
-        assert found.owners == want
+        found = ProcsSource(lambda: [*want, 1], procfs.root).collect()
+        assert owners(found) == want
         assert found.unresolved == (1,)
         assert len({shape_for(pod) for pod in scenario.pods}) >= 3, "the demo should exercise several shapes"
     finally:

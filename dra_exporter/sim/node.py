@@ -1,5 +1,5 @@
-"""A whole simulated node: fake NVML, a kubelet gRPC server and the cluster's API server,
-all driven by one scenario and clock."""
+"""A whole simulated node: fake NVML, a kubelet gRPC server, the cluster's API server and a
+``/proc`` with the GPU processes' cgroups, all driven by one scenario and clock."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from .apiserver import SimulatedApiServer
 from .clock import SimClock
 from .fake_nvml import FakeNvml
 from .kubelet import SimulatedKubelet
+from .procfs import SimulatedProcfs
 from .scenario import Scenario
 
 _KUBELET_FAULT_PREFIX = "kubelet_"
@@ -26,6 +27,7 @@ class SimulatedNode:
             fault_provider=self._kubelet_faults,
         ) if kubelet else None
         self.apiserver = SimulatedApiServer(scenario, clock) if apiserver else None
+        self.procfs: SimulatedProcfs | None = None
 
     def _kubelet_faults(self) -> set[str]:
         return {f.kind for f in self.scenario.active_faults(self.clock.now())
@@ -41,12 +43,16 @@ class SimulatedNode:
                 self.kubelet.start()
             if self.apiserver:
                 self.apiserver.start()
+            self.procfs = SimulatedProcfs(self.scenario)
         except BaseException:
             self.close()  # nothing half-started is left behind
             raise
         return self
 
     def close(self) -> None:
+        if self.procfs:
+            self.procfs.close()
+            self.procfs = None
         if self.apiserver:
             self.apiserver.stop()
         if self.kubelet:

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
+
+from ..model import ProcessOwner, ProcessOwnersSnapshot
+from . import SourceError
 
 DEFAULT_PROCFS: Final = "/proc"
 #: A cgroup file is a few hundred bytes; anything far larger is not one.
@@ -68,30 +71,29 @@ def bare_container_id(status_id: str) -> str:
     return status_id.rpartition("://")[2]
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessOwners:
-    """What one lookup found: owners by PID, and the PIDs that could not be attributed."""
-
-    owners: dict[int, CgroupOwner]
-    unresolved: tuple[int, ...] = ()
-
-
 class ProcsSource:
-    """Resolves GPU PIDs to pods and containers through ``<procfs>/<pid>/cgroup``.
+    """Resolves the PIDs NVML reports to pods and containers through ``<procfs>/<pid>/cgroup``.
 
-    A PID's cgroup does not change while it lives, so answers are cached and the cache is
-    trimmed to the PIDs asked for last time (PIDs of ended processes are forgotten, and a
-    reused PID is re-read because it was absent in between or its start time changed).
+    ``pids`` returns the GPU PIDs of the latest NVML snapshot; the agent collects this source
+    right after NVML in the same cycle. A PID's cgroup does not change while it lives, so
+    answers are cached per (PID, start time) and the cache holds only the PIDs asked for last
+    time: ended processes are forgotten and a reused PID is read again.
     """
 
     name = "procs"
 
-    def __init__(self, procfs: str = DEFAULT_PROCFS) -> None:
+    def __init__(self, pids: Callable[[], Iterable[int]], procfs: str = DEFAULT_PROCFS) -> None:
+        self._pids = pids
         self.procfs = procfs
         self._cache: dict[tuple[int, str], CgroupOwner | None] = {}
 
-    def lookup(self, pids: Iterable[int]) -> ProcessOwners:
-        owners: dict[int, CgroupOwner] = {}
+    def collect(self) -> ProcessOwnersSnapshot:
+        if not os.path.isdir(self.procfs):
+            raise SourceError(f"procs: {self.procfs} is not a directory (set --procfs)")
+        return self.lookup(self._pids())
+
+    def lookup(self, pids: Iterable[int]) -> ProcessOwnersSnapshot:
+        owners: list[ProcessOwner] = []
         unresolved: list[int] = []
         cache: dict[tuple[int, str], CgroupOwner | None] = {}
         for pid in sorted(set(pids)):
@@ -101,9 +103,12 @@ class ProcsSource:
             if owner is None:
                 unresolved.append(pid)
             else:
-                owners[pid] = owner
+                owners.append(ProcessOwner(pid, owner.pod_uid, owner.container_id))
         self._cache = cache
-        return ProcessOwners(owners, tuple(unresolved))
+        return ProcessOwnersSnapshot(tuple(owners), tuple(unresolved))
+
+    def close(self) -> None:
+        self._cache = {}
 
     def _start_time(self, pid: int) -> str:
         """Field 22 of ``/proc/<pid>/stat``: tells a reused PID from the old one; "" if unreadable."""
