@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..resolve import NVIDIA_DRIVER, canonical_profile, parse_nvidia_device_name
+from .profile import load_profile
 from .scenario import (
     API_VERSIONS,
     DEVICE_HEALTH,
     MAX_GPUS,
     Scenario,
     ScenarioError,
-    load_profile,
     parse_scenario,
     read_documents,
 )

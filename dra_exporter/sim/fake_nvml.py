@@ -39,7 +39,8 @@ from typing import Any, Final, TypeVar
 import pynvml
 
 from .clock import SimClock
-from .scenario import Gpu, GpuProfile, MigDevice, Pod, Process, Scenario, unit_hash
+from .profile import GpuProfile
+from .scenario import Gpu, MigDevice, Pod, Process, Scenario, unit_hash
 
 # NVML's "not applicable" instance id, as real NVML reports for processes on whole GPUs.
 _NO_INSTANCE: Final = 0xFFFFFFFF

@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
 from .clock import SimClock
+from .profile import MigProfile
 from .scenario import (
     API_VERSIONS,
     Claim,
@@ -33,7 +34,6 @@ from .scenario import (
     DriverSlice,
     Gpu,
     MigDevice,
-    MigProfile,
     Pod,
     Scenario,
     Taint,

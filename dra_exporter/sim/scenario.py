@@ -13,16 +13,13 @@ curves and faults at simulated time, the simulated kubelet serves
 ``Scenario.pod_allocations_at(t)`` and the simulated API server serves the
 Kubernetes objects ``k8s_objects`` derives from the scenario (or, for a scenario
 loaded from a cluster dump by ``dump``, the dump's own objects, ``raw_objects``).
-The GPU profile (values recorded on a real H200, see ``profiles/make_profile.py``)
-lives here too, because validating a MIG layout needs it. The format is documented
-for users in ``docs/scenarios.md``.
+Validating a MIG layout uses the GPU profile (``profile``: values recorded on a real
+H200). The format is documented for users in ``docs/scenarios.md``.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import json
 import math
 import os
 import re
@@ -38,164 +35,11 @@ import yaml
 
 from .. import model
 from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name, parse_nvidia_device_name
+from .profile import GPU_MODELS, GpuProfile, load_profile
 
 
 class ScenarioError(ValueError):
     """A scenario that cannot be loaded; the message names the file and the field."""
-
-
-# --- the GPU profile ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Range:
-    """A quantity recorded idle and under load; ``at(x)`` interpolates (x=0 idle, x=1 load)."""
-
-    idle: float
-    load: float
-
-    def at(self, x: float) -> float:
-        return self.idle + (self.load - self.idle) * x
-
-
-@dataclass(frozen=True, slots=True)
-class ClockSpec:
-    name: str
-    """``graphics``, ``sm``, ``mem`` or ``video``."""
-    idle: int
-    load: int
-    max: int
-
-
-@dataclass(frozen=True, slots=True)
-class FieldSpec:
-    """One ``NVML_FI_DEV_*`` field as the recorded GPU answered it."""
-
-    id: int
-    name: str
-    ret: int
-    value_type: int
-    idle: float
-    load: float
-
-
-@dataclass(frozen=True, slots=True)
-class GpmSpec:
-    """One GPM metric as the recorded GPU answered it (percent or MiB/s)."""
-
-    id: int
-    name: str
-    ret: int
-    idle: float
-    load: float
-
-
-@dataclass(frozen=True, slots=True)
-class MigProfile:
-    name: str
-    gi_profile_id: int
-    memory_slices: int
-    """The placement size."""
-    compute_slices: int
-    starts: tuple[int, ...]
-    max_instances: int
-
-
-@dataclass(frozen=True, slots=True)
-class GpuProfile:
-    """A GPU model's answers, from ``profiles/<model>.json``."""
-
-    model: str
-    driver_version: str
-    nvml_version: str
-    pci_device_id: int
-    pci_subsystem_id: int
-    memory_total: int
-    memory_reserved: int
-    context_overhead: int
-    power_limit_mw: int
-    power_mw: Range
-    load_gpu_util: float
-    """Utilisation (0-1) at which the ``load`` points were recorded."""
-    memory_util: Range
-    process_mem_util_per_sm_util: float
-    energy_start_mj: int
-    gpu_temperature: Range
-    memory_temperature: Range
-    clocks: tuple[ClockSpec, ...]
-    idle_clock_event_reasons: int
-    load_clock_event_reasons: int
-    encoder: tuple[int, int]
-    decoder: tuple[int, int]
-    pcie_tx_start: int
-    pcie_rx_start: int
-    pcie_tx_idle_rate: float
-    pcie_rx_idle_rate: float
-    pcie_extra_rate_at_full_load: float
-    gpm_supported: bool
-    supported_event_types: int
-    mig_memory_slices: int
-    mig_compute_slices: int
-    mig_max_devices: int
-    mig_profiles: tuple[MigProfile, ...]
-    fields: tuple[FieldSpec, ...]
-    gpm_metrics: tuple[GpmSpec, ...]
-    latency_us: tuple[tuple[str, float], ...]
-    """Recorded median latency per NVML function, for realistic benchmarks."""
-
-    def mig_profile(self, name: str) -> MigProfile | None:
-        return next((p for p in self.mig_profiles if p.name == name), None)
-
-    def clock(self, name: str) -> ClockSpec:
-        return next(c for c in self.clocks if c.name == name)
-
-    def recorded_latency_s(self) -> dict[str, float]:
-        """Per-function latency to pass as ``FakeNvml(latency_s=...)``."""
-        return {name: us / 1e6 for name, us in self.latency_us}
-
-
-#: GPU models a scenario may name, each with a ``profiles/<model>.json``.
-GPU_MODELS: Final = ("h200",)
-
-
-@functools.cache
-def load_profile(gpu_model: str) -> GpuProfile:
-    """The recorded profile of ``gpu_model`` (one of ``GPU_MODELS``)."""
-    if gpu_model not in GPU_MODELS:
-        raise ScenarioError(f"unknown gpu_model {gpu_model!r} (known: {', '.join(GPU_MODELS)})")
-    raw = json.loads(resources.files(__package__).joinpath("profiles", f"{gpu_model}.json").read_text())
-    mig = raw["mig"]
-    return GpuProfile(
-        model=raw["model"], driver_version=raw["driver_version"], nvml_version=raw["nvml_version"],
-        pci_device_id=raw["pci"]["device_id"], pci_subsystem_id=raw["pci"]["subsystem_id"],
-        memory_total=raw["memory"]["total_bytes"], memory_reserved=raw["memory"]["reserved_bytes"],
-        context_overhead=raw["memory"]["context_overhead_bytes"],
-        power_limit_mw=raw["power_limit_mw"],
-        power_mw=Range(raw["idle"]["power_mw"], raw["load"]["power_mw"]),
-        load_gpu_util=raw["load"]["gpu_util"] / 100,
-        memory_util=Range(raw["idle"]["memory_util"], raw["load"]["memory_util"]),
-        process_mem_util_per_sm_util=raw["process_mem_util_per_sm_util"],
-        energy_start_mj=raw["energy_start_mj"],
-        gpu_temperature=Range(**raw["temperature"]["gpu"]),
-        memory_temperature=Range(**raw["temperature"]["memory"]),
-        clocks=tuple(ClockSpec(name, **c) for name, c in raw["clocks"].items()),
-        idle_clock_event_reasons=raw["clock_event_reasons"]["idle"],
-        load_clock_event_reasons=raw["clock_event_reasons"]["load"],
-        encoder=tuple(raw["encoder"]), decoder=tuple(raw["decoder"]),  # type: ignore[arg-type]
-        pcie_tx_start=raw["pcie"]["tx_bytes_start"], pcie_rx_start=raw["pcie"]["rx_bytes_start"],
-        pcie_tx_idle_rate=raw["pcie"]["tx_idle_bytes_per_s"],
-        pcie_rx_idle_rate=raw["pcie"]["rx_idle_bytes_per_s"],
-        pcie_extra_rate_at_full_load=raw["pcie"]["extra_bytes_per_s_at_full_load"],
-        gpm_supported=raw["gpm_supported"], supported_event_types=raw["supported_event_types"],
-        mig_memory_slices=mig["memory_slices"], mig_compute_slices=mig["compute_slices"],
-        mig_max_devices=mig["max_devices"],
-        mig_profiles=tuple(MigProfile(p["name"], p["gi_profile_id"], p["memory_slices"], p["compute_slices"],
-                                      tuple(p["starts"]), p["max_instances"]) for p in mig["profiles"]),
-        fields=tuple(FieldSpec(f["id"], f["name"], f["ret"], f["value_type"], f["idle"], f["load"])
-                     for f in raw["fields"]),
-        gpm_metrics=tuple(GpmSpec(m["id"], m["name"], m["ret"], m["idle"], m["load"]) for m in raw["gpm"]),
-        latency_us=tuple(raw["latency_us"].items()),
-    )
 
 
 # --- scenario records --------------------------------------------------------------------------
