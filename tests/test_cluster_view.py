@@ -181,8 +181,9 @@ def test_node_local_join_without_the_api_server(scenario_files: dict[str, str]) 
         assert "kubeapi" not in {lbl["source"] for lbl in labels_of(frame, cat.SOURCE_UP)}
         # Without adminAccess from the API server, the monitoring claim looks like a second consumer.
         assert attribution(by_uuid[uuid("gpu-0")]) == ("", "", "", "", "", "")
-        # Pod UIDs and request names need the API server.
-        assert attribution(by_uuid[uuid("gpu-3-mig-3g71gb-9-0")]) == ("ml", "pair-0", "", "b", "pair", "")
+        # Pod UIDs and request names need the API server; so does knowing which of the pod's two
+        # containers uses this device: the kubelet reports every device of the claim to both.
+        assert attribution(by_uuid[uuid("gpu-3-mig-3g71gb-9-0")]) == ("ml", "pair-0", "", "", "pair", "")
         assert attribution(by_uuid[EXAMPLE_UUID]) == ("",) * 6, "no slice, no UUID for another driver"
         assert not labels_of(frame, cat.DEVICE_INFO)
 

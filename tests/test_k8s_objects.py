@@ -474,7 +474,9 @@ def test_served_versions_and_cluster_versions() -> None:
 # --- the scenario keys behind these objects: validation -------------------------------------------
 
 
-def test_container_using_one_request_gets_only_its_devices_from_the_kubelet() -> None:
+def test_the_kubelet_reports_every_device_of_a_claim_whatever_request_a_container_names() -> None:
+    """As the real kubelet does (no filtering by ``claims[].request``, dra-api.md §1); only the
+    pod spec from the API server says which request a container uses."""
     s = features(
         claims=[
             {
@@ -495,7 +497,7 @@ def test_container_using_one_request_gets_only_its_devices_from_the_kubelet() ->
         ],
     )
     (pod,) = s.pod_allocations_at(0).pods
-    assert [d.device for d in pod.containers[0].claims[0].devices] == ["gpu-1"]
+    assert [d.device for d in pod.containers[0].claims[0].devices] == ["gpu-0", "gpu-1"]
     assert [d.device for d in pod.containers[1].claims[0].devices] == ["gpu-0", "gpu-1"]
 
 

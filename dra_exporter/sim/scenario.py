@@ -327,8 +327,9 @@ class Scenario:
             model.PodAllocation(pod.namespace, pod.name, tuple(
                 model.ContainerAllocation(
                     name=c.name,
-                    claims=tuple(_claim_use(claims[(pod.namespace, name)], c.request_for(name))
-                                 for name in c.claims),
+                    # Like the real kubelet: every device of each referenced claim, whatever
+                    # request the container names (only the API server's pod spec says which).
+                    claims=tuple(_claim_use(claims[(pod.namespace, name)]) for name in c.claims),
                     plugin_devices=tuple(model.PluginDevices(d.resource, d.ids) for d in c.plugin_devices))
                 for c in pod.containers))
             for pod in self.pods_at(t)))
@@ -370,8 +371,7 @@ class Scenario:
 
 
 def _claim_use(claim: Claim, request: str = "") -> model.ClaimUse:
-    # A container that names one request of the claim gets only that request's devices,
-    # as the kubelet prepares and reports them per request.
+    """The claim's devices (only those of ``request`` when one is given)."""
     devices = claim.devices
     if request:
         devices = tuple(d for r in claim.all_requests() if r.name == request for d in r.devices)
