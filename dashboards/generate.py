@@ -880,13 +880,35 @@ def node() -> Dashboard:
             ),
         ),
     )
+    dra_devices = Row(
+        "DRA devices (API server)",
+        (
+            Panel(
+                "Devices the node's ResourceSlices publish",
+                "table",
+                (tab(f"{cat.DEVICE_INFO}{sel()}"),),
+                "Every slice device of the node, allocated or not, with its UUID and type.",
+                columns=(NODE_LABEL, "driver", "pool", "device", "type", "profile", "uuid"),
+                width=24,
+            ),
+            Panel(
+                "Device taints",
+                "table",
+                (tab(f"{cat.DEVICE_TAINT}{sel()}"),),
+                "Taints on slice devices (ResourceSlice or DeviceTaintRule): NoSchedule keeps new claims "
+                "away, NoExecute evicts.",
+                columns=(NODE_LABEL, "driver", "pool", "device", "key", "value", "effect"),
+                width=24,
+            ),
+        ),
+    )
     return Dashboard(
         "dra-exporter-node",
         "dra-node.json",
         "DRA GPUs / Node",
         "Every GPU and MIG device of a node: use, power, temperature, clocks, throttling, XID and ECC.",
         (NODE_VAR, GPU_VAR),
-        (devices, use, physical, errors, io, exporter),
+        (devices, use, physical, errors, io, dra_devices, exporter),
     )
 
 
@@ -1001,13 +1023,45 @@ def sharing() -> Dashboard:
             ),
         ),
     )
+    on_gpu = f"and on ({NODE_LABEL}, uuid) {cat.GPU_INFO}{sel(*d)}"
+    container_legend = "{{namespace}}/{{pod}}/{{container}} {{uuid}}"
+    containers = Row(
+        "Per-container shares",
+        (
+            Panel(
+                "Memory used per container",
+                "timeseries",
+                (t(f"{cat.CONTAINER_GPU_MEMORY_USED}{sel()} {on_gpu}", container_legend),),
+                "Device memory of each container's GPU processes, per device (NVML per-process memory, "
+                "PIDs mapped to containers through /proc; needs hostPID).",
+                "bytes",
+            ),
+            Panel(
+                "SM utilisation per container",
+                "timeseries",
+                (t(f"{cat.CONTAINER_GPU_SM_UTILIZATION}{sel()} {on_gpu}", container_legend),),
+                "Each container's share of the device's SMs; the shares of one device add up to at most "
+                "its utilisation.",
+                "percentunit",
+                max=1,
+            ),
+            Panel(
+                "Containers on GPUs now",
+                "table",
+                (tab(f"{cat.CONTAINER_GPU_MEMORY_USED}{sel()} {on_gpu}"),),
+                "Every container with GPU processes, its device and claim (Value: memory used, bytes).",
+                columns=(NODE_LABEL, "uuid", "namespace", "pod", "container", "claim"),
+                width=24,
+            ),
+        ),
+    )
     return Dashboard(
         "dra-exporter-sharing",
         "dra-mig-sharing.json",
         "DRA GPUs / MIG and shared GPUs",
         "MIG partitions and GPUs shared by several pods: layout, holders, use.",
         (NODE_VAR, GPU_VAR),
-        (layout, sharing_row),
+        (layout, sharing_row, containers),
     )
 
 

@@ -105,7 +105,7 @@ _SOURCE = ("source",)
 CATALOG: Final[tuple[MetricSpec, ...]] = (
     _spec(GPU_INFO, "gauge", "NVML identity of a GPU or MIG device; value is always 1.",
           ("uuid", "gpu", "model", "pci_bus_id", "driver_version", "profile", "parent_uuid",
-           "mig_mode", "gpu_instance_id", "compute_instance_id")),
+           "mig_mode", "gpu_instance_id", "compute_instance_id", "minor")),
     _spec(GPU_UP, "gauge", "Whether the last cycle read this device without an NVML error (1) or not (0).",
           otel_name="hw.status", otel_unit="1"),
     _spec(GPU_UTILIZATION, "gauge", "Fraction of the last sample period during which a kernel ran on the GPU.",
@@ -225,7 +225,119 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
           otel_name="dra.exporter.unattributed_processes", otel_unit="{process}"),
 )
 
-BY_NAME: Final[dict[str, MetricSpec]] = {spec.name: spec for spec in CATALOG}
+
+# --- dcgm-exporter names (``--naming dcgm|both``) ---------------------------------------------
+# A second table, apart from CATALOG: these families are a renaming of native ones for the
+# Prometheus endpoint only (``dra_exporter.naming`` builds them), so OTLP, the join and the
+# README's native table never treat them as metrics of their own.
+
+#: dcgm-exporter's labels on GPU series (its ``gpuMetricsFormat``, released casing ``Hostname``),
+#: then its pod attributes and DRA labels; always all present, ``""`` where dcgm-exporter omits one.
+DCGM_LABELS: Final = (
+    "gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
+    "GPU_I_PROFILE", "GPU_I_ID", "pod", "namespace", "container", "dra_claim_name", "dra_claim_namespace",
+    "dra_driver_name", "dra_pool_name", "dra_device_name", "dra_mig_profile", "dra_mig_device_uuid",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmSpec:
+    """One dcgm-exporter default counter and the native family it is computed from."""
+
+    name: str
+    """The raw DCGM field name: upper case, no unit suffix, no ``_total``."""
+    dcgm_kind: Kind
+    """The type dcgm-exporter declares. Exposed as ``gauge`` whatever it is: a counter's samples
+    must end in ``_total`` (always in OpenMetrics, and in this renderer), which would rename them."""
+    help: str
+    source: str
+    """Native family whose samples are converted (one DCGM series per native series)."""
+    scale: float = 1.0
+    """Factor from the native unit to DCGM's (bytes → MiB, Hz → MHz, J → mJ, ratio → %)."""
+    select: tuple[tuple[str, str], ...] = ()
+    """Native label values a sample must have (``clock=sm``); these labels are then dropped."""
+    sum_over: str = ""
+    """A native label summed away (NVLink ``direction``): one DCGM series per device."""
+    unit: str = ""
+    """DCGM's unit, for the README table."""
+
+
+_MIB = 1.0 / (1 << 20)
+
+DCGM_XID_ERRORS: Final = "DCGM_FI_DEV_XID_ERRORS"
+
+DCGM_CATALOG: Final[tuple[DcgmSpec, ...]] = (
+    DcgmSpec("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", GPU_CLOCK, 1e-6,
+             (("clock", "sm"),), unit="MHz"),
+    DcgmSpec("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", GPU_CLOCK, 1e-6,
+             (("clock", "memory"),), unit="MHz"),
+    DcgmSpec("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", GPU_MEMORY_TEMPERATURE, unit="C"),
+    DcgmSpec("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", GPU_TEMPERATURE, unit="C"),
+    DcgmSpec("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", GPU_POWER, unit="W"),
+    DcgmSpec("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ).",
+             GPU_ENERGY, 1e3, unit="mJ"),
+    DcgmSpec("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", GPU_PCIE_REPLAYS),
+    DcgmSpec("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", GPU_UTILIZATION, 100.0, unit="%"),
+    DcgmSpec("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", GPU_MEMORY_UTILIZATION, 100.0,
+             unit="%"),
+    DcgmSpec("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", GPU_ENCODER_UTILIZATION, 100.0,
+             unit="%"),
+    DcgmSpec("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", GPU_DECODER_UTILIZATION, 100.0,
+             unit="%"),
+    # Built by naming.py from the XID counters rather than converted sample by sample.
+    DcgmSpec(DCGM_XID_ERRORS, "gauge", "Value of the last XID error encountered.", GPU_XID_ERRORS,
+             unit="XID code"),
+    DcgmSpec("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", GPU_MEMORY_FREE, _MIB,
+             unit="MiB"),
+    DcgmSpec("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", GPU_MEMORY_USED, _MIB,
+             unit="MiB"),
+    DcgmSpec("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", GPU_MEMORY_RESERVED,
+             _MIB, unit="MiB"),
+    DcgmSpec("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
+             "Total number of NVLink bandwidth counters for all lanes.", GPU_NVLINK_BYTES,
+             sum_over="direction", unit="bytes, rx + tx, since the exporter started"),
+    DcgmSpec("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+             "Number of remapped rows for uncorrectable errors", GPU_REMAPPED_ROWS,
+             select=(("type", "uncorrectable"),)),
+    DcgmSpec("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
+             "Number of remapped rows for correctable errors", GPU_REMAPPED_ROWS,
+             select=(("type", "correctable"),)),
+    DcgmSpec("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
+             GPU_ROW_REMAP_FAILURE, unit="0/1"),
+    DcgmSpec("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+             GPU_TENSOR_ACTIVE, unit="ratio"),
+    DcgmSpec("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
+             "Ratio of cycles the device memory interface is active sending or receiving data.",
+             GPU_DRAM_ACTIVE, unit="ratio"),
+    DcgmSpec("DCGM_FI_PROF_SM_ACTIVE", "gauge",
+             "The ratio of cycles an SM has at least 1 warp assigned.", GPU_SM_ACTIVE, unit="ratio"),
+    DcgmSpec("DCGM_FI_PROF_SM_OCCUPANCY", "gauge",
+             "The ratio of number of warps resident on an SM.", GPU_SM_OCCUPANCY, unit="ratio"),
+    DcgmSpec("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "gauge", "Ratio of cycles the fp64 pipes are active.",
+             GPU_FP64_ACTIVE, unit="ratio"),
+    DcgmSpec("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "gauge", "Ratio of cycles the fp32 pipes are active.",
+             GPU_FP32_ACTIVE, unit="ratio"),
+    DcgmSpec("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "gauge", "Ratio of cycles the fp16 pipes are active.",
+             GPU_FP16_ACTIVE, unit="ratio"),
+)
+DCGM_BY_NAME: Final[dict[str, DcgmSpec]] = {d.name: d for d in DCGM_CATALOG}
+#: dcgm-exporter default counters with no native source, and why (README, naming.py).
+DCGM_LEFT_OUT: Final[tuple[tuple[str, str], ...]] = (
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "no native source: NVML's GPU utilisation samples kernels, GPM's SM "
+     "activity is not the graphics engine; use DCGM_FI_DEV_GPU_UTIL or DCGM_FI_PROF_SM_ACTIVE"),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES / _RX_BYTES", "DCGM's are gauge rates; the native counter "
+     "dra_gpu_pcie_bytes_total{direction} stays, use rate() on it"),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU only; not read"),
+)
+
+
+def _exposed(d: DcgmSpec) -> MetricSpec:
+    # Labels: DCGM_LABELS; the XID family has no other. Exposed as a gauge (see DcgmSpec.dcgm_kind).
+    return MetricSpec(d.name, "gauge", d.help if d.help.endswith(".") else d.help + ".", DCGM_LABELS)
+
+
+BY_NAME: Final[dict[str, MetricSpec]] = {spec.name: spec for spec in CATALOG} | {
+    d.name: _exposed(d) for d in DCGM_CATALOG}
 
 
 def spec(name: str) -> MetricSpec:
@@ -242,5 +354,22 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":  # python -m dra_exporter.catalog > table.md
-    print(markdown_table())
+def dcgm_markdown_table() -> str:
+    """The README's ``--naming dcgm`` table: each DCGM family, its unit and native source."""
+    rows = ["| dcgm-exporter name | DCGM type | unit | from | help |", "|---|---|---|---|---|"]
+    for d in DCGM_CATALOG:
+        source = f"`{d.source}`" + "".join(f" {{{k}=\"{v}\"}}" for k, v in d.select)
+        if d.scale != 1.0:
+            source += f" × {d.scale:g}"
+        if d.sum_over:
+            source += f", summed over `{d.sum_over}`"
+        rows.append(f"| `{d.name}` | {d.dcgm_kind} | {d.unit} | {source} | {d.help} |")
+    for name, why in DCGM_LEFT_OUT:
+        rows.append(f"| `{name}` | — | — | *not emitted* | {why} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m dra_exporter.catalog [dcgm] > table.md
+    import sys
+
+    print(dcgm_markdown_table() if sys.argv[1:] == ["dcgm"] else markdown_table())

@@ -62,6 +62,10 @@ pod_options = [
     _opt("--pod-namespace", default=None, help="Namespace of the exporter's own pod (downward API)."),
     _opt("--pod-name", default=None, help="Name of the exporter's own pod; its claims count as monitoring."),
 ]
+naming_option = _opt(
+    "--naming", type=click.Choice(["native", "dcgm", "both"]), default="native", show_default=True,
+    help="Metric names on /metrics: native, dcgm (dcgm-exporter's names, units and labels, for existing "
+         "dashboards and alerts) or both side by side. OTLP keeps the semantic names.")
 log_level_option = _opt("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
                         default="info", show_default=True)
 
@@ -179,10 +183,12 @@ def _otlp_settings(kw: dict[str, Any]) -> Any:
 @_opt("--web-config", default=None, metavar="FILE",
       help="TLS, client certificates, basic auth and headers for the endpoint "
            "(the Prometheus exporter-toolkit web-config format).")
+@naming_option
 @_otlp_options
 @_common
 @_user_errors
-def serve(listen: str, prometheus: bool, web_config: str | None, log_level: str, **kw: Any) -> None:
+def serve(listen: str, prometheus: bool, web_config: str | None, naming: str, log_level: str,
+          **kw: Any) -> None:
     """Collect every interval; serve the latest frame on /metrics and/or push it over OTLP."""
     from . import runtime
     from .sinks.webconfig import load_web_config
@@ -192,7 +198,9 @@ def serve(listen: str, prometheus: bool, web_config: str | None, log_level: str,
         raise click.UsageError("--no-prometheus needs --otlp-endpoint: otherwise nothing is published")
     if web_config and not prometheus:
         raise click.UsageError("--web-config protects the Prometheus endpoint, which --no-prometheus turns off")
-    settings = dataclasses.replace(_settings(listen, **kw), prometheus=prometheus, otlp=otlp,
+    if naming != "native" and not prometheus:
+        raise click.UsageError("--naming renames the Prometheus endpoint, which --no-prometheus turns off")
+    settings = dataclasses.replace(_settings(listen, **kw), prometheus=prometheus, otlp=otlp, naming=naming,
                                    web_config=load_web_config(web_config) if web_config else None)
     _logging(log_level)
     runtime.serve(settings)
@@ -201,15 +209,17 @@ def serve(listen: str, prometheus: bool, web_config: str | None, log_level: str,
 @main.command()
 @_opt("--format", "fmt", type=click.Choice(["prometheus", "openmetrics", "json", "table"]), default="table",
       show_default=True, help="Output format.")
+@naming_option
 @_common
 @_user_errors
-def snapshot(fmt: str, log_level: str, **kw: Any) -> None:
+def snapshot(fmt: str, naming: str, log_level: str, **kw: Any) -> None:
     """Run one collection cycle (two samples, for rates) and print it."""
     from . import runtime
 
-    settings = _settings(**kw)
+    settings = dataclasses.replace(_settings(**kw), naming=naming)
     _logging("error" if log_level == "info" else log_level)
-    frame = runtime.snapshot(settings)
+    # The table is the native view (its columns are native families); the other formats follow --naming.
+    frame = runtime.snapshot(settings, renamed=fmt != "table")
     if fmt in ("prometheus", "openmetrics"):
         from .sinks.prometheus import render
 

@@ -52,3 +52,6 @@ class Settings:
     """TLS / client certificates / basic auth for the Prometheus endpoint (--web-config)."""
     otlp: OtlpSettings | None = None
     """Push to an OpenTelemetry collector when set."""
+    naming: str = "native"
+    """Metric names on the Prometheus endpoint: ``native``, ``dcgm`` (dcgm-exporter's names, units and
+    labels) or ``both``; see ``dra_exporter.naming``. OTLP always uses the semantic names."""

@@ -320,6 +320,8 @@ def _device_families(out: _Builder, sample: DeviceSample, attribution: Labels) -
         ("driver_version", dev.driver_version), ("profile", dev.profile), ("parent_uuid", dev.parent_uuid),
         ("mig_mode", dev.mig_mode), ("gpu_instance_id", _opt(dev.gi_id)),
         ("compute_instance_id", _opt(dev.ci_id)),
+        # /dev/nvidia<minor> and NVIDIA's DRA name gpu-<minor>: not always the NVML index.
+        ("minor", str(dev.minor)),
     ), 1)
     base = (("uuid", dev.uuid), ("gpu", str(dev.index)), ("profile", dev.profile),
             ("parent_uuid", dev.parent_uuid), *attribution)

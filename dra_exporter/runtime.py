@@ -105,12 +105,29 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
         prometheus = PrometheusSink(settings.listen, web_config=settings.web_config)
         prometheus.start()
         closers.append(prometheus.stop)
-        sinks.append(prometheus)
+        # Only the scrape endpoint is renamed: OTLP keeps the semantic names.
+        sinks.append(prometheus if settings.naming == "native"
+                     else RenamingSink(prometheus, settings.naming, node_name(settings, sim)))
     followers = [SourceRunner(_procs_source(settings, sim, primary), keep_last_good=False, wall_clock=wall_clock,
                               interval=settings.interval)]
     agent = Agent(primary, side, sinks, interval=settings.interval, self_pod=_self_pod(settings, sim),
                   wall_clock=wall_clock, followers=followers)
     return Runtime(agent, sim, prometheus, closers)
+
+
+class RenamingSink:
+    """Publishes each frame to ``inner`` under a ``--naming`` other than native (``dra_exporter.naming``)."""
+
+    def __init__(self, inner: Any, naming: str, hostname: str) -> None:
+        from .naming import XidMemory
+
+        self.inner, self.naming, self.hostname = inner, naming, hostname
+        self._xid = XidMemory()  # which XID code is the latest, across frames
+
+    def publish(self, frame: Frame) -> None:
+        from .naming import apply
+
+        self.inner.publish(apply(frame, self.naming, hostname=self.hostname, xid=self._xid))
 
 
 def node_name(settings: Settings, sim: Any) -> str:
@@ -179,8 +196,10 @@ def _self_pod(settings: Settings, sim: Any) -> tuple[str, str] | None:
     return None
 
 
-def snapshot(settings: Settings) -> Frame:
-    """One collection cycle, taken twice so that rates (GPM, process utilisation) have two samples."""
+def snapshot(settings: Settings, *, renamed: bool = False) -> Frame:
+    """One collection cycle, taken twice so that rates (GPM, process utilisation) have two samples.
+
+    ``renamed``: under ``settings.naming`` (as /metrics shows it) instead of the native names."""
     runtime = build(settings, sim_time=SNAPSHOT_SIM_TIME if settings.simulate is not None else None)
     try:
         runtime.agent.cycle(collect_side=True)
@@ -188,7 +207,12 @@ def snapshot(settings: Settings) -> Frame:
             runtime.sim.clock.advance(settings.interval)
         else:
             time.sleep(settings.interval)
-        return runtime.agent.cycle(collect_side=True)
+        frame = runtime.agent.cycle(collect_side=True)
+        if renamed and settings.naming != "native":
+            from .naming import apply
+
+            frame = apply(frame, settings.naming, hostname=node_name(settings, runtime.sim))
+        return frame
     finally:
         runtime.close()
 

@@ -1,0 +1,183 @@
+"""``--naming dcgm|native|both``: dcgm-exporter's names, units and labels, computed from a native frame.
+
+Contract (pure: Frame in, Frame out, no I/O):
+
+- ``native`` returns the frame unchanged.
+- ``dcgm`` adds one DCGM family per ``catalog.DCGM_CATALOG`` entry and drops the native families
+  they are computed from (``DcgmSpec.source``); every other native family — DRA claims and devices,
+  per-container shares, ECC, throttling, PCIe bytes, self-metrics, ``dra_gpu_info``/``dra_gpu_up``
+  — stays under its native name, so nothing the exporter knows is lost.
+- ``both`` adds the DCGM families beside all native ones.
+
+Each native device series gives one DCGM series (no values copied): a MIG device's series carries
+its parent's ``gpu``/``UUID`` and ``GPU_I_PROFILE``/``GPU_I_ID`` as dcgm-exporter's do; board-level
+values (power, temperature, clocks) stay on the parent GPU's series instead of being repeated on
+every GPU instance. A shared device keeps the native attribution (``pod=""``). Every DCGM series
+has the full ``catalog.DCGM_LABELS`` set, ``""`` where dcgm-exporter leaves a label out
+(Prometheus stores both the same way).
+
+``DCGM_FI_DEV_XID_ERRORS`` is dcgm's last-value gauge: per device, the code of the most recent XID
+(0 when none was seen). The native counters only say how often each code happened, so "most
+recent" is the code whose counter grew last as seen by an ``XidMemory`` kept across frames; when
+several codes grew in the same cycle, or are already there on the first frame, the highest
+count wins, then the highest code.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from . import catalog as cat
+from .model import Family, Frame, Labels, Sample
+
+Naming = Literal["native", "dcgm", "both"]
+NAMINGS: Final[tuple[str, ...]] = ("native", "dcgm", "both")
+
+#: Native families the ``dcgm`` naming replaces by their DCGM counterpart.
+REPLACED: Final[frozenset[str]] = frozenset(d.source for d in cat.DCGM_CATALOG)
+
+
+@dataclass
+class XidMemory:
+    """Per device, the XID counts of the previous frame and the code judged most recent."""
+
+    counts: dict[str, dict[str, float]] = field(default_factory=dict)
+    last: dict[str, str] = field(default_factory=dict)
+
+    def observe(self, uuid: str, counts: Mapping[str, float]) -> str:
+        """The most recent XID code of ``uuid`` given its counters now; ``"0"`` when none."""
+        before = self.counts.get(uuid, {})
+        grown = {code: n - before.get(code, 0.0) for code, n in counts.items() if n > before.get(code, 0.0)}
+        if grown:
+            self.last[uuid] = max(grown, key=lambda code: (counts[code], _code_order(code)))
+        self.counts[uuid] = dict(counts)
+        return self.last.get(uuid, "0")
+
+
+def _code_order(code: str) -> int:
+    return int(code) if code.isdigit() else -1
+
+
+def apply(frame: Frame, naming: str, *, hostname: str, xid: XidMemory | None = None) -> Frame:
+    """``frame`` under ``naming`` (see the module docstring); ``xid`` carries XID order across frames."""
+    if naming == "native":
+        return frame
+    if naming not in NAMINGS:
+        raise ValueError(f"unknown naming {naming!r}; expected one of {', '.join(NAMINGS)}")
+    dcgm = dcgm_families(frame, hostname=hostname, xid=xid)
+    kept = frame.families if naming == "both" else tuple(f for f in frame.families if f.name not in REPLACED)
+    return Frame(tuple(sorted(kept + dcgm, key=lambda f: f.name)), frame.timestamp)
+
+
+def dcgm_families(frame: Frame, *, hostname: str, xid: XidMemory | None = None) -> tuple[Family, ...]:
+    """The DCGM families of ``frame`` (only those with samples)."""
+    labeller = _Labeller.of(frame, hostname)
+    out: list[Family] = []
+    for spec in cat.DCGM_CATALOG:
+        if spec.name == cat.DCGM_XID_ERRORS:
+            samples = _xid_samples(frame, labeller, xid or XidMemory())
+        else:
+            samples = _converted(frame.family(spec.source), spec, labeller)
+        if samples:
+            out.append(Family(spec.name, samples))
+    return tuple(out)
+
+
+def _converted(family: Family | None, spec: cat.DcgmSpec, labeller: _Labeller) -> tuple[Sample, ...]:
+    if family is None:
+        return ()
+    totals: dict[Labels, float] = defaultdict(float)
+    for sample in family.samples:
+        native = dict(sample.labels)
+        if any(native.get(k) != v for k, v in spec.select):
+            continue
+        # Summing is what ``sum_over`` asks for; for the others each key occurs once.
+        totals[labeller.labels(native)] += sample.value * spec.scale
+    return tuple(Sample(labels, value) for labels, value in sorted(totals.items()))
+
+
+def _xid_samples(frame: Frame, labeller: _Labeller, memory: XidMemory) -> tuple[Sample, ...]:
+    """One series per device (every ``dra_gpu_up`` series): its last XID code, 0 when none."""
+    up = frame.family(cat.GPU_UP)
+    counts: dict[str, dict[str, float]] = defaultdict(dict)
+    errors = frame.family(cat.GPU_XID_ERRORS)
+    for sample in errors.samples if errors else ():
+        native = dict(sample.labels)
+        counts[native.get("uuid", "")][native.get("xid", "")] = sample.value
+    out = []
+    for sample in up.samples if up else ():
+        native = dict(sample.labels)
+        code = memory.observe(native.get("uuid", ""), counts.get(native.get("uuid", ""), {}))
+        out.append(Sample(labeller.labels(native), float(code) if code.isdigit() else 0.0))
+    return tuple(sorted(out, key=lambda s: s.labels))
+
+
+@dataclass(frozen=True, slots=True)
+class _Labeller:
+    """Builds DCGM label sets from a native series' labels, with the frame's identity and allocations."""
+
+    hostname: str
+    identity: Mapping[str, Mapping[str, str]]
+    """uuid → its ``dra_gpu_info`` labels."""
+    allocations: Mapping[tuple[str, str, str], tuple[str, str, str]]
+    """(namespace, claim, uuid) → (driver, pool, device) from ``dra_claim_allocation_info``."""
+
+    @classmethod
+    def of(cls, frame: Frame, hostname: str) -> _Labeller:
+        return cls(hostname, _identity(frame), _allocations(frame))
+
+    def labels(self, native: Mapping[str, str]) -> Labels:
+        uuid = native.get("uuid", "")
+        info = self.identity.get(uuid, {})
+        parent_uuid = native.get("parent_uuid", "") or info.get("parent_uuid", "")
+        parent = self.identity.get(parent_uuid, info) if parent_uuid else info
+        gpu = native.get("gpu", "") or info.get("gpu", "")
+        mig = bool(parent_uuid)
+        namespace, claim = native.get("namespace", ""), native.get("claim", "")
+        driver, pool, device = self.allocations.get((namespace, claim, uuid), ("", "", "")) if claim else ("",) * 3
+        values = {
+            "gpu": gpu,
+            "UUID": parent_uuid or uuid,
+            "pci_bus_id": info.get("pci_bus_id", "") or parent.get("pci_bus_id", ""),
+            # The character device is /dev/nvidia<minor>; the NVML index is only a fallback for
+            # frames without the minor label.
+            "device": f"nvidia{parent.get('minor') or info.get('minor') or gpu}" if gpu else "",
+            "modelName": parent.get("model", "") or info.get("model", ""),
+            "Hostname": self.hostname,
+            "DCGM_FI_DRIVER_VERSION": info.get("driver_version", "") or parent.get("driver_version", ""),
+            "GPU_I_PROFILE": native.get("profile", "") if mig else "",
+            "GPU_I_ID": info.get("gpu_instance_id", "") if mig else "",
+            "pod": native.get("pod", ""),
+            "namespace": namespace,
+            "container": native.get("container", ""),
+            "dra_claim_name": claim,
+            "dra_claim_namespace": namespace if claim else "",
+            "dra_driver_name": driver,
+            "dra_pool_name": pool,
+            "dra_device_name": device,
+            "dra_mig_profile": native.get("profile", "") if mig and claim else "",
+            "dra_mig_device_uuid": uuid if mig and claim else "",
+        }
+        return tuple((name, values[name]) for name in cat.DCGM_LABELS)
+
+
+def _identity(frame: Frame) -> dict[str, dict[str, str]]:
+    info = frame.family(cat.GPU_INFO)
+    return {d["uuid"]: d for d in (dict(s.labels) for s in _samples(info)) if d.get("uuid")}
+
+
+def _allocations(frame: Frame) -> dict[tuple[str, str, str], tuple[str, str, str]]:
+    out: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+    for sample in _samples(frame.family(cat.CLAIM_ALLOCATION_INFO)):
+        d = dict(sample.labels)
+        if d.get("uuid"):
+            out[(d.get("namespace", ""), d.get("claim", ""), d["uuid"])] = (
+                d.get("driver", ""), d.get("pool", ""), d.get("device", ""))
+    return out
+
+
+def _samples(family: Family | None) -> Iterable[Sample]:
+    return family.samples if family else ()
