@@ -483,7 +483,7 @@ class SimulatedApiServer:
         class Handler(_Handler):
             api = server
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+        httpd = _QuietServer(("127.0.0.1", self._port), Handler)
         httpd.daemon_threads = True
         self._port = httpd.server_address[1]
         self._httpd = httpd
@@ -713,6 +713,14 @@ def _not_found(request: _Request | None = None) -> ApiError:
         f'{request.resource.qualified()} "{request.name}" not found',
         {"name": request.name, "group": request.resource.group, "kind": request.resource.name},
     )
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Clients that hang up mid-answer (a watch the exporter closes, a test's timeout) are
+    normal here; http.server would print a traceback to stderr for each."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        _log.debug("simulated API server: client %s went away", client_address, exc_info=True)
 
 
 def _shutdown(httpd: ThreadingHTTPServer) -> None:

@@ -22,6 +22,20 @@ What it asks the API server, and why the load per node does not grow with the cl
   Claims no local pod uses any more are forgotten without a request. Cost: 12 GETs per claim in
   use per hour, plus one per claim per pod start.
 
+What it does when the API server misbehaves (``docs/reliability.md`` names the tests):
+
+* errors, timeouts, connection refused: ``SourceError`` (the last good view stays in use) and
+  retries with exponential backoff (``Timeouts.backoff``), for ``collect`` and each watch alike;
+  a watch resumes from its resourceVersion afterwards, so an outage costs no re-list;
+* a watch that ends within ``HEALTHY_WATCH_S`` of its start (cut at once, or expired with 410
+  right after a fresh list) waits with the same backoff before the next request, as client-go's
+  reflector does: a load balancer that cuts every stream, or a server that expires every
+  resourceVersion, costs a request per backoff period, never a request storm. After
+  ``SHORT_WATCHES_ARE_AN_ERROR`` such watches in a row the source reports itself down;
+* answers are read with a bound: a list over ``MAX_LIST_BYTES`` and a claim or watch event over
+  ``MAX_OBJECT_BYTES`` are refused (``SourceError`` naming the limit) without reading further, so
+  a broken or hostile API server costs at most that much memory.
+
 The typed API classes of the official client (``ResourceV1Api``, ``ResourceV1beta2Api``,
 ``ResourceV1beta1Api``, ``CoreV1Api``) build the requests (paths, field selectors, auth, TLS,
 in-cluster token refresh), but answers are read as raw JSON (``_preload_content=False``) and
@@ -40,7 +54,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
@@ -48,7 +62,6 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from .. import model
 from . import SourceError
@@ -69,6 +82,20 @@ API_CLASSES: Final = {"v1": "ResourceV1Api", "v1beta2": "ResourceV1beta2Api", "v
 NO_ACCESS: Final = ("kubeapi: no API server access (no in-cluster service account, no kubeconfig): "
                     "node-local attribution only")
 RBAC_HINT: Final = "the exporter needs get/list/watch on resourceslices, resourceclaims and pods"
+#: One object (a claim GET, one watch event): the API server refuses to store objects over 3 MiB
+#: (its request body limit; etcd's default is 1.5 MiB), so anything bigger is not a real object.
+MAX_OBJECT_BYTES: Final = 4 * 2**20
+#: One list (this node's slices or pods): room for 110 pods (the kubelet's default maximum) of
+#: ~300 KiB each; real ones are ~10-50 KiB.
+MAX_LIST_BYTES: Final = 32 * 2**20
+#: A watch that ends sooner than this after its start (including its list) is "short": the next
+#: one waits for the backoff instead of starting at once.
+HEALTHY_WATCH_S: Final = 10.0
+#: Short watches in a row after which the watch counts as failing (``source_up`` 0). Each resumed
+#: watch (or re-list) brings the view up to date, so a few are routine; with the default backoff,
+#: eight take about three minutes, and by then the view can be a backoff period (60 s) old.
+SHORT_WATCHES_ARE_AN_ERROR: Final = 8
+_READ_CHUNK: Final = 64 * 1024
 
 T = TypeVar("T")
 
@@ -152,7 +179,8 @@ def probe(api_client: k8s.ApiClient, node_name: str, version: str, *, timeout: f
                        ("pods", k8s.CoreV1Api(api_client).list_pod_for_all_namespaces)):
         try:
             body = _json(_request(f"list {kind}", lambda call=call: call(  # type: ignore[misc]
-                field_selector=selector, _preload_content=False, _request_timeout=timeout)), f"list {kind}")
+                field_selector=selector, _preload_content=False, _request_timeout=timeout)),
+                f"list {kind}", MAX_LIST_BYTES)
         except SourceError as exc:
             results.append(Probe(False, str(exc).removeprefix("kubeapi: ")))
             continue
@@ -233,7 +261,7 @@ class _Reflector(Generic[T]):
         self._requests[f"list {self.kind}"] += 1
         body = _json(_request(f"list {self.kind}", lambda: self._call(
             field_selector=self._selector, _preload_content=False,
-            _request_timeout=self._timeouts.request)), f"list {self.kind}")
+            _request_timeout=self._timeouts.request)), f"list {self.kind}", MAX_LIST_BYTES)
         items = {}
         for obj in body.get("items") or ():
             if isinstance(obj, Mapping):
@@ -256,24 +284,46 @@ class _Reflector(Generic[T]):
     def _run(self, stop: threading.Event) -> None:
         initial, maximum = self._timeouts.backoff
         delay = initial
+        short = 0
         while not stop.is_set():
+            started = time.monotonic()
             try:
                 if self.resource_version is None:
                     self.list_once()
                 self._watch_once(stop)
-                delay = initial
+                gone = False
             except _Gone:
-                self.resource_version = None  # too old to resume: list again, at once
+                self.resource_version = None  # too old to resume: list again
+                gone = True
             except SourceError as exc:
+                short = 0
                 self.error = str(exc)
                 self._on_update()
                 stop.wait(delay * random.uniform(0.8, 1.2))
                 delay = min(maximum, delay * 2)
+                continue
             except Exception as exc:
+                short = 0
                 self.error = f"kubeapi: watching {self.kind} failed: {type(exc).__name__}: {exc}"
                 logging.getLogger(__name__).debug("watch %s failed", self.kind, exc_info=True)
                 stop.wait(delay)
                 delay = min(maximum, delay * 2)
+                continue
+            if stop.is_set():
+                return
+            if time.monotonic() - started >= HEALTHY_WATCH_S:
+                short, delay = 0, initial  # a watch that lived: the next one starts at once
+                continue
+            # Ended (cut, or 410) right after it started: a server or proxy that does this to every
+            # watch must not get a request storm. Wait, as after a failure.
+            short += 1
+            if short >= SHORT_WATCHES_ARE_AN_ERROR:
+                why = "expires every resourceVersion (410 Gone)" if gone else "cuts every watch at once"
+                self.error = (f"kubeapi: watching {self.kind}: the API server {why} "
+                              f"({short} times in a row); retrying with backoff")
+                self._on_update()
+            stop.wait(delay * random.uniform(0.8, 1.2))
+            delay = min(maximum, delay * 2)
 
     def _watch_once(self, stop: threading.Event) -> None:
         low, high = self._timeouts.watch
@@ -290,7 +340,7 @@ class _Reflector(Generic[T]):
             self.error = ""
             self._on_update()
         try:
-            for line in iter_resp_lines(response):
+            for line in _lines(response, MAX_OBJECT_BYTES, f"watch {self.kind}"):
                 if stop.is_set():
                     return
                 if line.strip():
@@ -488,7 +538,8 @@ class KubeApiSource:
         try:
             response = self._claim_api.read_namespaced_resource_claim(
                 name, namespace, _preload_content=False, _request_timeout=self._timeouts.request)
-            info: model.ClaimInfo | None = claim_from_dict(_json(response, "get resourceclaims"), self.api_version or "")
+            body = _json(response, "get resourceclaims", MAX_OBJECT_BYTES)
+            info: model.ClaimInfo | None = claim_from_dict(body, self.api_version or "")
         except ApiException as exc:
             if exc.status != 404:
                 raise _api_error(exc, f"get resourceclaims {namespace}/{name}") from None
@@ -571,9 +622,10 @@ _TRANSPORT_ERRORS: Final = (
 )
 
 
-def _json(response: Any, what: str) -> Mapping[str, Any]:
+def _json(response: Any, what: str, limit: int = MAX_OBJECT_BYTES) -> Mapping[str, Any]:
+    """The answer's JSON object, read up to ``limit`` bytes; a bigger answer is refused unread."""
     try:
-        data = response.data
+        data = _read_bounded(response, limit, what)
         body = json.loads(data)
     except (ValueError, urllib3.exceptions.HTTPError, OSError) as exc:
         raise SourceError(f"kubeapi: {what}: the API server's answer is not JSON ({type(exc).__name__})") from None
@@ -582,6 +634,43 @@ def _json(response: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(body, Mapping):
         raise SourceError(f"kubeapi: {what}: the API server's answer is not a JSON object")
     return body
+
+
+def _too_big(what: str, limit: int) -> SourceError:
+    return SourceError(f"kubeapi: {what}: the API server's answer is over the {limit // 2**20} MiB limit; "
+                       "refused (the last good view is kept)")
+
+
+def _read_bounded(response: Any, limit: int, what: str) -> bytes:
+    length = response.headers.get("Content-Length") if response.headers else None
+    if length is not None and length.isdigit() and int(length) > limit:
+        response.close()  # never read it; the connection cannot be reused with the body unread
+        raise _too_big(what, limit)
+    data = response.read(limit + 1)
+    if len(data) > limit:
+        response.close()
+        raise _too_big(what, limit)
+    return bytes(data)
+
+
+def _lines(response: Any, limit: int, what: str) -> Iterator[str]:
+    """The watch stream's lines, each at most ``limit`` bytes: a longer one is refused (and the
+    stream closed) as soon as the buffer passes the limit, before it is complete."""
+    buffer = bytearray()
+    for chunk in response.stream(_READ_CHUNK, decode_content=False):
+        start = len(buffer)
+        buffer += chunk
+        end = buffer.find(b"\n", start)
+        while end != -1:
+            if end > limit:
+                break
+            line = bytes(buffer[:end])
+            del buffer[:end + 1]
+            yield line.decode("utf-8", errors="replace")
+            end = buffer.find(b"\n")
+        if len(buffer) > limit:
+            response.close()
+            raise _too_big(what, limit)
 
 
 def _key(obj: Mapping[str, Any]) -> str:
