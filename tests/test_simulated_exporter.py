@@ -120,3 +120,27 @@ def test_xid_events_become_counters_in_serve_mode() -> None:
                 for s in fam.samples)
 
         eventually(counted)
+
+
+def test_one_gpu_lost_on_the_8_gpu_demo_node_costs_only_that_gpu(tmp_path: Path) -> None:
+    """DESIGN §6 on the realistic node: GPU 3 (part of the 4-GPU training claim) falls off the bus
+    at t=70 and comes back at t=90; the other 7 GPUs and 9 MIG devices never miss a value."""
+    import dra_exporter.sim
+
+    demo = Path(dra_exporter.sim.__file__).parent / "scenarios" / "demo.yaml"
+    scenario = tmp_path / "demo-lost.yaml"
+    scenario.write_text(demo.read_text().replace(
+        "faults:\n", "faults:\n  - {kind: gpu_lost, gpu: 3, at: 70, until: 90}\n", 1))
+    with simulated(str(scenario), sim_time=60.0) as rt:
+        before = rt.agent.cycle(collect_side=True)
+        lost_uuid = rt.sim.scenario.nvml_uuid("gpu-3")
+        rt.sim.clock.set(75.0)
+        during = rt.agent.cycle(collect_side=True)
+        up = values_of(during, cat.GPU_UP)
+        assert up.pop(lost_uuid) == 0.0
+        assert len(up) == 16 and set(up.values()) == {1.0}
+        assert set(values_of(during, cat.GPU_MEMORY_USED)) == set(values_of(before, cat.GPU_MEMORY_USED)) - {lost_uuid}
+        assert device_labels(during)[lost_uuid]["claim"] == "llama-train-gpus", "still attributed while down"
+        assert source_up(during, "nvml") == 1.0
+        rt.sim.clock.set(95.0)
+        assert values_of(rt.agent.cycle(collect_side=True), cat.GPU_UP)[lost_uuid] == 1.0
