@@ -20,6 +20,7 @@ Why not build prometheus_client families every cycle: that costs ~10 us per samp
 formats every label set once per family (a device's identity and attribution labels repeat
 in ~30 families). Here the HELP/TYPE lines are built once per family name, each label set is
 formatted once and cached across cycles (label sets change only when pods or devices do),
+values are cached too (a frame has few distinct ones), both caches are bounded by the frame,
 and the two formats share the sample lines, so rendering a frame in both formats costs
 about a tenth of what it did (figures in docs/performance.md).
 """
@@ -39,8 +40,6 @@ _EOF: Final = "# EOF\n"
 _SPECIAL: Final = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
 #: Characters a legacy label name may not contain; prometheus_client writes them as "_".
 _BAD_LABEL_CHAR: Final = re.compile(r"[^a-zA-Z0-9_]")
-#: How far the label and value caches may outgrow the current frame before they are emptied.
-_CACHE_SLACK: Final = 1024
 
 
 class UnknownMetricError(ValueError):
@@ -146,7 +145,7 @@ class Renderer:
             if family.samples:
                 families.append((self._family_head(family.name), self._lines(family)))
                 samples += len(family.samples)
-        self._trim_caches(samples)
+        self._trim_caches(frame, samples)
         rendered = _Rendered(frame, tuple(families))
         self._last = rendered
         return rendered
@@ -189,13 +188,18 @@ class Renderer:
         text = self._values[value] = format_value(value)
         return text
 
-    def _trim_caches(self, samples: int) -> None:
-        # Label sets of departed pods and values of past cycles must not pile up: once a
-        # cache outgrows the frame by the slack, start it afresh (one slower render).
-        if len(self._labels) > samples + _CACHE_SLACK:
-            self._labels = {}
-        if len(self._values) > samples + _CACHE_SLACK:
-            self._values = {}
+    def _trim_caches(self, frame: model.Frame, samples: int) -> None:
+        # Under churn the caches collect the label sets of departed pods, and every cycle
+        # brings new values. Once a cache holds more entries than the frame has samples, it
+        # keeps only what this frame used: bounded by the frame, and the next render stays warm.
+        if len(self._labels) > samples:
+            labels = self._labels
+            self._labels = {s.labels: text for f in frame.families for s in f.samples
+                            if (text := labels.get(s.labels)) is not None}
+        if len(self._values) > samples:
+            values = self._values
+            self._values = {s.value: text for f in frame.families for s in f.samples
+                            if (text := values.get(s.value)) is not None}
 
 
 _DEFAULT: Final = Renderer()

@@ -1,0 +1,159 @@
+"""Scrape latency: dra-exporter's cached bytes against the per-scrape baseline, same node, same run.
+
+Both servers run as child processes on the simulated node (``servers.py``); the scrapers are
+other processes, so no one shares a GIL with a server. Each scraper opens a new connection
+per scrape (as curl does; the baseline's server closes connections anyway), sends the
+headers of the mode, reads the whole response and times it with ``perf_counter``:
+
+- ``prometheus``: what Prometheus sends (OpenMetrics preferred, gzip accepted);
+- ``text``: no Accept header, no compression (curl, or a scraper that wants text).
+
+dra-exporter keeps collecting every second while it is scraped, as in production; the
+baseline does all its work inside the scrape. p50/p99 are nearest-rank percentiles over all
+scrapers' scrapes together.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .common import (
+    PROMETHEUS_HEADERS,
+    REPO,
+    Check,
+    Config,
+    Result,
+    child_env,
+    free_port,
+    ms,
+    percentile,
+    python_command,
+    ratio,
+    wait_http_ok,
+)
+
+MODES = {"prometheus": PROMETHEUS_HEADERS, "text": {}}
+_WARMUP_SCRAPES = 3
+P99_TARGET_MS = 5.0
+SPEEDUP_TARGET = 10.0
+
+
+def request_bytes(headers: dict[str, str]) -> bytes:
+    """A GET /metrics that asks the server to close the connection after answering."""
+    lines = ["GET /metrics HTTP/1.1", "Host: 127.0.0.1", "Connection: close",
+             *(f"{name}: {value}" for name, value in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def scrape(port: int, request: bytes) -> bytes:
+    """One scrape over a new connection; the whole response, read until the server closes."""
+    # A raw socket rather than http.client: the client's own CPU (4 scrapers share 2 cores
+    # with the server here) should add as little as possible to what is measured.
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(1 << 20):
+            chunks.append(chunk)
+    response = b"".join(chunks)
+    head, _, body = response.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0]
+    if b" 200 " not in status + b" " or not body:
+        raise RuntimeError(f"scrape of port {port} answered {status!r} with {len(body)} bytes of body")
+    return response
+
+
+def scrape_times(port: int, count: int, headers: dict[str, str]) -> list[float]:
+    """``count`` timed scrapes of ``/metrics`` (seconds each), after a few untimed ones."""
+    request = request_bytes(headers)
+    times = []
+    for i in range(_WARMUP_SCRAPES + count):
+        started = time.perf_counter()
+        scrape(port, request)
+        elapsed = time.perf_counter() - started
+        if i >= _WARMUP_SCRAPES:
+            times.append(elapsed)
+    return times
+
+
+def _scrape_job(job: tuple[int, int, dict[str, str]]) -> list[float]:
+    return scrape_times(*job)
+
+
+def concurrent_scrape_times(port: int, scrapers: int, count: int, headers: dict[str, str]) -> list[float]:
+    """Latencies of ``scrapers`` processes scraping ``count`` times each, all at once."""
+    # spawn, not fork: the parent may hold gRPC or server threads that must not be forked.
+    with multiprocessing.get_context("spawn").Pool(scrapers) as pool:
+        results = pool.map(_scrape_job, [(port, count, headers)] * scrapers)
+    return [t for times in results for t in times]
+
+
+@contextmanager
+def server(kind: str, scenario: str) -> Iterator[int]:
+    """A server of ``kind`` (``dra-exporter`` or ``baseline``) on a free port, ready to scrape."""
+    port = free_port()
+    listen = f"127.0.0.1:{port}"
+    if kind == "dra-exporter":
+        args = ["-m", "benchmarks.servers", "exporter", "--", "serve", "--simulate", scenario,
+                "--listen", listen, "--log-level", "warning"]
+    else:
+        args = ["-m", "benchmarks.servers", "per-scrape", "--simulate", scenario, "--listen", listen]
+    proc = subprocess.Popen(python_command(*args), cwd=REPO, env=child_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_http_ok(f"http://{listen}/metrics", alive=lambda: proc.poll() is None)
+        yield port
+    except RuntimeError as err:
+        raise RuntimeError(f"{err}: {_stderr_tail(proc)}") from None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _stderr_tail(proc: subprocess.Popen[bytes]) -> str:
+    if proc.poll() is None:
+        proc.terminate()
+    _, err = proc.communicate(timeout=10)
+    return err.decode(errors="replace")[-2000:]
+
+
+def run(config: Config) -> Result:
+    result = Result(
+        description="Latency of GET /metrics, p50/p99 over all scrapes, new connection per scrape.",
+        baseline="prometheus_client custom collector that reads the fake NVML, joins and builds the families "
+                 "on every scrape, served by prometheus_client's HTTP server (benchmarks/servers.py)")
+    for scenario in config.scenarios:
+        latencies: dict[tuple[str, int, str], list[float]] = {}
+        for kind, count in (("dra-exporter", config.scrapes), ("baseline", config.baseline_scrapes)):
+            with server(kind, scenario) as port:
+                for scrapers in config.concurrency:
+                    for mode, headers in MODES.items():
+                        times = concurrent_scrape_times(port, scrapers, count, headers)
+                        latencies[(kind, scrapers, mode)] = times
+        for scrapers in config.concurrency:
+            for mode in MODES:
+                ours = latencies[("dra-exporter", scrapers, mode)]
+                base = latencies[("baseline", scrapers, mode)]
+                p50, p99 = ms(percentile(ours, 50)), ms(percentile(ours, 99))
+                base_p50, base_p99 = ms(percentile(base, 50)), ms(percentile(base, 99))
+                row: dict[str, Any] = {"scenario": scenario, "scrapers": scrapers, "mode": mode,
+                                       "p50_ms": p50, "p99_ms": p99,
+                                       "baseline_p50_ms": base_p50, "baseline_p99_ms": base_p99,
+                                       "scrapes": len(ours), "baseline_scrapes": len(base),
+                                       "p50_ratio": ratio(base_p50, p50), "p99_ratio": ratio(base_p99, p99)}
+                result.rows.append(row)
+                if scenario == "scale":
+                    where = f"scale, {scrapers} scraper(s), {mode}"
+                    result.checks.append(Check(f"scrape p99 ({where})", p99, P99_TARGET_MS, "ms"))
+                    result.checks.append(Check(f"p99 speed-up over the per-scrape baseline ({where})",
+                                               row["p99_ratio"], SPEEDUP_TARGET, "x", higher_is_better=True))
+    return result

@@ -1,0 +1,83 @@
+"""The servers the benchmarks start as child processes (so a scraper never shares their GIL).
+
+``python -m benchmarks.servers exporter [--renderer reference] -- ARGS``
+    dra-exporter's own command line (``ARGS`` as for ``dra-exporter``); with
+    ``--renderer reference`` the sink renders with prometheus_client instead of
+    ``sinks.exposition``: the exporter as it was before this renderer.
+``python -m benchmarks.servers per-scrape --simulate SCENARIO --listen HOST:PORT``
+    the per-scrape baseline: prometheus_client's HTTP server with a collector that reads the
+    simulated NVML, joins and builds the families on every request (``baseline.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import signal
+import threading
+
+from dra_exporter import __version__
+from dra_exporter.sinks.http import parse_listen
+
+from .baseline import PerScrapeCollector, render_reference
+
+
+def _exporter(renderer: str, args: list[str]) -> None:
+    from dra_exporter import cli
+    from dra_exporter.sinks import prometheus
+
+    if renderer == "reference":
+        prometheus.render = render_reference  # type: ignore[assignment]  # publish() looks it up per call
+    cli.main(args=args, prog_name="dra-exporter")
+
+
+def _per_scrape(scenario_name: str, listen: str) -> None:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from dra_exporter.join import JoinInput, join
+    from dra_exporter.sim.clock import SimClock
+    from dra_exporter.sim.fake_nvml import FakeNvml
+    from dra_exporter.sim.scenario import load_scenario
+    from dra_exporter.sources.nvml import NvmlSource
+
+    scenario = load_scenario(scenario_name)
+    clock = SimClock()  # follows the wall clock, as under `serve --simulate`
+    source = NvmlSource(FakeNvml(scenario, clock), wall_clock=clock.wall, monotonic=clock.now, events=False)
+    exporter_pod = scenario.exporter_pod
+    self_pod = (exporter_pod.namespace, exporter_pod.name) if exporter_pod else None
+
+    def cycle():  # type: ignore[no-untyped-def]
+        # The kubelet's view is taken from the scenario directly (no gRPC call): that keeps the
+        # baseline cheaper than the peers, which ask the kubelet on every scrape too.
+        return join(JoinInput(nvml=source.collect(), pods=scenario.pod_allocations_at(clock.now()),
+                              self_pod=self_pod, version=__version__,
+                              python_version=platform.python_version(), timestamp=clock.wall()))
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PerScrapeCollector(cycle))  # type: ignore[arg-type]
+    address = parse_listen(listen)
+    start_http_server(address.port, addr=address.host, registry=registry)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.servers", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="kind", required=True)
+    exporter = sub.add_parser("exporter", help="dra-exporter's command line")
+    exporter.add_argument("--renderer", choices=("exposition", "reference"), default="exposition")
+    exporter.add_argument("args", nargs=argparse.REMAINDER)
+    per_scrape = sub.add_parser("per-scrape", help="the per-scrape prometheus_client baseline")
+    per_scrape.add_argument("--simulate", default="demo")
+    per_scrape.add_argument("--listen", default="127.0.0.1:9402")
+    ns = parser.parse_args(argv)
+    if ns.kind == "exporter":
+        _exporter(ns.renderer, [a for a in ns.args if a != "--"])
+    else:
+        _per_scrape(ns.simulate, ns.listen)
+
+
+if __name__ == "__main__":
+    main()
