@@ -9,8 +9,10 @@ headers of the mode, reads the whole response and times it with ``perf_counter``
 - ``text``: no Accept header, no compression (curl, or a scraper that wants text).
 
 dra-exporter keeps collecting every second while it is scraped, as in production; the
-baseline does all its work inside the scrape. p50/p99 are nearest-rank percentiles over all
-scrapers' scrapes together.
+baseline does all its work inside the scrape. A third server, dra-exporter serving one
+frame with its collection loop stopped (``idle_*`` columns), shows what the HTTP server
+costs alone, so the difference is what a cycle running in the same interpreter adds. p50/p99
+are nearest-rank percentiles over all scrapers' scrapes together.
 """
 
 from __future__ import annotations
@@ -95,14 +97,14 @@ def concurrent_scrape_times(port: int, scrapers: int, count: int, headers: dict[
 
 @contextmanager
 def server(kind: str, scenario: str) -> Iterator[int]:
-    """A server of ``kind`` (``dra-exporter`` or ``baseline``) on a free port, ready to scrape."""
+    """A server of ``kind`` (``dra-exporter``, ``frozen``, ``per-scrape``) on a free port, ready to scrape."""
     port = free_port()
     listen = f"127.0.0.1:{port}"
     if kind == "dra-exporter":
         args = ["-m", "benchmarks.servers", "exporter", "--", "serve", "--simulate", scenario,
                 "--listen", listen, "--log-level", "warning"]
     else:
-        args = ["-m", "benchmarks.servers", "per-scrape", "--simulate", scenario, "--listen", listen]
+        args = ["-m", "benchmarks.servers", kind, "--simulate", scenario, "--listen", listen]
     proc = subprocess.Popen(python_command(*args), cwd=REPO, env=child_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -133,7 +135,8 @@ def run(config: Config) -> Result:
                  "on every scrape, served by prometheus_client's HTTP server (benchmarks/servers.py)")
     for scenario in config.scenarios:
         latencies: dict[tuple[str, int, str], list[float]] = {}
-        for kind, count in (("dra-exporter", config.scrapes), ("baseline", config.baseline_scrapes)):
+        for kind, count in (("dra-exporter", config.scrapes), ("frozen", config.scrapes),
+                            ("per-scrape", config.baseline_scrapes)):
             with server(kind, scenario) as port:
                 for scrapers in config.concurrency:
                     for mode, headers in MODES.items():
@@ -142,11 +145,14 @@ def run(config: Config) -> Result:
         for scrapers in config.concurrency:
             for mode in MODES:
                 ours = latencies[("dra-exporter", scrapers, mode)]
-                base = latencies[("baseline", scrapers, mode)]
+                idle = latencies[("frozen", scrapers, mode)]
+                base = latencies[("per-scrape", scrapers, mode)]
                 p50, p99 = ms(percentile(ours, 50)), ms(percentile(ours, 99))
                 base_p50, base_p99 = ms(percentile(base, 50)), ms(percentile(base, 99))
                 row: dict[str, Any] = {"scenario": scenario, "scrapers": scrapers, "mode": mode,
                                        "p50_ms": p50, "p99_ms": p99,
+                                       "idle_p50_ms": ms(percentile(idle, 50)),
+                                       "idle_p99_ms": ms(percentile(idle, 99)),
                                        "baseline_p50_ms": base_p50, "baseline_p99_ms": base_p99,
                                        "scrapes": len(ours), "baseline_scrapes": len(base),
                                        "p50_ratio": ratio(base_p50, p50), "p99_ratio": ratio(base_p99, p99)}

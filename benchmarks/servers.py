@@ -4,6 +4,10 @@
     dra-exporter's own command line (``ARGS`` as for ``dra-exporter``); with
     ``--renderer reference`` the sink renders with prometheus_client instead of
     ``sinks.exposition``: the exporter as it was before this renderer.
+``python -m benchmarks.servers frozen --simulate SCENARIO --listen HOST:PORT``
+    dra-exporter's runtime on a stopped simulated clock and without its collection loop: two
+    cycles, then the sink serves that frame until stopped. Scraping it measures the HTTP
+    server alone, with no cycle competing for the interpreter.
 ``python -m benchmarks.servers per-scrape --simulate SCENARIO --listen HOST:PORT``
     the per-scrape baseline: prometheus_client's HTTP server with a collector that reads the
     simulated NVML, joins and builds the families on every request (``baseline.py``).
@@ -29,6 +33,27 @@ def _exporter(renderer: str, args: list[str]) -> None:
     if renderer == "reference":
         prometheus.render = render_reference  # type: ignore[assignment]  # publish() looks it up per call
     cli.main(args=args, prog_name="dra-exporter")
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+
+
+def _frozen(scenario: str, listen: str) -> None:
+    from dra_exporter import runtime
+    from dra_exporter.config import Settings
+
+    rt = runtime.build(Settings(listen=listen, simulate=scenario), sim_time=600.0, publish=True)
+    try:
+        rt.agent.cycle(collect_side=True)
+        rt.sim.clock.advance(1.0)
+        rt.agent.cycle(collect_side=True)  # a second sample, so rates (GPM) are in the frame
+        _wait_for_signal()
+    finally:
+        rt.close()
 
 
 def _per_scrape(scenario_name: str, listen: str) -> None:
@@ -57,10 +82,7 @@ def _per_scrape(scenario_name: str, listen: str) -> None:
     registry.register(PerScrapeCollector(cycle))  # type: ignore[arg-type]
     address = parse_listen(listen)
     start_http_server(address.port, addr=address.host, registry=registry)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
+    _wait_for_signal()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,12 +91,16 @@ def main(argv: list[str] | None = None) -> None:
     exporter = sub.add_parser("exporter", help="dra-exporter's command line")
     exporter.add_argument("--renderer", choices=("exposition", "reference"), default="exposition")
     exporter.add_argument("args", nargs=argparse.REMAINDER)
-    per_scrape = sub.add_parser("per-scrape", help="the per-scrape prometheus_client baseline")
-    per_scrape.add_argument("--simulate", default="demo")
-    per_scrape.add_argument("--listen", default="127.0.0.1:9402")
+    for kind, text in (("frozen", "dra-exporter serving one frame, no collection loop"),
+                       ("per-scrape", "the per-scrape prometheus_client baseline")):
+        simulated = sub.add_parser(kind, help=text)
+        simulated.add_argument("--simulate", default="demo")
+        simulated.add_argument("--listen", default="127.0.0.1:9402")
     ns = parser.parse_args(argv)
     if ns.kind == "exporter":
         _exporter(ns.renderer, [a for a in ns.args if a != "--"])
+    elif ns.kind == "frozen":
+        _frozen(ns.simulate, ns.listen)
     else:
         _per_scrape(ns.simulate, ns.listen)
 

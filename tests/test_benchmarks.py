@@ -174,7 +174,8 @@ def test_benchmark_runs_and_writes_its_json(name: str, tmp_path: Path,
 
 def _assert_rows(name: str, rows: list[dict[str, Any]]) -> None:
     numbers = {
-        "scrape": ("p50_ms", "p99_ms", "baseline_p50_ms", "baseline_p99_ms", "p50_ratio", "p99_ratio"),
+        "scrape": ("p50_ms", "p99_ms", "idle_p50_ms", "idle_p99_ms", "baseline_p50_ms", "baseline_p99_ms",
+                   "p50_ratio", "p99_ratio"),
         "cycle": ("cpu_ms",),
         "serve": ("cpu_core_fraction", "rss_mb", "baseline_cpu_core_fraction", "cpu_ratio"),
         "drift": ("rss_mb", "allocated_blocks"),
