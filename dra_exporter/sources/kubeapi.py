@@ -36,13 +36,12 @@ What it does when the API server misbehaves (``docs/reliability.md`` names the t
   ``MAX_OBJECT_BYTES`` are refused (``SourceError`` naming the limit) without reading further, so
   a broken or hostile API server costs at most that much memory.
 
-The typed API classes of the official client (``ResourceV1Api``, ``ResourceV1beta2Api``,
-``ResourceV1beta1Api``, ``CoreV1Api``) build the requests (paths, field selectors, auth, TLS,
-in-cluster token refresh), but answers are read as raw JSON (``_preload_content=False``) and
-normalised by ``kubeapi_normalize``: the typed models differ per version and client release
-(``V1ResourceClaim`` changed meaning in 34.x), drop fields newer than the client, and cost a
-deserialisation per watch event. The dynamic client was not used because it discovers every
-group of the cluster and caches discovery in a temporary file.
+Requests go through the official client's ``ApiClient`` (configuration, auth, TLS, in-cluster
+token refresh) with paths of our own (``kubeapi_http``: the typed API classes cost ~29 MB of RSS
+to import). Answers are read as raw JSON and normalised by ``kubeapi_normalize``: the typed
+models differ per version and client release (``V1ResourceClaim`` changed meaning in 34.x), drop
+fields newer than the client, and cost a deserialisation per watch event. The dynamic client was
+not used because it discovers every group of the cluster and caches discovery in a temporary file.
 """
 
 from __future__ import annotations
@@ -56,6 +55,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, Generic, TypeVar
 
 import urllib3
@@ -65,6 +65,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import model
 from . import SourceError
+from . import kubeapi_http as http
 from .kubeapi_normalize import (
     SUPPORTED_VERSIONS,
     choose_version,
@@ -77,8 +78,6 @@ from .kubeapi_normalize import (
 
 SOURCE: Final = "kubeapi"
 GROUP: Final = "resource.k8s.io"
-#: The typed API class of the official client for each version (absent in older clients).
-API_CLASSES: Final = {"v1": "ResourceV1Api", "v1beta2": "ResourceV1beta2Api", "v1beta1": "ResourceV1beta1Api"}
 NO_ACCESS: Final = ("kubeapi: no API server access (no in-cluster service account, no kubeconfig): "
                     "node-local attribution only")
 RBAC_HINT: Final = "the exporter needs get/list/watch on resourceslices, resourceclaims and pods"
@@ -98,11 +97,6 @@ SHORT_WATCHES_ARE_AN_ERROR: Final = 8
 _READ_CHUNK: Final = 64 * 1024
 
 T = TypeVar("T")
-
-
-def usable_versions() -> tuple[str, ...]:
-    """The resource.k8s.io versions the installed client has typed APIs for."""
-    return tuple(v for v in SUPPORTED_VERSIONS if hasattr(k8s, API_CLASSES[v]))
 
 
 def load_client(kubeconfig: str | None = None) -> k8s.ApiClient:
@@ -138,7 +132,7 @@ def discover(api_client: k8s.ApiClient, timeout: float = 10.0) -> tuple[tuple[st
     """(versions the server serves, the one to read): one ``GET /apis/resource.k8s.io``.
     Raises ``SourceError`` when the group is not served or no version fits the client."""
     try:
-        response = k8s.ResourceApi(api_client).get_api_group(_preload_content=False, _request_timeout=timeout)
+        response = http.get(api_client, http.GROUP_PATH, timeout=timeout)
     except ApiException as exc:
         if exc.status == 404:
             raise SourceError(f"kubeapi: the API server does not serve {GROUP} "
@@ -147,12 +141,10 @@ def discover(api_client: k8s.ApiClient, timeout: float = 10.0) -> tuple[tuple[st
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise _unreachable(exc) from None
     served = served_versions(_json(response, f"discover {GROUP}"))
-    usable = usable_versions()
-    version = choose_version(served, usable)
+    version = choose_version(served, SUPPORTED_VERSIONS)
     if version is None:
         raise SourceError(f"kubeapi: no {GROUP} version both served ({', '.join(served) or 'none'}) and "
-                          f"known to the installed kubernetes client ({', '.join(usable) or 'none'}); "
-                          f"dra-exporter reads {', '.join(SUPPORTED_VERSIONS)}")
+                          f"read by dra-exporter ({', '.join(SUPPORTED_VERSIONS)})")
     return served, version
 
 
@@ -173,14 +165,11 @@ def probe(api_client: k8s.ApiClient, node_name: str, version: str, *, timeout: f
           access_review: bool = True) -> list[Probe]:
     """List this node's slices and pods once, and ask whether the watches and claim GETs are allowed."""
     selector = f"spec.nodeName={node_name}"
-    resource_api = getattr(k8s, API_CLASSES[version])(api_client)
     results = []
-    for kind, call in (("resourceslices", resource_api.list_resource_slice),
-                       ("pods", k8s.CoreV1Api(api_client).list_pod_for_all_namespaces)):
+    for kind, path in (("resourceslices", http.slices_path(version)), ("pods", http.PODS_PATH)):
         try:
-            body = _json(_request(f"list {kind}", lambda call=call: call(  # type: ignore[misc]
-                field_selector=selector, _preload_content=False, _request_timeout=timeout)),
-                f"list {kind}", MAX_LIST_BYTES)
+            body = _json(_request(f"list {kind}", lambda path=path: http.get(  # type: ignore[misc]
+                api_client, path, [("fieldSelector", selector)], timeout=timeout)), f"list {kind}", MAX_LIST_BYTES)
         except SourceError as exc:
             results.append(Probe(False, str(exc).removeprefix("kubeapi: ")))
             continue
@@ -192,16 +181,19 @@ def probe(api_client: k8s.ApiClient, node_name: str, version: str, *, timeout: f
 
 def _review(api_client: k8s.ApiClient, verb: str, group: str, resource: str, timeout: float) -> Probe:
     what = f"{verb} {resource}" + (f".{group}" if group else "")
-    review = k8s.V1SelfSubjectAccessReview(spec=k8s.V1SelfSubjectAccessReviewSpec(
-        resource_attributes=k8s.V1ResourceAttributes(verb=verb, group=group, resource=resource)))
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}}}
     try:
-        answer = k8s.AuthorizationV1Api(api_client).create_self_subject_access_review(
-            review, _request_timeout=timeout)
+        answer = _json(http.post(api_client, http.ACCESS_REVIEW_PATH, review, timeout=timeout),
+                       f"check whether it may {what}")
     except ApiException as exc:
         return Probe(False, f"could not check whether it may {what}: HTTP {exc.status}")
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         return Probe(False, str(_unreachable(exc)).removeprefix("kubeapi: "))
-    allowed = bool(answer.status and answer.status.allowed)
+    except SourceError as exc:
+        return Probe(False, str(exc).removeprefix("kubeapi: "))
+    status = answer.get("status")
+    allowed = isinstance(status, Mapping) and status.get("allowed") is True
     return Probe(allowed, f"may {what}" if allowed else f"may not {what} ({RBAC_HINT})")
 
 
@@ -231,12 +223,12 @@ class _Reflector(Generic[T]):
     ``changed(key, old, new)`` is called for every object that changes (None: absent).
     """
 
-    def __init__(self, kind: str, call: Callable[..., Any], field_selector: str,
+    def __init__(self, kind: str, get: Callable[[http.Query, Any], Any], field_selector: str,
                  normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
                  changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
                  on_update: Callable[[], None] = lambda: None) -> None:
         self.kind = kind
-        self._call = call
+        self._get = get
         self._selector = field_selector
         self._normalize = normalize
         self._timeouts = timeouts
@@ -259,9 +251,8 @@ class _Reflector(Generic[T]):
     def list_once(self) -> None:
         """One consistent list; replaces every object. Raises ``SourceError``."""
         self._requests[f"list {self.kind}"] += 1
-        body = _json(_request(f"list {self.kind}", lambda: self._call(
-            field_selector=self._selector, _preload_content=False,
-            _request_timeout=self._timeouts.request)), f"list {self.kind}", MAX_LIST_BYTES)
+        body = _json(_request(f"list {self.kind}", lambda: self._get(
+            [("fieldSelector", self._selector)], self._timeouts.request)), f"list {self.kind}", MAX_LIST_BYTES)
         items = {}
         for obj in body.get("items") or ():
             if isinstance(obj, Mapping):
@@ -330,11 +321,10 @@ class _Reflector(Generic[T]):
         seconds = random.randint(low, high)
         what = f"watch {self.kind}"
         self._requests[what] += 1
-        response = _request(what, lambda: self._call(
-            field_selector=self._selector, watch=True, resource_version=self.resource_version or "",
-            allow_watch_bookmarks=True, timeout_seconds=seconds, _preload_content=False,
-            # The server ends the watch after `seconds`; a read timeout catches a silently dead peer.
-            _request_timeout=(self._timeouts.request, float(seconds + 30))))
+        query: http.Query = [("fieldSelector", self._selector), ("watch", True), ("resourceVersion", self.resource_version or ""),
+                 ("allowWatchBookmarks", True), ("timeoutSeconds", seconds)]
+        # The server ends the watch after `seconds`; a read timeout catches a silently dead peer.
+        response = _request(what, lambda: self._get(query, (self._timeouts.request, float(seconds + 30))))
         self._response = response
         if self.error:
             self.error = ""
@@ -425,7 +415,6 @@ class KubeApiSource:
         self.api_version: str | None = None
         self._slices: _Reflector[model.ResourceSliceInfo] | None = None
         self._pods: _Reflector[model.PodInfo] | None = None
-        self._claim_api: Any = None
         self._claims: dict[tuple[str, str], _CachedClaim] = {}
         self._stale: set[tuple[str, str]] = set()
         self._stale_lock = threading.Lock()
@@ -474,12 +463,11 @@ class KubeApiSource:
             self._log.info("kubeapi: reading %s/%s for node %s", GROUP, self.api_version, self.node_name)
         if self._slices is None or self._pods is None:
             selector = f"spec.nodeName={self.node_name}"
-            resource_api = getattr(k8s, API_CLASSES[self.api_version])(self._client)
-            version = self.api_version
-            slices = _Reflector("resourceslices", resource_api.list_resource_slice, selector,
+            version, client = self.api_version, self._client
+            slices = _Reflector("resourceslices", partial(_get_from, client, http.slices_path(version)), selector,
                                 lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
                                 on_update=self._bump)
-            pods = _Reflector("pods", k8s.CoreV1Api(self._client).list_pod_for_all_namespaces, selector,
+            pods = _Reflector("pods", partial(_get_from, client, http.PODS_PATH), selector,
                               pod_from_dict, self._timeouts, self.requests, changed=self._pod_changed,
                               on_update=self._bump)
             # The first lists happen here, so the first frame already has the cluster view.
@@ -488,7 +476,6 @@ class KubeApiSource:
             slices.start(self._stop)
             pods.start(self._stop)
             self._slices, self._pods = slices, pods
-            self._claim_api = resource_api
 
     def _discover(self) -> str:
         assert self._client is not None
@@ -536,8 +523,9 @@ class KubeApiSource:
     def _fetch_claim(self, namespace: str, name: str, now: float) -> None:
         self.requests["get resourceclaims"] += 1
         try:
-            response = self._claim_api.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False, _request_timeout=self._timeouts.request)
+            assert self._client is not None and self.api_version is not None
+            response = http.get_claim(self._client, self.api_version, namespace, name,
+                                      timeout=self._timeouts.request)
             body = _json(response, "get resourceclaims", MAX_OBJECT_BYTES)
             info: model.ClaimInfo | None = claim_from_dict(body, self.api_version or "")
         except ApiException as exc:
@@ -592,6 +580,10 @@ def _request(what: str, call: Callable[[], Any]) -> Any:
         raise _api_error(exc, what) from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise _unreachable(exc) from None
+
+
+def _get_from(api_client: k8s.ApiClient, path: str, query: http.Query, timeout: Any) -> Any:
+    return http.get(api_client, path, query, timeout=timeout)
 
 
 def _api_error(exc: ApiException, what: str) -> SourceError:
