@@ -298,6 +298,46 @@ def test_gzip_when_asked(sink: PrometheusSink, accept: str | None) -> None:
     assert "content-encoding" not in headers and body == plain
 
 
+def test_formats_scraped_with_gzip_are_compressed_at_publish_not_on_the_scrape(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prometheus scrapes every 15-60 s and frames come every second, so each of its scrapes is
+    the first to want a new frame's gzip form: that work belongs in publish, not in the scrape."""
+    now = [1000.0]
+    compressed_by: list[str] = []
+    real_compress = gzip.compress
+
+    def counting_compress(data: bytes, **kw: object) -> bytes:
+        compressed_by.append(threading.current_thread().name)
+        return real_compress(data, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gzip, "compress", counting_compress)
+    sink = PrometheusSink("127.0.0.1:0", monotonic=lambda: now[0])
+    sink.start()
+    try:
+        prometheus = {"Accept": OPENMETRICS_ACCEPT, "Accept-Encoding": "gzip"}
+        sink.publish(sample_frame(0.1))
+        assert compressed_by == [], "nobody asked for gzip yet: no compression"
+        request(sink, headers=prometheus)
+        assert len(compressed_by) == 1 and compressed_by[0] != threading.current_thread().name
+
+        compressed_by.clear()
+        now[0] += 15.0
+        sink.publish(sample_frame(0.2))
+        assert compressed_by == [threading.current_thread().name], "OpenMetrics only, in publish"
+        status, headers, body = request(sink, headers=prometheus)
+        assert status == 200 and headers["content-encoding"] == "gzip"
+        assert gzip.decompress(body) == request(sink, headers={"Accept": OPENMETRICS_ACCEPT})[2]
+        assert b"0.2" in gzip.decompress(body)
+        assert len(compressed_by) == 1, "the scrape reused the bytes compressed at publish"
+
+        compressed_by.clear()
+        now[0] += prometheus_sink.GZIP_AHEAD_S
+        sink.publish(sample_frame(0.3))
+        assert compressed_by == [], "no gzip scrape for GZIP_AHEAD_S: publishing compresses nothing"
+    finally:
+        sink.stop()
+
+
 def test_head_sends_headers_without_body(sink: PrometheusSink) -> None:
     sink.publish(sample_frame())
     _, get_headers, get_body = request(sink)

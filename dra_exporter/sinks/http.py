@@ -72,8 +72,9 @@ class ListenAddressError(ValueError):
 
 @dataclass(slots=True)
 class Payload:
-    """One rendered exposition. ``body`` is immutable; the gzip form is computed on the
-    first request that asks for it and reused until the next frame replaces the payload."""
+    """One rendered exposition. ``body`` is immutable; the gzip form is computed once, by the
+    source ahead of time or else by the first request that asks for it, and reused until the
+    next frame replaces the payload."""
 
     body: bytes
     content_type: str
@@ -94,8 +95,10 @@ class Payload:
 class ExpositionSource(Protocol):
     """What the server reads on each scrape: must be a cheap lookup."""
 
-    def payload(self, openmetrics: bool) -> Payload | None:
-        """The current payload in the requested format, or None before the first frame."""
+    def payload(self, openmetrics: bool, gzip: bool = False) -> Payload | None:
+        """The current payload in the requested format, or None before the first frame.
+        ``gzip`` says whether this scrape will send the gzip form (a hint: the source may
+        compress later frames ahead of the next such scrape)."""
         ...
 
 
@@ -328,11 +331,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _metrics(self, send_body: bool) -> None:
         openmetrics = _accepts(self.headers.get("Accept"), "application/openmetrics-text")
-        payload = self.server.source.payload(openmetrics)
+        gzipped = _accepts(self.headers.get("Accept-Encoding"), "gzip")
+        payload = self.server.source.payload(openmetrics, gzipped)
         if payload is None:
             self._send(503, _PLAIN, _NOT_READY, send_body)
             return
-        if _accepts(self.headers.get("Accept-Encoding"), "gzip"):
+        if gzipped:
             self._send(200, payload.content_type, payload.gzipped(), send_body, encoding="gzip")
         else:
             self._send(200, payload.content_type, payload.body, send_body)
