@@ -58,6 +58,8 @@ def measure(scenario: str, cycles: int, warmup: int, step: float, kubeapi: bool)
         marks = {cycles, *range(warmup, cycles + 1, every)}
         for cycle in range(1, cycles + 1):
             rt.agent.cycle(collect_side=True)
+            if cycle == 1:
+                runtime.settle_gc()  # as serve does once the first frame is out
             clock.advance(step)
             if cycle in marks:
                 rss, blocks = _reading()

@@ -42,6 +42,8 @@ class Config:
     """Timed scrapes per scraper against dra-exporter."""
     baseline_scrapes: int = 40
     """Timed scrapes per scraper against the per-scrape baseline (each one is a whole cycle)."""
+    paced_scrapes: int = 20
+    """Scrapes per scraper, about one a second, each the first to see a new frame (as Prometheus)."""
     concurrency: tuple[int, ...] = (1, 4)
     cycles: int = 40
     """Cycles timed by the cycle benchmark."""
@@ -52,11 +54,21 @@ class Config:
     drift_cycles: int = 10_000
     drift_warmup_cycles: int = 1_000
     drift_scenario: str = "scale"
+    gc_cycles: int = 300
+    """Cycles of the GC-pause benchmark (a full collection comes every ~12 cycles at ``scale``)."""
+    apiserver_scenario: str = "scale"
+    apiserver_seconds: float = 3600.0
+    """Simulated seconds the API-server benchmark covers (``scale`` churns in its first ~49 minutes)."""
+    apiserver_step_seconds: float = 15.0
+    """Simulated seconds between the API-server benchmark's collections."""
+    apiserver_polls: int = 20
+    """Polls of the API-server benchmark's list-every-interval baseline."""
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(scrapes=100, baseline_scrapes=10, cycles=10, serve_seconds=10.0, serve_warmup_seconds=2.0,
-                   scrape_interval_seconds=5.0, drift_cycles=1_000, drift_warmup_cycles=200)
+        return cls(scrapes=100, baseline_scrapes=10, paced_scrapes=5, cycles=10, serve_seconds=10.0, serve_warmup_seconds=2.0,
+                   scrape_interval_seconds=5.0, drift_cycles=1_000, drift_warmup_cycles=200, gc_cycles=100,
+                   apiserver_step_seconds=60.0, apiserver_polls=10)
 
     def but(self, **changes: Any) -> Config:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})

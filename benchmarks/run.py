@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final
 
-from . import bench_apiserver, bench_cycle, bench_drift, bench_scrape, bench_serve
+from . import bench_apiserver, bench_cycle, bench_drift, bench_gc, bench_scrape, bench_serve
 from .common import REPO, Config, Result, machine
 
 BENCHMARKS: Final[dict[str, Callable[[Config], Result]]] = {
@@ -26,6 +26,7 @@ BENCHMARKS: Final[dict[str, Callable[[Config], Result]]] = {
     "cycle": bench_cycle.run,
     "serve": bench_serve.run,
     "drift": bench_drift.run,
+    "gc": bench_gc.run,
     "apiserver": bench_apiserver.run,
 }
 DEFAULT_OUT: Final = REPO / "benchmarks" / "results" / "latest.json"
@@ -56,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     small.add_argument("--scenarios", help="comma-separated scenarios (default demo,scale)")
     small.add_argument("--scrapes", type=_positive_int, help="timed scrapes per scraper against dra-exporter")
     small.add_argument("--baseline-scrapes", type=_positive_int, help="timed scrapes per scraper, baseline")
+    small.add_argument("--paced-scrapes", type=_positive_int,
+                       help="scrapes per scraper at about one a second (Prometheus's pattern)")
     small.add_argument("--concurrency", help="comma-separated numbers of concurrent scrapers (default 1,4)")
     small.add_argument("--cycles", type=_positive_int, help="cycles timed by the cycle benchmark")
     small.add_argument("--serve-seconds", type=_positive_float,
@@ -66,6 +69,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     small.add_argument("--drift-cycles", type=_positive_int, help="cycles of the drift benchmark")
     small.add_argument("--drift-warmup-cycles", type=_positive_int, help="cycles before the drift baseline")
     small.add_argument("--drift-scenario", help="scenario of the drift benchmark (default scale)")
+    small.add_argument("--gc-cycles", type=_positive_int, help="cycles of the GC-pause benchmark")
+    small.add_argument("--apiserver-seconds", type=_positive_float,
+                       help="simulated seconds of the apiserver benchmark (default 3600)")
+    small.add_argument("--apiserver-step-seconds", type=_positive_float,
+                       help="simulated seconds between its collections (default 15)")
+    small.add_argument("--apiserver-polls", type=_positive_int, help="polls of its baseline (default 20)")
     ns = parser.parse_args(argv)
     if ns.drift_cycles and ns.drift_warmup_cycles and ns.drift_warmup_cycles >= ns.drift_cycles:
         parser.error("--drift-warmup-cycles must be below --drift-cycles")
@@ -77,11 +86,13 @@ def config_from(ns: argparse.Namespace) -> Config:
     return base.but(
         scenarios=tuple(ns.scenarios.split(",")) if ns.scenarios else None,
         concurrency=tuple(int(c) for c in ns.concurrency.split(",")) if ns.concurrency else None,
-        scrapes=ns.scrapes, baseline_scrapes=ns.baseline_scrapes, cycles=ns.cycles,
+        scrapes=ns.scrapes, baseline_scrapes=ns.baseline_scrapes, paced_scrapes=ns.paced_scrapes, cycles=ns.cycles,
         serve_seconds=ns.serve_seconds, serve_warmup_seconds=ns.serve_warmup_seconds,
         scrape_interval_seconds=ns.scrape_interval_seconds,
         drift_cycles=ns.drift_cycles, drift_warmup_cycles=ns.drift_warmup_cycles,
-        drift_scenario=ns.drift_scenario,
+        drift_scenario=ns.drift_scenario, gc_cycles=ns.gc_cycles,
+        apiserver_seconds=ns.apiserver_seconds, apiserver_step_seconds=ns.apiserver_step_seconds,
+        apiserver_polls=ns.apiserver_polls,
     )
 
 

@@ -1,9 +1,11 @@
 """The servers the benchmarks start as child processes (so a scraper never shares their GIL).
 
-``python -m benchmarks.servers exporter [--renderer reference] -- ARGS``
+``python -m benchmarks.servers exporter [--renderer reference] [--gzip-on-scrape] -- ARGS``
     dra-exporter's own command line (``ARGS`` as for ``dra-exporter``); with
     ``--renderer reference`` the sink renders with prometheus_client instead of
-    ``sinks.exposition``: the exporter as it was before this renderer.
+    ``sinks.exposition``: the exporter as it was before this renderer. With
+    ``--gzip-on-scrape`` the sink never compresses ahead at publish time: the first scrape
+    of each frame that wants gzip compresses it, as before ``GZIP_AHEAD_S``.
 ``python -m benchmarks.servers frozen --simulate SCENARIO --listen HOST:PORT``
     dra-exporter's runtime on a stopped simulated clock and without its collection loop: two
     cycles, then the sink serves that frame until stopped. Scraping it measures the HTTP
@@ -26,12 +28,14 @@ from dra_exporter.sinks.http import parse_listen
 from .baseline import PerScrapeCollector, render_reference
 
 
-def _exporter(renderer: str, args: list[str]) -> None:
+def _exporter(renderer: str, gzip_on_scrape: bool, args: list[str]) -> None:
     from dra_exporter import cli
     from dra_exporter.sinks import prometheus
 
     if renderer == "reference":
         prometheus.render = render_reference  # type: ignore[assignment]  # publish() looks it up per call
+    if gzip_on_scrape:
+        prometheus.GZIP_AHEAD_S = 0.0  # type: ignore[misc]  # publish() reads it per call
     cli.main(args=args, prog_name="dra-exporter")
 
 
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="kind", required=True)
     exporter = sub.add_parser("exporter", help="dra-exporter's command line")
     exporter.add_argument("--renderer", choices=("exposition", "reference"), default="exposition")
+    exporter.add_argument("--gzip-on-scrape", action="store_true")
     exporter.add_argument("args", nargs=argparse.REMAINDER)
     for kind, text in (("frozen", "dra-exporter serving one frame, no collection loop"),
                        ("per-scrape", "the per-scrape prometheus_client baseline")):
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         simulated.add_argument("--listen", default="127.0.0.1:9402")
     ns = parser.parse_args(argv)
     if ns.kind == "exporter":
-        _exporter(ns.renderer, [a for a in ns.args if a != "--"])
+        _exporter(ns.renderer, ns.gzip_on_scrape, [a for a in ns.args if a != "--"])
     elif ns.kind == "frozen":
         _frozen(ns.simulate, ns.listen)
     else:

@@ -142,10 +142,13 @@ def test_scale_scenario_has_the_promised_size() -> None:
 
 # --- the benchmarks run (shape, never timings) ----------------------------------------------
 
-TINY = ["--scenarios", "demo", "--scrapes", "3", "--baseline-scrapes", "2", "--concurrency", "1",
+TINY = ["--scenarios", "demo", "--scrapes", "3", "--baseline-scrapes", "2", "--paced-scrapes", "2",
+        "--concurrency", "1",
         "--cycles", "2", "--serve-seconds", "1.5", "--serve-warmup-seconds", "0.5",
         "--scrape-interval-seconds", "1", "--drift-cycles", "6", "--drift-warmup-cycles", "2",
-        "--drift-scenario", "demo"]
+        "--drift-scenario", "demo",
+        "--apiserver-seconds", "600", "--apiserver-step-seconds", "60", "--apiserver-polls", "2",
+        "--gc-cycles", "3"]
 
 
 @pytest.mark.slow
@@ -163,9 +166,6 @@ def test_benchmark_runs_and_writes_its_json(name: str, tmp_path: Path,
     for check in entry["checks"]:
         assert set(check) == {"target", "value", "limit", "unit", "higher_is_better", "met"}
         assert isinstance(check["value"], (int, float)) and isinstance(check["met"], bool)
-    if name == "apiserver":
-        assert entry["status"] == "placeholder" and entry["rows"] == []
-        return
     assert entry["status"] == "measured" and entry["rows"], "a measured benchmark has rows"
     _assert_rows(name, entry["rows"])
     printed = capsys.readouterr().out
@@ -179,6 +179,9 @@ def _assert_rows(name: str, rows: list[dict[str, Any]]) -> None:
         "cycle": ("cpu_ms",),
         "serve": ("cpu_core_fraction", "rss_mb", "baseline_cpu_core_fraction", "cpu_ratio"),
         "drift": ("rss_mb", "allocated_blocks"),
+        "gc": ("collections", "max_pause_ms", "gc_ms_per_cycle", "cpu_ms_per_cycle", "tracked_objects"),
+        "apiserver": ("requests_per_hour", "response_mb_per_hour", "list_slices", "list_pods", "list_claims",
+                      "watch_slices", "watch_pods", "get_claims"),
     }[name]
     # Measurement rows (not drift's closing "end - warm-up" row, which may be negative).
     measured = [r for r in rows if all(k in r for k in numbers) and not isinstance(r.get("cycle"), str)]
@@ -187,11 +190,22 @@ def _assert_rows(name: str, rows: list[dict[str, Any]]) -> None:
         for key in numbers:
             value = row[key]
             assert isinstance(value, (int, float)) and math.isfinite(value) and value >= 0, (key, row)
+    if name == "scrape":
+        paced = [r for r in rows if r["mode"] == "prometheus-paced"]
+        assert paced, "the paced (Prometheus-like) rows are missing"
+        for row in paced:
+            for key in ("p50_ms", "p99_ms", "gzip_on_scrape_p50_ms", "gzip_on_scrape_p99_ms", "p99_ratio"):
+                assert isinstance(row[key], (int, float)) and math.isfinite(row[key]) and row[key] > 0, (key, row)
     if name == "cycle":
         stages = {r["stage"] for r in rows}
         assert stages >= {"nvml", "podresources", "join", "render_text", "render_openmetrics", "total"}
     if name == "drift":
         assert rows[-1]["cycle"] == "drift (end - warm-up)"
+    if name == "apiserver":
+        ours, baseline = rows
+        assert ours["list_claims"] == 0, "never a cluster-wide claim list"
+        assert ours["watch_expected"] > 0 and ours["requests_ratio"] > 0 and ours["bytes_ratio"] > 0
+        assert baseline["list_claims"] > 0 and baseline["requests_per_hour"] > 0
 
 
 def test_bad_arguments_are_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
