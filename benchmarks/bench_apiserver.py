@@ -33,7 +33,7 @@ is this node's 150 claims: on a real cluster it grows with every node's claims, 
 bytes here are a lower bound.
 
 **Check.** The issue sets no number; the budget is what the source's design promises
-(``sources/kubeapi.py``: "12 GETs per claim in use per hour, plus one per claim per pod
+(``sources/kubeapi.py``: "at most 12 GETs per claim in use per hour, plus one per claim per pod
 start"), computed from the scenario over the same window: claim-seconds in use / 300 + one GET
 per claim of each pod that starts after 0, + 1 discovery + 2 lists + the expected watches.
 A shorter window (``--quick``, the smoke test) is scaled to an hour, which overstates the

@@ -17,7 +17,14 @@ from typing import Any
 import click
 
 from . import __version__
-from .config import DEFAULT_INTERVAL, DEFAULT_LISTEN, ConfigError, Settings, parse_self_pod
+from .config import (
+    DEFAULT_CLAIM_REFRESH,
+    DEFAULT_INTERVAL,
+    DEFAULT_LISTEN,
+    ConfigError,
+    Settings,
+    parse_self_pod,
+)
 
 ENV_PREFIX = "DRA_EXPORTER"
 
@@ -57,6 +64,10 @@ kubeapi_options = [
          type=click.Path(exists=True, dir_okay=False, readable=True),
          help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
               "~/.kube/config]. With --simulate it replaces the simulated API server."),
+    _opt("--claim-refresh", type=click.FloatRange(min=10, max=86400), default=DEFAULT_CLAIM_REFRESH,
+         show_default=True, metavar="S",
+         help="Seconds after which each ResourceClaim in use on this node is fetched again, for the status "
+              "its driver writes (device conditions); each claim costs 3600/S API requests an hour."),
 ]
 pod_options = [
     _opt("--pod-namespace", default=None, help="Namespace of the exporter's own pod (downward API)."),
@@ -91,6 +102,7 @@ def _settings(listen: str = DEFAULT_LISTEN, **kw: Any) -> Settings:
             kubeapi=kw["kubeapi"],
             procfs=kw["procfs"],
             kubeconfig=kw["kubeconfig"],
+            claim_refresh=kw["claim_refresh"],
             self_pod=parse_self_pod(kw["pod_namespace"], kw["pod_name"]),
         )
     except (ConfigError, ListenAddressError) as exc:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 DEFAULT_LISTEN = "0.0.0.0:9401"  # 9400 is dcgm-exporter's: both can run side by side
 DEFAULT_INTERVAL = 1.0
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_CLAIM_REFRESH = 300.0
 
 
 class ConfigError(ValueError):
@@ -37,6 +38,9 @@ class Settings:
     """Where the host's /proc is (GPU PIDs → pods); None: /proc, or the simulated one under --simulate."""
     kubeapi: bool = True
     """Read the API server (slices, claims, pods); off with --no-kubeapi (node-local join only)."""
+    claim_refresh: float = DEFAULT_CLAIM_REFRESH
+    """Seconds after which a claim in use is fetched again for its status (device conditions):
+    each claim costs the API server 3600 / claim_refresh GETs an hour."""
     kubeconfig: str | None = None
     """Kubeconfig for the API server; None: the in-cluster service account, else $KUBECONFIG or
     ~/.kube/config (under --simulate: the simulated API server)."""

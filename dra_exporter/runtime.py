@@ -172,7 +172,7 @@ def _kubeapi_source(settings: Settings, sim: Any, pods: SourceRunner) -> Any:
         return [(c.namespace, c.name) for p in snap.pods for ctr in p.containers for c in ctr.claims]
 
     return KubeApiSource(node_name(settings, sim), kubeconfig=kubeconfig, client_factory=client_factory,
-                         claim_hints=claim_hints)
+                         claim_hints=claim_hints, claim_refresh=settings.claim_refresh)
 
 
 def _procs_source(settings: Settings, sim: Any, nvml: SourceRunner) -> Any:

@@ -45,17 +45,18 @@ def test_every_flag_reads_its_environment_variable(captured: list[Settings]) -> 
     env = {"DRA_EXPORTER_LISTEN": "127.0.0.1:9999", "DRA_EXPORTER_INTERVAL": "2.5",
            "DRA_EXPORTER_NODE_NAME": "n1", "DRA_EXPORTER_SIMULATE": "demo",
            "DRA_EXPORTER_KUBELET_SOCKET": "/tmp/k.sock", "DRA_EXPORTER_POD_NAMESPACE": "monitoring",
-           "DRA_EXPORTER_POD_NAME": "dra-exporter-abc"}
+           "DRA_EXPORTER_POD_NAME": "dra-exporter-abc", "DRA_EXPORTER_CLAIM_REFRESH": "900"}
     assert invoke("serve", env=env).exit_code == 0
     (s,) = captured
-    assert (s.listen, s.interval, s.node_name, s.simulate, s.kubelet_socket, s.self_pod) == (
-        "127.0.0.1:9999", 2.5, "n1", "demo", "/tmp/k.sock", ("monitoring", "dra-exporter-abc"))
+    assert (s.listen, s.interval, s.node_name, s.simulate, s.kubelet_socket, s.self_pod, s.claim_refresh) == (
+        "127.0.0.1:9999", 2.5, "n1", "demo", "/tmp/k.sock", ("monitoring", "dra-exporter-abc"), 900.0)
 
 
 @pytest.mark.parametrize("args, needle", [
     (["serve", "--listen", "nonsense"], "HOST:PORT"),
     (["serve", "--listen", "0.0.0.0:99999"], "65535"),
     (["serve", "--interval", "0"], "--interval"),
+    (["serve", "--claim-refresh", "1"], "--claim-refresh"),
     (["serve", "--pod-name", "x"], "--pod-namespace"),
     (["snapshot", "--format", "xml"], "--format"),
     (["serve", "--no-such-flag"], "no-such-flag"),

@@ -22,7 +22,15 @@ from dra_exporter.sim.apiserver import GONE, GONE_410, WATCH_DROP, SimulatedApiS
 from dra_exporter.sim.clock import SimClock
 from dra_exporter.sim.scenario import parse_scenario
 from dra_exporter.sources import SourceError
-from dra_exporter.sources.kubeapi import NO_ACCESS, RBAC_HINT, KubeApiSource, Timeouts, load_client, probe
+from dra_exporter.sources.kubeapi import (
+    NO_ACCESS,
+    RBAC_HINT,
+    REFRESH_SPREAD,
+    KubeApiSource,
+    Timeouts,
+    load_client,
+    probe,
+)
 
 NODE = "kube-node-1"
 FAST = Timeouts(request=5.0, backoff=(0.05, 0.2))
@@ -177,10 +185,33 @@ def test_claims_are_fetched_again_after_the_refresh_period() -> None:
         assert counts(server, "get", "resourceclaims") == 2
         now[0] = 299.0
         src.collect()
-        assert counts(server, "get", "resourceclaims") == 2
-        now[0] = 300.0
+        assert counts(server, "get", "resourceclaims") == 2, "never sooner than the refresh period"
+        now[0] = 300.0 * (1 + REFRESH_SPREAD)
         src.collect()
-        assert counts(server, "get", "resourceclaims") == 4
+        assert counts(server, "get", "resourceclaims") == 4, "due by the end of the spread"
+
+
+def test_claims_fetched_together_are_refreshed_spread_out_not_in_one_burst() -> None:
+    """A node's start-up fetches every claim at once; their refreshes must not stay in lockstep."""
+    many = parse_scenario({
+        "node": NODE, "gpus": [{"index": 0, "mig": [{"profile": "1g.18gb", "placement_start": s} for s in range(7)]}],
+        "claims": [{"namespace": "ml", "name": f"c{i}", "devices": [f"gpu-0-mig-1g18gb-19-{i}"]} for i in range(7)],
+        "pods": [{"namespace": "ml", "name": f"p{i}", "containers": [{"name": "c", "claims": [f"c{i}"]}]}
+                 for i in range(7)],
+    }, "many")
+    now = [0.0]
+    with SimulatedApiServer(many, SimClock(50.0, frozen=True), poll_s=0.02) as server, \
+            source(server, claim_refresh=300.0, monotonic=lambda: now[0]) as src:
+        src.collect()
+        assert counts(server, "get", "resourceclaims") == 7
+        fetched_per_step = []
+        for step in range(31):  # 300 s to 360 s, every 2 s
+            now[0] = 300.0 + 2.0 * step
+            before = counts(server, "get", "resourceclaims")
+            src.collect()
+            fetched_per_step.append(counts(server, "get", "resourceclaims") - before)
+        assert sum(fetched_per_step) == 7, "each claim refreshed exactly once in [300, 360] s"
+        assert max(fetched_per_step) < 7 and sum(1 for n in fetched_per_step if n) >= 2, fetched_per_step
 
 
 def test_a_new_pod_of_a_claim_in_use_fetches_it_again() -> None:
@@ -363,7 +394,7 @@ def test_the_source_never_imports_the_clients_typed_api_classes() -> None:
         "print(up[(('source', 'kubeapi'),)], len(claims) > 0)\n"
         "print(sorted(m for m in sys.modules if m.startswith('kubernetes.client.api.')))\n"
     )
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     up, modules = done.stdout.splitlines()
     assert up == "1.0 True", "the cluster view must have been read (source up, claim conditions present)"

@@ -35,7 +35,7 @@ print(json.dumps({"before": before, "after": after, "still_serving": server.is_a
 
 
 def test_serve_freezes_start_up_objects_and_collects_young_ones_less_often() -> None:
-    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     (frozen_before, threshold_before), (frozen_after, threshold_after) = seen["before"], seen["after"]

@@ -17,10 +17,12 @@ What it asks the API server, and why the load per node does not grow with the cl
   requests per hour;
 * ResourceClaims: never a cluster-wide list or watch. Each claim a local pod references (from the
   pod watch, plus names the kubelet reports, ``claim_hints``) is fetched with one GET when first
-  seen or when a pod that uses it appears or changes its claims, and again every
-  ``claim_refresh`` seconds (default 300) for the status the driver updates (device conditions).
-  Claims no local pod uses any more are forgotten without a request. Cost: 12 GETs per claim in
-  use per hour, plus one per claim per pod start.
+  seen or when a pod that uses it appears or changes its claims, and again ``claim_refresh`` to
+  ``(1 + REFRESH_SPREAD) * claim_refresh`` seconds later (``--claim-refresh``, default 300) for
+  the status the driver updates (device conditions); the spread keeps claims fetched together
+  (a node's start-up, a job's pods) from falling due together, every period, for ever.
+  Claims no local pod uses any more are forgotten without a request. Cost: at most 12 GETs per
+  claim in use per hour, plus one per claim per pod start.
 
 What it does when the API server misbehaves (``docs/reliability.md`` names the tests):
 
@@ -95,6 +97,8 @@ HEALTHY_WATCH_S: Final = 10.0
 #: eight take about three minutes, and by then the view can be a backoff period (60 s) old.
 SHORT_WATCHES_ARE_AN_ERROR: Final = 8
 _READ_CHUNK: Final = 64 * 1024
+#: A claim's next refresh falls due at a random point of [1, 1 + REFRESH_SPREAD] x claim_refresh.
+REFRESH_SPREAD: Final = 0.2
 
 T = TypeVar("T")
 
@@ -385,7 +389,8 @@ class _Reflector(Generic[T]):
 class _CachedClaim:
     info: model.ClaimInfo | None
     """None: the claim does not exist (yet)."""
-    fetched_at: float
+    due_at: float
+    """When it is fetched again (``monotonic`` time)."""
 
 
 class KubeApiSource:
@@ -517,7 +522,7 @@ class KubeApiSource:
         now = self._monotonic()
         for key in sorted(wanted):
             cached = self._claims.get(key)
-            if cached is None or key in stale or now - cached.fetched_at >= self._claim_refresh:
+            if cached is None or key in stale or now >= cached.due_at:
                 self._fetch_claim(*key, now)
 
     def _fetch_claim(self, namespace: str, name: str, now: float) -> None:
@@ -535,7 +540,8 @@ class KubeApiSource:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise _unreachable(exc) from None
         old = self._claims.get((namespace, name))
-        self._claims[(namespace, name)] = _CachedClaim(info, now)
+        due = now + self._claim_refresh * random.uniform(1.0, 1.0 + REFRESH_SPREAD)
+        self._claims[(namespace, name)] = _CachedClaim(info, due)
         if old is None or old.info != info:
             self._bump()
 
