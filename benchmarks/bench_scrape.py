@@ -82,26 +82,16 @@ def scrape(port: int, request: bytes) -> bytes:
     return response
 
 
-def scrape_times(port: int, count: int, headers: dict[str, str]) -> list[float]:
-    """``count`` timed scrapes of ``/metrics`` (seconds each), after a few untimed ones."""
+def scrape_times(port: int, count: int, headers: dict[str, str], paced: bool = False) -> list[float]:
+    """``count`` timed scrapes of ``/metrics`` (seconds each), after a few untimed ones; ``paced``:
+    each after a pause of ``PACE_S``, so that nearly each sees a frame nobody scraped yet."""
     request = request_bytes(headers)
-    times = []
-    for i in range(_WARMUP_SCRAPES + count):
-        started = time.perf_counter()
+    for _ in range(_WARMUP_SCRAPES):
         scrape(port, request)
-        elapsed = time.perf_counter() - started
-        if i >= _WARMUP_SCRAPES:
-            times.append(elapsed)
-    return times
-
-
-def paced_scrape_times(port: int, count: int, headers: dict[str, str]) -> list[float]:
-    """``count`` timed scrapes about a second apart: nearly each sees a frame nobody scraped yet."""
-    request = request_bytes(headers)
-    scrape(port, request)
     times = []
     for _ in range(count):
-        time.sleep(random.uniform(PACE_S[0], PACE_S[1]))
+        if paced:
+            time.sleep(random.uniform(*PACE_S))
         started = time.perf_counter()
         scrape(port, request)
         times.append(time.perf_counter() - started)
@@ -109,8 +99,7 @@ def paced_scrape_times(port: int, count: int, headers: dict[str, str]) -> list[f
 
 
 def _scrape_job(job: tuple[int, int, dict[str, str], bool]) -> list[float]:
-    port, count, headers, paced = job
-    return paced_scrape_times(port, count, headers) if paced else scrape_times(port, count, headers)
+    return scrape_times(*job)
 
 
 def concurrent_scrape_times(port: int, scrapers: int, count: int, headers: dict[str, str],

@@ -57,7 +57,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Final, Generic, TypeVar
 
 import urllib3
@@ -134,7 +133,7 @@ def _default_kubeconfig() -> str:
 
 def discover(api_client: k8s.ApiClient, timeout: float = 10.0) -> tuple[tuple[str, ...], str]:
     """(versions the server serves, the one to read): one ``GET /apis/resource.k8s.io``.
-    Raises ``SourceError`` when the group is not served or no version fits the client."""
+    Raises ``SourceError`` when the group is not served or serves no version dra-exporter reads."""
     try:
         response = http.get(api_client, http.GROUP_PATH, timeout=timeout)
     except ApiException as exc:
@@ -227,12 +226,13 @@ class _Reflector(Generic[T]):
     ``changed(key, old, new)`` is called for every object that changes (None: absent).
     """
 
-    def __init__(self, kind: str, get: Callable[[http.Query, Any], Any], field_selector: str,
+    def __init__(self, kind: str, api_client: k8s.ApiClient, path: str, field_selector: str,
                  normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
                  changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
                  on_update: Callable[[], None] = lambda: None) -> None:
         self.kind = kind
-        self._get = get
+        self._client = api_client
+        self._path = path
         self._selector = field_selector
         self._normalize = normalize
         self._timeouts = timeouts
@@ -255,8 +255,9 @@ class _Reflector(Generic[T]):
     def list_once(self) -> None:
         """One consistent list; replaces every object. Raises ``SourceError``."""
         self._requests[f"list {self.kind}"] += 1
-        body = _json(_request(f"list {self.kind}", lambda: self._get(
-            [("fieldSelector", self._selector)], self._timeouts.request)), f"list {self.kind}", MAX_LIST_BYTES)
+        response = _request(f"list {self.kind}", lambda: http.get(
+            self._client, self._path, [("fieldSelector", self._selector)], timeout=self._timeouts.request))
+        body = _json(response, f"list {self.kind}", MAX_LIST_BYTES)
         items = {}
         for obj in body.get("items") or ():
             if isinstance(obj, Mapping):
@@ -325,10 +326,12 @@ class _Reflector(Generic[T]):
         seconds = random.randint(low, high)
         what = f"watch {self.kind}"
         self._requests[what] += 1
-        query: http.Query = [("fieldSelector", self._selector), ("watch", True), ("resourceVersion", self.resource_version or ""),
-                 ("allowWatchBookmarks", True), ("timeoutSeconds", seconds)]
+        query: http.Query = [("fieldSelector", self._selector), ("watch", True),
+                             ("resourceVersion", self.resource_version or ""), ("allowWatchBookmarks", True),
+                             ("timeoutSeconds", seconds)]
         # The server ends the watch after `seconds`; a read timeout catches a silently dead peer.
-        response = _request(what, lambda: self._get(query, (self._timeouts.request, float(seconds + 30))))
+        response = _request(what, lambda: http.get(self._client, self._path, query,
+                                                    timeout=(self._timeouts.request, float(seconds + 30))))
         self._response = response
         if self.error:
             self.error = ""
@@ -469,10 +472,10 @@ class KubeApiSource:
         if self._slices is None or self._pods is None:
             selector = f"spec.nodeName={self.node_name}"
             version, client = self.api_version, self._client
-            slices = _Reflector("resourceslices", partial(_get_from, client, http.slices_path(version)), selector,
+            slices = _Reflector("resourceslices", client, http.slices_path(version), selector,
                                 lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
                                 on_update=self._bump)
-            pods = _Reflector("pods", partial(_get_from, client, http.PODS_PATH), selector,
+            pods = _Reflector("pods", client, http.PODS_PATH, selector,
                               pod_from_dict, self._timeouts, self.requests, changed=self._pod_changed,
                               on_update=self._bump)
             # The first lists happen here, so the first frame already has the cluster view.
@@ -586,10 +589,6 @@ def _request(what: str, call: Callable[[], Any]) -> Any:
         raise _api_error(exc, what) from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise _unreachable(exc) from None
-
-
-def _get_from(api_client: k8s.ApiClient, path: str, query: http.Query, timeout: Any) -> Any:
-    return http.get(api_client, path, query, timeout=timeout)
 
 
 def _api_error(exc: ApiException, what: str) -> SourceError:
