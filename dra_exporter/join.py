@@ -39,6 +39,7 @@ from .model import (
     ClaimUse,
     ClusterSnapshot,
     ContainerAllocation,
+    DeviceHealth,
     DeviceSample,
     Family,
     Frame,
@@ -184,6 +185,7 @@ def join(inp: JoinInput) -> Frame:
     _claim_families(out, pods, resolver, view)
     if cluster:
         _cluster_families(out, cluster, resolver)
+        _health_families(out, cluster, pods, view)
     if inp.nvml:
         for sample in inp.nvml.devices:
             _device_families(out, sample, _attribution(consumers.get(sample.device.uuid, ())))
@@ -363,7 +365,7 @@ def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Reso
 
 
 def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolver) -> None:
-    """What the API server alone knows: slice devices, taints, counters, conditions, health."""
+    """What the API server alone knows: slice devices, taints, counters, conditions."""
     # Counter consumption only for allocated devices: a partitionable GPU lists every possible
     # placement (~25 per H200), and only what is allocated takes anything from the counters.
     # Admin access does not allocate capacity.
@@ -396,15 +398,53 @@ def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolve
                     ("namespace", claim.namespace), ("claim", claim.name), ("driver", status.driver),
                     ("pool", status.pool), ("device", status.device), ("type", cond.type),
                     ("status", cond.status)), 1)
+
+
+def _health_families(out: _Builder, cluster: ClusterSnapshot, pods: Iterable[PodAllocation], view: _View) -> None:
+    """``dra_device_health`` from the pods' ``allocatedResourcesStatus``, each device named by its
+    triplet: a CDI-named entry is resolved first through the claim's UID and allocation results,
+    then through the CDI names the kubelet lists. One nobody can name keeps its claim, pod and
+    health with an empty triplet: an Unhealthy device must not vanish because of its name."""
+    cdi_devices = _cdi_owners(pods)
     for pod in cluster.pods:
         if pod.terminal:
             continue
         for ctr in pod.containers:
             for h in ctr.health:
+                driver, pool, device = _health_device(pod.namespace, h, view, cdi_devices)
                 out.add(cat.DEVICE_HEALTH, (
                     ("namespace", pod.namespace), ("pod", pod.name), ("container", ctr.name),
-                    ("claim", h.claim), ("request", h.request), ("driver", h.driver), ("pool", h.pool),
-                    ("device", h.device), ("health", h.health)), 1)
+                    ("claim", h.claim), ("request", h.request), ("driver", driver), ("pool", pool),
+                    ("device", device), ("health", h.health)), 1)
+
+
+def _cdi_owners(pods: Iterable[PodAllocation]) -> dict[tuple[str, str, str], ClaimDevice]:
+    """(namespace, claim, CDI name) → the device the kubelet lists it for. A device's list may
+    also carry the CDI names of the driver's earlier devices of the claim (a kubelet quirk), so
+    a name belongs to the first device that lists it."""
+    owners: dict[tuple[str, str, str], ClaimDevice] = {}
+    for pod in pods:
+        for container in pod.containers:
+            for claim in container.claims:
+                for dev in claim.devices:
+                    for name in dev.cdi_devices:
+                        owners.setdefault((claim.namespace, claim.name, name), dev)
+    return owners
+
+
+def _health_device(namespace: str, health: DeviceHealth, view: _View,
+                   cdi_devices: dict[tuple[str, str, str], ClaimDevice]) -> tuple[str, str, str]:
+    if not health.cdi_id:
+        return health.driver, health.pool, health.device
+    claim = view.claim(namespace, health.claim)
+    # NVIDIA (and the example driver) name a claim's device ``<vendor>/<class>=<claimUID>-<device>``.
+    cdi_name = health.cdi_id.partition("=")[2]
+    for r in claim.results if claim and claim.uid else ():
+        if cdi_name == f"{claim.uid}-{r.device}":
+            return r.driver, r.pool, r.device
+    if dev := cdi_devices.get((namespace, health.claim, health.cdi_id)):
+        return dev.driver, dev.pool, dev.device
+    return "", "", ""
 
 
 def _container_families(out: _Builder, processes: Iterable[ProcessSample], owners: ProcessOwnersSnapshot,

@@ -281,7 +281,11 @@ class ContainerClaim:
 
 @dataclass(frozen=True, slots=True)
 class DeviceHealth:
-    """One ``allocatedResourcesStatus`` entry for a DRA device (KEP-4680)."""
+    """One ``allocatedResourcesStatus`` entry for a DRA device (KEP-4680).
+
+    The kubelet names the device by its first CDI device ID when the driver returned one
+    (NVIDIA always does), else by ``driver/pool/device``: the triplet is set in the second
+    case, ``cdi_id`` in the first (the join resolves it to the device)."""
 
     claim: str
     """The ResourceClaim object's name (resolved from the status entry's reference name)."""
@@ -291,6 +295,12 @@ class DeviceHealth:
     device: str
     health: str
     """``Healthy``, ``Unhealthy`` or ``Unknown``."""
+    cdi_id: str = ""
+    """The fully qualified CDI device name (``k8s.gpu.nvidia.com/claim=<uid>-gpu-0``); ``""``
+    when the kubelet named the device by its triplet."""
+    message: str = ""
+    """Why (1.36+ ``message``), one line, at most ``kubeapi_normalize.HEALTH_MESSAGE_CHARS``;
+    logged by the source, never a label (free text: one series per wording)."""
 
 
 @dataclass(frozen=True, slots=True)

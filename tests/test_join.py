@@ -417,6 +417,43 @@ def test_taints_conditions_health_and_counters() -> None:
     assert consumption == {("gpu-0", "memory"): 1.5e11, ("gpu-0", "multiprocessors"): 132.0}
 
 
+def cdi_health(claim_name: str, cdi_id: str, health: str = "Unhealthy") -> DeviceHealth:
+    return DeviceHealth(claim_name, "", "", "", "", health, cdi_id=cdi_id)
+
+
+def health_devices(frame: Frame) -> set[tuple[str, str, str, str, str]]:
+    return {(h["claim"], h["driver"], h["pool"], h["device"], h["health"])
+            for h in map(dict, series(frame, cat.DEVICE_HEALTH))}
+
+
+def test_health_named_by_cdi_id_resolves_through_the_claim_uid_and_its_results() -> None:
+    # NVIDIA's CDI name embeds the claim UID: k8s.gpu.nvidia.com/claim=<claimUID>-<device>.
+    cid = "k8s.gpu.nvidia.com/claim=uid-g-gpu-1"
+    view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0"), result("gpu", "gpu-1")),),
+                   pods=(pod_info("ml", "p", ctr_info("c", ("g", ""), health=(cdi_health("g", cid),))),))
+    frame = run([sample(gpu(0)), sample(gpu(1))], [], cluster=view)
+    assert health_devices(frame) == {("g", DRV, NODE, "gpu-1", "Unhealthy")}
+
+
+def test_health_named_by_cdi_id_resolves_through_the_kubelets_cdi_names() -> None:
+    # A driver whose CDI names do not embed the claim UID: the kubelet's pod-resources answer
+    # lists them per device, and a device's list may carry the IDs of the driver's earlier
+    # devices too (a kubelet quirk), so an ID belongs to the first device that lists it.
+    use = ClaimUse("ml", "g", (ClaimDevice(DRV, NODE, "gpu-0", ("vendor.com/gpu=a",)),
+                               ClaimDevice(DRV, NODE, "gpu-1", ("vendor.com/gpu=a", "vendor.com/gpu=b"))))
+    view = cluster(pods=(pod_info("ml", "p", ctr_info("c", ("g", ""), health=(
+        cdi_health("g", "vendor.com/gpu=b"), cdi_health("g", "vendor.com/gpu=a", "Healthy")))),))
+    frame = run([sample(gpu(0)), sample(gpu(1))], [pod("ml", "p", ctr("c", use))], cluster=view)
+    assert health_devices(frame) == {("g", DRV, NODE, "gpu-1", "Unhealthy"), ("g", DRV, NODE, "gpu-0", "Healthy")}
+
+
+def test_health_of_a_device_nobody_can_name_is_kept_without_its_device() -> None:
+    view = cluster(pods=(pod_info("ml", "p", ctr_info("c", ("g", ""), health=(
+        cdi_health("g", "vendor.com/gpu=unknown"),))),))
+    frame = run([sample(gpu(0))], [], cluster=view)
+    assert health_devices(frame) == {("g", "", "", "", "Unhealthy")}, "an Unhealthy device never vanishes"
+
+
 def test_api_server_attributes_pods_the_kubelet_reports_without_claims() -> None:
     # A kubelet before 1.34 without the dynamic-resources gate lists the pod but no claims.
     view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0")),),

@@ -367,11 +367,13 @@ def test_pods_carry_claim_references_container_ids_and_health() -> None:
     assert "resources" not in trainer["spec"]["containers"][1]
     statuses = trainer["status"]["containerStatuses"]
     want_ids = [c.container_id for c in next(p for p in s.pods if p.name == "trainer").containers]
+    train_uid = next(c.uid for c in s.claims if c.name == "train")
     assert [c["containerID"] for c in statuses] == want_ids
     assert statuses[0]["allocatedResourcesStatus"] == [
         {
             "name": "claim:train/gpus",
-            "resources": [{"resourceID": "gpu.nvidia.com/n1/gpu-1", "health": "Unhealthy"}],
+            # The kubelet names a device by its first CDI ID when the driver returned one (NVIDIA does).
+            "resources": [{"resourceID": f"k8s.gpu.nvidia.com/claim={train_uid}-gpu-1", "health": "Unhealthy"}],
         }
     ]
     assert "allocatedResourcesStatus" not in statuses[1]

@@ -302,3 +302,23 @@ def test_resource_ids() -> None:
     assert resource_id("d/a/b/c") == ("d", "a/b", "c")
     for bad in ("", "gpu-0", "d/p", "/p/d", "d//x", "d/p/"):
         assert resource_id(bad) is None, bad
+
+
+def test_health_named_by_cdi_id_keeps_the_id_and_the_bounded_message() -> None:
+    # The kubelet names a device by its first CDI device ID when the driver returned one (NVIDIA
+    # always does), else by driver/pool/device; 1.36 adds a free-text message.
+    obj = pod()
+    obj["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [
+        {"name": "claim:gpus/gpus", "resources": [
+            {"resourceID": "k8s.gpu.nvidia.com/claim=claim-uid-1-gpu-0", "health": "Unhealthy",
+             "message": "XID 79\non the bus " + "x" * 5000},
+            {"resourceID": f"{DRV}/{NODE}/gpu-1", "health": "Healthy"}]}]
+    trainer = pod_from_dict(obj).container("trainer")
+    assert trainer is not None
+    by_cdi = {h.cdi_id: h for h in trainer.health}
+    cdi = by_cdi["k8s.gpu.nvidia.com/claim=claim-uid-1-gpu-0"]
+    assert (cdi.claim, cdi.request, cdi.driver, cdi.pool, cdi.device, cdi.health) == (
+        "train-0-gpus-x7k2p", "gpus", "", "", "", "Unhealthy"), "resolved later, in the join"
+    assert cdi.message.startswith("XID 79 on the bus x") and len(cdi.message) <= 256, "one line, bounded"
+    triplet = by_cdi[""]
+    assert (triplet.driver, triplet.pool, triplet.device, triplet.message) == (DRV, NODE, "gpu-1", "")

@@ -37,6 +37,7 @@ from .scenario import (
     Pod,
     Scenario,
     Taint,
+    _cdi_devices,
     derived_uuid,
     unit_hash,
 )
@@ -598,12 +599,20 @@ def _allocated_resources_status(container: Container, claims: Mapping[str, Claim
             {
                 "name": f"claim:{claim.pod_claim_name}" + (f"/{request}" if request else ""),
                 "resources": [
-                    {"resourceID": f"{claim.driver}/{claim.pool}/{d}", "health": health.get(d, "Healthy")}
+                    {"resourceID": _health_resource_id(claim, d), "health": health.get(d, "Healthy")}
                     for d in devices
                 ],
             }
         )
     return out
+
+
+def _health_resource_id(claim: Claim, device: str) -> str:
+    """The kubelet names a device in ``allocatedResourcesStatus`` by its first CDI device ID when
+    the driver returned one (NVIDIA always does), else ``driver/pool/device`` (kubernetes
+    ``pkg/kubelet/cm/dra/manager.go``)."""
+    cdi = _cdi_devices(claim, device)
+    return cdi[0] if cdi else f"{claim.driver}/{claim.pool}/{device}"
 
 
 def _container_status(container: Container, claims: Mapping[str, Claim], started: str) -> JSON:

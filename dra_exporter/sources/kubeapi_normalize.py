@@ -34,6 +34,9 @@ _NESTED_VERSIONS: Final = frozenset({"v1beta1", "v1alpha3"})
 _ATTRIBUTE_SCALARS: Final = ("string", "int", "bool", "version")
 _ATTRIBUTE_LISTS: Final = ("strings", "ints", "bools", "versions")
 _CLAIM_STATUS_PREFIX: Final = "claim:"
+#: ``allocatedResourcesStatus[].resources[].message`` is kept up to this many characters (the API
+#: allows 1024): enough for a driver's reason, and a hostile pod status costs no memory.
+HEALTH_MESSAGE_CHARS: Final = 256
 
 
 def choose_version(served: Iterable[str], usable: Iterable[str] = SUPPORTED_VERSIONS) -> str | None:
@@ -252,10 +255,30 @@ def _container_statuses(status: Mapping[str, Any], names: Mapping[str, str]
             if ref is None:
                 continue  # a device-plugin resource, not a DRA claim
             for res in map(_map_of, _list(entry, "resources")):
-                if triplet := resource_id(_str(res, "resourceID")):
-                    health.setdefault(name, []).append(model.DeviceHealth(
-                        names.get(ref, ""), request, *triplet, health=_str(res, "health") or "Unknown"))
+                text = _str(res, "resourceID")
+                triplet, cdi_id = resource_id(text), text if is_cdi_name(text) else ""
+                if triplet is None and not cdi_id:
+                    continue
+                health.setdefault(name, []).append(model.DeviceHealth(
+                    names.get(ref, ""), request, *(triplet or ("", "", "")),
+                    health=_str(res, "health") or "Unknown", cdi_id=cdi_id,
+                    message=_one_line(_str(res, "message"), HEALTH_MESSAGE_CHARS)))
     return ids, health
+
+
+def is_cdi_name(text: str) -> bool:
+    """A fully qualified CDI device name, ``<vendor>/<class>=<name>``. The kubelet writes one as
+    ``resourceID`` when the driver returned CDI IDs; a triplet never holds ``=`` (driver and pool
+    names are DNS subdomains, device names DNS labels)."""
+    kind, sep, name = text.partition("=")
+    vendor, slash, cls = kind.partition("/")
+    return bool(sep and name and vendor and slash and cls)
+
+
+def _one_line(text: str, limit: int) -> str:
+    """Free text from outside made safe for one log line: whitespace runs and control characters
+    become one space, and at most ``limit`` characters are kept."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text[:limit * 4]).split())[:limit]
 
 
 def _health_name(name: str) -> tuple[str | None, str]:
