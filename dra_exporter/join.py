@@ -439,9 +439,10 @@ def _health_device(namespace: str, health: DeviceHealth, view: _View,
     claim = view.claim(namespace, health.claim)
     # NVIDIA (and the example driver) name a claim's device ``<vendor>/<class>=<claimUID>-<device>``.
     cdi_name = health.cdi_id.partition("=")[2]
-    for r in claim.results if claim and claim.uid else ():
-        if cdi_name == f"{claim.uid}-{r.device}":
-            return r.driver, r.pool, r.device
+    if claim is not None and claim.uid:
+        for r in claim.results:
+            if cdi_name == f"{claim.uid}-{r.device}":
+                return r.driver, r.pool, r.device
     if dev := cdi_devices.get((namespace, health.claim, health.cdi_id)):
         return dev.driver, dev.pool, dev.device
     return "", "", ""
