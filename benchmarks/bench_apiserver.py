@@ -63,7 +63,7 @@ from .common import MB, Check, Config, Result, ratio
 
 HOUR: Final = 3600.0
 CLAIM_REFRESH_S: Final = 300.0  # KubeApiSource's default claim_refresh
-WATCHED_KINDS: Final = 2  # resourceslices and pods
+WATCHED_KINDS: Final = 3  # this node's resourceslices, those naming no node (spec.nodeName=), pods
 #: Watch requests per hour in steady state: each watch ends after a uniform 300-600 s.
 EXPECTED_WATCHES_PER_HOUR: Final = WATCHED_KINDS * HOUR / statistics.mean(Timeouts().watch)
 STEP_TIMEOUT_S: Final = 60.0

@@ -84,6 +84,9 @@ CONTAINER_GPU_SM_UTILIZATION: Final = "dra_container_gpu_sm_utilization_ratio"
 CLAIM_ALLOCATION_INFO: Final = "dra_claim_allocation_info"
 CLAIM_CONSUMER_INFO: Final = "dra_claim_consumer_info"
 CLAIM_DEVICE_CONDITION: Final = "dra_claim_device_condition"
+CLAIM_DEVICE_TOLERATION: Final = "dra_claim_device_toleration"
+CLAIM_CONSUMED_CAPACITY: Final = "dra_claim_consumed_capacity"
+CLAIM_DEVICE_NETWORK: Final = "dra_claim_device_network_info"
 
 # --- ResourceSlice families (API server) ----------------------------------------------------
 DEVICE_INFO: Final = "dra_device_info"
@@ -189,11 +192,27 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     _spec(CLAIM_DEVICE_CONDITION, "gauge",
           "A condition the driver reports on a claim's device (status.devices); value is always 1.",
           ("namespace", "claim", "driver", "pool", "device", "type", "status")),
+    _spec(CLAIM_DEVICE_TOLERATION, "gauge",
+          "A device taint a claim's allocation tolerates (allocation results' tolerations; key=\"\" with "
+          "operator=\"Exists\": every taint); value is always 1.",
+          ("namespace", "claim", "request", "driver", "pool", "device", "key", "operator", "value", "effect"),
+          otel_name="dra.claim.device.toleration", otel_unit="1"),
+    _spec(CLAIM_CONSUMED_CAPACITY, "gauge",
+          "What a claim's allocation takes of a device that allows several (consumable capacity: "
+          "consumedCapacity of the allocation result, share_id its shareID), in the capacity's base unit.",
+          ("namespace", "claim", "request", "driver", "pool", "device", "share_id", "capacity"),
+          otel_name="dra.claim.consumed_capacity", otel_unit="1"),
+    _spec(CLAIM_DEVICE_NETWORK, "gauge",
+          "How a claim's network device appears in the pod, as its driver reports it (status.devices "
+          "networkData; ips comma-joined); value is always 1.",
+          ("namespace", "claim", "driver", "pool", "device", "interface", "hardware_address", "ips")),
     _spec(DEVICE_INFO, "gauge",
           "A device a ResourceSlice publishes for this node, allocated or not; value is always 1.",
           ("node", "driver", "pool", "device", "uuid", "type", "profile", "parent_uuid", "model")),
-    _spec(DEVICE_TAINT, "gauge", "A taint on a ResourceSlice device; value is always 1.",
-          ("driver", "pool", "device", "key", "value", "effect"),
+    _spec(DEVICE_TAINT, "gauge",
+          "A taint on a device of this node: from its ResourceSlice (rule=\"\") or from the DeviceTaintRule "
+          "named by rule; value is always 1.",
+          ("driver", "pool", "device", "key", "value", "effect", "rule"),
           otel_name="dra.device.taint", otel_unit="1"),
     _spec(DEVICE_HEALTH, "gauge",
           "Health of a DRA device as the kubelet reports it for a container (allocatedResourcesStatus); "

@@ -54,7 +54,7 @@ from .model import (
     Sample,
     SourceHealth,
 )
-from .resolve import ChainResolver, NvidiaNameResolver, Resolver, SliceResolver
+from .resolve import ChainResolver, ClaimStatusResolver, NvidiaNameResolver, Resolver, SliceResolver
 
 #: Device-plugin resource names whose ids are NVIDIA GPU or MIG devices.
 _PLUGIN_GPU_RESOURCE = "nvidia.com/gpu"
@@ -176,7 +176,7 @@ def join(inp: JoinInput) -> Frame:
     out = _Builder()
     devices = [s.device for s in inp.nvml.devices] if inp.nvml else []
     cluster = inp.cluster
-    slice_resolvers = (SliceResolver(cluster.slices),) if cluster else ()
+    slice_resolvers = (SliceResolver(cluster.slices), ClaimStatusResolver(cluster.claims)) if cluster else ()
     resolver = ChainResolver((*inp.resolvers, *slice_resolvers, NvidiaNameResolver(devices)))
     view = _View(cluster, inp.self_pod)
     pods = _with_cluster_pods(inp.pods, view)
@@ -365,7 +365,9 @@ def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Reso
 
 
 def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolver) -> None:
-    """What the API server alone knows: slice devices, taints, counters, conditions."""
+    """What the API server alone knows: slice devices, their taints (the slice's and the
+    DeviceTaintRules' that select them), counters; claims' tolerations, consumed capacity,
+    device conditions and network data."""
     # Counter consumption only for allocated devices: a partitionable GPU lists every possible
     # placement (~25 per H200), and only what is allocated takes anything from the counters.
     # Admin access does not allocate capacity.
@@ -384,20 +386,35 @@ def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolve
                 ("parent_uuid", dev.attribute(_ATTR_PARENT)),
                 ("model", next((m for a in _ATTR_MODELS if (m := dev.attribute(a))), "")),
             ), 1)
-            for taint in dev.taints:
+            rules = ((rule.taint, rule.name) for rule in cluster.taint_rules
+                     if rule.selects(sl.driver, sl.pool, dev.name))
+            for taint, rule in (*((t, "") for t in dev.taints), *rules):
                 out.add(cat.DEVICE_TAINT, (
-                    *ident, ("key", taint.key), ("value", taint.value), ("effect", taint.effect)), 1)
+                    *ident, ("key", taint.key), ("value", taint.value), ("effect", taint.effect),
+                    ("rule", rule)), 1)
             for use in dev.consumes_counters if (sl.driver, sl.pool, dev.name) in allocated else ():
                 for counter, value in use.counters:
                     out.add(cat.DEVICE_SHARED_CONSUMPTION, (
                         *ident, ("counter_set", use.counter_set), ("counter", counter)), value)
     for claim in cluster.claims:
+        who = (("namespace", claim.namespace), ("claim", claim.name))
+        for r in claim.results:
+            result = (*who, ("request", r.request), ("driver", r.driver), ("pool", r.pool), ("device", r.device))
+            for tol in r.tolerations:
+                out.add(cat.CLAIM_DEVICE_TOLERATION, (
+                    *result, ("key", tol.key), ("operator", tol.operator), ("value", tol.value),
+                    ("effect", tol.effect)), 1)
+            for capacity, value in r.consumed_capacity:
+                out.add(cat.CLAIM_CONSUMED_CAPACITY, (*result, ("share_id", r.share_id), ("capacity", capacity)),
+                        value)
         for status in claim.devices:
+            device = (*who, ("driver", status.driver), ("pool", status.pool), ("device", status.device))
             for cond in status.conditions:
-                out.add(cat.CLAIM_DEVICE_CONDITION, (
-                    ("namespace", claim.namespace), ("claim", claim.name), ("driver", status.driver),
-                    ("pool", status.pool), ("device", status.device), ("type", cond.type),
-                    ("status", cond.status)), 1)
+                out.add(cat.CLAIM_DEVICE_CONDITION, (*device, ("type", cond.type), ("status", cond.status)), 1)
+            if (net := status.network) is not None:
+                out.add(cat.CLAIM_DEVICE_NETWORK, (
+                    *device, ("interface", net.interface_name), ("hardware_address", net.hardware_address),
+                    ("ips", ",".join(net.ips))), 1)
 
 
 def _health_families(out: _Builder, cluster: ClusterSnapshot, pods: Iterable[PodAllocation], view: _View) -> None:

@@ -7,7 +7,7 @@ OpenTelemetry; metric names are catalogue keys (see ``catalog``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: Label pairs in output order. Tuples keep records hashable and frames byte-stable.
 Labels = tuple[tuple[str, str], ...]
@@ -142,7 +142,8 @@ class PodResourcesSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class DeviceTaint:
-    """A taint a driver put on one ResourceSlice device (KEP-5055)."""
+    """A taint on a device (KEP-5055): put there by its driver in the ResourceSlice, or by an
+    admin's DeviceTaintRule."""
 
     key: str
     value: str = ""
@@ -168,6 +169,86 @@ class CounterConsumption:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeSelectorRequirement:
+    """One ``matchExpressions``/``matchFields`` entry of a core/v1 NodeSelectorTerm."""
+
+    key: str
+    operator: str
+    """``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt`` or ``Lt``."""
+    values: tuple[str, ...] = ()
+
+    def matches(self, value: str | None) -> bool:
+        """Whether a node whose ``key`` is ``value`` (None: absent) meets this requirement; an
+        unknown operator or a ``Gt``/``Lt`` that is not a number never matches (as the scheduler)."""
+        if self.operator == "In":
+            return value is not None and value in self.values
+        if self.operator == "NotIn":
+            return value is None or value not in self.values
+        if self.operator == "Exists":
+            return value is not None
+        if self.operator == "DoesNotExist":
+            return value is None
+        if self.operator in ("Gt", "Lt") and value is not None and len(self.values) == 1:
+            try:
+                have, want = int(value), int(self.values[0])
+            except ValueError:
+                return False
+            return have > want if self.operator == "Gt" else have < want
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    match_expressions: tuple[NodeSelectorRequirement, ...] = ()
+    """Node labels."""
+    match_fields: tuple[NodeSelectorRequirement, ...] = ()
+    """Node fields; only ``metadata.name`` is defined."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelector:
+    """A core/v1 NodeSelector (``nodeSelectorTerms``, ORed; each term's requirements ANDed)."""
+
+    terms: tuple[NodeSelectorTerm, ...] = ()
+
+    @property
+    def needs_labels(self) -> bool:
+        return any(t.match_expressions for t in self.terms)
+
+    def matches(self, node: str, labels: dict[str, str] | None) -> bool:
+        """Whether node ``node`` with ``labels`` is selected; without its labels (None), a term
+        that asks about labels is taken as not matching: a device is only claimed for this node
+        when that is known."""
+        for term in self.terms:
+            if not (term.match_expressions or term.match_fields):
+                continue  # an empty term selects nothing (core/v1 NodeSelectorTerm)
+            if term.match_expressions and labels is None:
+                continue
+            fields = {"metadata.name": node}
+            if all(r.matches(fields.get(r.key)) for r in term.match_fields) and all(
+                    r.matches((labels or {}).get(r.key)) for r in term.match_expressions):
+                return True
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlacement:
+    """Where a slice, or one device of a ``perDeviceNodeSelection`` slice, is available:
+    exactly one of the three is set."""
+
+    node_name: str = ""
+    all_nodes: bool = False
+    node_selector: NodeSelector | None = None
+
+    def covers(self, node: str, labels: dict[str, str] | None) -> bool:
+        if self.node_name:
+            return self.node_name == node
+        if self.all_nodes:
+            return True
+        return self.node_selector is not None and self.node_selector.matches(node, labels)
+
+
+@dataclass(frozen=True, slots=True)
 class SliceDevice:
     """One device of a ResourceSlice."""
 
@@ -182,6 +263,9 @@ class SliceDevice:
     taints: tuple[DeviceTaint, ...] = ()
     node_name: str = ""
     """Per-device node (``perDeviceNodeSelection``); ``""`` when the slice names the node."""
+    placement: NodePlacement | None = None
+    """Per-device placement (``perDeviceNodeSelection`` slices: ``nodeName``, ``allNodes`` or
+    ``nodeSelector`` on the device); None when the slice places all its devices."""
 
     def attribute(self, key: str) -> str:
         for k, v in self.attributes:
@@ -202,6 +286,50 @@ class ResourceSliceInfo:
     node_name: str = ""
     devices: tuple[SliceDevice, ...] = ()
     shared_counters: tuple[CounterSet, ...] = ()
+    placement: NodePlacement = NodePlacement()
+    """The slice's ``nodeName``, ``allNodes`` or ``nodeSelector``; empty for
+    ``perDeviceNodeSelection`` (each device says) and counters-only slices."""
+    per_device_node_selection: bool = False
+
+    def for_node(self, node: str, labels: dict[str, str] | None) -> ResourceSliceInfo | None:
+        """This slice as far as it covers ``node``: itself, only the devices a
+        ``perDeviceNodeSelection`` slice places there, or None when it covers none of it."""
+        if self.per_device_node_selection:
+            devices = tuple(d for d in self.devices if d.placement is not None and d.placement.covers(node, labels))
+            return replace(self, devices=devices) if devices else None
+        return self if self.placement.covers(node, labels) else None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceToleration:
+    """A toleration of device taints (core/v1 Toleration semantics)."""
+
+    key: str = ""
+    """``""`` with ``Exists``: every key."""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+    """``""``: every effect."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTaintRule:
+    """A DeviceTaintRule (cluster-scoped): ``taint`` on every device its selector names."""
+
+    name: str
+    taint: DeviceTaint
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+    """The selector's fields; ``""``: any."""
+    unsupported_selector: bool = False
+    """The 1.33-1.34 v1alpha3 selector also had ``deviceClassName`` and CEL ``selectors``; a rule
+    that uses them is not applied (the exporter cannot evaluate them)."""
+
+    def selects(self, driver: str, pool: str, device: str) -> bool:
+        return not self.unsupported_selector and all(
+            not want or want == have for want, have in ((self.driver, driver), (self.pool, pool),
+                                                         (self.device, device)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +343,11 @@ class AllocationResult:
     device: str
     admin_access: bool = False
     share_id: str = ""
+    """The allocation's share of a device that allows several (consumable capacity, KEP-5075)."""
+    tolerations: tuple[DeviceToleration, ...] = ()
+    """Device taints the allocation tolerates (``results[].tolerations``)."""
+    consumed_capacity: tuple[tuple[str, float], ...] = ()
+    """What this allocation takes of the device's capacity, in base units, sorted by key."""
 
     def serves(self, request: str) -> bool:
         """Whether this result belongs to ``request`` as a container names it (``main`` covers
@@ -231,6 +364,16 @@ class DeviceCondition:
 
 
 @dataclass(frozen=True, slots=True)
+class NetworkDeviceData:
+    """``status.devices[].networkData``: how a network device appears in the pod."""
+
+    interface_name: str = ""
+    hardware_address: str = ""
+    ips: tuple[str, ...] = ()
+    """CIDRs, sorted (at most 16, by the API)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimDeviceStatus:
     """One ``status.devices[]`` entry: what the driver reports about an allocated device."""
 
@@ -239,6 +382,10 @@ class ClaimDeviceStatus:
     device: str
     share_id: str = ""
     conditions: tuple[DeviceCondition, ...] = ()
+    uuid: str = ""
+    """A device identity the driver published in ``data`` (``uuid``): NVIDIA proposes the
+    concrete UUID of a dynamically created MIG device there (dra-driver-nvidia-gpu#1456)."""
+    network: NetworkDeviceData | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,8 +486,9 @@ class PodInfo:
 
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
-    """The API server's view of this node: slices (highest pool generation only), the claims
-    local pods use, and the node's pods. Everything sorted, so equal views compare equal."""
+    """The API server's view of this node: slices (highest pool generation only, only what
+    covers this node), the claims local pods use, the node's pods and the cluster's
+    DeviceTaintRules. Everything sorted, so equal views compare equal."""
 
     node: str
     api_version: str = ""
@@ -348,6 +496,9 @@ class ClusterSnapshot:
     slices: tuple[ResourceSliceInfo, ...] = ()
     claims: tuple[ClaimInfo, ...] = ()
     pods: tuple[PodInfo, ...] = ()
+    taint_rules: tuple[DeviceTaintRule, ...] = ()
+    """DeviceTaintRules of the cluster (all of them: they are few); the join applies them to this
+    node's devices."""
 
     def claim(self, namespace: str, name: str) -> ClaimInfo | None:
         for c in self.claims:

@@ -3,7 +3,9 @@
 Pure functions over NVML identities. Resolvers form a chain: the first one that
 knows the answer wins. ``SliceResolver`` reads the ``uuid`` attribute that drivers
 publish in their ResourceSlices (any driver that publishes one; needs the API
-server) and goes first; the node-local ``NvidiaNameResolver`` parses NVIDIA's
+server) and goes first; ``ClaimStatusResolver`` reads the ``uuid`` a driver publishes
+in a claim's ``status.devices[].data`` once it has prepared the device (dynamic MIG);
+the node-local ``NvidiaNameResolver`` parses NVIDIA's
 device names and is the fallback (and the only way to find dynamically created
 MIG devices, which no slice names by UUID).
 """
@@ -15,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from .model import GpuDevice, ResourceSliceInfo
+from .model import ClaimInfo, GpuDevice, ResourceSliceInfo
 
 NVIDIA_DRIVER: Final = "gpu.nvidia.com"
 #: The device attribute that carries the NVML UUID (NVIDIA; any driver may publish one).
@@ -122,6 +124,18 @@ class SliceResolver:
     def __init__(self, slices: Iterable[ResourceSliceInfo]) -> None:
         self._uuids = {(s.driver, s.pool, d.name): uuid
                        for s in slices for d in s.devices if (uuid := d.attribute(UUID_ATTRIBUTE))}
+
+    def resolve(self, driver: str, pool: str, device: str) -> str | None:
+        return self._uuids.get((driver, pool, device))
+
+
+class ClaimStatusResolver:
+    """Resolves a device through the identity its driver published in the claim's
+    ``status.devices[].data`` (``uuid``): the concrete UUID of a MIG device created for the
+    claim, which no ResourceSlice names (NVIDIA's proposal, dra-driver-nvidia-gpu#1456)."""
+
+    def __init__(self, claims: Iterable[ClaimInfo]) -> None:
+        self._uuids = {(d.driver, d.pool, d.device): d.uuid for c in claims for d in c.devices if d.uuid}
 
     def resolve(self, driver: str, pool: str, device: str) -> str | None:
         return self._uuids.get((driver, pool, device))

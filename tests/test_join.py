@@ -23,8 +23,11 @@ from dra_exporter.model import (
     DeviceHealth,
     DeviceSample,
     DeviceTaint,
+    DeviceTaintRule,
+    DeviceToleration,
     Frame,
     GpuDevice,
+    NetworkDeviceData,
     NvmlSnapshot,
     PluginDevices,
     PodAllocation,
@@ -403,7 +406,7 @@ def test_taints_conditions_health_and_counters() -> None:
     frame = run([sample(gpu(0))], [pod("ml", "p", ctr("c", claim("ml", "g", "gpu-0")))], cluster=view)
     assert list(map(dict, series(frame, cat.DEVICE_TAINT))) == [
         {"driver": DRV, "pool": NODE, "device": "gpu-0", "key": "gpu.nvidia.com/xid", "value": "79",
-         "effect": "NoExecute"}]
+         "effect": "NoExecute", "rule": ""}]
     assert list(map(dict, series(frame, cat.CLAIM_DEVICE_CONDITION))) == [
         {"namespace": "ml", "claim": "g", "driver": DRV, "pool": NODE, "device": "gpu-0", "type": "Ready",
          "status": "True"}]
@@ -452,6 +455,72 @@ def test_health_of_a_device_nobody_can_name_is_kept_without_its_device() -> None
         cdi_health("g", "vendor.com/gpu=unknown"),))),))
     frame = run([sample(gpu(0))], [], cluster=view)
     assert health_devices(frame) == {("g", "", "", "", "Unhealthy")}, "an Unhealthy device never vanishes"
+
+
+def test_device_taint_rules_apply_to_the_devices_they_select_with_the_rules_name() -> None:
+    sl = nv_slice(slice_dev("gpu-0"), SliceDevice("gpu-1", taints=(DeviceTaint("gpu.nvidia.com/xid", "79", "NoExecute"),)))
+    nic = ResourceSliceInfo("n", "nic.example.com", "rack-1", 1, 1, NODE, (slice_dev("eth-0"),))
+    maintenance = DeviceTaint("example.com/maintenance", "fan", "NoSchedule")
+    rules = (
+        DeviceTaintRule("all-nvidia", maintenance, driver=DRV),
+        DeviceTaintRule("one-gpu", DeviceTaint("example.com/drain", "", "NoExecute"), DRV, NODE, "gpu-1"),
+        DeviceTaintRule("other-node", maintenance, DRV, "node-b"),
+        # A 1.33-1.34 rule with a CEL selector: cannot be evaluated here, so it is not applied.
+        DeviceTaintRule("cel", maintenance, unsupported_selector=True),
+    )
+    frame = run([sample(gpu(0)), sample(gpu(1))], [], cluster=ClusterSnapshot(
+        NODE, "v1", (nv_slice(*sl.devices), nic), taint_rules=rules))
+    taints = {(t["device"], t["key"], t["effect"], t["rule"]) for t in map(dict, series(frame, cat.DEVICE_TAINT))}
+    assert taints == {
+        ("gpu-0", "example.com/maintenance", "NoSchedule", "all-nvidia"),
+        ("gpu-1", "example.com/maintenance", "NoSchedule", "all-nvidia"),
+        ("gpu-1", "example.com/drain", "NoExecute", "one-gpu"),
+        ("gpu-1", "gpu.nvidia.com/xid", "NoExecute", ""),
+    }
+
+
+def test_tolerations_consumed_capacity_and_network_data_of_allocations() -> None:
+    shared = AllocationResult("gpu", DRV, NODE, "gpu-0", share_id="share-a",
+                              tolerations=(DeviceToleration("gpu.nvidia.com/xid", "Exists", "", "NoExecute"),),
+                              consumed_capacity=(("memory", 2.0 ** 34),))
+    net = ClaimDeviceStatus("nic.example.com", "rack-1", "eth-0", network=NetworkDeviceData(
+        "net1", "00:11:22:33:44:55", ("10.0.0.5/24", "fd00::5/64")))
+    view = cluster(claims=(claim_info("ml", "g", shared, AllocationResult("nic", "nic.example.com", "rack-1", "eth-0"),
+                                      devices=(net,)),))
+    frame = run([sample(gpu(0))], [], cluster=view)
+    assert list(map(dict, series(frame, cat.CLAIM_DEVICE_TOLERATION))) == [
+        {"namespace": "ml", "claim": "g", "request": "gpu", "driver": DRV, "pool": NODE, "device": "gpu-0",
+         "key": "gpu.nvidia.com/xid", "operator": "Exists", "value": "", "effect": "NoExecute"}]
+    assert {dict(lbl)["share_id"]: (dict(lbl)["capacity"], v)
+            for lbl, v in series(frame, cat.CLAIM_CONSUMED_CAPACITY).items()} == {"share-a": ("memory", 2.0 ** 34)}
+    (info,) = map(dict, series(frame, cat.CLAIM_DEVICE_NETWORK))
+    assert (info["device"], info["interface"], info["hardware_address"], info["ips"]) == (
+        "eth-0", "net1", "00:11:22:33:44:55", "10.0.0.5/24,fd00::5/64")
+
+
+def test_a_uuid_in_the_claims_device_status_data_names_a_device_no_slice_names() -> None:
+    # Dynamic MIG: the slice names an abstract placement; the MIG device (and its UUID) exists
+    # only once prepared, and the driver may publish it in status.devices[].data.
+    created = mig(0, 19, 6, 1, "1g.18gb", 9)
+    name = "gpu-0-mig-1g18gb-19-2"  # a placement NVML does not have: name parsing cannot find it
+    view = cluster(slices=(nv_slice(slice_dev(name, parentUUID="GPU-0")),),
+                   claims=(claim_info("ml", "g", result("gpu", name),
+                                      devices=(ClaimDeviceStatus(DRV, NODE, name, uuid=created.uuid),)),))
+    frame = run([sample(gpu(0, "enabled")), sample(created)], [pod("ml", "p", ctr("c", claim("ml", "g", name)))],
+                cluster=view)
+    assert attribution(frame, created.uuid) == att(namespace="ml", pod="p", container="c", claim="g", request="gpu")
+
+
+def test_a_claim_reserved_for_a_podgroup_is_attributed_to_the_groups_pods_here() -> None:
+    # KEP-5729: reservedFor names the PodGroup, not its pods; the kubelet says which pods hold it.
+    group = ConsumerRef("podgroups", "trainers", "group-uid", "scheduling.k8s.io")
+    c = claim("ml", "g", "gpu-0")
+    view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0"), reserved=(group,)),),
+                   pods=(pod_info("ml", "w-0", ctr_info("c", ("g", ""))), pod_info("ml", "w-1", ctr_info("c", ("g", "")))))
+    frame = run([sample(gpu(0))], [pod("ml", "w-0", ctr("c", c)), pod("ml", "w-1", ctr("c", c))], cluster=view)
+    assert attribution(frame, "GPU-0") == att(namespace="ml", claim="g", request="gpu")
+    consumers = {(x["pod"], x["pod_uid"]) for x in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))}
+    assert consumers == {("w-0", "uid-w-0"), ("w-1", "uid-w-1")}, "the group's pods, never the group"
 
 
 def test_api_server_attributes_pods_the_kubelet_reports_without_claims() -> None:

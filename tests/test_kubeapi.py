@@ -91,10 +91,11 @@ def test_first_collect_lists_slices_pods_and_gets_the_claims_they_use(version: s
         assert {c.name for c in snap.claims} == {"train", "short-0-gpu"}, "only claims local pods use"
         train = snap.claim("ml", "train")
         assert train is not None and [(r.request, r.device) for r in train.results] == [("gpu", "gpu-0")]
-        assert counts(server, "list", "resourceslices") == counts(server, "list", "pods") == 1
+        # Slices: this node's (spec.nodeName=<node>) and those that name no node (spec.nodeName=).
+        assert (counts(server, "list", "resourceslices"), counts(server, "list", "pods")) == (2, 1)
         assert counts(server, "get", "resourceclaims") == 2
         assert counts(server, "list", "resourceclaims") == counts(server, "watch", "resourceclaims") == 0
-        eventually(lambda: counts(server, "watch", "resourceslices") == counts(server, "watch", "pods") == 1)
+        eventually(lambda: (counts(server, "watch", "resourceslices"), counts(server, "watch", "pods")) == (2, 1))
 
 
 def test_quiet_cluster_costs_no_requests_and_returns_the_same_snapshot() -> None:

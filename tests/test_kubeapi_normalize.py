@@ -22,6 +22,8 @@ from dra_exporter.sources.kubeapi_normalize import (
     resource_id,
     served_versions,
     slice_from_dict,
+    slices_for_node,
+    taint_rule_from_dict,
 )
 
 NODE = "gpu-node-1"
@@ -322,3 +324,72 @@ def test_health_named_by_cdi_id_keeps_the_id_and_the_bounded_message() -> None:
     assert cdi.message.startswith("XID 79 on the bus x") and len(cdi.message) <= 256, "one line, bounded"
     triplet = by_cdi[""]
     assert (triplet.driver, triplet.pool, triplet.device, triplet.message) == (DRV, NODE, "gpu-1", "")
+
+
+# --- slices that select nodes, DeviceTaintRules, 1.34+ allocation and device-status fields ----------
+
+
+def placed_slice(name: str, version: str = "v1", **spec: Any) -> model.ResourceSliceInfo:
+    body = {"driver": "nic.example.com", "pool": {"name": "fabric", "generation": 1}, **spec}
+    return slice_from_dict({"metadata": {"name": name}, "spec": body}, version)
+
+
+def rack(value: str, op: str = "In") -> dict[str, Any]:
+    return {"nodeSelectorTerms": [{"matchExpressions": [{"key": "rack", "operator": op, "values": [value]}]}]}
+
+
+def test_slices_that_name_no_node_cover_this_node_by_all_nodes_selector_or_per_device() -> None:
+    slices = [
+        placed_slice("everywhere", allNodes=True),
+        placed_slice("rack-1", nodeSelector=rack("r1"), devices=[{"name": "a"}]),
+        placed_slice("rack-2", nodeSelector=rack("r2"), devices=[{"name": "b"}]),
+        placed_slice("by-name", nodeSelector={"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}, devices=[{"name": "c"}]),
+        placed_slice("per-device", perDeviceNodeSelection=True, devices=[
+            {"name": "mine", "nodeName": NODE}, {"name": "theirs", "nodeName": "other"},
+            {"name": "shared", "allNodes": True}, {"name": "rack-1-only", "nodeSelector": rack("r1")}]),
+        placed_slice("beta1-unset", "v1beta1", nodeName="", allNodes=False, devices=[{"name": "d", "basic": {}}]),
+        placed_slice("counters", sharedCounters=[{"name": "cs", "counters": {"bw": {"value": "100"}}}]),
+    ]
+    covered = {s.name: [d.name for d in s.devices] for s in slices_for_node(slices, NODE, {"rack": "r1"})}
+    assert covered == {"everywhere": [], "rack-1": ["a"], "by-name": ["c"],
+                       "per-device": ["mine", "rack-1-only", "shared"], "counters": []}, \
+        "a counters-only slice without a node stays with the device slices of its pool"
+    # Without the node's labels (no RBAC for nodes), a label selector is not taken as matching.
+    unknown = {s.name: [d.name for d in s.devices] for s in slices_for_node(slices, NODE, None)}
+    assert unknown == {"everywhere": [], "by-name": ["c"], "per-device": ["mine", "shared"], "counters": []}
+    assert not slices_for_node([placed_slice("x", nodeSelector=rack("r1", "NotIn"))], NODE, {"rack": "r1"})
+
+
+def test_device_taint_rules_in_every_version_and_the_old_cel_selector() -> None:
+    rule = taint_rule_from_dict({"metadata": {"name": "drain-gpu-1"}, "spec": {
+        "deviceSelector": {"driver": DRV, "pool": NODE, "device": "gpu-1"},
+        "taint": {"key": "example.com/drain", "value": "yes", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"}}})
+    assert rule == model.DeviceTaintRule("drain-gpu-1", model.DeviceTaint("example.com/drain", "yes", "NoExecute"),
+                                         DRV, NODE, "gpu-1")
+    assert rule.selects(DRV, NODE, "gpu-1") and not rule.selects(DRV, NODE, "gpu-0")
+    old = taint_rule_from_dict({"metadata": {"name": "cel"}, "spec": {
+        "deviceSelector": {"selectors": [{"cel": {"expression": "true"}}]}, "taint": {"key": "k", "effect": "NoSchedule"}}})
+    assert old.unsupported_selector and not old.selects(DRV, NODE, "gpu-0")
+    assert taint_rule_from_dict({"spec": "garbage"}).taint == model.DeviceTaint("")
+
+
+def test_allocation_tolerations_consumed_capacity_share_and_device_status_identity() -> None:
+    info = claim_from_dict({"metadata": {"namespace": "ml", "name": "g", "uid": "u"}, "status": {
+        "allocation": {"devices": {"results": [{
+            "request": "gpu", "driver": DRV, "pool": NODE, "device": "gpu-0", "shareID": "share-1",
+            "consumedCapacity": {"memory": "16Gi", "bad": "lots"},
+            "tolerations": [{"key": "gpu.nvidia.com/xid", "operator": "Exists", "effect": "NoExecute"},
+                            {"operator": "Exists"}, {"value": "keyless Equal: invalid"}]}]}},
+        "devices": [
+            {"driver": DRV, "pool": NODE, "device": "gpu-0", "data": {"UUID": "MIG-1234", "profile": "1g.18gb"}},
+            {"driver": "nic.example.com", "pool": "rack", "device": "eth-0", "data": ["not", "a", "map"],
+             "networkData": {"interfaceName": "net1", "hardwareAddress": "aa:bb", "ips": ["10.0.0.2/24", 7]}}]}},
+        "v1")
+    (r,) = info.results
+    assert (r.share_id, r.consumed_capacity) == ("share-1", (("memory", 16.0 * 2**30),))
+    assert r.tolerations == (model.DeviceToleration("", "Exists"),
+                             model.DeviceToleration("gpu.nvidia.com/xid", "Exists", "", "NoExecute"))
+    gpu_status, nic = info.devices
+    assert (gpu_status.uuid, gpu_status.network) == ("MIG-1234", None)
+    assert (nic.uuid, nic.network) == ("", model.NetworkDeviceData("net1", "aa:bb", ("10.0.0.2/24",)))

@@ -5,7 +5,9 @@ serves the simulated cluster read-only, as of the scenario's simulated time:
 
 * discovery: ``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/resource.k8s.io`` and
   ``/apis/resource.k8s.io/<v>`` for the served versions (``k8s_objects.served_versions``);
-* ``resourceslices`` (cluster-scoped), ``resourceclaims`` (namespaced) and core ``pods``:
+* ``resourceslices`` and ``devicetaintrules`` (cluster-scoped; DeviceTaintRules only in the
+  ``taint_rule_versions`` asked for, none by default), ``resourceclaims`` (namespaced), core
+  ``pods`` and ``nodes``:
   get, list and watch, with ``fieldSelector`` and ``labelSelector`` honoured (an unknown
   field label is a 400, as on a real server), lists carrying ``metadata.resourceVersion``
   (``limit``/``continue`` are ignored: every list is complete, which the API allows);
@@ -53,6 +55,7 @@ import yaml
 from . import k8s_objects
 from .clock import SimClock
 from .k8s_objects import GROUP, JSON
+from ..sources.kubeapi_normalize import TAINT_RULE_VERSIONS
 from .scenario import API_VERSIONS, APISERVER_FAULTS, Scenario
 
 GONE: Final = "apiserver_gone"
@@ -95,6 +98,8 @@ RESOURCES: Final = {
         ("metadata.name", "spec.nodeName", "spec.driver", "spec.pool.name"),
     ),
     "resourceclaims": _Resource("resourceclaims", "ResourceClaim", GROUP, True, _META_FIELDS),
+    "devicetaintrules": _Resource("devicetaintrules", "DeviceTaintRule", GROUP, False, ("metadata.name",)),
+    "nodes": _Resource("nodes", "Node", "", False, ("metadata.name", "spec.unschedulable")),
     "pods": _Resource(
         "pods",
         "Pod",
@@ -321,6 +326,7 @@ class SimulatedApiServer:
         slow_delay: float = 5.0,
         poll_s: float = 0.1,
         bookmark_s: float = 60.0,
+        taint_rule_versions: Collection[str] = (),
     ) -> None:
         served = k8s_objects.served_versions(scenario.api_version)
         if versions is not None:
@@ -331,9 +337,16 @@ class SimulatedApiServer:
                     f"known: {', '.join(API_VERSIONS)}"
                 )
             served = tuple(v for v in API_VERSIONS if v in versions)
+        unknown_rules = sorted(set(taint_rule_versions) - set(TAINT_RULE_VERSIONS))
+        if unknown_rules:
+            raise ValueError(f"simulated API server: DeviceTaintRules exist in {', '.join(TAINT_RULE_VERSIONS)}, "
+                             f"not in {', '.join(unknown_rules)}")
         self.scenario = scenario
         self.clock = clock
         self.versions: tuple[str, ...] = served
+        #: Versions that serve DeviceTaintRules (v1 from 1.37, v1beta2 from 1.36, v1alpha3 from 1.33, each
+        #: behind a gate before 1.37); v1alpha3 serves nothing else.
+        self.taint_rule_versions = tuple(v for v in TAINT_RULE_VERSIONS if v in taint_rule_versions)
         self.preferred = scenario.api_version if scenario.api_version in served else served[0]
         self.requests: Counter[tuple[str, str]] = Counter()
         self._requests_lock = threading.Lock()
@@ -535,17 +548,23 @@ class SimulatedApiServer:
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url[7:]}],
             }
         if path == "/api/v1":
-            return _resource_list("v1", [RESOURCES["pods"]])
+            return _resource_list("v1", [RESOURCES["nodes"], RESOURCES["pods"]])
         if path == "/apis":
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [self._group()]}
         if path == f"/apis/{GROUP}":
             return {"kind": "APIGroup", "apiVersion": "v1", **self._group()}
         version = path.removeprefix(f"/apis/{GROUP}/")
-        if version in self.versions:
-            return _resource_list(
-                f"{GROUP}/{version}", [RESOURCES["resourceclaims"], RESOURCES["resourceslices"]]
-            )
+        if version in self.group_versions:
+            resources = [RESOURCES["resourceclaims"], RESOURCES["resourceslices"]] if version in self.versions else []
+            if version in self.taint_rule_versions:
+                resources.insert(0, RESOURCES["devicetaintrules"])
+            return _resource_list(f"{GROUP}/{version}", resources)
         raise _not_found()
+
+    @property
+    def group_versions(self) -> tuple[str, ...]:
+        """Every resource.k8s.io version served, for any kind."""
+        return (*self.versions, *(v for v in self.taint_rule_versions if v not in self.versions))
 
     def _kube_version(self) -> str:
         return k8s_objects.KUBERNETES_VERSIONS[self.preferred]
@@ -556,7 +575,7 @@ class SimulatedApiServer:
 
         return {
             "name": GROUP,
-            "versions": [gv(v) for v in self.versions],
+            "versions": [gv(v) for v in self.group_versions],
             "preferredVersion": gv(self.preferred),
         }
 
@@ -790,7 +809,8 @@ _GROUP_PATH = re.compile(
 _TRUE: Final = ("true", "1")
 
 
-def parse_request(path: str, query: Mapping[str, list[str]], versions: Collection[str]) -> _Request | None:
+def parse_request(path: str, query: Mapping[str, list[str]], versions: Collection[str],
+                  taint_rule_versions: Collection[str] = ()) -> _Request | None:
     """The resource request ``path`` names, or None when it is not one (discovery, unknown)."""
     m = _CORE_PATH.fullmatch(path)
     version = "v1"
@@ -799,7 +819,8 @@ def parse_request(path: str, query: Mapping[str, list[str]], versions: Collectio
         if m is None:
             return None
         version = m["ver"]
-        if version not in versions:
+        served = taint_rule_versions if m["res"] == "devicetaintrules" else versions
+        if version not in served:
             raise _not_found()
     resource = RESOURCES.get(m["res"])
     if resource is None or bool(resource.group) != (m.re is _GROUP_PATH):
@@ -867,7 +888,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         path = parts.path.rstrip("/") or "/"
         try:
-            request = parse_request(path, parse_qs(parts.query), self.api.versions)
+            request = parse_request(path, parse_qs(parts.query), self.api.versions, self.api.taint_rule_versions)
         except ApiError as e:
             self.api._count("get", "unknown")
             self._fail(e)

@@ -71,12 +71,17 @@ class ClusterObjects:
     resourceslices: tuple[JSON, ...] = ()
     resourceclaims: tuple[JSON, ...] = ()
     pods: tuple[JSON, ...] = ()
+    devicetaintrules: tuple[JSON, ...] = ()
+    nodes: tuple[JSON, ...] = ()
+    """Only from a scenario's own objects (a dump, a test): scenarios describe neither."""
 
     def by_resource(self) -> dict[str, tuple[JSON, ...]]:
         return {
             "resourceslices": self.resourceslices,
             "resourceclaims": self.resourceclaims,
             "pods": self.pods,
+            "devicetaintrules": self.devicetaintrules,
+            "nodes": self.nodes,
         }
 
 
@@ -122,13 +127,12 @@ def changes_key(scenario: Scenario, t: float) -> object:
 
 
 def _raw_objects(objects: Iterable[Mapping[str, Any]]) -> ClusterObjects:
-    by_kind: dict[str, list[JSON]] = {"ResourceSlice": [], "ResourceClaim": [], "Pod": []}
+    kinds = ("ResourceSlice", "ResourceClaim", "Pod", "DeviceTaintRule", "Node")
+    by_kind: dict[str, list[JSON]] = {k: [] for k in kinds}
     for obj in objects:
         if obj.get("kind") in by_kind:
             by_kind[obj["kind"]].append(copy.deepcopy(dict(obj)))
-    return ClusterObjects(
-        tuple(by_kind["ResourceSlice"]), tuple(by_kind["ResourceClaim"]), tuple(by_kind["Pod"])
-    )
+    return ClusterObjects(*(tuple(by_kind[k]) for k in kinds))
 
 
 # --- names and metadata ------------------------------------------------------------------------

@@ -69,12 +69,17 @@ from . import SourceError
 from . import kubeapi_http as http
 from .kubeapi_normalize import (
     SUPPORTED_VERSIONS,
+    TAINT_RULE_VERSIONS,
     choose_version,
     claim_from_dict,
     current_slices,
+    node_labels,
     pod_from_dict,
+    resource_names,
     served_versions,
     slice_from_dict,
+    slices_for_node,
+    taint_rule_from_dict,
 )
 
 SOURCE: Final = "kubeapi"
@@ -226,7 +231,7 @@ class _Reflector(Generic[T]):
     ``changed(key, old, new)`` is called for every object that changes (None: absent).
     """
 
-    def __init__(self, kind: str, api_client: k8s.ApiClient, path: str, field_selector: str,
+    def __init__(self, kind: str, api_client: k8s.ApiClient, path: str, field_selector: str | None,
                  normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
                  changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
                  on_update: Callable[[], None] = lambda: None) -> None:
@@ -250,13 +255,18 @@ class _Reflector(Generic[T]):
         with self._lock:
             return list(self.items.values())
 
+    def _query(self) -> list[tuple[str, str | int | bool]]:
+        # None: no selector (a cluster-scoped kind of which every object is wanted); "" is a real
+        # selector: ``spec.nodeName=`` selects the slices that name no node.
+        return [] if self._selector is None else [("fieldSelector", self._selector)]
+
     # --- list -------------------------------------------------------------------------------------
 
     def list_once(self) -> None:
         """One consistent list; replaces every object. Raises ``SourceError``."""
         self._requests[f"list {self.kind}"] += 1
         response = _request(f"list {self.kind}", lambda: http.get(
-            self._client, self._path, [("fieldSelector", self._selector)], timeout=self._timeouts.request))
+            self._client, self._path, self._query(), timeout=self._timeouts.request))
         body = _json(response, f"list {self.kind}", MAX_LIST_BYTES)
         items = {}
         for obj in body.get("items") or ():
@@ -326,7 +336,7 @@ class _Reflector(Generic[T]):
         seconds = random.randint(low, high)
         what = f"watch {self.kind}"
         self._requests[what] += 1
-        query: http.Query = [("fieldSelector", self._selector), ("watch", True),
+        query: http.Query = [*self._query(), ("watch", True),
                              ("resourceVersion", self.resource_version or ""), ("allowWatchBookmarks", True),
                              ("timeoutSeconds", seconds)]
         # The server ends the watch after `seconds`; a read timeout catches a silently dead peer.
@@ -422,7 +432,15 @@ class KubeApiSource:
         self._client: k8s.ApiClient | None = None
         self.api_version: str | None = None
         self._slices: _Reflector[model.ResourceSliceInfo] | None = None
+        self._nodeless_slices: _Reflector[model.ResourceSliceInfo] | None = None
         self._pods: _Reflector[model.PodInfo] | None = None
+        self._taint_rules: _Reflector[model.DeviceTaintRule] | None = None
+        self.served: tuple[str, ...] = ()
+        self.taint_rule_version: str | None = None
+        """The resource.k8s.io version DeviceTaintRules are read in; None: not served (or not allowed)."""
+        self._node_labels: dict[str, str] | None = None
+        self._node_labels_due = 0.0
+        self._node_warned = False
         self._claims: dict[tuple[str, str], _CachedClaim] = {}
         self._stale: set[tuple[str, str]] = set()
         self._stale_lock = threading.Lock()
@@ -443,6 +461,7 @@ class KubeApiSource:
                 self._start()
                 self._check_watches()
                 self._refresh_claims()
+                self._refresh_node_labels()
             except SourceError as exc:
                 self._fail(str(exc))
                 raise
@@ -451,7 +470,7 @@ class KubeApiSource:
 
     def close(self) -> None:
         self._stop.set()
-        for reflector in (self._slices, self._pods):
+        for reflector in (self._slices, self._nodeless_slices, self._pods, self._taint_rules):
             if reflector is not None:
                 reflector.stop()
                 reflector.join(2.0)
@@ -475,36 +494,127 @@ class KubeApiSource:
             slices = _Reflector("resourceslices", client, http.slices_path(version), selector,
                                 lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
                                 on_update=self._bump)
+            # Slices that name no node (allNodes, nodeSelector, perDeviceNodeSelection): the API
+            # server's field set has spec.nodeName "" for them, so this selector finds exactly those;
+            # which of their devices cover this node is decided here (slices_for_node).
+            nodeless = _Reflector("resourceslices-nodeless", client, http.slices_path(version), "spec.nodeName=",
+                                  lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
+                                  on_update=self._bump)
             pods = _Reflector("pods", client, http.PODS_PATH, selector,
                               pod_from_dict, self._timeouts, self.requests, changed=self._pod_changed,
                               on_update=self._bump)
             # The first lists happen here, so the first frame already has the cluster view.
             slices.list_once()
+            nodeless.list_once()
             pods.list_once()
             slices.start(self._stop)
+            nodeless.start(self._stop)
             pods.start(self._stop)
-            self._slices, self._pods = slices, pods
+            self._slices, self._nodeless_slices, self._pods = slices, nodeless, pods
+            self._start_taint_rules()
 
     def _discover(self) -> str:
         assert self._client is not None
         self.requests["discover"] += 1
-        _, version = discover(self._client, self._timeouts.request)
+        self.served, version = discover(self._client, self._timeouts.request)
         return version
 
+    # --- DeviceTaintRules: optional (alpha/beta gates off by default before 1.37, RBAC of older charts) ---
+
+    def _start_taint_rules(self) -> None:
+        """List and watch DeviceTaintRules in the first version that serves them. Not served, or
+        not allowed: logged once, and the rest of the view goes on without them."""
+        assert self._client is not None
+        try:
+            version = self._taint_rule_version()
+            if version is None:
+                self._log.info("kubeapi: %s serves no DeviceTaintRules (gate DRADeviceTaintRules off, or "
+                               "Kubernetes before 1.33): only the slices' own taints are shown", GROUP)
+                return
+            rules = _Reflector("devicetaintrules", self._client, http.taint_rules_path(version), None,
+                               taint_rule_from_dict, self._timeouts, self.requests, on_update=self._bump)
+            rules.list_once()
+        except SourceError as exc:
+            self._log.warning("kubeapi: DeviceTaintRules not read: %s (the rest of the cluster view is)",
+                              str(exc).removeprefix("kubeapi: "))
+            return
+        rules.start(self._stop)
+        self.taint_rule_version, self._taint_rules = version, rules
+
+    def _taint_rule_version(self) -> str | None:
+        """The first of ``TAINT_RULE_VERSIONS`` whose resource list has ``devicetaintrules``
+        (one ``GET /apis/resource.k8s.io/<v>`` per served candidate, at start only)."""
+        assert self._client is not None
+        for version in (v for v in TAINT_RULE_VERSIONS if v in self.served):
+            self.requests["discover"] += 1
+            what = f"discover {GROUP}/{version}"
+            client = self._client
+            body = _json(_request(what, lambda v=version: http.get(  # type: ignore[misc]
+                client, f"{http.GROUP_PATH}/{v}", timeout=self._timeouts.request)), what)
+            if "devicetaintrules" in resource_names(body):
+                return version
+        return None
+
+    # --- node labels: only for slices that select nodes by label ---------------------------------------
+
+    def _refresh_node_labels(self) -> None:
+        """GET this node (RBAC ``get nodes``) when a slice selects nodes by label, again every
+        ``claim_refresh``. Not allowed: logged once; such slices are taken as not covering it."""
+        assert self._nodeless_slices is not None
+        if not any(_needs_labels(s) for s in self._nodeless_slices.snapshot()):
+            return
+        now = self._monotonic()
+        if now < self._node_labels_due:
+            return
+        self._node_labels_due = now + self._claim_refresh
+        self.requests["get nodes"] += 1
+        assert self._client is not None
+        try:
+            response = http.get(self._client, f"{http.NODES_PATH}/{{name}}", timeout=self._timeouts.request,
+                                path_params={"name": self.node_name})
+            labels: dict[str, str] | None = node_labels(_json(response, "get nodes", MAX_OBJECT_BYTES))
+        except ApiException as exc:
+            if exc.status not in (403, 404):
+                raise _api_error(exc, f"get nodes {self.node_name}") from None
+            if not self._node_warned:
+                self._node_warned = True
+                self._log.warning("kubeapi: cannot read node %s (HTTP %s): ResourceSlices that select nodes by "
+                                  "label are not shown (grant get on nodes)", self.node_name, exc.status)
+            labels = None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _unreachable(exc) from None
+        if labels != self._node_labels:
+            self._node_labels = labels
+            self._bump()
+
     def _check_watches(self) -> None:
-        for reflector in (self._slices, self._pods):
+        for reflector in (self._slices, self._nodeless_slices, self._pods):
             if reflector is not None and reflector.error:
                 raise SourceError(reflector.error)
 
     # --- claims ---------------------------------------------------------------------------------------
 
     def _pod_changed(self, key: str, old: model.PodInfo | None, new: model.PodInfo | None) -> None:
+        if new is not None:
+            self._log_health_messages(old, new)
         # A pod that appears (or changes its claims) may use a claim re-created under an old name,
         # or one whose allocation changed: fetch its claims again instead of waiting for the refresh.
         if new is None or (old is not None and (old.uid, old.claims) == (new.uid, new.claims)):
             return
         with self._stale_lock:
             self._stale.update((new.namespace, c) for c in new.claims)
+
+    def _log_health_messages(self, old: model.PodInfo | None, new: model.PodInfo) -> None:
+        """The kubelet's health ``message`` (1.36+) is free text: a label would make a series per
+        wording, so it is logged, once each time an entry (device, health, message) appears."""
+        before = {(c.name, h) for c in old.containers for h in c.health} if old else set()
+        for ctr in new.containers:
+            for h in ctr.health:
+                if h.message and (ctr.name, h) not in before:
+                    device = h.cdi_id or f"{h.driver}/{h.pool}/{h.device}"
+                    self._log.log(logging.WARNING if h.health == "Unhealthy" else logging.INFO,
+                                  "kubeapi: pod %s/%s container %s: device %s of claim %s is %s: %s",
+                                  new.namespace, new.name, ctr.name, device, h.claim, h.health, h.message)
 
     def _wanted_claims(self) -> set[tuple[str, str]]:
         assert self._pods is not None
@@ -558,14 +668,17 @@ class KubeApiSource:
         revision = self._revision
         if self._snapshot is not None and self._snapshot[0] == revision:
             return self._snapshot[1]  # nothing changed: the same object, so the join sees no churn
-        assert self._slices is not None and self._pods is not None
+        assert self._slices is not None and self._pods is not None and self._nodeless_slices is not None
+        listed = current_slices([*self._slices.snapshot(), *self._nodeless_slices.snapshot()])
         snapshot = model.ClusterSnapshot(
             node=self.node_name,
             api_version=self.api_version or "",
-            slices=current_slices(self._slices.snapshot()),
+            slices=slices_for_node(listed, self.node_name, self._node_labels),
             claims=tuple(sorted((c.info for c in self._claims.values() if c.info is not None),
                                 key=lambda c: (c.namespace, c.name))),
             pods=tuple(sorted(self._pods.snapshot(), key=lambda p: (p.namespace, p.name))),
+            taint_rules=tuple(sorted(self._taint_rules.snapshot() if self._taint_rules else (),
+                                     key=lambda r: r.name)),
         )
         self._snapshot = (revision, snapshot)
         return snapshot
@@ -668,6 +781,11 @@ def _lines(response: Any, limit: int, what: str) -> Iterator[str]:
         if len(buffer) > limit:
             response.close()
             raise _too_big(what, limit)
+
+
+def _needs_labels(sl: model.ResourceSliceInfo) -> bool:
+    placements = [sl.placement, *(d.placement for d in sl.devices if d.placement is not None)]
+    return any(p.node_selector is not None and p.node_selector.needs_labels for p in placements)
 
 
 def _key(obj: Mapping[str, Any]) -> str:

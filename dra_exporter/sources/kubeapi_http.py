@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 GROUP_PATH: Final = "/apis/resource.k8s.io"
 PODS_PATH: Final = "/api/v1/pods"
+NODES_PATH: Final = "/api/v1/nodes"
 ACCESS_REVIEW_PATH: Final = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 _AUTH: Final = ["BearerToken"]
 
@@ -31,6 +32,10 @@ Query = Sequence[tuple[str, str | int | bool]]
 
 def slices_path(version: str) -> str:
     return f"{GROUP_PATH}/{version}/resourceslices"
+
+
+def taint_rules_path(version: str) -> str:
+    return f"{GROUP_PATH}/{version}/devicetaintrules"
 
 
 def get(api_client: ApiClient, path: str, query: Query = (), *, timeout: Any,

@@ -59,6 +59,7 @@ def slice_from_dict(obj: Mapping[str, Any], version: str) -> model.ResourceSlice
     meta, spec = _map(obj, "metadata"), _map(obj, "spec")
     pool = _map(spec, "pool")
     driver = _str(spec, "driver")
+    per_device = spec.get("perDeviceNodeSelection") is True
     return model.ResourceSliceInfo(
         name=_str(meta, "name"),
         driver=driver,
@@ -66,13 +67,37 @@ def slice_from_dict(obj: Mapping[str, Any], version: str) -> model.ResourceSlice
         generation=_int(pool, "generation"),
         resource_slice_count=_int(pool, "resourceSliceCount", 1),
         node_name=_str(spec, "nodeName"),
-        devices=tuple(sorted((_device(d, driver, version) for d in _list(spec, "devices")
+        devices=tuple(sorted((_device(d, driver, version, per_device) for d in _list(spec, "devices")
                               if _str(_map_of(d), "name")), key=lambda d: d.name)),
         shared_counters=_counter_sets(_list(spec, "sharedCounters")),
+        placement=_placement(spec),
+        per_device_node_selection=per_device,
     )
 
 
-def _device(raw: Any, driver: str, version: str) -> model.SliceDevice:
+def _placement(obj: Mapping[str, Any]) -> model.NodePlacement:
+    """``nodeName`` / ``allNodes`` / ``nodeSelector`` of a slice or a device (v1beta1 writes
+    ``""``/``false`` for unset, later versions leave them out: both read as unset)."""
+    raw = obj.get("nodeSelector")
+    return model.NodePlacement(node_name=_str(obj, "nodeName"), all_nodes=obj.get("allNodes") is True,
+                               node_selector=node_selector(raw) if isinstance(raw, Mapping) else None)
+
+
+def node_selector(raw: Mapping[str, Any]) -> model.NodeSelector:
+    """A core/v1 NodeSelector."""
+    return model.NodeSelector(tuple(
+        model.NodeSelectorTerm(_requirements(_list(term, "matchExpressions")), _requirements(_list(term, "matchFields")))
+        for term in map(_map_of, _list(raw, "nodeSelectorTerms"))))
+
+
+def _requirements(raw: Sequence[Any]) -> tuple[model.NodeSelectorRequirement, ...]:
+    return tuple(
+        model.NodeSelectorRequirement(_str(r, "key"), _str(r, "operator"),
+                                      tuple(v for v in _list(r, "values") if isinstance(v, str)))
+        for r in map(_map_of, raw))
+
+
+def _device(raw: Any, driver: str, version: str, per_device: bool = False) -> model.SliceDevice:
     dev = _map_of(raw)
     body = _map(dev, "basic") if version in _NESTED_VERSIONS else dev
     return model.SliceDevice(
@@ -86,6 +111,7 @@ def _device(raw: Any, driver: str, version: str) -> model.SliceDevice:
             model.DeviceTaint(_str(t, "key"), _str(t, "value"), _str(t, "effect"))
             for t in map(_map_of, _list(body, "taints")) if _str(t, "key")),
         node_name=_str(body, "nodeName"),
+        placement=_placement(body) if per_device else None,
     )
 
 
@@ -146,6 +172,21 @@ def quantity(value: Any) -> float | None:
     return float(number)
 
 
+def slices_for_node(slices: Iterable[model.ResourceSliceInfo], node: str,
+                    labels: dict[str, str] | None) -> tuple[model.ResourceSliceInfo, ...]:
+    """What of ``slices`` covers ``node`` (slice or per-device ``nodeName``, ``allNodes``, a
+    ``nodeSelector`` its ``labels`` meet; None: labels unknown, such selectors do not match).
+    A counters-only slice without a node of its own stays when a device slice of its pool does."""
+    kept, counters_only = [], []
+    for s in slices:
+        if not s.devices and s.shared_counters and not s.placement.node_name:
+            counters_only.append(s)
+        elif (mine := s.for_node(node, labels)) is not None:
+            kept.append(mine)
+    pools = {(s.driver, s.pool) for s in kept}
+    return (*kept, *(s for s in counters_only if (s.driver, s.pool) in pools))
+
+
 def current_slices(slices: Iterable[model.ResourceSliceInfo]) -> tuple[model.ResourceSliceInfo, ...]:
     """Only the slices of each (driver, pool) with the highest pool generation: consumers "must
     only use ResourceSlices with the highest generation number" (older ones are being replaced)."""
@@ -175,7 +216,10 @@ def claim_from_dict(obj: Mapping[str, Any], version: str) -> model.ClaimInfo:
             model.AllocationResult(
                 request=_str(r, "request"), driver=_str(r, "driver"), pool=_str(r, "pool"),
                 device=_str(r, "device"), admin_access=r.get("adminAccess") is True,
-                share_id=_str(r, "shareID"))
+                share_id=_str(r, "shareID"), tolerations=_tolerations(_list(r, "tolerations")),
+                consumed_capacity=tuple(sorted(
+                    (k, n) for k, v in _map(r, "consumedCapacity").items()
+                    if isinstance(k, str) and (n := quantity(v)) is not None)))
             for r in map(_map_of, _list(devices, "results")) if _str(r, "device")),
         reserved_for=tuple(
             model.ConsumerRef(_str(c, "resource"), _str(c, "name"), _str(c, "uid"), _str(c, "apiGroup"))
@@ -186,9 +230,67 @@ def claim_from_dict(obj: Mapping[str, Any], version: str) -> model.ClaimInfo:
                 share_id=_str(d, "shareID"),
                 conditions=tuple(
                     model.DeviceCondition(_str(c, "type"), _str(c, "status"), _str(c, "reason"))
-                    for c in map(_map_of, _list(d, "conditions")) if _str(c, "type")))
+                    for c in map(_map_of, _list(d, "conditions")) if _str(c, "type")),
+                uuid=_data_uuid(_map(d, "data")),
+                network=_network(d.get("networkData")))
             for d in map(_map_of, _list(status, "devices")) if _str(d, "device")),
     )
+
+
+def _tolerations(raw: Sequence[Any]) -> tuple[model.DeviceToleration, ...]:
+    return tuple(sorted({
+        model.DeviceToleration(_str(t, "key"), _str(t, "operator") or "Equal", _str(t, "value"), _str(t, "effect"))
+        for t in map(_map_of, raw) if _str(t, "key") or _str(t, "operator") == "Exists"},
+        key=lambda t: (t.key, t.operator, t.value, t.effect)))
+
+
+def _data_uuid(data: Mapping[str, Any]) -> str:
+    """The device identity a driver publishes in ``status.devices[].data`` (free-form JSON, at
+    most 10 KiB): a top-level ``uuid`` string, in any letter case (NVIDIA's proposal for dynamic
+    MIG devices, dra-driver-nvidia-gpu#1456, names no schema yet)."""
+    for key, value in data.items():
+        if isinstance(key, str) and key.lower() == "uuid" and isinstance(value, str) and 0 < len(value) <= 128:
+            return value
+    return ""
+
+
+def _network(raw: Any) -> model.NetworkDeviceData | None:
+    if not isinstance(raw, Mapping):
+        return None
+    data = model.NetworkDeviceData(_str(raw, "interfaceName"), _str(raw, "hardwareAddress"),
+                                   tuple(sorted(ip for ip in _list(raw, "ips") if isinstance(ip, str))[:16]))
+    return data if data != model.NetworkDeviceData() else None
+
+
+# --- DeviceTaintRule ----------------------------------------------------------------------------------
+
+#: DeviceTaintRule versions, most preferred first: v1 (1.37), v1beta2 (1.36, off by default),
+#: v1alpha3 (1.33-1.35; the gate is off by default until 1.37).
+TAINT_RULE_VERSIONS: Final = ("v1", "v1beta2", "v1alpha3")
+
+
+def taint_rule_from_dict(obj: Mapping[str, Any]) -> model.DeviceTaintRule:
+    """One DeviceTaintRule; the shape is the same in every version but for v1alpha3's older
+    ``deviceClassName`` and CEL ``selectors``, which mark the rule as not applicable here."""
+    spec = _map(obj, "spec")
+    selector, taint = _map(spec, "deviceSelector"), _map(spec, "taint")
+    return model.DeviceTaintRule(
+        name=_str(_map(obj, "metadata"), "name"),
+        taint=model.DeviceTaint(_str(taint, "key"), _str(taint, "value"), _str(taint, "effect")),
+        driver=_str(selector, "driver"), pool=_str(selector, "pool"), device=_str(selector, "device"),
+        unsupported_selector=bool(_str(selector, "deviceClassName") or _list(selector, "selectors")),
+    )
+
+
+def resource_names(resource_list: Mapping[str, Any]) -> frozenset[str]:
+    """Resource names in an ``APIResourceList`` (``GET /apis/<group>/<version>``)."""
+    return frozenset(n for r in map(_map_of, _list(resource_list, "resources")) if (n := _str(r, "name")))
+
+
+def node_labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    """A core/v1 Node's labels."""
+    return {k: v for k, v in _map(_map(obj, "metadata"), "labels").items()
+            if isinstance(k, str) and isinstance(v, str)}
 
 
 # --- Pod ---------------------------------------------------------------------------------------------
