@@ -4,6 +4,8 @@ simulator does not give (403, unserved group)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 import threading
@@ -20,6 +22,7 @@ from simnode import eventually
 from dra_exporter.agent import SourceRunner
 from dra_exporter.sim.apiserver import GONE, GONE_410, WATCH_DROP, SimulatedApiServer
 from dra_exporter.sim.clock import SimClock
+from dra_exporter.sim.k8s_objects import cluster_objects
 from dra_exporter.sim.scenario import parse_scenario
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.kubeapi import (
@@ -400,3 +403,94 @@ def test_the_source_never_imports_the_clients_typed_api_classes() -> None:
     up, modules = done.stdout.splitlines()
     assert up == "1.0 True", "the cluster view must have been read (source up, claim conditions present)"
     assert modules == "[]"
+
+
+# --- Kubernetes 1.36/1.37 objects: DeviceTaintRules, slices that name no node, health messages ------
+
+
+def nic_slice(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name, "uid": f"uid-{name}"},
+            "spec": {"driver": "nic.example.com", "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                     **spec}}
+
+
+def newer_cluster(taint_rule_versions: tuple[str, ...]) -> SimulatedApiServer:
+    """The kubeapi-test cluster plus what 1.36/1.37 add: a DeviceTaintRule, slices placed by
+    allNodes / nodeSelector / per device, this node's Node object, and a health message."""
+    base = scenario()
+    objects = cluster_objects(base, 50.0)
+    pods = []
+    for pod in objects.pods:
+        if pod["metadata"]["name"] == "train-0":
+            pod = copy.deepcopy(pod)
+            claim_uid = next(c.uid for c in base.claims if c.name == "train")
+            pod["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [{"name": "claim:train", "resources": [
+                {"resourceID": f"k8s.gpu.nvidia.com/claim={claim_uid}-gpu-0", "health": "Unhealthy",
+                 "message": "XID 79: GPU has fallen off the bus"}]}]
+        pods.append(pod)
+    rack = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "rack", "operator": "In", "values": ["r1"]}]}]}
+    extra = [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": "drain-gpu-1", "uid": "r1"},
+         "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "device": "gpu-1"},
+                  "taint": {"key": "example.com/drain", "value": "now", "effect": "NoExecute"}}},
+        nic_slice("fabric", allNodes=True, devices=[{"name": "fabric-0"}]),
+        nic_slice("rack-r1", nodeSelector=rack, devices=[{"name": "tor-0"}]),
+        nic_slice("rack-r2", nodeSelector={"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "rack", "operator": "In", "values": ["r2"]}]}]}, devices=[{"name": "tor-1"}]),
+        nic_slice("per-device", perDeviceNodeSelection=True, devices=[
+            {"name": "here", "nodeName": NODE}, {"name": "elsewhere", "nodeName": "kube-node-2"}]),
+        nic_slice("other-node", nodeName="kube-node-2", devices=[{"name": "far"}]),
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid", "labels": {"rack": "r1"}}},
+    ]
+    raw = (*objects.resourceslices, *objects.resourceclaims, *pods, *extra)
+    return SimulatedApiServer(dataclasses.replace(base, raw_objects=raw), SimClock(50.0, frozen=True), poll_s=0.02,
+                              taint_rule_versions=taint_rule_versions)
+
+
+@pytest.mark.parametrize(("served", "read"), [(("v1", "v1beta2", "v1alpha3"), "v1"),
+                                              (("v1beta2", "v1alpha3"), "v1beta2"), (("v1alpha3",), "v1alpha3")])
+def test_taint_rules_slices_naming_no_node_and_health_messages(
+        served: tuple[str, ...], read: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dra_exporter.sources.kubeapi")
+    with newer_cluster(served) as server, source(server) as src:
+        snap = src.collect()
+        assert src.taint_rule_version == read
+        assert [(r.name, r.device, r.taint.key) for r in snap.taint_rules] == [
+            ("drain-gpu-1", "gpu-1", "example.com/drain")]
+        devices = {(s.name, d.name) for s in snap.slices for d in s.devices if s.driver == "nic.example.com"}
+        assert devices == {("fabric", "fabric-0"), ("rack-r1", "tor-0"), ("per-device", "here")}
+        assert counts(server, "get", "nodes") == 1, "the node's labels, for the nodeSelector slices"
+        assert counts(server, "list", "devicetaintrules") == 1
+        eventually(lambda: counts(server, "watch", "devicetaintrules") == 1)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("device k8s.gpu.nvidia.com/claim=" in m and "Unhealthy: XID 79: GPU has fallen off the bus" in m
+               for m in messages), messages
+
+
+def test_taint_rules_not_served_are_left_out_without_a_request_for_them(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dra_exporter.sources.kubeapi")
+    with newer_cluster(()) as server, source(server) as src:
+        assert src.collect().taint_rules == ()
+        assert src.taint_rule_version is None
+        assert counts(server, "list", "devicetaintrules") == 0
+    assert any("serves no DeviceTaintRules" in r.getMessage() for r in caplog.records)
+
+
+def test_taint_rules_forbidden_leave_the_rest_of_the_view_up(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A chart from before DeviceTaintRules: RBAC allows slices, claims and pods only.
+    listing = {"kind": "APIResourceList", "resources": [{"name": "devicetaintrules"}, {"name": "resourceslices"}]}
+    answers: dict[str, tuple[int, dict[str, Any]]] = {
+        "/apis/resource.k8s.io/v1/devicetaintrules": (403, FORBIDDEN),
+        "/apis/resource.k8s.io/v1/resourceslices": (200, {"kind": "ResourceSliceList", "items": []}),
+        "/apis/resource.k8s.io/v1?": (200, listing), "/apis/resource.k8s.io/v1": (200, listing),
+        "/apis/resource.k8s.io": (200, GROUP_V1),
+        "/api/v1/pods": (200, {"kind": "PodList", "items": []})}
+    with canned(answers, tmp_path) as kubeconfig:
+        src = KubeApiSource(NODE, kubeconfig=kubeconfig, timeouts=FAST)
+        try:
+            assert src.collect().taint_rules == ()
+            assert src.taint_rule_version is None
+        finally:
+            src.close()
+    assert any("DeviceTaintRules not read: forbidden (403)" in r.getMessage() for r in caplog.records)
