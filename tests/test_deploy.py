@@ -1,7 +1,7 @@
 """The Helm chart, the plain manifests and the Dockerfile, checked with the real tools.
 
 - The chart is rendered by Helm's own Go code (``helm-python-sdk``) and linted;
-- every rendered object validates against the Kubernetes 1.34 schemas in strict mode
+- every rendered object validates against the Kubernetes 1.34 and 1.37 schemas in strict mode
   (``kubernetes-validate``); the prometheus-operator CRDs have no schema there and are checked
   for the fields the dashboards and alerts rely on;
 - ``deploy/manifests/`` is the chart's default rendering;
@@ -42,6 +42,10 @@ from promharness import free_port
 
 import dra_exporter
 from dra_exporter.cli import serve
+
+#: Schemas the chart and manifests must validate against: the oldest release with DRA v1 on by
+#: default, and the current one (kubernetes-validate ships both).
+SCHEMA_VERSIONS = (KUBE_VERSION, "1.37.0")
 
 DOCKERFILE = REPO / "Dockerfile"
 ADMIN = {"deviceAccess": {"mode": "adminAccessClaim"}}
@@ -121,15 +125,18 @@ def test_manifests_are_the_charts_default_rendering() -> None:
     ],
     ids=["defaults", "admin-access", "everything-on", "claim-v1beta2", "claim-v1beta1", "basic-auth"],
 )
-def test_rendered_objects_validate_against_kubernetes_1_34_strictly(values: dict[str, Any]) -> None:
+@pytest.mark.parametrize("kube_version", SCHEMA_VERSIONS)
+def test_rendered_objects_validate_against_kubernetes_schemas_strictly(values: dict[str, Any],
+                                                                       kube_version: str) -> None:
     kv = require_module("kubernetes_validate", "kubernetes-validate")
     docs = render_chart(values)
     for doc in docs:
         if doc["kind"] not in CRDS:
-            kv.validate(doc, KUBE_VERSION, strict=True)  # raises ValidationError with the field
+            kv.validate(doc, kube_version, strict=True)  # raises ValidationError with the field
 
 
-def test_committed_manifests_validate_against_kubernetes_1_34_strictly() -> None:
+@pytest.mark.parametrize("kube_version", SCHEMA_VERSIONS)
+def test_committed_manifests_validate_against_kubernetes_schemas_strictly(kube_version: str) -> None:
     kv = require_module("kubernetes_validate", "kubernetes-validate")
     docs = [d for d in yaml.safe_load_all(MANIFESTS.read_text()) if d]
     assert {d["kind"] for d in docs} == {
@@ -140,11 +147,11 @@ def test_committed_manifests_validate_against_kubernetes_1_34_strictly() -> None
         "DaemonSet",
     }
     for doc in docs:
-        kv.validate(doc, KUBE_VERSION, strict=True)
+        kv.validate(doc, kube_version, strict=True)
     assert {d["metadata"].get("namespace", NAMESPACE) for d in docs} == {NAMESPACE}
 
 
-def test_rbac_is_read_only_on_exactly_slices_claims_and_pods() -> None:
+def test_rbac_is_read_only_on_exactly_slices_claims_taint_rules_pods_and_nodes() -> None:
     kinds = by_kind(render_chart())
     granted = {
         (group, resource): sorted(rule["verbs"])
@@ -155,7 +162,9 @@ def test_rbac_is_read_only_on_exactly_slices_claims_and_pods() -> None:
     assert granted == {
         ("resource.k8s.io", "resourceslices"): ["get", "list", "watch"],
         ("resource.k8s.io", "resourceclaims"): ["get", "list", "watch"],
+        ("resource.k8s.io", "devicetaintrules"): ["get", "list", "watch"],
         ("", "pods"): ["get", "list", "watch"],
+        ("", "nodes"): ["get"],
     }
     assert all(set(r) == {"apiGroups", "resources", "verbs"} for r in kinds["ClusterRole"]["rules"]), (
         "no resourceNames / nonResourceURLs"
