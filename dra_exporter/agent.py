@@ -17,6 +17,7 @@ in, and it publishes frames of its own in which NVML (and that source) are down.
 from __future__ import annotations
 
 import logging
+import math
 import platform
 import threading
 import time
@@ -171,6 +172,9 @@ class Agent:
         self.ready = threading.Event()
         self.stall_after = default_stall_timeout(interval) if stall_after is None else stall_after
         self.liveness_grace = self.stall_after if liveness_grace is None else liveness_grace
+        if not (0 < self.stall_after < math.inf and 0 <= self.liveness_grace < math.inf):
+            raise ValueError(f"stall_after must be positive and liveness_grace >= 0, both finite; got "
+                             f"{self.stall_after!r} and {self.liveness_grace!r}")
         self._wall_clock = wall_clock
         self._monotonic = monotonic
         self._resolvers = resolvers

@@ -174,8 +174,12 @@ def test_the_default_bound_is_ten_intervals_and_never_under_30_s() -> None:
     assert default_stall_timeout(1.0) == 30.0
     assert default_stall_timeout(0.05) == 30.0
     assert default_stall_timeout(10.0) == 100.0
-    agent = Agent(SourceRunner(GatedSource("nvml"), keep_last_good=False), [], [], interval=5.0)
+    nvml = SourceRunner(GatedSource("nvml"), keep_last_good=False)
+    agent = Agent(nvml, [], [], interval=5.0)
     assert (agent.stall_after, agent.liveness_grace) == (50.0, 50.0)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="stall_after must be positive"):
+            Agent(nvml, [], [], stall_after=bad)
 
 
 @pytest.mark.parametrize("args, needle", [
