@@ -186,6 +186,8 @@ class Agent:
         self._publish_lock = threading.Lock()
         # When the last cycle finished (or the loop started): None while no loop runs.
         self._finished_at: float | None = None
+        # The first cycle may also wait ``startup_wait`` for the side sources: not a stall.
+        self._first_allowance = 0.0
         self._stall_lock = threading.Lock()
         self._stall_logged: str | None = None
         """Where the stall logged in this episode was stuck; None outside a logged stall."""
@@ -218,14 +220,18 @@ class Agent:
     def health(self) -> LoopHealth:
         """What /readyz and /healthz answer: cheap (two clock reads), safe from any thread."""
         ready = self.ready.is_set()
+        bound = self._bound()  # read before _finished_at: both change together, bound last
         finished_at = self._finished_at
         if finished_at is None:
             return LoopHealth(ready=ready, live=True)
         stalled = self._monotonic() - finished_at
-        if stalled < self.stall_after:
+        if stalled < bound:
             return LoopHealth(ready=ready, live=True)
-        return LoopHealth(ready=False, live=stalled < self.stall_after + self.liveness_grace,
+        return LoopHealth(ready=False, live=stalled < bound + self.liveness_grace,
                           reason=f"stalled: no collection cycle has finished for {stalled:.0f} s")
+
+    def _bound(self) -> float:
+        return self.stall_after + self._first_allowance
 
     def watch(self) -> None:
         """One look at the cycle; the watchdog thread calls this every tick.
@@ -235,11 +241,12 @@ class Agent:
         are down, with the other sources' latest snapshots. A join here is no scrape-path
         cost: it replaces the join the stuck cycle would have made.
         """
+        bound = self._bound()
         finished_at, cycles = self._finished_at, self.cycles
         if finished_at is None:
             return
         stalled = self._monotonic() - finished_at
-        if stalled < self.stall_after:
+        if stalled < bound:
             return
         stuck = next(((r, t) for r in (self.primary, *self.followers) if (t := r.collecting_for()) is not None),
                      None)
@@ -266,7 +273,7 @@ class Agent:
                  else "it is stuck after collecting (join or publish)")
         log.warning("collection cycle stalled: no cycle has finished for %.0f s; %s. Until one does, %s is "
                     "reported down and /readyz fails; /healthz fails %.0f s after the last finished cycle",
-                    stalled, where, self.primary.name, self.stall_after + self.liveness_grace,
+                    stalled, where, self.primary.name, self._bound() + self.liveness_grace,
                     extra={"source": stuck[0].name if stuck else ""})
 
     def _cycle_finished(self) -> None:
@@ -278,6 +285,7 @@ class Agent:
                          self._stall_logged)
             self._stall_logged = None
             self._finished_at = now
+            self._first_allowance = 0.0
 
     def _watch_loop(self) -> None:
         # Ticks of one interval (a tenth of the bound at most) keep the stall frames as fresh as cycles.
@@ -333,6 +341,7 @@ class Agent:
         for runner in self.side:
             runner.start(self._stop)
         self._finished_at = self._monotonic()  # a first cycle that never ends is a stall too
+        self._first_allowance = startup_wait
         self._thread = threading.Thread(target=self._loop, args=(startup_wait,), name="agent-cycle",
                                         daemon=True)
         self._thread.start()

@@ -115,9 +115,10 @@ def by_source(frame: Frame, family: str) -> dict[str, float]:
 
 
 @contextmanager
-def watched(primary: Any, *, followers: tuple[Any, ...] = (), sink: ListSink | None = None
-            ) -> Iterator[tuple[Agent, FakeClock, ListSink]]:
-    """A started agent (interval 10 ms, bounds 30 s + 30 s on a fake clock) with one side source."""
+def watched(primary: Any, *, followers: tuple[Any, ...] = (), sink: ListSink | None = None,
+            startup_wait: float = GUARD_S) -> Iterator[tuple[Agent, FakeClock, ListSink]]:
+    """A started agent (interval 10 ms, bounds 30 s + 30 s on a fake clock) with one side source,
+    whose first cycle waits up to ``startup_wait`` for it (which answers at once)."""
     clock = FakeClock()
     sink = sink or ListSink()
 
@@ -127,7 +128,7 @@ def watched(primary: Any, *, followers: tuple[Any, ...] = (), sink: ListSink | N
     side = SourceRunner(GatedSource("podresources"), keep_last_good=True, interval=0.01, monotonic=clock)
     agent = Agent(runner(primary), [side], [sink], interval=0.01, followers=[runner(f) for f in followers],
                   stall_after=STALL, liveness_grace=GRACE, monotonic=clock)
-    agent.start(startup_wait=GUARD_S)
+    agent.start(startup_wait=startup_wait)
     try:
         yield agent, clock, sink
     finally:
@@ -161,10 +162,15 @@ def test_a_wedged_cycle_fails_readyz_at_the_bound_and_healthz_after_the_grace() 
 
 def test_a_first_cycle_that_never_ends_fails_healthz_too() -> None:
     nvml = GatedSource("nvml", block_from=1)  # NVML hangs in its first call (nvmlInit)
-    with watched(nvml) as (agent, clock, sink):
+    startup_wait = 10.0
+    with watched(nvml, startup_wait=startup_wait) as (agent, clock, sink):
         nvml.wait_blocked()
         assert agent.health() == LoopHealth(ready=False, live=True)
-        clock.advance(STALL + GRACE)
+        clock.advance(STALL + startup_wait - 0.5)
+        assert agent.health().reason == "", "the first cycle may wait for the side sources on top"
+        clock.advance(0.5 + GRACE - 0.5)
+        assert agent.health().live
+        clock.advance(0.5)
         assert not agent.health().live
         agent.watch()
         assert sink.frames and by_source(sink.frames[-1], cat.SOURCE_UP)["nvml"] == 0.0
@@ -255,9 +261,10 @@ def test_a_fifo_under_procfs_names_procs_and_nvml_goes_down_too(tmp_path: Path,
     os.mkfifo(stat)
     nvml = GatedSource("nvml")
     procs = ProcsSource(lambda: [4242], str(tmp_path))
-    with watched(nvml, followers=(procs,)) as (agent, clock, sink):
+    with watched(nvml, followers=(procs,), startup_wait=0.0) as (agent, clock, sink):
         # The first cycle's /proc lookup opens the FIFO, and never returns.
         eventually(lambda: agent.followers[0].collecting_for() is not None, GUARD_S)
+        assert agent.side[0].attempted.wait(GUARD_S)
         clock.advance(STALL)
         agent.watch()
         assert not agent.health().ready
