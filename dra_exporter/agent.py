@@ -5,20 +5,38 @@ snapshot of every side source (kubelet, API server, /proc), and publishes one
 frame to every sink. Side sources run on their own threads, so a hanging kubelet
 never delays NVML data. A failing source never fails the cycle; its health is
 published as self-metrics.
+
+A cycle that never returns (a wedged NVML call, a FIFO under ``--procfs``) cannot
+report itself, so a watchdog thread watches when the last cycle finished. Past
+``stall_after`` seconds the cycle counts as stalled: ``health()`` says not ready at
+once and not alive ``liveness_grace`` seconds later (the probes, so the kubelet
+restarts the pod), the watchdog logs one line naming the source the cycle is stuck
+in, and it publishes frames of its own in which NVML (and that source) are down.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import platform
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from . import __version__
+from .config import default_stall_timeout
 from .join import JoinInput, join
-from .model import ClusterSnapshot, Frame, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot, SourceHealth
+from .model import (
+    ClusterSnapshot,
+    Frame,
+    LoopHealth,
+    NvmlSnapshot,
+    PodResourcesSnapshot,
+    ProcessOwnersSnapshot,
+    SourceHealth,
+)
 from .resolve import Resolver
 
 log = logging.getLogger(__name__)
@@ -51,14 +69,16 @@ class SourceRunner:
     """
 
     def __init__(self, source: Source, *, keep_last_good: bool, wall_clock: Callable[[], float] = time.time,
-                 interval: float = 1.0) -> None:
+                 interval: float = 1.0, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.source = source
         self.keep_last_good = keep_last_good
         self.interval = interval
         self._wall_clock = wall_clock
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._snapshot: Any = None
         self._health = SourceHealth(source.name, up=False)
+        self._collecting_since: float | None = None
         self._thread: threading.Thread | None = None
         self._last_error = ""
         self.attempted = threading.Event()
@@ -72,10 +92,17 @@ class SourceRunner:
         with self._lock:
             return self._snapshot, self._health
 
+    def collecting_for(self) -> float | None:
+        """Seconds the collection in progress has been running (``monotonic``), None when idle."""
+        since = self._collecting_since
+        return None if since is None else self._monotonic() - since
+
     def collect_once(self) -> None:
+        self._collecting_since = self._monotonic()
         try:
             self._collect()
         finally:
+            self._collecting_since = None
             self.attempted.set()
 
     def _collect(self) -> None:
@@ -121,13 +148,19 @@ class SourceRunner:
 
 
 class Agent:
-    """Schedules sources, joins, publishes. ``cycle()`` is one synchronous round."""
+    """Schedules sources, joins, publishes. ``cycle()`` is one synchronous round.
+
+    ``stall_after`` (default ``config.default_stall_timeout(interval)``) and
+    ``liveness_grace`` (default: as long again) are the watchdog's bounds, measured on
+    ``monotonic``; see the module docstring.
+    """
 
     def __init__(self, primary: SourceRunner, side: Sequence[SourceRunner], sinks: Sequence[Sink], *,
                  interval: float = 1.0, self_pod: tuple[str, str] | None = None,
                  wall_clock: Callable[[], float] = time.time,
                  resolvers: Callable[[], Sequence[Resolver]] = tuple,
-                 followers: Sequence[SourceRunner] = ()) -> None:
+                 followers: Sequence[SourceRunner] = (), stall_after: float | None = None,
+                 liveness_grace: float | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.primary = primary
         self.side = tuple(side)
         self.followers = tuple(followers)
@@ -137,10 +170,27 @@ class Agent:
         self.interval = interval
         self.self_pod = self_pod
         self.ready = threading.Event()
+        self.stall_after = default_stall_timeout(interval) if stall_after is None else stall_after
+        self.liveness_grace = self.stall_after if liveness_grace is None else liveness_grace
+        if not (0 < self.stall_after < math.inf and 0 <= self.liveness_grace < math.inf):
+            raise ValueError(f"stall_after must be positive and liveness_grace >= 0, both finite; got "
+                             f"{self.stall_after!r} and {self.liveness_grace!r}")
         self._wall_clock = wall_clock
+        self._monotonic = monotonic
         self._resolvers = resolvers
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
+        # Sinks get one frame at a time, from the cycle or from the watchdog; the watchdog
+        # only tries the lock, so a cycle wedged inside a sink cannot wedge it too.
+        self._publish_lock = threading.Lock()
+        # When the last cycle finished (or the loop started): None while no loop runs.
+        self._finished_at: float | None = None
+        # The first cycle may also wait ``startup_wait`` for the side sources: not a stall.
+        self._first_allowance = 0.0
+        self._stall_lock = threading.Lock()
+        self._stall_logged: str | None = None
+        """Where the stall logged in this episode was stuck; None outside a logged stall."""
         self.cycles = 0
 
     def cycle(self, *, collect_side: bool = False) -> Frame:
@@ -158,17 +208,108 @@ class Agent:
 
     def _publish(self) -> Frame:
         frame = join(self._join_input())
-        for sink in self.sinks:
-            sink.publish(frame)
-        self.cycles += 1
+        with self._publish_lock:
+            for sink in self.sinks:
+                sink.publish(frame)
+            self.cycles += 1
         self.ready.set()
         return frame
 
-    def _join_input(self) -> JoinInput:
+    # --- the watchdog ---------------------------------------------------------------------------
+
+    def health(self) -> LoopHealth:
+        """What /readyz and /healthz answer: cheap (two clock reads), safe from any thread."""
+        ready = self.ready.is_set()
+        bound = self._bound()  # read before _finished_at: both change together, bound last
+        finished_at = self._finished_at
+        if finished_at is None:
+            return LoopHealth(ready=ready, live=True)
+        stalled = self._monotonic() - finished_at
+        if stalled < bound:
+            return LoopHealth(ready=ready, live=True)
+        return LoopHealth(ready=False, live=stalled < bound + self.liveness_grace,
+                          reason=f"stalled: no collection cycle has finished for {stalled:.0f} s")
+
+    def _bound(self) -> float:
+        return self.stall_after + self._first_allowance
+
+    def watch(self) -> None:
+        """One look at the cycle; the watchdog thread calls this every tick.
+
+        While the cycle is stalled: log it once per episode, and publish a frame in which the
+        primary source (its values are no longer fresh) and the source the cycle is stuck in
+        are down, with the other sources' latest snapshots. A join here is no scrape-path
+        cost: it replaces the join the stuck cycle would have made.
+        """
+        bound = self._bound()
+        finished_at, cycles = self._finished_at, self.cycles
+        if finished_at is None:
+            return
+        stalled = self._monotonic() - finished_at
+        if stalled < bound:
+            return
+        stuck = next(((r, t) for r in (self.primary, *self.followers) if (t := r.collecting_for()) is not None),
+                     None)
+        self._log_stall(finished_at, stalled, stuck)
+        if not self._publish_lock.acquire(blocking=False):
+            return  # the cycle is stuck inside a sink: only the probes can say so
+        try:
+            down: dict[str, float | None] = {self.primary.name: None}
+            if stuck is not None:
+                down[stuck[0].name] = stuck[1]
+            frame = join(self._join_input(down))
+            if (self._finished_at, self.cycles) == (finished_at, cycles):  # still the same stall
+                for sink in self.sinks:
+                    sink.publish(frame)
+        finally:
+            self._publish_lock.release()
+
+    def _log_stall(self, finished_at: float, stalled: float, stuck: tuple[SourceRunner, float] | None) -> None:
+        with self._stall_lock:
+            if self._stall_logged is not None or self._finished_at != finished_at:
+                return  # logged already, or a cycle has just finished
+            self._stall_logged = stuck[0].name if stuck else "join or publish"
+        where = (f"the {stuck[0].name} source has been collecting for {stuck[1]:.0f} s" if stuck
+                 else "it is stuck after collecting (join or publish)")
+        log.warning("collection cycle stalled: no cycle has finished for %.0f s; %s. Until one does, %s is "
+                    "reported down and /readyz fails; /healthz fails %.0f s after the last finished cycle",
+                    stalled, where, self.primary.name, self._bound() + self.liveness_grace,
+                    extra={"source": stuck[0].name if stuck else ""})
+
+    def _cycle_finished(self) -> None:
+        """Called by the loop after every cycle, published or failed: the loop is not stuck."""
+        now = self._monotonic()
+        with self._stall_lock:
+            if self._stall_logged is not None and self._finished_at is not None:
+                log.info("collection cycles finish again, after a %.0f s stall in %s", now - self._finished_at,
+                         self._stall_logged)
+            self._stall_logged = None
+            self._finished_at = now
+            self._first_allowance = 0.0
+
+    def _watch_loop(self) -> None:
+        # Ticks of one interval (a tenth of the bound at most) keep the stall frames as fresh as cycles.
+        tick = min(self.interval, self.stall_after / 10)
+        while not self._stop.wait(tick):
+            try:
+                self.watch()
+            except Exception:  # noqa: BLE001 - the watchdog must outlive whatever it watches
+                log.exception("the cycle watchdog failed; trying again next tick")
+
+    def _join_input(self, down: Mapping[str, float | None] = MappingProxyType({})) -> JoinInput:
+        """The latest snapshot and health of every source; those in ``down`` are reported down
+        (with the seconds their collection has been running, if it is stuck), without their
+        snapshot unless they keep the last good one. Error counts stay: a hang is no failed
+        collection yet, and a counter must not go back down when the cycle comes back."""
         snapshots: dict[str, Any] = {}
         health = []
         for runner in (self.primary, *self.followers, *self.side):
             snapshot, h = runner.latest()
+            if runner.name in down:
+                snapshot = snapshot if runner.keep_last_good else None
+                running = down[runner.name]
+                h = SourceHealth(h.source, False, h.duration_seconds if running is None else running,
+                                 h.errors_total, h.last_success_timestamp)
             snapshots[runner.name] = snapshot
             health.append(h)
         health.extend(sink.health() for sink in self.sinks if hasattr(sink, "health"))
@@ -199,9 +340,13 @@ class Agent:
         """
         for runner in self.side:
             runner.start(self._stop)
+        self._finished_at = self._monotonic()  # a first cycle that never ends is a stall too
+        self._first_allowance = startup_wait
         self._thread = threading.Thread(target=self._loop, args=(startup_wait,), name="agent-cycle",
                                         daemon=True)
         self._thread.start()
+        self._watchdog = threading.Thread(target=self._watch_loop, name="agent-watchdog", daemon=True)
+        self._watchdog.start()
 
     def _wait_for_side_sources(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -228,6 +373,7 @@ class Agent:
                 if not failing:  # one traceback per failure episode, not one per interval
                     log.exception("cycle failed; serving the last good frame until it works again")
                 failing = True
+            self._cycle_finished()
             deadline += self.interval
             now = time.monotonic()
             if deadline < now:  # fell behind: skip missed ticks instead of bursting
@@ -238,6 +384,8 @@ class Agent:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout)
+        if self._watchdog:
+            self._watchdog.join(timeout)
         for runner in self.side:
             runner.join(timeout)
         for runner in (self.primary, *self.followers, *self.side):

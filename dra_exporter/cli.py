@@ -23,6 +23,7 @@ from .config import (
     DEFAULT_LISTEN,
     ConfigError,
     Settings,
+    check_stall_timeout,
     parse_self_pod,
 )
 
@@ -195,16 +196,25 @@ def _otlp_settings(kw: dict[str, Any]) -> Any:
 @_opt("--web-config", default=None, metavar="FILE",
       help="TLS, client certificates, basic auth and headers for the endpoint "
            "(the Prometheus exporter-toolkit web-config format).")
+@_opt("--stall-timeout", type=float, default=None, metavar="S",
+      help="Seconds without a finished collection cycle (a hung NVML call) after which NVML is reported "
+           "down and /readyz fails; /healthz fails after as long again, so the kubelet restarts the pod "
+           "[default: 10 intervals, at least 30].")
 @naming_option
 @_otlp_options
 @_common
 @_user_errors
 def serve(listen: str, prometheus: bool, web_config: str | None, naming: str, log_level: str,
-          **kw: Any) -> None:
+          stall_timeout: float | None, **kw: Any) -> None:
     """Collect every interval; serve the latest frame on /metrics and/or push it over OTLP."""
     from . import runtime
     from .sinks.webconfig import load_web_config
 
+    if stall_timeout is not None:
+        try:
+            check_stall_timeout(stall_timeout, kw["interval"])
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
     otlp = _otlp_settings(kw)
     if not prometheus and otlp is None:
         raise click.UsageError("--no-prometheus needs --otlp-endpoint: otherwise nothing is published")
@@ -213,7 +223,8 @@ def serve(listen: str, prometheus: bool, web_config: str | None, naming: str, lo
     if naming != "native" and not prometheus:
         raise click.UsageError("--naming renames the Prometheus endpoint, which --no-prometheus turns off")
     settings = dataclasses.replace(_settings(listen, **kw), prometheus=prometheus, otlp=otlp, naming=naming,
-                                   web_config=load_web_config(web_config) if web_config else None)
+                                   web_config=load_web_config(web_config) if web_config else None,
+                                   stall_timeout=stall_timeout)
     _logging(log_level)
     runtime.serve(settings)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,10 +14,28 @@ DEFAULT_LISTEN = "0.0.0.0:9401"  # 9400 is dcgm-exporter's: both can run side by
 DEFAULT_INTERVAL = 1.0
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_CLAIM_REFRESH = 300.0
+#: A cycle counts as stalled once none has finished for this many intervals, and never sooner
+#: than STALL_FLOOR_S: a first cycle may wait 10 s for its side sources, and a real NVML read of
+#: a big node can take a few seconds under load.
+STALL_INTERVALS = 10
+STALL_FLOOR_S = 30.0
 
 
 class ConfigError(ValueError):
     """A setting is invalid; the message names it and says what is expected."""
+
+
+def default_stall_timeout(interval: float) -> float:
+    """Seconds without a finished collection cycle after which the cycle counts as stalled."""
+    return max(STALL_INTERVALS * interval, STALL_FLOOR_S)
+
+
+def check_stall_timeout(stall_timeout: float, interval: float) -> float:
+    """``stall_timeout`` if it can tell a stalled cycle from a slow one, else a ``ConfigError``."""
+    if not math.isfinite(stall_timeout) or stall_timeout < 2 * interval:
+        raise ConfigError(f"--stall-timeout must be a number of seconds of at least twice --interval "
+                          f"({2 * interval:g} s), got {stall_timeout:g}: a cycle takes up to one interval")
+    return stall_timeout
 
 
 def parse_self_pod(namespace: str | None, name: str | None) -> tuple[str, str] | None:
@@ -56,6 +75,9 @@ class Settings:
     """TLS / client certificates / basic auth for the Prometheus endpoint (--web-config)."""
     otlp: OtlpSettings | None = None
     """Push to an OpenTelemetry collector when set."""
+    stall_timeout: float | None = None
+    """Seconds without a finished collection cycle after which the cycle counts as stalled (NVML
+    reported down, /readyz failing; /healthz fails after as long again); None: ``default_stall_timeout``."""
     naming: str = "native"
     """Metric names on the Prometheus endpoint: ``native``, ``dcgm`` (dcgm-exporter's names, units and
     labels) or ``both``; see ``dra_exporter.naming``. OTLP always uses the semantic names."""

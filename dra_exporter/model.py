@@ -547,6 +547,16 @@ class SourceHealth:
     last_success_timestamp: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class LoopHealth:
+    """Whether the collection loop makes progress, as the agent's watchdog sees it: what
+    ``/readyz`` (``ready``) and ``/healthz`` (``live``) answer; ``reason`` says why not."""
+
+    ready: bool
+    live: bool
+    reason: str = ""
+
+
 # --- output -----------------------------------------------------------------------------------
 
 

@@ -112,7 +112,9 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
     followers = [SourceRunner(_procs_source(settings, sim, primary), keep_last_good=False, wall_clock=wall_clock,
                               interval=settings.interval)]
     agent = Agent(primary, side, sinks, interval=settings.interval, self_pod=_self_pod(settings, sim),
-                  wall_clock=wall_clock, followers=followers)
+                  wall_clock=wall_clock, followers=followers, stall_after=settings.stall_timeout)
+    if prometheus is not None:
+        prometheus.answer_probes_from(agent.health)
     return Runtime(agent, sim, prometheus, closers)
 
 

@@ -16,7 +16,9 @@ real H200 and from the scenario's processes at the clock's current time:
 - MIG devices answer identity, memory, processes and GPM (through the parent) and
   raise NOT_SUPPORTED for utilisation rates, power, clocks and temperature;
 - faults: ``gpu_lost`` (every call on that GPU raises GPU_IS_LOST, and an XID 79
-  event is delivered), ``family_unsupported``, ``init_failure`` and ``xid`` events.
+  event is delivered), ``family_unsupported``, ``init_failure``, ``xid`` events and
+  ``nvml_hang`` (calls block while the fault lasts, as a wedged driver's do; on one GPU
+  or all of them).
 
 ``fake.calls`` counts every NVML call by name; ``latency_s`` makes each call
 sleep (a number for all, or per-function seconds such as
@@ -278,8 +280,21 @@ class FakeNvml:
         latency = self._latency.get(name, 0.0) if isinstance(self._latency, Mapping) else self._latency
         if latency > 0:
             time.sleep(latency)
+        self._hang(None)
         if not initialized and name != "nvmlInit":
             raise _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _hang(self, gpu: int | None) -> None:
+        """Block while an ``nvml_hang`` fault for ``gpu`` (None: the whole driver) is active.
+
+        Sleeps on the clock until the fault's ``until`` (forever without one), re-checking
+        whenever the clock is moved, so a test on a frozen clock ends the hang by setting it.
+        """
+        while True:
+            hangs = [f for f in self.scenario.active_faults(self.clock.now(), "nvml_hang") if f.gpu == gpu]
+            if not hangs:
+                return
+            self.clock.wait_until(max(math.inf if f.until is None else f.until for f in hangs), 1.0)
 
     def _target(self, handle: Any, family: str | None, mig_ok: bool) -> _Target:
         if not isinstance(handle, _DeviceHandle) or not 0 <= handle.gpu < len(self._gpus):
@@ -287,6 +302,7 @@ class FakeNvml:
         gpu = self._gpus[handle.gpu]
         if handle.mig is not None and not 0 <= handle.mig < len(gpu.mig):
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._hang(gpu.index)  # before reading the time: a call that returns late answers as of then
         t = self.clock.now()
         self._check_gpu(gpu.index, t, family)
         mig = gpu.mig[handle.mig] if handle.mig is not None else None
@@ -390,6 +406,7 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _DeviceHandle:
         if not isinstance(index, int) or not 0 <= index < len(self._gpus):
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._hang(index)
         self._check_gpu(index, self.clock.now(), None)
         return _DeviceHandle(index)
 
@@ -470,6 +487,7 @@ class FakeNvml:
     def nvmlGpuInstanceGetInfo(self, gi: _GpuInstanceHandle) -> pynvml.c_nvmlGpuInstanceInfo_t:
         if not isinstance(gi, _GpuInstanceHandle) or not 0 <= gi.gpu < len(self._gpus):
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._hang(gi.gpu)
         self._check_gpu(gi.gpu, self.clock.now(), None)
         mig = next(m for m in self._gpus[gi.gpu].mig if m.gi_id == gi.gi_id)
         info = pynvml.c_nvmlGpuInstanceInfo_t()

@@ -269,7 +269,8 @@ class Fault:
     """An injected fault, active on ``[at, until)`` (``until=None``: to the end).
 
     ``params`` holds the kind's own parameters (``family``, ``xid``, ``mig_device``,
-    ``delay``, ``error``); an ``xid`` fault is a single event at ``at``.
+    ``delay``, ``error``); an ``xid`` fault is a single event at ``at``; ``gpu`` narrows
+    ``gpu_lost``, ``family_unsupported``, ``xid`` and ``nvml_hang`` to one GPU.
     """
 
     kind: str
@@ -429,8 +430,8 @@ KUBELET_FAULTS: Final = ("kubelet_socket_gone", "kubelet_resource_exhausted", "k
                          "kubelet_malformed")
 APISERVER_FAULTS: Final = ("apiserver_gone", "apiserver_error", "apiserver_slow", "apiserver_watch_drop",
                            "apiserver_gone_410")
-FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid") + KUBELET_FAULTS
-                      + APISERVER_FAULTS)
+FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid", "nvml_hang")
+                      + KUBELET_FAULTS + APISERVER_FAULTS)
 
 #: resource.k8s.io versions a simulated cluster can serve, newest first.
 API_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")

@@ -839,6 +839,7 @@ _FAULT_PARAMS: Final[Mapping[str, _FaultParams]] = {
     "family_unsupported": _FaultParams(("family",), ("gpu",), {"family": _one_of(NVML_FAMILIES)}),
     "init_failure": _FaultParams((), ("error",), {"error": _one_of(INIT_ERRORS)},
                                  {"error": "driver_not_loaded"}),
+    "nvml_hang": _FaultParams((), ("gpu",)),
     "xid": _FaultParams(("gpu", "xid"), ("mig_device",),
                         {"xid": lambda b, c, g: c.int(minimum=0), "mig_device": _Builder._mig_device_param}),
     "kubelet_socket_gone": _FaultParams(),

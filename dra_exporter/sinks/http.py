@@ -7,8 +7,10 @@ collection cycle. Routes:
 - ``GET``/``HEAD /metrics``: the latest payload (503 until the first frame exists);
   ``Accept: application/openmetrics-text`` selects OpenMetrics, ``Accept-Encoding: gzip``
   a gzip body. ``Content-Length`` is always sent.
-- ``/healthz``: 200 while the process serves requests; ``/readyz``: 503 until the first
-  frame, then 200; ``/``: a tiny HTML page; anything else: 404.
+- ``/healthz``: 200 while the process serves requests and the collection loop is not
+  stalled for long; ``/readyz``: 503 until the first frame and while the loop is stalled,
+  else 200 (both ask the ``health`` callback, the agent's watchdog, when there is one);
+  ``/``: a tiny HTML page; anything else: 404.
 
 With a ``WebConfig`` (``sinks.webconfig``) the server speaks TLS, may require client
 certificates, and asks for basic auth on every path except the two probes: ``/healthz``
@@ -47,6 +49,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from ..model import LoopHealth
 from .webconfig import BasicAuth, TlsContexts, WebConfig, peer_san_allowed
 
 METRICS_PATH = "/metrics"
@@ -59,6 +62,8 @@ _INDEX_HTML = (
 )
 _NOT_READY = b"no metrics yet: the first collection cycle has not finished\n"
 _UNAUTHORIZED = b"unauthorized\n"
+#: The probes' answer without a health callback: alive, ready once there is a frame.
+_NO_WATCHDOG = LoopHealth(ready=True, live=True)
 _PLAIN = "text/plain; charset=utf-8"
 #: What a plain-HTTP client gets from the TLS port (the same words Go's servers use).
 _HTTP_ON_TLS_PORT = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -319,15 +324,21 @@ class _Handler(BaseHTTPRequestHandler):
                        extra=(("WWW-Authenticate", 'Basic realm="dra-exporter", charset="UTF-8"'),))
         elif path == METRICS_PATH:
             self._metrics(send_body)
-        elif path == "/healthz":
-            self._send(200, _PLAIN, b"ok\n", send_body)
-        elif path == "/readyz":
-            ready = self.server.source.payload(False) is not None
-            self._send(200 if ready else 503, _PLAIN, b"ok\n" if ready else _NOT_READY, send_body)
+        elif path in PROBE_PATHS:
+            self._probe(path, send_body)
         elif path == "/":
             self._send(200, "text/html; charset=utf-8", _INDEX_HTML, send_body)
         else:
             self._send(404, _PLAIN, b"not found; metrics are at /metrics\n", send_body)
+
+    def _probe(self, path: str, send_body: bool) -> None:
+        health = self.server.health() if self.server.health is not None else _NO_WATCHDOG
+        if path == "/healthz":
+            ok = health.live
+        else:
+            ok = health.ready and self.server.source.payload(False) is not None
+        why = health.reason.encode() + b"\n" if health.reason else _NOT_READY
+        self._send(200 if ok else 503, _PLAIN, b"ok\n" if ok else why, send_body)
 
     def _metrics(self, send_body: bool) -> None:
         openmetrics = _accepts(self.headers.get("Accept"), "application/openmetrics-text")
@@ -378,9 +389,10 @@ class _Server(HTTPServer):
     request_queue_size = 128
 
     def __init__(self, address: ListenAddress, source: ExpositionSource, logger: logging.Logger,
-                 limits: _Limits, web: WebConfig | None) -> None:
+                 limits: _Limits, web: WebConfig | None, health: Callable[[], LoopHealth] | None) -> None:
         self.address_family = address.family
         self.source = source
+        self.health = health
         self.logger = logger
         self.request_timeout = limits.request_timeout
         self.idle_timeout = limits.idle_timeout
@@ -472,7 +484,9 @@ class MetricsServer:
 
     def __init__(self, listen: str, source: ExpositionSource, *, logger: logging.Logger,
                  request_timeout: float = 10.0, idle_timeout: float = 60.0, max_connections: int = 256,
-                 web_config: WebConfig | None = None) -> None:
+                 web_config: WebConfig | None = None, health: Callable[[], LoopHealth] | None = None) -> None:
+        """``health``: what the probes answer (cheap, called per probe); None: always alive, and
+        ready once ``source`` has a payload."""
         if request_timeout <= 0 or idle_timeout <= 0:
             raise ValueError(f"timeouts must be positive, got request {request_timeout}, idle {idle_timeout}")
         if max_connections < 1:
@@ -483,6 +497,7 @@ class MetricsServer:
         self._logger = logger
         self._limits = _Limits(request_timeout, idle_timeout, max_connections)
         self._web = web_config
+        self._health = health
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -490,7 +505,7 @@ class MetricsServer:
         if self._server is not None:
             raise RuntimeError("metrics server already started")
         try:
-            server = _Server(self._address, self._source, self._logger, self._limits, self._web)
+            server = _Server(self._address, self._source, self._logger, self._limits, self._web, self._health)
         except OSError as exc:
             raise ListenAddressError(f"cannot listen on {self._listen}: {exc.strerror or exc}") from exc
         self._server = server

@@ -62,9 +62,10 @@ class PrometheusSink:
         self._monotonic = monotonic
         #: When a scrape last asked for the gzip form, by format (openmetrics?): see GZIP_AHEAD_S.
         self._gzip_asked = {False: float("-inf"), True: float("-inf")}
+        self._loop_health: Callable[[], model.LoopHealth] | None = None
         self._server = MetricsServer(listen, self, logger=self._logger, request_timeout=request_timeout,
                                      idle_timeout=idle_timeout, max_connections=max_connections,
-                                     web_config=web_config)
+                                     web_config=web_config, health=self._health)
         #: How many frames publish() has rendered; scrapes never change it.
         self.renders = 0
 
@@ -80,6 +81,14 @@ class PrometheusSink:
     @property
     def ready(self) -> bool:
         return self._current is not None
+
+    def answer_probes_from(self, health: Callable[[], model.LoopHealth]) -> None:
+        """Let /healthz and /readyz follow ``health`` (the agent's watchdog) from now on."""
+        self._loop_health = health
+
+    def _health(self) -> model.LoopHealth:
+        loop_health = self._loop_health
+        return loop_health() if loop_health is not None else model.LoopHealth(ready=True, live=True)
 
     def publish(self, frame: model.Frame) -> None:
         """Render ``frame`` in both formats and make it what the next scrape returns."""

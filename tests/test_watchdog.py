@@ -1,0 +1,414 @@
+"""A wedged collection cycle must not look healthy (issue 13, item 14).
+
+A cycle that never returns (a hung NVML call, a FIFO under ``--procfs``) cannot report
+itself: the agent's watchdog notices that no cycle has finished for ``stall_after``
+seconds, fails /readyz at once and /healthz ``liveness_grace`` seconds later, reports
+NVML (and the source the cycle is stuck in) down, and logs one line per episode.
+
+The agent's tests run real threads but measure the stall on an injected clock, so every
+bound is checked at its exact second; the last test hangs the simulated NVML of a
+simulated node behind the real HTTP server.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+from simnode import SCENARIOS, eventually
+
+from dra_exporter import catalog as cat
+from dra_exporter import cli, runtime
+from dra_exporter.agent import Agent, SourceRunner
+from dra_exporter.config import Settings, default_stall_timeout
+from dra_exporter.model import Frame, LoopHealth
+from dra_exporter.sim.clock import SimClock
+from dra_exporter.sim.fake_nvml import FakeNvml
+from dra_exporter.sim.scenario import load_scenario, parse_scenario
+from dra_exporter.sinks.prometheus import PrometheusSink
+from dra_exporter.sources.procs import ProcsSource
+
+STALL = 30.0
+GRACE = 30.0
+#: A real-time guard against a test that would otherwise hang for ever; never a speed claim.
+GUARD_S = 20.0
+
+
+class FakeClock:
+    """The agent's monotonic clock: stands still until the test moves it."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class GatedSource:
+    """A source whose collections from the ``block_from``-th on wait while ``release`` is clear.
+
+    ``blocked`` counts the collections that did wait: once it grows after ``release.clear()``,
+    the cycle is stuck in this source until the test sets ``release`` again.
+    """
+
+    def __init__(self, name: str, block_from: int | None = None) -> None:
+        self.name = name
+        self.block_from = block_from
+        self.calls = 0
+        self.blocked = 0
+        self.release = threading.Event()
+
+    def collect(self) -> object:
+        self.calls += 1
+        if self.block_from is not None and self.calls >= self.block_from and not self.release.is_set():
+            self.blocked += 1
+            self.release.wait(GUARD_S)
+        return object()
+
+    def wait_blocked(self, more_than: int = 0) -> None:
+        eventually(lambda: self.blocked > more_than, GUARD_S)
+
+    def close(self) -> None:
+        self.release.set()
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+
+    def publish(self, frame: Frame) -> None:
+        self.frames.append(frame)
+
+
+class BlockingSink(ListSink):
+    """A sink whose second publish never returns until released: a cycle stuck in a sink."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def publish(self, frame: Frame) -> None:
+        super().publish(frame)
+        if len(self.frames) >= 2:
+            self.entered.set()
+            self.release.wait(GUARD_S)
+
+
+def by_source(frame: Frame, family: str) -> dict[str, float]:
+    fam = frame.family(family)
+    return {dict(s.labels)["source"]: s.value for s in fam.samples} if fam else {}
+
+
+@contextmanager
+def watched(primary: Any, *, followers: tuple[Any, ...] = (), sink: ListSink | None = None,
+            startup_wait: float = GUARD_S) -> Iterator[tuple[Agent, FakeClock, ListSink]]:
+    """A started agent (interval 10 ms, bounds 30 s + 30 s on a fake clock) with one side source,
+    whose first cycle waits up to ``startup_wait`` for it (which answers at once)."""
+    clock = FakeClock()
+    sink = sink or ListSink()
+
+    def runner(source: Any) -> SourceRunner:
+        return SourceRunner(source, keep_last_good=False, interval=0.01, monotonic=clock)
+
+    side = SourceRunner(GatedSource("podresources"), keep_last_good=True, interval=0.01, monotonic=clock)
+    agent = Agent(runner(primary), [side], [sink], interval=0.01, followers=[runner(f) for f in followers],
+                  stall_after=STALL, liveness_grace=GRACE, monotonic=clock)
+    agent.start(startup_wait=startup_wait)
+    try:
+        yield agent, clock, sink
+    finally:
+        for source in (primary, *followers):
+            source.close()
+        agent.stop()
+
+
+# --- the bounds -------------------------------------------------------------------------------------
+
+
+def test_a_wedged_cycle_fails_readyz_at_the_bound_and_healthz_after_the_grace() -> None:
+    nvml = GatedSource("nvml", block_from=2)
+    with watched(nvml) as (agent, clock, _):
+        eventually(agent.ready.is_set, GUARD_S)
+        nvml.wait_blocked()
+        assert agent.health() == LoopHealth(ready=True, live=True)
+        clock.advance(STALL - 0.5)
+        assert agent.health() == LoopHealth(ready=True, live=True), "a slow cycle is no stall"
+        clock.advance(0.5)
+        health = agent.health()
+        assert (health.ready, health.live) == (False, True), "readiness fails at once, liveness not yet"
+        assert "no collection cycle has finished for 30 s" in health.reason
+        clock.advance(GRACE - 0.5)
+        assert agent.health().live
+        clock.advance(0.5)
+        assert not agent.health().live, "after the grace the kubelet must restart the pod"
+        nvml.release.set()
+        eventually(lambda: agent.health() == LoopHealth(ready=True, live=True), GUARD_S)
+
+
+def test_a_first_cycle_that_never_ends_fails_healthz_too() -> None:
+    nvml = GatedSource("nvml", block_from=1)  # NVML hangs in its first call (nvmlInit)
+    startup_wait = 10.0
+    with watched(nvml, startup_wait=startup_wait) as (agent, clock, sink):
+        nvml.wait_blocked()
+        assert agent.health() == LoopHealth(ready=False, live=True)
+        clock.advance(STALL + startup_wait - 0.5)
+        assert agent.health().reason == "", "the first cycle may wait for the side sources on top"
+        clock.advance(0.5 + GRACE - 0.5)
+        assert agent.health().live
+        clock.advance(0.5)
+        assert not agent.health().live
+        agent.watch()
+        assert sink.frames and by_source(sink.frames[-1], cat.SOURCE_UP)["nvml"] == 0.0
+
+
+def test_the_default_bound_is_ten_intervals_and_never_under_30_s() -> None:
+    assert default_stall_timeout(1.0) == 30.0
+    assert default_stall_timeout(0.05) == 30.0
+    assert default_stall_timeout(10.0) == 100.0
+    nvml = SourceRunner(GatedSource("nvml"), keep_last_good=False)
+    agent = Agent(nvml, [], [], interval=5.0)
+    assert (agent.stall_after, agent.liveness_grace) == (50.0, 50.0)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="stall_after must be positive"):
+            Agent(nvml, [], [], stall_after=bad)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--stall-timeout", "nan"], "got nan"),
+    (["--stall-timeout", "inf"], "got inf"),
+    (["--stall-timeout", "1.5", "--interval", "1"], "at least twice --interval (2 s)"),
+    (["--stall-timeout", "-3"], "got -3"),
+])
+def test_a_stall_timeout_that_cannot_tell_a_stall_from_a_cycle_is_refused(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(cli.main, ["serve", "--simulate", *args])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "Traceback" not in result.output
+
+
+# --- what the watchdog publishes and logs -------------------------------------------------------------
+
+
+def test_while_stalled_the_frames_say_nvml_is_down_and_keep_the_rest() -> None:
+    nvml = GatedSource("nvml", block_from=2)
+    with watched(nvml) as (agent, clock, sink):
+        eventually(agent.ready.is_set, GUARD_S)
+        nvml.wait_blocked()
+        healthy = sink.frames[-1]
+        assert by_source(healthy, cat.SOURCE_UP) == {"nvml": 1.0, "podresources": 1.0}
+        agent.watch()
+        assert sink.frames[-1] is healthy, "no stall frame before the bound"
+        clock.advance(STALL + 1)
+        agent.watch()
+        stalled = sink.frames[-1]
+        assert by_source(stalled, cat.SOURCE_UP) == {"nvml": 0.0, "podresources": 1.0}
+        assert by_source(stalled, cat.COLLECT_DURATION)["nvml"] == STALL + 1, "how long the call has hung"
+        assert by_source(stalled, cat.COLLECT_ERRORS) == by_source(healthy, cat.COLLECT_ERRORS), \
+            "a counter must not jump now and fall back when the call returns"
+        assert agent.cycles == 1, "a stall frame is no cycle"
+        nvml.release.set()
+        eventually(lambda: agent.cycles >= 3, GUARD_S)
+        agent.watch()
+        assert by_source(sink.frames[-1], cat.SOURCE_UP)["nvml"] == 1.0
+
+
+def test_one_log_line_per_episode_names_the_source_and_how_long(caplog: pytest.LogCaptureFixture) -> None:
+    nvml = GatedSource("nvml", block_from=2)
+    caplog.set_level(logging.INFO, logger="dra_exporter.agent")
+    with watched(nvml) as (agent, clock, _):
+        eventually(agent.ready.is_set, GUARD_S)
+        nvml.wait_blocked()
+        clock.advance(STALL)
+        for _ in range(5):
+            agent.watch()
+            clock.advance(1)
+        stalls = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(stalls) == 1, stalls
+        assert "the nvml source has been collecting for 30 s" in stalls[0]
+        assert "/readyz fails" in stalls[0] and "/healthz fails" in stalls[0]
+        nvml.release.set()
+        eventually(lambda: "finish again" in caplog.text, GUARD_S)
+        assert "after a 35 s stall in nvml" in caplog.text
+        # A second episode is a second line.
+        blocked = nvml.blocked
+        nvml.release.clear()
+        nvml.wait_blocked(blocked)
+        clock.advance(STALL)
+        agent.watch()
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
+        nvml.release.set()
+
+
+def test_a_fifo_under_procfs_names_procs_and_nvml_goes_down_too(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """``open()`` of a FIFO with no writer blocks in the kernel: the cycle is stuck after NVML."""
+    (tmp_path / "4242").mkdir()
+    stat = tmp_path / "4242" / "stat"
+    os.mkfifo(stat)
+    nvml = GatedSource("nvml")
+    procs = ProcsSource(lambda: [4242], str(tmp_path))
+    with watched(nvml, followers=(procs,), startup_wait=0.0) as (agent, clock, sink):
+        # The first cycle's /proc lookup opens the FIFO, and never returns.
+        eventually(lambda: agent.followers[0].collecting_for() is not None, GUARD_S)
+        assert agent.side[0].attempted.wait(GUARD_S)
+        clock.advance(STALL)
+        agent.watch()
+        assert not agent.health().ready
+        assert "the procs source has been collecting for 30 s" in caplog.text
+        up = by_source(sink.frames[-1], cat.SOURCE_UP)
+        assert (up["procs"], up["nvml"], up["podresources"]) == (0.0, 0.0, 1.0), \
+            "NVML values are not fresh while the cycle is stuck, whichever source it is stuck in"
+        # A writer lets the blocked open() through; a regular file in its place keeps later cycles going.
+        writer = os.open(stat, os.O_WRONLY | os.O_NONBLOCK)
+        (tmp_path / "stat.tmp").write_text("4242 (python) S 1")
+        os.replace(tmp_path / "stat.tmp", stat)
+        os.close(writer)
+        eventually(lambda: agent.health().ready, GUARD_S)
+
+
+def test_a_cycle_stuck_inside_a_sink_never_blocks_the_watchdog(caplog: pytest.LogCaptureFixture) -> None:
+    sink = BlockingSink()
+    with watched(GatedSource("nvml"), sink=sink) as (agent, clock, _):
+        assert sink.entered.wait(GUARD_S)
+        clock.advance(STALL + GRACE)
+        done = threading.Thread(target=agent.watch)
+        done.start()
+        done.join(GUARD_S)
+        assert not done.is_alive(), "the watchdog waited for the wedged sink"
+        assert agent.health() == LoopHealth(False, False, "stalled: no collection cycle has finished for 60 s")
+        assert "stuck after collecting (join or publish)" in caplog.text
+        sink.release.set()
+
+
+# --- the probes -----------------------------------------------------------------------------------
+
+
+def get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_the_probes_answer_from_the_health_callback() -> None:
+    sink = PrometheusSink("127.0.0.1:0")
+    health = LoopHealth(ready=True, live=True)
+    sink.answer_probes_from(lambda: health)
+    sink.start()
+    try:
+        assert get(sink.port, "/readyz")[0] == 503, "still no frame"
+        sink.publish(Frame())
+        assert get(sink.port, "/readyz") == (200, b"ok\n")
+        health = LoopHealth(ready=False, live=True, reason="stalled: no collection cycle has finished for 31 s")
+        assert get(sink.port, "/readyz") == (503, b"stalled: no collection cycle has finished for 31 s\n")
+        assert get(sink.port, "/healthz") == (200, b"ok\n")
+        health = LoopHealth(ready=False, live=False, reason="stalled: no collection cycle has finished for 61 s")
+        assert get(sink.port, "/healthz") == (503, b"stalled: no collection cycle has finished for 61 s\n")
+        assert get(sink.port, "/metrics")[0] == 200, "the last frame is still served"
+    finally:
+        sink.stop()
+
+
+# --- the simulated NVML's hang fault ---------------------------------------------------------------
+
+
+def hanging_nvml(fault: dict[str, Any]) -> tuple[FakeNvml, SimClock]:
+    doc = {"node": "n", "gpus": [{"index": 0}, {"index": 1}], "faults": [fault]}
+    clock = SimClock(0.0, frozen=True)
+    return FakeNvml(parse_scenario(copy.deepcopy(doc)), clock), clock
+
+
+def in_thread(call: Any, *args: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(call(*args)), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_an_nvml_hang_on_one_gpu_blocks_its_calls_until_the_fault_ends() -> None:
+    fake, clock = hanging_nvml({"kind": "nvml_hang", "gpu": 1, "at": 10, "until": 20})
+    fake.nvmlInit()
+    gpu0: Any = fake.nvmlDeviceGetHandleByIndex(0)
+    gpu1: Any = fake.nvmlDeviceGetHandleByIndex(1)
+    clock.set(10)
+    call, out = in_thread(fake.nvmlDeviceGetPowerUsage, gpu1)
+    assert fake.nvmlDeviceGetPowerUsage(gpu0) > 0, "the other GPU answers meanwhile"
+    call.join(0.5)
+    assert call.is_alive() and not out, "the call on the hung GPU returned"
+    clock.set(19.9)
+    call.join(0.2)
+    assert call.is_alive()
+    clock.set(20)
+    call.join(GUARD_S)
+    assert out and out[0] > 0
+
+
+def test_an_nvml_hang_without_a_gpu_blocks_every_call_and_without_until_for_ever() -> None:
+    fake, clock = hanging_nvml({"kind": "nvml_hang", "at": 5})
+    fake.nvmlInit()
+    clock.set(5)
+    call, out = in_thread(fake.nvmlDeviceGetCount)
+    call.join(0.5)
+    assert call.is_alive() and not out
+    clock.set(1e6)
+    call.join(0.5)
+    assert call.is_alive(), "a hang without 'until' never ends"
+
+
+def test_the_scenario_format_knows_the_hang_fault() -> None:
+    scenario = load_scenario(str(SCENARIOS / "nvml_hang.yaml"))
+    (fault,) = scenario.faults
+    assert (fault.kind, fault.at, fault.until, fault.gpu) == ("nvml_hang", 20.0, 30.0, None)
+
+
+# --- end to end: a simulated node whose NVML hangs, behind the real HTTP server -----------------------
+
+
+def source_up_on_metrics(port: int) -> dict[str, float]:
+    text = get(port, "/metrics")[1].decode()
+    return {s.labels["source"]: s.value for fam in text_string_to_metric_families(text)
+            if fam.name == cat.SOURCE_UP for s in fam.samples}
+
+
+def test_a_simulated_nvml_hang_fails_the_probes_reports_nvml_down_and_recovers(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dra_exporter.agent")
+    settings = Settings(listen="127.0.0.1:0", simulate=str(SCENARIOS / "nvml_hang.yaml"), interval=0.1,
+                        kubeapi=False, stall_timeout=1.0)
+    # The simulated clock stands at t=10 until the test moves it; the watchdog counts real seconds.
+    rt = runtime.build(settings, sim_time=10.0, publish=True)
+    try:
+        port = rt.prometheus.port
+        rt.agent.start()
+        eventually(lambda: get(port, "/readyz")[0] == 200, GUARD_S)
+        assert source_up_on_metrics(port)["nvml"] == 1.0
+        rt.sim.clock.set(20.0)  # the scenario's NVML hangs from t=20 to t=30
+        eventually(lambda: get(port, "/readyz")[0] == 503, GUARD_S)
+        eventually(lambda: source_up_on_metrics(port)["nvml"] == 0.0, GUARD_S)
+        assert source_up_on_metrics(port)["podresources"] == 1.0
+        eventually(lambda: get(port, "/healthz")[0] == 503, GUARD_S)
+        assert b"no collection cycle has finished" in get(port, "/healthz")[1]
+        stalls = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(stalls) == 1 and "the nvml source has been collecting" in stalls[0], stalls
+        rt.sim.clock.set(30.0)  # the hang ends
+        eventually(lambda: get(port, "/readyz")[0] == get(port, "/healthz")[0] == 200, GUARD_S)
+        eventually(lambda: source_up_on_metrics(port)["nvml"] == 1.0, GUARD_S)
+        assert "collection cycles finish again" in caplog.text
+    finally:
+        rt.sim.clock.set(30.0)
+        rt.close()
