@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import copy
+import resource
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -380,3 +384,117 @@ def test_several_documents_that_are_not_a_dump(tmp_path: Path) -> None:
     path.write_text("node: a\ngpus: [{index: 0}]\n---\nnode: b\ngpus: [{index: 0}]\n")
     with pytest.raises(ScenarioError, match="2 YAML documents; a scenario is one document"):
         load_scenario(path)
+
+
+# --- hostile dumps via the CLI: exit 2, one line, bounded time and memory -----------------------
+
+#: Address-space cap for the CLI under test: an expanded alias bomb (1.4 GB) cannot fit, the exporter
+#: itself (~200 MB) does.
+_CLI_MEMORY_LIMIT = 1 << 30
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (_CLI_MEMORY_LIMIT, _CLI_MEMORY_LIMIT))
+
+
+def run_snapshot(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dra_exporter.cli", "snapshot", "--simulate", str(path), *extra],
+        capture_output=True, text=True, timeout=120, check=False, preexec_fn=_limit_memory,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("dra-exporter: error: "), line
+    return line
+
+
+def _config_map_alias_bomb() -> str:
+    # 449 bytes: nine levels of nine aliases inside a ConfigMap of a kind: List. Its kind is only
+    # known once the item is read, and reading a dump copies each item: 1.4 GB if anything expands it.
+    lines = ["apiVersion: v1", "kind: List", "items:", "- apiVersion: v1", "  kind: ConfigMap",
+             "  metadata: {name: bomb}", "  data:", "    a: &a [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"    {chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]" for i in range(8)]
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_in_a_dump_is_refused_without_expanding(tmp_path: Path) -> None:
+    path = tmp_path / "dump.yaml"
+    path.write_text(_config_map_alias_bomb())
+    line = one_line_error(run_snapshot(path))
+    assert str(path) in line and "alias" in line
+
+
+def test_recursive_alias_in_a_dump_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dump.yaml"
+    path.write_text("apiVersion: v1\nkind: List\nitems:\n"
+                    "- &a {apiVersion: v1, kind: ConfigMap, metadata: {name: x}, data: [*a]}\n")
+    line = one_line_error(run_snapshot(path))
+    assert "recursive alias" in line and "line 4" in line
+
+
+def test_anchors_that_repeat_a_little_still_load(tmp_path: Path) -> None:
+    # kubectl never writes aliases, but a hand-edited dump may share a value; that is fine.
+    objects = items("v1")
+    text = yaml.safe_dump(dump_of(objects)[0])
+    text = text.replace("productName:\n", "productName: &product\n", 1)
+    assert "&product" in text
+    path = tmp_path / "dump.yaml"
+    path.write_text(text)
+    assert load_scenario(path, NODE).gpus == load("v1").gpus
+
+
+def _set(objects: list[dict[str, Any]], kind: str, name: str, path: tuple[str | int, ...], value: Any) -> None:
+    target: Any = find(objects, kind, name)
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+
+
+@pytest.mark.parametrize("kind, name, path, field", [
+    ("Pod", "notebook-alice", ("status", "containerStatuses", 0, "name"), "status.containerStatuses[0].name"),
+    ("Pod", "vllm-0", ("status", "resourceClaimStatuses", 0, "resourceClaimName"),
+     "status.resourceClaimStatuses[0].resourceClaimName"),
+    ("Pod", "notebook-alice", ("status", "containerStatuses", 0, "allocatedResourcesStatus", 0, "resources", 0,
+                               "resourceID"), "allocatedResourcesStatus[0].resources[0].resourceID"),
+    ("ResourceClaim", "train", ("status", "devices", 0, "device"), "status.devices[0].device"),
+], ids=["container-status-name", "generated-claim-name", "health-resource-id", "device-status-device"])
+@pytest.mark.parametrize("value", [{}, ["gpu-0"]], ids=["mapping", "list"])
+def test_wrong_types_where_the_dump_reader_builds_sets_exit_2_naming_the_field(
+        tmp_path: Path, kind: str, name: str, path: tuple[str | int, ...], field: str, value: Any) -> None:
+    objects = items("v1")
+    _set(objects, kind, name, path, value)
+    dump = tmp_path / "dump.yaml"
+    dump.write_text(yaml.safe_dump(dump_of(objects)[0]))
+    line = one_line_error(run_snapshot(dump, "--node-name", NODE))
+    assert f"{kind}/" in line and field in line and "expected a string" in line, line
+
+
+def _paths(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
+    yield path
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        yield from _paths(child, (*path, key))
+
+
+def test_any_field_of_a_dump_with_a_wrong_type_loads_or_is_a_scenario_error() -> None:
+    # Every field of the v1 fixture in turn replaced by a mapping or a list of one: the reader
+    # either ignores it or names it, never a TypeError (or any other exception) from inside.
+    base = dump_of(items("v1"))[0]
+    tried = 0
+    for path in list(_paths(base))[1:]:
+        for value in ({}, [1]):
+            doc = copy.deepcopy(base)
+            target: Any = doc
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = value
+            try:
+                parse_dump([doc], "fuzz.yaml", NODE)
+            except ScenarioError as e:
+                assert "\n" not in str(e)
+            tried += 1
+    assert tried > 1000

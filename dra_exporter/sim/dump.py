@@ -501,10 +501,12 @@ class _DumpBuilder:
     def _device_status(self, obj: _Obj, driver: str, devices: set[str]) -> list[dict[str, Any]]:
         out = []
         for i, entry in enumerate(_list(_get(obj.raw, "status", "devices"))):
+            if not isinstance(entry, Mapping):
+                continue
+            field = f"status.devices[{i}]"
             if (
-                not isinstance(entry, Mapping)
-                or entry.get("driver") != driver
-                or entry.get("device") not in devices
+                _text(obj, entry.get("driver"), f"{field}.driver") != driver
+                or _text(obj, entry.get("device"), f"{field}.device") not in devices
             ):
                 continue
             conditions = []
@@ -545,8 +547,8 @@ class _DumpBuilder:
     ) -> dict[str, Any]:
         by_pod_name = self._pod_claim_names(obj)
         statuses = {
-            s.get("name"): s
-            for s in _list(_get(obj.raw, "status", "containerStatuses"))
+            _text(obj, s.get("name"), f"status.containerStatuses[{i}].name"): s
+            for i, s in enumerate(_list(_get(obj.raw, "status", "containerStatuses")))
             if isinstance(s, Mapping)
         }
         containers = []
@@ -558,12 +560,13 @@ class _DumpBuilder:
                 raise obj.error(f"spec.containers[{i}].name", "required")
             container: dict[str, Any] = {"name": c["name"]}
             status = statuses.get(c["name"]) or {}
+            status_field = f"status.containerStatuses[name={c['name']}]"
             if isinstance(status.get("containerID"), str) and status["containerID"]:
                 container["container_id"] = status["containerID"]
             refs = self._container_claims(obj, c, by_pod_name, claims)
             if refs:
                 container["claims"] = refs
-                health = self._health(status, refs, claims, obj.namespace)
+                health = self._health(obj, status_field, status, refs, claims)
                 if health:
                     container["device_health"] = health
             containers.append(container)
@@ -576,8 +579,10 @@ class _DumpBuilder:
     def _pod_claim_names(self, obj: _Obj) -> dict[str, str]:
         """Pod-level claim name → ResourceClaim name (``""``: no claim is needed or known yet)."""
         generated = {
-            s.get("name"): s.get("resourceClaimName") or ""
-            for s in _list(_get(obj.raw, "status", "resourceClaimStatuses"))
+            _text(obj, s.get("name"), f"status.resourceClaimStatuses[{i}].name"): _text(
+                obj, s.get("resourceClaimName"), f"status.resourceClaimStatuses[{i}].resourceClaimName"
+            )
+            for i, s in enumerate(_list(_get(obj.raw, "status", "resourceClaimStatuses")))
             if isinstance(s, Mapping)
         }
         out = {}
@@ -616,14 +621,15 @@ class _DumpBuilder:
 
     def _health(
         self,
+        obj: _Obj,
+        field: str,
         status: Mapping[str, Any],
         refs: list[Any],
         claims: Mapping[tuple[str, str], Any],
-        namespace: str,
     ) -> dict[str, str]:
         mine = set()
         for ref in refs:
-            claim = claims[(namespace, ref if isinstance(ref, str) else ref["claim"])][0]
+            claim = claims[(obj.namespace, ref if isinstance(ref, str) else ref["claim"])][0]
             request = "" if isinstance(ref, str) else ref["request"]
             mine |= {
                 f"{claim['driver']}/{claim['pool']}/{d}"
@@ -632,9 +638,11 @@ class _DumpBuilder:
                 for d in r["devices"]
             }
         out = {}
-        for entry in _list(status.get("allocatedResourcesStatus")):
-            for res in _list(_get(entry, "resources")):
-                rid, health = _get(res, "resourceID"), _get(res, "health")
+        for i, entry in enumerate(_list(status.get("allocatedResourcesStatus"))):
+            for j, res in enumerate(_list(_get(entry, "resources"))):
+                where = f"{field}.allocatedResourcesStatus[{i}].resources[{j}]"
+                rid = _text(obj, _get(res, "resourceID"), f"{where}.resourceID")
+                health = _text(obj, _get(res, "health"), f"{where}.health")
                 if rid in mine and health in DEVICE_HEALTH:
                     out[rid.rsplit("/", 1)[1]] = health
         return out
@@ -665,6 +673,25 @@ class _DumpBuilder:
                     pod.setdefault("uid", ref["uid"])
                 pod["containers"][0]["claims"].append(name)
         return list(missing.values())
+
+
+def _text(obj: _Obj, value: Any, field: str) -> str:
+    """A string field of ``obj``; ``""`` where it is missing or null, an error naming it for any other type.
+
+    Values used as keys or looked up in sets must be checked first: a mapping or a list
+    there would be a ``TypeError``, not a message.
+    """
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise obj.error(field, f"expected a string, got {_type_name(value)}")
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"[:60]
 
 
 def _attr(attrs: Mapping[str, Any], name: str) -> str:
