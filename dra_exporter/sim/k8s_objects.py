@@ -12,7 +12,7 @@ returned unchanged.
 Shapes follow ``reference/dra-api.md`` §2 and NVIDIA's driver (§4.1): one slice per node,
 pool = node name, devices ``gpu-<minor>`` and MIG devices in the 25.12+ name format with
 the attributes and capacities the driver publishes. Everything here is pure: no clock,
-no I/O; timestamps are ``SimClock.epoch + simulated seconds``. ``metadata.resourceVersion``
+no I/O; timestamps are ``clock.FIXED_EPOCH + simulated seconds`` (no metric reads them). ``metadata.resourceVersion``
 is the server's business and is not set here.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
-from .clock import SimClock
+from .clock import FIXED_EPOCH
 from .profile import MigProfile
 from .scenario import (
     API_VERSIONS,
@@ -92,7 +92,7 @@ def served_versions(preferred: str) -> tuple[str, ...]:
 
 def timestamp(t: float) -> str:
     """RFC 3339 time of simulated second ``t`` on the simulated node's wall clock."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(SimClock.epoch + t))
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(FIXED_EPOCH + t))
 
 
 def cluster_objects(scenario: Scenario, t: float) -> ClusterObjects:
