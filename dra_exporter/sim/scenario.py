@@ -283,6 +283,15 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class Hardware:
+    """The node's GPUs as a cluster dump's ResourceSlices describe them (``dump``), not as the format writes
+    them: the model's profile (``profile.identified``) and each GPU's PCI bus id (NVML's form)."""
+
+    profile: GpuProfile
+    pci_bus_ids: Mapping[int, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
     """Where it came from (``demo.yaml`` or the path given); used in messages."""
@@ -302,10 +311,12 @@ class Scenario:
     """NVIDIA's DynamicMIG: partitionable devices with shared counters in the slices."""
     raw_objects: tuple[Mapping[str, Any], ...] = field(default=(), hash=False, compare=False)
     """A cluster dump's own objects (ResourceSlices, ResourceClaims, Pods), served as they are."""
+    gpu_profile: GpuProfile | None = None
+    """The GPUs' profile where a cluster dump's slices name the model (``Hardware``); else ``gpu_model``'s."""
 
     @property
     def profile(self) -> GpuProfile:
-        return load_profile(self.gpu_model)
+        return self.gpu_profile or load_profile(self.gpu_model)
 
     def pods_at(self, t: float) -> tuple[Pod, ...]:
         return tuple(p for p in self.pods if p.alive_at(t))
@@ -475,9 +486,9 @@ def read_documents(source: str | os.PathLike[str]) -> tuple[str, list[Any]]:
     return label, _parse_yaml_documents(label, text)
 
 
-def parse_scenario(data: Any, label: str = "<scenario>") -> Scenario:
-    """Validate already-parsed YAML (a mapping) into a ``Scenario``."""
+def parse_scenario(data: Any, label: str = "<scenario>", hardware: Hardware | None = None) -> Scenario:
+    """Validate already-parsed YAML (a mapping) into a ``Scenario``; ``hardware`` replaces the GPUs' identity."""
     # scenario_builder imports this module's records, so it is imported here, not at the top.
     from .scenario_builder import _Builder, _Cursor
 
-    return _Builder(label).build(_Cursor(label, "", data))
+    return _Builder(label, hardware).build(_Cursor(label, "", data))

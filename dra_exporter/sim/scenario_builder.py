@@ -54,6 +54,7 @@ from .scenario import (
     DriverSlice,
     Fault,
     Gpu,
+    Hardware,
     MigDevice,
     PluginDevice,
     Pod,
@@ -299,8 +300,9 @@ def _kind(value: Any) -> str:
 class _Builder:
     """Turns the validated document into records, in dependency order."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, hardware: Hardware | None = None) -> None:
         self.label = label
+        self.hardware = hardware
         self.seed = 0
         self.node = ""
         self.profile: GpuProfile
@@ -324,7 +326,7 @@ class _Builder:
         if gpu_model not in GPU_MODELS:
             raise doc.key("gpu_model").error(
                 f"unknown GPU model {gpu_model!r} (known: {', '.join(GPU_MODELS)})")
-        self.profile = load_profile(gpu_model)
+        self.profile = self.hardware.profile if self.hardware else load_profile(gpu_model)
         api_version = doc.key("api_version").str(default="v1")
         if api_version not in API_VERSIONS:
             raise doc.key("api_version").error(
@@ -334,8 +336,10 @@ class _Builder:
         if dynamic_mig and api_version == "v1beta1":
             raise doc.key("dynamic_mig").error("partitionable devices need resource.k8s.io v1beta2 or v1 "
                                                "(Kubernetes 1.33+); api_version is v1beta1")
-        self._gpus(doc.key("gpus"))
-        scenario = Scenario(self.label, self.node, self.seed, gpu_model, tuple(self.gpus.values()))
+        self._gpus(doc.key("gpus"), _without_nvidia_driver(doc.key("faults")))
+        gpu_profile = self.hardware.profile if self.hardware else None
+        scenario = Scenario(self.label, self.node, self.seed, gpu_model, tuple(self.gpus.values()),
+                            gpu_profile=gpu_profile)
         self.devices = scenario.gpu_devices()
         self.resolver = NvidiaNameResolver(self.devices)
         slices = self._slices(doc.key("slices"))
@@ -352,13 +356,14 @@ class _Builder:
                              exporter.key("name").name("pod name"))
         description = doc.key("description").str(default="")
         return Scenario(self.label, self.node, self.seed, gpu_model, scenario.gpus, claims, pods, faults,
-                        pod_ref, description, api_version, slices, dynamic_mig)
+                        pod_ref, description, api_version, slices, dynamic_mig, gpu_profile=gpu_profile)
 
     # -- GPUs and MIG ------------------------------------------------------------------------
 
-    def _gpus(self, cur: _Cursor) -> None:
-        if not cur.list():
-            raise cur.error("a node needs at least one GPU")
+    def _gpus(self, cur: _Cursor, may_be_empty: bool) -> None:
+        if not cur.list() and not may_be_empty:
+            raise cur.error("a node needs at least one GPU (a node without NVIDIA's driver: an init_failure "
+                            "fault at 0 with no until)")
         for _, g in cur.items():
             g.mapping(("index",), ("uuid", "mig", "taints"))
             index = g.key("index").int(minimum=0)
@@ -372,7 +377,9 @@ class _Builder:
             if taints and mig:
                 raise g.key("taints").error("a MIG-enabled GPU is published as its MIG devices; "
                                             "taint those (mig[].taints)")
-            self.gpus[index] = Gpu(index, gpu_uuid, f"00000000:{_BUS_NUMBERS[index]:02X}:00.0", mig, taints)
+            bus_id = (self.hardware.pci_bus_ids.get(index) if self.hardware else None) or \
+                f"00000000:{_BUS_NUMBERS[index]:02X}:00.0"
+            self.gpus[index] = Gpu(index, gpu_uuid, bus_id, mig, taints)
         missing = sorted(set(range(len(self.gpus))) - set(self.gpus))
         if missing:
             raise cur.error(f"GPU indexes must be 0..{len(self.gpus) - 1} without gaps, as NVML numbers "
@@ -869,6 +876,12 @@ class _Builder:
         if not parent or gpu is None or parent != self.gpus[gpu].uuid:
             raise cur.error(f"{name!r} is not a MIG device of GPU {gpu}")
         return name
+
+
+def _without_nvidia_driver(faults: _Cursor) -> bool:
+    """Whether NVML fails to initialise for the whole run: then the node may have no GPU at all."""
+    return any(isinstance(f, dict) and f.get("kind") == "init_failure" and f.get("at") == 0
+               and f.get("until") is None for f in (faults.value if isinstance(faults.value, list) else ()))
 
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[_Builder, _Cursor, int | None], str]:
