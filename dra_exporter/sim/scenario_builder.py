@@ -859,6 +859,8 @@ class _Builder:
             raise f.key("until").error("an xid fault is one event at 'at'; it has no 'until'")
         if until is not None and until <= at:
             raise f.key("until").error(f"must be after 'at' ({until:g} <= {at:g})")
+        if until is None and kind == "driver_rollout":
+            raise f.key("until").error("required: a rollout ends when the old plugin instance's slices go")
         gpu = None
         if f.key("gpu").present:
             gpu = f.key("gpu").int(minimum=0)
@@ -908,6 +910,8 @@ _FAULT_PARAMS: Final[Mapping[str, _FaultParams]] = {
                                  {"error": "driver_not_loaded"}),
     "xid": _FaultParams(("gpu", "xid"), ("mig_device",),
                         {"xid": lambda b, c, g: c.int(minimum=0), "mig_device": _Builder._mig_device_param}),
+    "driver_rollout": _FaultParams((), ("driver",), {"driver": lambda b, c, g: c.name("driver name")},
+                                   {"driver": NVIDIA_DRIVER}),
     "kubelet_socket_gone": _FaultParams(),
     "kubelet_resource_exhausted": _FaultParams(),
     "kubelet_slow": _FaultParams(("delay",), (), {"delay": lambda b, c, g: c.number(minimum=0)}),
