@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import copy
+import resource
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from simnode import values_of
 
-from dra_exporter import model
+from dra_exporter import catalog as cat
+from dra_exporter import model, runtime
+from dra_exporter.config import Settings
 from dra_exporter.sim import k8s_objects as ko
 from dra_exporter.sim.dump import is_dump, load_dump, parse_dump
 from dra_exporter.sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
@@ -145,7 +152,7 @@ def test_node_must_be_named_when_the_dump_has_several() -> None:
         load("v1", None)
     with pytest.raises(
         ScenarioError,
-        match="no gpu.nvidia.com ResourceSlice with spec.nodeName 'gpu-node-z' "
+        match="no ResourceSlice with spec.nodeName 'gpu-node-z' "
         r"\(nodes with one: gpu-node-a, gpu-node-b\)",
     ):
         load("v1", "gpu-node-z")
@@ -369,7 +376,7 @@ def test_result_without_a_device() -> None:
 def test_not_kubernetes_objects() -> None:
     with pytest.raises(ScenarioError, match=r"bad.yaml: items\[0\]: expected a Kubernetes object"):
         parse_dump([{"apiVersion": "v1", "kind": "List", "items": ["x"]}], "bad.yaml", NODE)
-    with pytest.raises(ScenarioError, match="no gpu.nvidia.com ResourceSlice with a spec.nodeName"):
+    with pytest.raises(ScenarioError, match="no ResourceSlice with a spec.nodeName"):
         parse_dump([{"apiVersion": "v1", "kind": "List", "items": []}], "bad.yaml")
     with pytest.raises(ScenarioError, match=r"document 2: expected a Kubernetes object"):
         parse_dump([items("v1")[0], "text"], "bad.yaml", NODE)
@@ -380,3 +387,230 @@ def test_several_documents_that_are_not_a_dump(tmp_path: Path) -> None:
     path.write_text("node: a\ngpus: [{index: 0}]\n---\nnode: b\ngpus: [{index: 0}]\n")
     with pytest.raises(ScenarioError, match="2 YAML documents; a scenario is one document"):
         load_scenario(path)
+
+
+# --- hostile dumps via the CLI: exit 2, one line, bounded time and memory -----------------------
+
+#: Address-space cap for the CLI under test: an expanded alias bomb (1.4 GB) cannot fit, the exporter
+#: itself (~200 MB) does.
+_CLI_MEMORY_LIMIT = 1 << 30
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (_CLI_MEMORY_LIMIT, _CLI_MEMORY_LIMIT))
+
+
+def run_snapshot(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dra_exporter.cli", "snapshot", "--simulate", str(path), *extra],
+        capture_output=True, text=True, timeout=120, check=False, preexec_fn=_limit_memory,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("dra-exporter: error: "), line
+    return line
+
+
+def _config_map_alias_bomb() -> str:
+    # 449 bytes: nine levels of nine aliases inside a ConfigMap of a kind: List. Its kind is only
+    # known once the item is read, and reading a dump copies each item: 1.4 GB if anything expands it.
+    lines = ["apiVersion: v1", "kind: List", "items:", "- apiVersion: v1", "  kind: ConfigMap",
+             "  metadata: {name: bomb}", "  data:", "    a: &a [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"    {chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]" for i in range(8)]
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_in_a_dump_is_refused_without_expanding(tmp_path: Path) -> None:
+    path = tmp_path / "dump.yaml"
+    path.write_text(_config_map_alias_bomb())
+    line = one_line_error(run_snapshot(path))
+    assert str(path) in line and "alias" in line
+
+
+def test_recursive_alias_in_a_dump_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dump.yaml"
+    path.write_text("apiVersion: v1\nkind: List\nitems:\n"
+                    "- &a {apiVersion: v1, kind: ConfigMap, metadata: {name: x}, data: [*a]}\n")
+    line = one_line_error(run_snapshot(path))
+    assert "recursive alias" in line and "line 4" in line
+
+
+def test_anchors_that_repeat_a_little_still_load(tmp_path: Path) -> None:
+    # kubectl never writes aliases, but a hand-edited dump may share a value; that is fine.
+    objects = items("v1")
+    text = yaml.safe_dump(dump_of(objects)[0])
+    text = text.replace("productName:\n", "productName: &product\n", 1)
+    assert "&product" in text
+    path = tmp_path / "dump.yaml"
+    path.write_text(text)
+    assert load_scenario(path, NODE).gpus == load("v1").gpus
+
+
+def _set(objects: list[dict[str, Any]], kind: str, name: str, path: tuple[str | int, ...], value: Any) -> None:
+    target: Any = find(objects, kind, name)
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+
+
+@pytest.mark.parametrize("kind, name, path, field", [
+    ("Pod", "notebook-alice", ("status", "containerStatuses", 0, "name"), "status.containerStatuses[0].name"),
+    ("Pod", "vllm-0", ("status", "resourceClaimStatuses", 0, "resourceClaimName"),
+     "status.resourceClaimStatuses[0].resourceClaimName"),
+    ("Pod", "notebook-alice", ("status", "containerStatuses", 0, "allocatedResourcesStatus", 0, "resources", 0,
+                               "resourceID"), "allocatedResourcesStatus[0].resources[0].resourceID"),
+    ("ResourceClaim", "train", ("status", "devices", 0, "device"), "status.devices[0].device"),
+], ids=["container-status-name", "generated-claim-name", "health-resource-id", "device-status-device"])
+def test_wrong_types_where_the_dump_reader_builds_sets_exit_2_naming_the_field(
+        tmp_path: Path, kind: str, name: str, path: tuple[str | int, ...], field: str) -> None:
+    # A mapping where a string belongs (lists too: the test below tries both everywhere, in-process).
+    objects = items("v1")
+    _set(objects, kind, name, path, {})
+    dump = tmp_path / "dump.yaml"
+    dump.write_text(yaml.safe_dump(dump_of(objects)[0]))
+    line = one_line_error(run_snapshot(dump, "--node-name", NODE))
+    assert f"{kind}/" in line and field in line and "expected a string" in line, line
+
+
+def _paths(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
+    yield path
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        yield from _paths(child, (*path, key))
+
+
+def test_any_field_of_a_dump_with_a_wrong_type_loads_or_is_a_scenario_error() -> None:
+    # Every field of the v1 fixture in turn replaced by a mapping or a list of one: the reader
+    # either ignores it or names it, never a TypeError (or any other exception) from inside.
+    base = dump_of(items("v1"))[0]
+    tried = 0
+    for path in list(_paths(base))[1:]:
+        for value in ({}, [1]):
+            doc = copy.deepcopy(base)
+            target: Any = doc
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = value
+            try:
+                parse_dump([doc], "fuzz.yaml", NODE)
+            except ScenarioError as e:
+                assert "\n" not in str(e)
+            tried += 1
+    assert tried > 1000
+
+
+# --- a dump replays as the node it came from: its GPUs, other drivers, no NVIDIA at all ----------
+
+
+def replay(dump: str, node: str, naming: str = "native") -> model.Frame:
+    """One snapshot of a dumped node, as `snapshot --simulate <dump> --node-name <node>` takes it."""
+    settings = Settings(simulate=str(DUMPS / dump), node_name=node, naming=naming)
+    return runtime.snapshot(settings, renamed=naming != "native")
+
+
+def series(frame: model.Frame, name: str) -> list[dict[str, str]]:
+    family = frame.family(name)
+    return [dict(s.labels) for s in family.samples] if family else []
+
+
+def test_an_a100_dump_replays_as_an_a100_not_an_h200() -> None:
+    s = load_scenario(DUMPS / "a100.yaml", "a100-node")
+    p = s.profile
+    assert (p.model, p.memory_total, p.driver_version) == ("NVIDIA A100-SXM4-40GB", 40 << 30, "550.54.15")
+    assert p.nvml_version == "12.550.54.15" and not p.gpm_supported  # Ampere: no GPM
+    assert [m.name for m in p.mig_profiles] == [
+        "1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
+    assert [g.pci_bus_id for g in s.gpus] == ["00000000:07:00.0", "00000000:0F:00.0"]
+    assert [(m.profile, m.placement_start, m.memory_total) for m in s.gpus[1].mig] == [
+        ("3g.20gb", 0, 20 << 30), ("1g.5gb", 6, 5 << 30)]
+    frame = replay("a100.yaml", "a100-node")
+    info = {d["uuid"]: d for d in series(frame, cat.GPU_INFO)}
+    assert {d["model"] for d in info.values()} == {"NVIDIA A100-SXM4-40GB"}
+    assert info["GPU-a1000000-0000-4000-8000-000000000000"]["pci_bus_id"] == "00000000:07:00.0"
+    assert {d["driver_version"] for d in info.values()} == {"550.54.15"}
+    assert not series(frame, cat.GPU_SM_ACTIVE)  # no GPM series on an A100
+    claimed = {d["uuid"]: d["claim"] for d in series(frame, cat.GPU_MEMORY_TOTAL)}
+    assert claimed["MIG-a1000000-0000-4000-8000-000000000110"] == "notebook-mig"
+
+
+def test_an_h200_dump_keeps_gpm_and_its_slices_identity() -> None:
+    frame = replay("v1.yaml", NODE)
+    assert series(frame, cat.GPU_SM_ACTIVE)  # Hopper has GPM
+    info = {d["gpu"]: d for d in series(frame, cat.GPU_INFO) if not d["parent_uuid"]}
+    assert info["1"]["pci_bus_id"] == "00000000:2A:00.0" and info["1"]["model"] == "NVIDIA H200"
+    assert info["1"]["driver_version"] == "580.159.04"  # the slice's semver 580.159.4, as NVML writes it
+
+
+def test_dcgm_naming_on_a_replayed_node_carries_that_nodes_identity() -> None:
+    frame = replay("a100.yaml", "a100-node", naming="dcgm")
+    util = [d for d in series(frame, "DCGM_FI_DEV_FB_USED") if d["gpu"] == "0"]
+    assert util, [f.name for f in frame.families]
+    assert {(d["modelName"], d["pci_bus_id"], d["DCGM_FI_DRIVER_VERSION"]) for d in util} == {
+        ("NVIDIA A100-SXM4-40GB", "00000000:07:00.0", "550.54.15")}
+
+
+def test_a_dump_of_the_example_driver_replays_with_nvml_absent() -> None:
+    s = load_scenario(DUMPS / "example-driver.yaml", "example-node")
+    assert s.gpus == () and [f.kind for f in s.faults] == ["init_failure"]
+    frame = replay("example-driver.yaml", "example-node")
+    assert values_of(frame, cat.SOURCE_UP, "source")["nvml"] == 0  # as on a node without NVIDIA's driver
+    assert values_of(frame, cat.SOURCE_UP, "source")["kubeapi"] == 1
+    assert not series(frame, cat.GPU_UP)  # no NVML series for another driver's devices
+    assert {d["device"] for d in series(frame, cat.DEVICE_INFO)} == {"gpu-0", "gpu-1", "gpu-2", "gpu-3"}
+    assert {(d["claim"], d["device"], d["driver"]) for d in series(frame, cat.CLAIM_ALLOCATION_INFO)} == {
+        ("two-gpus", "gpu-0", "gpu.example.com"), ("two-gpus", "gpu-1", "gpu.example.com")}
+    assert {(d["claim"], d["pod"], d["container"]) for d in series(frame, cat.CLAIM_CONSUMER_INFO)} == {
+        ("two-gpus", "pod0", "ctr0")}
+    assert {(d["device"], d["key"], d["effect"]) for d in series(frame, cat.DEVICE_TAINT)} == {
+        ("gpu-3", "example.com/unhealthy", "NoSchedule")}
+    assert {(d["device"], d["health"]) for d in series(frame, cat.DEVICE_HEALTH)} == {
+        ("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")}
+
+
+def test_a_nic_only_node_replays_too() -> None:
+    frame = replay("example-driver.yaml", "nic-node")
+    assert values_of(frame, cat.SOURCE_UP, "source")["nvml"] == 0
+    assert [(d["driver"], d["device"]) for d in series(frame, cat.DEVICE_INFO)] == [("dra.net", "eth1")]
+    assert [(d["claim"], d["pod"]) for d in series(frame, cat.CLAIM_CONSUMER_INFO)] == [("nic", "router-0")]
+
+
+def test_a_node_with_gpus_of_two_models_is_refused_naming_both() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        device = find(o, "ResourceSlice", "gpu-node-a-gpu.nvidia.com-7xkqz")["spec"]["devices"][1]
+        device["attributes"]["productName"] = {"string": "NVIDIA H100 80GB HBM3"}
+
+    assert broken(change).endswith(
+        "spec.devices[1].attributes.productName: 'NVIDIA H100 80GB HBM3' on gpu-1, 'NVIDIA H200' on gpu-0: "
+        "the simulator runs one GPU model per node")
+
+
+def test_a_malformed_pci_bus_id_is_named() -> None:
+    def change(o: list[dict[str, Any]]) -> None:
+        device = find(o, "ResourceSlice", "gpu-node-a-gpu.nvidia.com-7xkqz")["spec"]["devices"][0]
+        device["attributes"]["resource.kubernetes.io/pciBusID"] = {"string": "slot 3"}
+
+    assert broken(change).endswith(
+        "spec.devices[0].attributes.resource.kubernetes.io/pciBusID: 'slot 3' is not a PCI address "
+        "(domain:bus:device.function)")
+
+
+def test_mig_profiles_of_an_unknown_model_come_from_its_slice() -> None:
+    # An A30 (24 GB, 4 memory slices) is not in the table: its profiles are what its MIG devices show.
+    objects = [o for o in items("v1") if o["metadata"]["name"] == "gpu-node-a-gpu.nvidia.com-7xkqz"]
+    devices = objects[0]["spec"]["devices"]
+    for d in devices:
+        d["attributes"]["productName"] = {"string": "NVIDIA A30"}
+        d["attributes"]["architecture"] = {"string": "Ampere"}
+        if "memory" in d.get("capacity", {}):
+            d["capacity"]["memory"] = {"value": "24Gi"}
+    devices[2]["name"], devices[2]["attributes"]["profile"] = "gpu-2-mig-2g12gb-14-0", {"string": "2g.12gb"}
+    devices[3]["name"], devices[3]["attributes"]["profile"] = "gpu-2-mig-1g6gb-19-4", {"string": "1g.6gb"}
+    s = parse_dump(dump_of(objects), "a30.yaml", NODE)
+    assert s.profile.model == "NVIDIA A30" and not s.profile.gpm_supported
+    assert {(p.name, p.gi_profile_id, p.memory_slices, p.starts) for p in s.profile.mig_profiles} == {
+        ("2g.12gb", 14, 4, (0,)), ("1g.6gb", 19, 1, (4,))}
+    assert [(m.profile, m.placement_start) for m in s.gpus[2].mig] == [("2g.12gb", 0), ("1g.6gb", 4)]

@@ -14,7 +14,7 @@ import pynvml
 import pytest
 
 from dra_exporter import sim
-from dra_exporter.sim.clock import SimClock
+from dra_exporter.sim.clock import FIXED_EPOCH, SimClock
 from dra_exporter.sim.fake_nvml import FakeNvml
 from dra_exporter.sim.scenario import Scenario, load_scenario, parse_scenario
 
@@ -558,7 +558,7 @@ def test_oversubscribed_device_scales_process_shares_to_the_device() -> None:
 
 def test_frozen_clock_moves_only_when_told() -> None:
     clock = SimClock(5, frozen=True)
-    assert clock.now() == 5 and clock.wall() == SimClock.epoch + 5
+    assert clock.now() == 5 and clock.wall() == FIXED_EPOCH + 5
     assert clock.advance(2.5) == 7.5
     clock.set(1)
     assert clock.now() == 1
@@ -577,6 +577,28 @@ def test_running_clock_follows_monotonic_time(monkeypatch: pytest.MonkeyPatch) -
     clock.advance(10)
     now[0] += 1
     assert clock.now() == 23.5
+
+
+def test_running_clock_reads_the_hosts_wall_clock_and_keeps_its_offset(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A demo run in 2030 must not export 2027 timestamps: Prometheus computes time() - timestamp.
+    wall, mono = [1_900_000_000.0], [1000.0]
+    monkeypatch.setattr("dra_exporter.sim.clock.time.time", lambda: wall[0])
+    monkeypatch.setattr("dra_exporter.sim.clock.time.monotonic", lambda: mono[0])
+    clock = SimClock(60)
+    assert clock.wall() == 1_900_000_000.0
+    wall[0] += 30.0
+    mono[0] += 30.0
+    assert clock.wall() == wall[0]
+    wall[0] -= 3600.0  # the host's clock is stepped back (NTP): the simulated node does not jump
+    mono[0] += 1.0
+    assert clock.wall() == 1_900_000_031.0
+    clock.advance(100)  # simulated time run ahead moves the node's wall clock with it
+    assert clock.wall() == 1_900_000_131.0
+
+
+def test_frozen_clocks_keep_the_fixed_epoch_whenever_they_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("dra_exporter.sim.clock.time.time", lambda: 2_000_000_000.0)
+    assert SimClock(60, frozen=True).wall() == FIXED_EPOCH + 60
 
 
 def test_wait_until_wakes_when_another_thread_moves_the_clock() -> None:

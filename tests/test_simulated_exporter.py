@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from promharness import promtool_check_metrics
 from simnode import SCENARIOS, device_labels, eventually, scrape, simulated, source_up, values_of
 
 from dra_exporter import catalog as cat
+from dra_exporter import runtime
+from dra_exporter.config import Settings
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "demo.prom"
 # Lines that differ between runs or machines: timings and the Python version.
@@ -144,3 +147,17 @@ def test_one_gpu_lost_on_the_8_gpu_demo_node_costs_only_that_gpu(tmp_path: Path)
         assert source_up(during, "nvml") == 1.0
         rt.sim.clock.set(95.0)
         assert values_of(rt.agent.cycle(collect_side=True), cat.GPU_UP)[lost_uuid] == 1.0
+
+
+def test_serve_on_a_simulated_node_exports_timestamps_of_the_hosts_clock() -> None:
+    # `serve --simulate` runs the clock: a real Prometheus compares these with time(), so they must
+    # be the host's time, not a fixed 2027 epoch (time() - timestamp was -3.9 M s).
+    rt = runtime.build(Settings(listen="127.0.0.1:0", simulate="demo"))
+    try:
+        before = time.time()
+        frame = rt.agent.cycle(collect_side=True)
+        after = time.time()
+    finally:
+        rt.close()
+    stamps = values_of(frame, cat.LAST_SUCCESS, "source")
+    assert stamps and all(before - 1 <= t <= after + 1 for t in stamps.values()), (before, stamps, after)

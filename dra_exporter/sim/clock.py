@@ -4,7 +4,10 @@ Everything the simulator answers is a function of *simulated time*: seconds sinc
 the scenario started. The clock either follows the host's monotonic clock (a
 running demo) or stands still until a test moves it (``frozen=True``), which is
 what makes simulated outputs reproducible. Wall-clock timestamps of the simulated
-node are ``SimClock.epoch + now()``, a fixed epoch, so they are reproducible too.
+node are ``epoch + now()``: a running clock's epoch is the host's wall clock at simulated
+t=0, so its timestamps are the host's (a real Prometheus sees ``time() - timestamp`` near 0,
+not negative); a frozen clock's epoch is ``FIXED_EPOCH``, so snapshots and tests stay
+reproducible byte for byte.
 
 ``wait_until`` lets a thread sleep until a simulated instant without spinning:
 it wakes when the instant is reached, when someone moves the clock, or when its
@@ -16,14 +19,15 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import ClassVar
+from typing import Final
+
+#: Wall time (Unix seconds) of simulated t=0 on a frozen clock: fixed, so what a snapshot or
+#: a test prints does not depend on when it ran.
+FIXED_EPOCH: Final = 1_800_000_000.0
 
 
 class SimClock:
     """Simulated seconds since scenario start; thread-safe."""
-
-    #: Wall time (Unix seconds) of simulated t=0. Fixed, so timestamps are reproducible.
-    epoch: ClassVar[float] = 1_800_000_000.0
 
     def __init__(self, start: float = 0.0, *, frozen: bool = False) -> None:
         _check_time(start)
@@ -31,6 +35,10 @@ class SimClock:
         self._base = float(start)
         # Simulated time is ``_base`` plus the monotonic time elapsed since ``_anchor``.
         self._anchor = time.monotonic()
+        #: Wall time (Unix seconds) of simulated t=0. A running clock is anchored to the host's wall
+        #: clock once, here, and then follows the monotonic clock: its offset from the host's time
+        #: stays fixed (~0) and never jumps when the host's clock is stepped.
+        self.epoch = FIXED_EPOCH if frozen else time.time() - self._base
         self._cond = threading.Condition(threading.Lock())
 
     @property

@@ -10,6 +10,10 @@ the ``Scenario`` of one node:
   placement from the name, in either NVIDIA format). A MIG device without a ``uuid``
   (DynamicMIG) exists only when a claim on the node has it allocated. Unpublished minors
   in between become plain GPUs, since NVML numbers GPUs without gaps.
+* **What the GPUs are** (``Hardware``): model, memory, driver version, architecture (GPM or
+  not), MIG profiles and PCI bus ids from the same slices (``profile.identified``). A node
+  with only other drivers' slices has no GPU: NVML fails to initialise there, as without
+  NVIDIA's driver.
 * **The kubelet's view**: claims with allocation results in the node's pools (any driver),
   consumed by the node's running pods through ``spec.resourceClaims`` (+
   ``status.resourceClaimStatuses`` for generated claims), or, for pods missing from the
@@ -26,23 +30,37 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..resolve import NVIDIA_DRIVER, canonical_profile, parse_nvidia_device_name
-from .profile import load_profile
+from ..resolve import NVIDIA_DRIVER, NvidiaDeviceName, canonical_profile, parse_nvidia_device_name
+from .profile import MigProfile, identified, known_mig_profiles, load_profile, mig_profile_from_slice
 from .scenario import (
     API_VERSIONS,
     DEVICE_HEALTH,
     MAX_GPUS,
+    Hardware,
     Scenario,
     ScenarioError,
     parse_scenario,
     read_documents,
 )
+from .scenario_builder import _Cursor, _quantity
 
 KINDS: Final = ("ResourceSlice", "ResourceClaim", "Pod")
+#: The recording whose answers (power, clocks, fields) every replayed GPU gives; see ``profile.identified``.
+RECORDED_MODEL: Final = "h200"
+#: Memory slices of the GPUs the MIG table knows (A100, H100, H200): eight.
+RECORDED_MEMORY_SLICES: Final = 8
+_PCI_BUS_ID: Final = "resource.kubernetes.io/pciBusID"
+#: The attribute's name in NVIDIA's driver up to 25.8.
+_PCI_BUS_ID_BEFORE_25_12: Final = "pcieBusID"
+_PCI_ADDRESS: Final = re.compile(
+    r"(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<device>[0-9a-fA-F]{2})\.(?P<function>[0-7])"
+)
+_MEMORY_SLICE: Final = re.compile(r"memorySlice[0-9]+")
 _GROUP: Final = "resource.k8s.io"
 _FINISHED: Final = ("Succeeded", "Failed")
 #: Container name given to pods known only from a claim's ``reservedFor``.
@@ -72,7 +90,7 @@ def parse_dump(docs: list[Any], label: str, node_name: str | None = None) -> Sce
     builder = _DumpBuilder(label, node, objects)
     data = builder.scenario_document()
     try:
-        scenario = parse_scenario(data, label)
+        scenario = parse_scenario(data, label, builder.hardware)
     except ScenarioError as e:
         # Only reachable for dumps the checks here let through; say that it is about the dump.
         raise ScenarioError(f"{label}: node {node!r} of the dump is not a consistent node: {e}") from None
@@ -186,33 +204,49 @@ def _slices(objects: list[_Obj]) -> list[_Obj]:
 
 
 def _choose_node(objects: list[_Obj], label: str, node_name: str | None) -> str:
+    # Any driver's node-local slice makes a node: one with only a NIC, or only the
+    # dra-example-driver's GPUs, replays too (NVML then reports no driver).
     nodes = sorted(
         {
-            str(_get(o.raw, "spec", "nodeName"))
+            node
             for o in _slices(objects)
-            if _get(o.raw, "spec", "driver") == NVIDIA_DRIVER and _get(o.raw, "spec", "nodeName")
+            if isinstance(node := _get(o.raw, "spec", "nodeName"), str) and node
         }
     )
     if node_name:
         if node_name not in nodes:
             have = f"nodes with one: {', '.join(nodes)}" if nodes else "the dump has none"
-            raise ScenarioError(
-                f"{label}: no {NVIDIA_DRIVER} ResourceSlice with spec.nodeName {node_name!r} ({have})"
-            )
+            raise ScenarioError(f"{label}: no ResourceSlice with spec.nodeName {node_name!r} ({have})")
         return node_name
     if len(nodes) == 1:
         return nodes[0]
     if not nodes:
         raise ScenarioError(
-            f"{label}: the dump has no {NVIDIA_DRIVER} ResourceSlice with a spec.nodeName, "
-            "so there is no GPU node to simulate"
+            f"{label}: the dump has no ResourceSlice with a spec.nodeName, so there is no node to simulate"
         )
     raise ScenarioError(
-        f"{label}: the dump has GPUs on several nodes ({', '.join(nodes)}); name one (--node-name)"
+        f"{label}: the dump has devices on several nodes ({', '.join(nodes)}); name one (--node-name)"
     )
 
 
 # --- the builder ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _NvidiaDevice:
+    """A device of the node's NVIDIA slices that NVML knows (a GPU or a MIG device), as published."""
+
+    slice: _Obj
+    path: str
+    """``spec.devices[<i>]``, for messages."""
+    prefix: str
+    """Where its attributes and capacity are: ``path``, or ``path.basic`` in v1beta1."""
+    name: str
+    kind: str
+    """``gpu`` or ``mig``."""
+    parsed: NvidiaDeviceName
+    attributes: Mapping[str, Any]
+    capacity: Mapping[str, Any]
 
 
 @dataclass(slots=True)
@@ -232,8 +266,11 @@ class _DumpBuilder:
         self.label = label
         self.node = node
         self.objects = objects
-        self.profile = load_profile("h200")
         self.slices = self._newest_slices()
+        self.published = self._published_nvidia_devices()
+        self.hardware = self._hardware()
+        """What the slices say of the GPUs; None for a node without NVIDIA GPUs."""
+        self.profile = self.hardware.profile if self.hardware else load_profile(RECORDED_MODEL)
         self.pools = {
             (str(_get(s.raw, "spec", "driver")), str(_get(s.raw, "spec", "pool", "name")))
             for s in self.slices
@@ -251,7 +288,7 @@ class _DumpBuilder:
         self._fill_gpu_gaps()
         versions = {o.version for o in self.objects if o.kind != "Pod"}
         api_version = next((v for v in API_VERSIONS if v in versions), "v1")
-        return {
+        document = {
             "node": self.node,
             "description": f"node {self.node} of the cluster dump {os.path.basename(self.label)}",
             "api_version": api_version,
@@ -259,6 +296,10 @@ class _DumpBuilder:
             "claims": [c for c, _ in claims.values()],
             "pods": pods,
         }
+        if not self.gpus:
+            # No NVIDIA GPU here: NVML answers as on a node without NVIDIA's driver, for the whole run.
+            document["faults"] = [{"kind": "init_failure", "at": 0, "error": "driver_not_loaded"}]
+        return document
 
     # -- slices and GPUs --------------------------------------------------------------------------
 
@@ -277,14 +318,18 @@ class _DumpBuilder:
             == newest[(str(_get(s.raw, "spec", "driver")), str(_get(s.raw, "spec", "pool", "name")))]
         ]
 
-    def _gpus_from_slices(self) -> None:
+    def _published_nvidia_devices(self) -> list[_NvidiaDevice]:
+        out = []
         for s in self.slices:
             if _get(s.raw, "spec", "driver") != NVIDIA_DRIVER:
                 continue
             for i, device in enumerate(_list(_get(s.raw, "spec", "devices"))):
-                self._nvidia_device(s, f"spec.devices[{i}]", device)
+                found = self._published(s, f"spec.devices[{i}]", device)
+                if found is not None:
+                    out.append(found)
+        return out
 
-    def _nvidia_device(self, s: _Obj, path: str, device: Any) -> None:
+    def _published(self, s: _Obj, path: str, device: Any) -> _NvidiaDevice | None:
         if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
             raise s.error(f"{path}.name", "a device needs a name")
         name = device["name"]
@@ -293,16 +338,113 @@ class _DumpBuilder:
         attrs = _get(body, "attributes") or {}
         if not isinstance(attrs, Mapping):
             raise s.error(f"{prefix}.attributes", "expected a mapping")
+        capacity = _get(body, "capacity") or {}
+        if not isinstance(capacity, Mapping):
+            raise s.error(f"{prefix}.capacity", "expected a mapping")
         parsed = parse_nvidia_device_name(name)
         kind = _attr(attrs, "type") or ("mig" if parsed and parsed.is_mig else "gpu" if parsed else "")
         if kind not in ("gpu", "mig"):
-            return  # VFIO passthrough and whatever comes next: not an NVML device of this node
+            return None  # VFIO passthrough and whatever comes next: not an NVML device of this node
         if parsed is None or parsed.is_mig != (kind == "mig"):
             raise s.error(
                 f"{path}.name",
                 f"{name!r} is not an NVIDIA {kind} device name "
                 f"({'gpu-<minor>-mig-…' if kind == 'mig' else 'gpu-<minor>'})",
             )
+        return _NvidiaDevice(s, path, prefix, name, kind, parsed, attrs, capacity)
+
+    # -- what the GPUs are ------------------------------------------------------------------------
+
+    def _hardware(self) -> Hardware | None:
+        """The model, memory, driver, architecture and PCI bus ids the NVIDIA slices publish."""
+        devices = sorted(self.published, key=lambda d: (d.parsed.minor, d.kind != "gpu", d.name))
+        if not devices:
+            return None
+        base = load_profile(RECORDED_MODEL)
+        model = self._one_value(devices, "productName", _attr)
+        architecture = self._one_value(devices, "architecture", _attr)
+        driver = self._one_value(devices, "driverVersion", _version)
+        cuda = self._one_value(devices, "cudaDriverVersion", _version)
+        memory = self._gpu_memory(devices)
+        mig = known_mig_profiles(base, architecture, memory) if memory else None
+        if mig is None:
+            mig = self._mig_profiles_seen(devices, memory)
+        profile = identified(
+            base, model=model, architecture=architecture, memory_total=memory,
+            driver_version=_nvml_driver_version(driver), cuda_major=_major(cuda), mig_profiles=mig,
+        )
+        bus_ids: dict[int, str] = {}
+        for d in devices:
+            field = f"{d.prefix}.attributes.{_PCI_BUS_ID}"
+            value = _attr(d.attributes, _PCI_BUS_ID) or _attr(d.attributes, _PCI_BUS_ID_BEFORE_25_12)
+            if value:
+                bus_ids.setdefault(d.parsed.minor, _nvml_bus_id(d.slice, field, value))
+        return Hardware(profile, bus_ids)
+
+    def _one_value(
+        self, devices: list[_NvidiaDevice], name: str, read: Callable[[Mapping[str, Any], str], str]
+    ) -> str:
+        # The simulator runs one GPU model per node, as NVIDIA's nodes are built.
+        first: tuple[str, _NvidiaDevice] | None = None
+        for d in devices:
+            value = read(d.attributes, name)
+            if not value:
+                continue
+            if first is None:
+                first = (value, d)
+            elif value != first[0]:
+                raise d.slice.error(
+                    f"{d.prefix}.attributes.{name}",
+                    f"{value!r} on {d.name}, {first[0]!r} on {first[1].name}: "
+                    "the simulator runs one GPU model per node",
+                )
+        return first[0] if first else ""
+
+    def _gpu_memory(self, devices: list[_NvidiaDevice]) -> int:
+        """A whole GPU's memory capacity; else, for MIG-only nodes, a MIG device's scaled by its memory slices."""
+        for d in devices:
+            memory = self._capacity_bytes(d, "memory")
+            if memory and d.kind == "gpu":
+                return memory
+        for d in devices:
+            memory, slices = self._capacity_bytes(d, "memory"), _memory_slices(d.capacity)
+            if memory and slices:
+                return memory * RECORDED_MEMORY_SLICES // len(slices)
+        return 0
+
+    def _capacity_bytes(self, d: _NvidiaDevice, name: str) -> int:
+        value = d.capacity.get(name)
+        # v1alpha3 wrote bare quantities; v1beta1 and later {value: <quantity>}.
+        quantity = _get(value, "value") if isinstance(value, Mapping) else value
+        if quantity is None:
+            return 0
+        where = f"{d.slice.label}: {d.slice.where()}"
+        return _quantity(_Cursor(where, f"{d.prefix}.capacity.{name}.value", quantity))
+
+    def _mig_profiles_seen(self, devices: list[_NvidiaDevice], gpu_memory: int) -> tuple[MigProfile, ...]:
+        """A model without a known MIG table: its profiles as far as the slice's MIG devices show them."""
+        seen: dict[str, tuple[int, int, set[int]]] = {}
+        for d in (d for d in devices if d.kind == "mig"):
+            profile = _attr(d.attributes, "profile")
+            if not profile or d.parsed.placement_start is None or d.parsed.gi_profile_id is None:
+                continue  # the checks of the device itself say what is wrong
+            slices = len(_memory_slices(d.capacity))
+            memory = self._capacity_bytes(d, "memory")
+            if not slices and memory and gpu_memory:
+                slices = max(1, round(memory * RECORDED_MEMORY_SLICES / gpu_memory))
+            seen.setdefault(profile, (d.parsed.gi_profile_id, slices or 1, set()))[2].add(d.parsed.placement_start)
+        return tuple(mig_profile_from_slice(name, gi, size, starts) for name, (gi, size, starts) in seen.items())
+
+    # -- slices and GPUs --------------------------------------------------------------------------
+
+    def _gpus_from_slices(self) -> None:
+        for device in self.published:
+            self._nvidia_device(device)
+
+    def _nvidia_device(self, d: _NvidiaDevice) -> None:
+        s, path, prefix, name, kind, parsed, attrs = (
+            d.slice, d.path, d.prefix, d.name, d.kind, d.parsed, d.attributes
+        )
         self.nvidia_devices.add(name)
         if parsed.minor >= MAX_GPUS:
             raise s.error(
@@ -324,7 +466,7 @@ class _DumpBuilder:
         if mp is None:
             raise s.error(
                 f"{prefix}.attributes.profile",
-                f"{profile!r} is not a MIG profile of the simulated {self.profile.model} "
+                f"{profile!r} is not a MIG profile of the {self.profile.model} "
                 f"({', '.join(p.name for p in self.profile.mig_profiles)})",
             )
         if parsed.profile and parsed.profile != canonical_profile(profile):
@@ -501,10 +643,12 @@ class _DumpBuilder:
     def _device_status(self, obj: _Obj, driver: str, devices: set[str]) -> list[dict[str, Any]]:
         out = []
         for i, entry in enumerate(_list(_get(obj.raw, "status", "devices"))):
+            if not isinstance(entry, Mapping):
+                continue
+            field = f"status.devices[{i}]"
             if (
-                not isinstance(entry, Mapping)
-                or entry.get("driver") != driver
-                or entry.get("device") not in devices
+                _text(obj, entry.get("driver"), f"{field}.driver") != driver
+                or _text(obj, entry.get("device"), f"{field}.device") not in devices
             ):
                 continue
             conditions = []
@@ -545,8 +689,8 @@ class _DumpBuilder:
     ) -> dict[str, Any]:
         by_pod_name = self._pod_claim_names(obj)
         statuses = {
-            s.get("name"): s
-            for s in _list(_get(obj.raw, "status", "containerStatuses"))
+            _text(obj, s.get("name"), f"status.containerStatuses[{i}].name"): s
+            for i, s in enumerate(_list(_get(obj.raw, "status", "containerStatuses")))
             if isinstance(s, Mapping)
         }
         containers = []
@@ -558,12 +702,13 @@ class _DumpBuilder:
                 raise obj.error(f"spec.containers[{i}].name", "required")
             container: dict[str, Any] = {"name": c["name"]}
             status = statuses.get(c["name"]) or {}
+            status_field = f"status.containerStatuses[name={c['name']}]"
             if isinstance(status.get("containerID"), str) and status["containerID"]:
                 container["container_id"] = status["containerID"]
             refs = self._container_claims(obj, c, by_pod_name, claims)
             if refs:
                 container["claims"] = refs
-                health = self._health(status, refs, claims, obj.namespace)
+                health = self._health(obj, status_field, status, refs, claims)
                 if health:
                     container["device_health"] = health
             containers.append(container)
@@ -576,8 +721,10 @@ class _DumpBuilder:
     def _pod_claim_names(self, obj: _Obj) -> dict[str, str]:
         """Pod-level claim name → ResourceClaim name (``""``: no claim is needed or known yet)."""
         generated = {
-            s.get("name"): s.get("resourceClaimName") or ""
-            for s in _list(_get(obj.raw, "status", "resourceClaimStatuses"))
+            _text(obj, s.get("name"), f"status.resourceClaimStatuses[{i}].name"): _text(
+                obj, s.get("resourceClaimName"), f"status.resourceClaimStatuses[{i}].resourceClaimName"
+            )
+            for i, s in enumerate(_list(_get(obj.raw, "status", "resourceClaimStatuses")))
             if isinstance(s, Mapping)
         }
         out = {}
@@ -616,14 +763,15 @@ class _DumpBuilder:
 
     def _health(
         self,
+        obj: _Obj,
+        field: str,
         status: Mapping[str, Any],
         refs: list[Any],
         claims: Mapping[tuple[str, str], Any],
-        namespace: str,
     ) -> dict[str, str]:
         mine = set()
         for ref in refs:
-            claim = claims[(namespace, ref if isinstance(ref, str) else ref["claim"])][0]
+            claim = claims[(obj.namespace, ref if isinstance(ref, str) else ref["claim"])][0]
             request = "" if isinstance(ref, str) else ref["request"]
             mine |= {
                 f"{claim['driver']}/{claim['pool']}/{d}"
@@ -632,9 +780,11 @@ class _DumpBuilder:
                 for d in r["devices"]
             }
         out = {}
-        for entry in _list(status.get("allocatedResourcesStatus")):
-            for res in _list(_get(entry, "resources")):
-                rid, health = _get(res, "resourceID"), _get(res, "health")
+        for i, entry in enumerate(_list(status.get("allocatedResourcesStatus"))):
+            for j, res in enumerate(_list(_get(entry, "resources"))):
+                where = f"{field}.allocatedResourcesStatus[{i}].resources[{j}]"
+                rid = _text(obj, _get(res, "resourceID"), f"{where}.resourceID")
+                health = _text(obj, _get(res, "health"), f"{where}.health")
                 if rid in mine and health in DEVICE_HEALTH:
                     out[rid.rsplit("/", 1)[1]] = health
         return out
@@ -667,8 +817,58 @@ class _DumpBuilder:
         return list(missing.values())
 
 
-def _attr(attrs: Mapping[str, Any], name: str) -> str:
+def _text(obj: _Obj, value: Any, field: str) -> str:
+    """A string field of ``obj``; ``""`` where it is missing or null, an error naming it for any other type.
+
+    Values used as keys or looked up in sets must be checked first: a mapping or a list
+    there would be a ``TypeError``, not a message.
+    """
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise obj.error(field, f"expected a string, got {_type_name(value)}")
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"[:60]
+
+
+def _attr(attrs: Mapping[str, Any], name: str, kind: str = "string") -> str:
     """A string attribute's value; NVIDIA's own attributes may also be written with its domain."""
     value = attrs.get(name) or attrs.get(f"{NVIDIA_DRIVER}/{name}")
-    text = _get(value, "string")
+    text = _get(value, kind)
     return text if isinstance(text, str) else ""
+
+
+def _version(attrs: Mapping[str, Any], name: str) -> str:
+    return _attr(attrs, name, "version")
+
+
+def _memory_slices(capacity: Mapping[str, Any]) -> list[str]:
+    """The ``memorySlice<i>`` capacities of a static MIG device: one per memory slice it occupies."""
+    return [k for k in capacity if isinstance(k, str) and _MEMORY_SLICE.fullmatch(k)]
+
+
+def _nvml_driver_version(semver: str) -> str:
+    """NVIDIA's driver publishes ``580.159.04`` as the semver ``580.159.4``; NVML writes the patch with
+    two digits (every release since 3xx does), so that is how it is written back."""
+    parts = semver.split(".")
+    if len(parts) == 3 and all(p.isdigit() for p in parts):
+        return f"{int(parts[0])}.{int(parts[1])}.{int(parts[2]):02d}"
+    return semver
+
+
+def _major(version: str) -> int | None:
+    head = version.partition(".")[0]
+    return int(head) if head.isdigit() else None
+
+
+def _nvml_bus_id(s: _Obj, field: str, value: str) -> str:
+    """The attribute's ``0000:18:00.0`` as NVML writes it: ``00000000:18:00.0``."""
+    m = _PCI_ADDRESS.fullmatch(value)
+    if m is None:
+        raise s.error(field, f"{value!r} is not a PCI address (domain:bus:device.function)")
+    return f"{int(m['domain'], 16):08X}:{m['bus'].upper()}:{m['device'].upper()}.{m['function']}"

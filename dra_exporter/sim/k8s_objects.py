@@ -12,7 +12,7 @@ returned unchanged.
 Shapes follow ``reference/dra-api.md`` §2 and NVIDIA's driver (§4.1): one slice per node,
 pool = node name, devices ``gpu-<minor>`` and MIG devices in the 25.12+ name format with
 the attributes and capacities the driver publishes. Everything here is pure: no clock,
-no I/O; timestamps are ``SimClock.epoch + simulated seconds``. ``metadata.resourceVersion``
+no I/O; timestamps are ``clock.FIXED_EPOCH + simulated seconds`` (no metric reads them). ``metadata.resourceVersion``
 is the server's business and is not set here.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
-from .clock import SimClock
+from .clock import FIXED_EPOCH
 from .profile import MigProfile
 from .scenario import (
     API_VERSIONS,
@@ -98,15 +98,16 @@ def served_versions(preferred: str) -> tuple[str, ...]:
 
 def timestamp(t: float) -> str:
     """RFC 3339 time of simulated second ``t`` on the simulated node's wall clock."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(SimClock.epoch + t))
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(FIXED_EPOCH + t))
 
 
 def cluster_objects(scenario: Scenario, t: float) -> ClusterObjects:
     """Every object of the simulated cluster at simulated time ``t`` (see the module docstring)."""
     if scenario.raw_objects:
         return _raw_objects(scenario.raw_objects)
+    slices = (*nvidia_slices(scenario), *(driver_slice(scenario, s) for s in scenario.slices))
     return ClusterObjects(
-        resourceslices=(*nvidia_slices(scenario), *(driver_slice(scenario, s) for s in scenario.slices)),
+        resourceslices=tuple(r for s in slices for r in _rolled_out(scenario, s, t)),
         resourceclaims=tuple(resource_claim(scenario, c, t) for c in scenario.claims_at(t)),
         pods=tuple(pod(scenario, p) for p in scenario.pods_at(t)),
     )
@@ -123,7 +124,39 @@ def changes_key(scenario: Scenario, t: float) -> object:
     return (
         tuple(p.uid for p in scenario.pods_at(t)),
         tuple(c.at <= t for claim in scenario.claims for s in claim.device_status for c in s.conditions),
+        tuple((f.at <= t, f.active_at(t)) for f in scenario.faults if f.kind == "driver_rollout"),
     )
+
+
+def _rolled_out(scenario: Scenario, slice_: JSON, t: float) -> list[JSON]:
+    """A slice as its driver's rolling updates (``driver_rollout`` faults) leave it at ``t``.
+
+    Each rollout starts a second kubelet-plugin instance, which publishes the pool again under
+    new slice names with the pool generation bumped; when the rollout ends (``until``) the old
+    instance's slices, one generation lower, are deleted. In between both generations exist, as
+    in a 1.33+ seamless upgrade; consumers use only the highest.
+    """
+    driver = slice_["spec"]["driver"]
+    started = [f for f in scenario.faults
+               if f.kind == "driver_rollout" and f.params["driver"] == driver and f.at <= t]
+    if not started:
+        return [slice_]
+    generation = 1 + len(started)
+    out = [_generation(scenario, slice_, generation)]
+    if started[-1].active_at(t):
+        out.append(_generation(scenario, slice_, generation - 1))
+    return out
+
+
+def _generation(scenario: Scenario, slice_: JSON, generation: int) -> JSON:
+    if generation == 1:
+        return slice_
+    out = copy.deepcopy(slice_)
+    meta = out["metadata"]
+    meta["name"] = meta["generateName"] + _suffix(scenario.seed, meta["name"], str(generation))
+    meta["uid"] = derived_uuid(scenario.seed, "k8s", "ResourceSlice", "", meta["name"])
+    out["spec"]["pool"]["generation"] = generation
+    return out
 
 
 def _raw_objects(objects: Iterable[Mapping[str, Any]]) -> ClusterObjects:

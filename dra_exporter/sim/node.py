@@ -34,7 +34,7 @@ class SimulatedNode:
                 if f.kind.startswith(_KUBELET_FAULT_PREFIX)}
 
     def wall_clock(self) -> float:
-        """Wall time on the simulated node: deterministic for a given simulated time."""
+        """Wall time on the simulated node: the host's on a running clock, reproducible on a frozen one."""
         return self.clock.epoch + self.clock.now()
 
     def start(self) -> SimulatedNode:

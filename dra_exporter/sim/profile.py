@@ -4,13 +4,21 @@
 ``profiles/make_profile.py``: values idle and under load, which calls and fields answer and
 which raise NOT_SUPPORTED, per-call latencies, and the MIG profiles the model offers.
 Scenarios use it to validate MIG layouts; the fake NVML to answer.
+
+A node replayed from a cluster dump is whatever GPU its ResourceSlice names: ``identified``
+keeps the recorded values (power, clocks, fields: the only recording there is) and takes the
+identity from the slice (model, memory, driver version, GPM by architecture, the model's
+MIG profiles from ``_MIG_MEMORY_NAMES`` or from the slice's own MIG devices).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-from dataclasses import dataclass, field
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from importlib import resources
 from typing import Final
 
@@ -165,3 +173,65 @@ def load_profile(gpu_model: str) -> GpuProfile:
         gpm_metrics=tuple(GpmSpec(m["id"], m["name"], m["ret"], m["idle"], m["load"]) for m in raw["gpm"]),
         latency_us=tuple(raw["latency_us"].items()),
     )
+
+
+#: Architectures (as NVIDIA's driver publishes ``architecture``) whose GPUs have GPM (GPU
+#: performance monitoring, NVML 12+): Hopper and later. Ampere (A100) and older have none.
+GPM_ARCHITECTURES: Final = frozenset({"hopper", "blackwell"})
+
+#: MIG memory names by placement size (memory slices) of the models whose profiles are known,
+#: keyed by (architecture, nominal memory in GiB); NVIDIA's MIG user guide. These models share the
+#: recorded H200's layout (8 memory slices, 7 compute slices, the same GPU-instance profile ids and
+#: placements); only the memory in the profile names differs.
+_MIG_MEMORY_NAMES: Final = {
+    ("ampere", 40): {1: "5gb", 2: "10gb", 4: "20gb", 8: "40gb"},    # A100 40GB
+    ("ampere", 80): {1: "10gb", 2: "20gb", 4: "40gb", 8: "80gb"},   # A100 80GB
+    ("hopper", 80): {1: "10gb", 2: "20gb", 4: "40gb", 8: "80gb"},   # H100 80GB
+    ("hopper", 141): {1: "18gb", 2: "35gb", 4: "71gb", 8: "141gb"},  # H200 141GB (the recording)
+}
+#: How far (share of the nominal size) a slice's memory capacity may be from a known model's:
+#: an H100 80GB reports 79.6 GiB, an H200 140.4 GiB.
+_MEMORY_TOLERANCE: Final = 0.05
+_MIG_NAME = re.compile(r"(?P<compute>[1-9])g\.(?P<memory>[0-9]+gb)(?P<extra>\+.*)?")
+
+
+def known_mig_profiles(base: GpuProfile, architecture: str, memory_total: int) -> tuple[MigProfile, ...] | None:
+    """The MIG profiles of a known model (``_MIG_MEMORY_NAMES``); None for any other GPU."""
+    gib = memory_total / (1 << 30)
+    names = next((n for (arch, nominal), n in _MIG_MEMORY_NAMES.items()
+                  if arch == architecture.lower() and abs(gib - nominal) <= nominal * _MEMORY_TOLERANCE), None)
+    if names is None:
+        return None
+    out = []
+    for p in base.mig_profiles:
+        parsed = _MIG_NAME.fullmatch(p.name)
+        assert parsed is not None, f"recorded MIG profile {p.name!r}"
+        name = f"{parsed['compute']}g.{names[p.memory_slices]}{parsed['extra'] or ''}"
+        out.append(dataclasses.replace(p, name=name))
+    return tuple(out)
+
+
+def mig_profile_from_slice(name: str, gi_profile_id: int, memory_slices: int, starts: Iterable[int]) -> MigProfile:
+    """A MIG profile of an unknown model, as its slice's MIG devices show it: only the placements seen."""
+    parsed = _MIG_NAME.fullmatch(name)
+    compute = int(parsed["compute"]) if parsed else 1
+    placements = tuple(sorted(set(starts)))
+    return MigProfile(name, gi_profile_id, memory_slices, compute, placements, max_instances=len(placements))
+
+
+def identified(base: GpuProfile, *, model: str, architecture: str, memory_total: int, driver_version: str,
+               cuda_major: int | None, mig_profiles: tuple[MigProfile, ...]) -> GpuProfile:
+    """``base``'s recorded answers under the identity a ResourceSlice gives (see the module docstring).
+
+    Reserved memory and the context overhead scale with the memory; the NVML version is
+    ``<CUDA major>.<driver version>``, as NVML writes it.
+    """
+    scale = memory_total / base.memory_total if memory_total else 1.0
+    nvml_major = str(cuda_major) if cuda_major is not None else base.nvml_version.partition(".")[0]
+    driver = driver_version or base.driver_version
+    return dataclasses.replace(
+        base, model=model or base.model, driver_version=driver, nvml_version=f"{nvml_major}.{driver}",
+        memory_total=memory_total or base.memory_total, memory_reserved=round(base.memory_reserved * scale),
+        gpm_supported=base.gpm_supported and architecture.lower() in GPM_ARCHITECTURES,
+        gpm_metrics=base.gpm_metrics if architecture.lower() in GPM_ARCHITECTURES else (),
+        mig_profiles=mig_profiles)

@@ -284,6 +284,15 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class Hardware:
+    """The node's GPUs as a cluster dump's ResourceSlices describe them (``dump``), not as the format writes
+    them: the model's profile (``profile.identified``) and each GPU's PCI bus id (NVML's form)."""
+
+    profile: GpuProfile
+    pci_bus_ids: Mapping[int, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
     """Where it came from (``demo.yaml`` or the path given); used in messages."""
@@ -303,10 +312,12 @@ class Scenario:
     """NVIDIA's DynamicMIG: partitionable devices with shared counters in the slices."""
     raw_objects: tuple[Mapping[str, Any], ...] = field(default=(), hash=False, compare=False)
     """A cluster dump's own objects (ResourceSlices, ResourceClaims, Pods), served as they are."""
+    gpu_profile: GpuProfile | None = None
+    """The GPUs' profile where a cluster dump's slices name the model (``Hardware``); else ``gpu_model``'s."""
 
     @property
     def profile(self) -> GpuProfile:
-        return load_profile(self.gpu_model)
+        return self.gpu_profile or load_profile(self.gpu_model)
 
     def pods_at(self, t: float) -> tuple[Pod, ...]:
         return tuple(p for p in self.pods if p.alive_at(t))
@@ -325,13 +336,16 @@ class Scenario:
     def pod_allocations_at(self, t: float) -> model.PodResourcesSnapshot:
         """What the kubelet's pod-resources ``List`` returns at simulated time ``t``."""
         claims = {(c.namespace, c.name): c for c in self.claims}
+        # While a driver rolls out, the kubelet's answer briefly lacks that driver's devices.
+        rolling = {f.params["driver"] for f in self.active_faults(t, "driver_rollout")}
         return model.PodResourcesSnapshot(pods=tuple(
             model.PodAllocation(pod.namespace, pod.name, tuple(
                 model.ContainerAllocation(
                     name=c.name,
                     # Like the real kubelet: every device of each referenced claim, whatever
                     # request the container names (only the API server's pod spec says which).
-                    claims=tuple(_claim_use(claims[(pod.namespace, name)]) for name in c.claims),
+                    claims=tuple(_claim_use(claims[(pod.namespace, name)]) for name in c.claims
+                                 if claims[(pod.namespace, name)].driver not in rolling),
                     plugin_devices=tuple(model.PluginDevices(d.resource, d.ids) for d in c.plugin_devices))
                 for c in pod.containers))
             for pod in self.pods_at(t)))
@@ -430,7 +444,7 @@ KUBELET_FAULTS: Final = ("kubelet_socket_gone", "kubelet_resource_exhausted", "k
                          "kubelet_malformed")
 APISERVER_FAULTS: Final = ("apiserver_gone", "apiserver_error", "apiserver_slow", "apiserver_watch_drop",
                            "apiserver_gone_410")
-FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid", "nvml_hang")
+FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid", "nvml_hang", "driver_rollout")
                       + KUBELET_FAULTS + APISERVER_FAULTS)
 
 #: resource.k8s.io versions a simulated cluster can serve, newest first.
@@ -476,9 +490,9 @@ def read_documents(source: str | os.PathLike[str]) -> tuple[str, list[Any]]:
     return label, _parse_yaml_documents(label, text)
 
 
-def parse_scenario(data: Any, label: str = "<scenario>") -> Scenario:
-    """Validate already-parsed YAML (a mapping) into a ``Scenario``."""
+def parse_scenario(data: Any, label: str = "<scenario>", hardware: Hardware | None = None) -> Scenario:
+    """Validate already-parsed YAML (a mapping) into a ``Scenario``; ``hardware`` replaces the GPUs' identity."""
     # scenario_builder imports this module's records, so it is imported here, not at the top.
     from .scenario_builder import _Builder, _Cursor
 
-    return _Builder(label).build(_Cursor(label, "", data))
+    return _Builder(label, hardware).build(_Cursor(label, "", data))

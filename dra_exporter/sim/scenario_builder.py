@@ -54,6 +54,7 @@ from .scenario import (
     DriverSlice,
     Fault,
     Gpu,
+    Hardware,
     MigDevice,
     PluginDevice,
     Pod,
@@ -109,7 +110,61 @@ def _read_source(source: str | os.PathLike[str]) -> tuple[str, str]:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one."""
+    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one, and
+    aliases that repeat more than ``_MAX_ALIAS_VALUES`` values or refer to themselves.
+
+    PyYAML builds an alias as a reference to the one anchored object, so loading an alias
+    bomb costs nothing; whatever walks or copies the result (a cluster dump's objects are
+    copied) would expand it. The document's node graph is measured before anything is built.
+    """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_alias_expansion(node)
+        return super().construct_document(node)
+
+
+#: Values that aliases may add to a document by repeating anchored ones; a 4 MiB file holds
+#: about two million values without any, and a scenario that shares a few curves needs far fewer.
+_MAX_ALIAS_VALUES: Final = 100_000
+
+
+def _check_alias_expansion(root: yaml.Node) -> None:
+    """Refuse a node graph whose expansion (every alias replaced by a copy) is too large or infinite.
+
+    One iterative post-order walk with each node's expanded size memoised: linear in the
+    number of distinct nodes, however large the expansion would be.
+    """
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise yaml.constructor.ConstructorError(
+                None, None, "an alias refers to a value that contains it (a recursive alias)", node.start_mark)
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in size)
+    added = size[id(root)] - len(size)
+    if added > _MAX_ALIAS_VALUES:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"aliases repeat anchored values {added:,} times over (at most "
+            f"{_MAX_ALIAS_VALUES:,} are accepted: an alias bomb?)", root.start_mark)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -245,8 +300,9 @@ def _kind(value: Any) -> str:
 class _Builder:
     """Turns the validated document into records, in dependency order."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, hardware: Hardware | None = None) -> None:
         self.label = label
+        self.hardware = hardware
         self.seed = 0
         self.node = ""
         self.profile: GpuProfile
@@ -270,7 +326,7 @@ class _Builder:
         if gpu_model not in GPU_MODELS:
             raise doc.key("gpu_model").error(
                 f"unknown GPU model {gpu_model!r} (known: {', '.join(GPU_MODELS)})")
-        self.profile = load_profile(gpu_model)
+        self.profile = self.hardware.profile if self.hardware else load_profile(gpu_model)
         api_version = doc.key("api_version").str(default="v1")
         if api_version not in API_VERSIONS:
             raise doc.key("api_version").error(
@@ -280,8 +336,10 @@ class _Builder:
         if dynamic_mig and api_version == "v1beta1":
             raise doc.key("dynamic_mig").error("partitionable devices need resource.k8s.io v1beta2 or v1 "
                                                "(Kubernetes 1.33+); api_version is v1beta1")
-        self._gpus(doc.key("gpus"))
-        scenario = Scenario(self.label, self.node, self.seed, gpu_model, tuple(self.gpus.values()))
+        self._gpus(doc.key("gpus"), _without_nvidia_driver(doc.key("faults")))
+        gpu_profile = self.hardware.profile if self.hardware else None
+        scenario = Scenario(self.label, self.node, self.seed, gpu_model, tuple(self.gpus.values()),
+                            gpu_profile=gpu_profile)
         self.devices = scenario.gpu_devices()
         self.resolver = NvidiaNameResolver(self.devices)
         slices = self._slices(doc.key("slices"))
@@ -298,13 +356,14 @@ class _Builder:
                              exporter.key("name").name("pod name"))
         description = doc.key("description").str(default="")
         return Scenario(self.label, self.node, self.seed, gpu_model, scenario.gpus, claims, pods, faults,
-                        pod_ref, description, api_version, slices, dynamic_mig)
+                        pod_ref, description, api_version, slices, dynamic_mig, gpu_profile=gpu_profile)
 
     # -- GPUs and MIG ------------------------------------------------------------------------
 
-    def _gpus(self, cur: _Cursor) -> None:
-        if not cur.list():
-            raise cur.error("a node needs at least one GPU")
+    def _gpus(self, cur: _Cursor, may_be_empty: bool) -> None:
+        if not cur.list() and not may_be_empty:
+            raise cur.error("a node needs at least one GPU (a node without NVIDIA's driver: an init_failure "
+                            "fault at 0 with no until)")
         for _, g in cur.items():
             g.mapping(("index",), ("uuid", "mig", "taints"))
             index = g.key("index").int(minimum=0)
@@ -318,7 +377,9 @@ class _Builder:
             if taints and mig:
                 raise g.key("taints").error("a MIG-enabled GPU is published as its MIG devices; "
                                             "taint those (mig[].taints)")
-            self.gpus[index] = Gpu(index, gpu_uuid, f"00000000:{_BUS_NUMBERS[index]:02X}:00.0", mig, taints)
+            bus_id = (self.hardware.pci_bus_ids.get(index) if self.hardware else None) or \
+                f"00000000:{_BUS_NUMBERS[index]:02X}:00.0"
+            self.gpus[index] = Gpu(index, gpu_uuid, bus_id, mig, taints)
         missing = sorted(set(range(len(self.gpus))) - set(self.gpus))
         if missing:
             raise cur.error(f"GPU indexes must be 0..{len(self.gpus) - 1} without gaps, as NVML numbers "
@@ -798,6 +859,8 @@ class _Builder:
             raise f.key("until").error("an xid fault is one event at 'at'; it has no 'until'")
         if until is not None and until <= at:
             raise f.key("until").error(f"must be after 'at' ({until:g} <= {at:g})")
+        if until is None and kind == "driver_rollout":
+            raise f.key("until").error("required: a rollout ends when the old plugin instance's slices go")
         gpu = None
         if f.key("gpu").present:
             gpu = f.key("gpu").int(minimum=0)
@@ -815,6 +878,12 @@ class _Builder:
         if not parent or gpu is None or parent != self.gpus[gpu].uuid:
             raise cur.error(f"{name!r} is not a MIG device of GPU {gpu}")
         return name
+
+
+def _without_nvidia_driver(faults: _Cursor) -> bool:
+    """Whether NVML fails to initialise for the whole run: then the node may have no GPU at all."""
+    return any(isinstance(f, dict) and f.get("kind") == "init_failure" and f.get("at") == 0
+               and f.get("until") is None for f in (faults.value if isinstance(faults.value, list) else ()))
 
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[_Builder, _Cursor, int | None], str]:
@@ -842,6 +911,8 @@ _FAULT_PARAMS: Final[Mapping[str, _FaultParams]] = {
     "nvml_hang": _FaultParams((), ("gpu",)),
     "xid": _FaultParams(("gpu", "xid"), ("mig_device",),
                         {"xid": lambda b, c, g: c.int(minimum=0), "mig_device": _Builder._mig_device_param}),
+    "driver_rollout": _FaultParams((), ("driver",), {"driver": lambda b, c, g: c.name("driver name")},
+                                   {"driver": NVIDIA_DRIVER}),
     "kubelet_socket_gone": _FaultParams(),
     "kubelet_resource_exhausted": _FaultParams(),
     "kubelet_slow": _FaultParams(("delay",), (), {"delay": lambda b, c, g: c.number(minimum=0)}),

@@ -15,7 +15,10 @@ Reliability rules, from how a real kubelet behaves:
   that, ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` start an exponential backoff during which
   ``collect`` fails at once without calling the kubelet; one success resets it;
 * answers are untrusted: a size cap on the channel and our own decoding turn oversize or
-  corrupt data into a clear ``SourceError``.
+  corrupt data into a clear ``SourceError``;
+* while a DRA driver rolls out, its kubelet plugin re-registers and the answer briefly lacks
+  that driver's devices: a container that is still listed keeps the claims it had for up to
+  ``CLAIM_GAP_GRACE_S`` (``_ClaimGapBridge``), so attribution does not flap.
 
 ``snapshot_from_response`` / ``response_from_snapshot`` are the pure conversions (the second
 one serves the simulated kubelet). gRPC is imported here and nowhere in the pure core.
@@ -23,13 +26,14 @@ one serves the simulated kubelet). gRPC is imported here and nowhere in the pure
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -40,6 +44,9 @@ from . import SourceError
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
+#: How long a container that is still listed keeps a claim the kubelet's answer stopped naming.
+#: A plugin re-registers within seconds of a rollout; a pod's claims never change while it lives.
+CLAIM_GAP_GRACE_S: Final = 30.0
 
 #: Status codes after which the kubelet is asked again only once the backoff expires.
 _BACKOFF_CODES = frozenset(
@@ -60,6 +67,7 @@ class PodResourcesSource:
         backoff: tuple[float, float] = (0.5, 30.0),
         monotonic: Callable[[], float] = time.monotonic,
         max_message_bytes: int = 16 << 20,
+        claim_grace: float = CLAIM_GAP_GRACE_S,
         logger: logging.Logger | None = None,
     ) -> None:
         if timeout <= 0:
@@ -83,6 +91,7 @@ class PodResourcesSource:
         self._failures = 0
         self._retry_at = 0.0
         self._last_error = ""
+        self._bridge = _ClaimGapBridge(claim_grace)
 
     # --- public -----------------------------------------------------------------------------
 
@@ -92,7 +101,7 @@ class PodResourcesSource:
             self._check_backoff()
             call = self._connect()
             raw = self._call_list(call)
-            snapshot = _decode(raw)
+            snapshot = self._bridge.apply(_decode(raw), self._monotonic())
             if self._failures:
                 self._log.info("podresources: kubelet answering again at %s", self.socket_path)
             self._failures = 0
@@ -214,6 +223,44 @@ class PodResourcesSource:
             "podresources: backing off %.1fs after failure %d: %s", delay, self._failures, message
         )
         return f"{message}; next try in {delay:g}s"
+
+
+class _ClaimGapBridge:
+    """Keeps a still-listed container's claims through a short gap in the kubelet's answer.
+
+    A pod's claims are fixed for its life (``spec.resourceClaims`` is immutable), so a container
+    that is listed again without a claim it had means the kubelet briefly lost that driver's
+    devices (its plugin re-registering during a rolling update), not that the claim went: the
+    last-known claim use is kept for up to ``grace`` seconds. A pod that leaves the answer takes
+    its claims with it at once. (A pod recreated under the same name within ``grace`` with
+    other claims would show the old ones for that long: pod-resources carries no pod UID.)
+    """
+
+    def __init__(self, grace: float) -> None:
+        self._grace = grace
+        # (namespace, pod, container) → (claim namespace, claim name) → (use, missing since or None)
+        self._known: dict[tuple[str, str, str], dict[tuple[str, str], tuple[model.ClaimUse, float | None]]] = {}
+
+    def apply(self, snapshot: model.PodResourcesSnapshot, now: float) -> model.PodResourcesSnapshot:
+        known: dict[tuple[str, str, str], dict[tuple[str, str], tuple[model.ClaimUse, float | None]]] = {}
+        pods = []
+        for pod in snapshot.pods:
+            containers = []
+            for c in pod.containers:
+                key = (pod.namespace, pod.name, c.name)
+                state: dict[tuple[str, str], tuple[model.ClaimUse, float | None]] = {
+                    (u.namespace, u.name): (u, None) for u in c.claims}
+                kept = []
+                for claim, (use, since) in self._known.get(key, {}).items():
+                    missing_since = now if since is None else since
+                    if claim not in state and now - missing_since < self._grace:
+                        state[claim] = (use, missing_since)
+                        kept.append(use)
+                known[key] = state
+                containers.append(dataclasses.replace(c, claims=c.claims + tuple(kept)) if kept else c)
+            pods.append(dataclasses.replace(pod, containers=tuple(containers)))
+        self._known = known
+        return model.PodResourcesSnapshot(tuple(pods))
 
 
 def _status(exc: grpc.RpcError) -> tuple[grpc.StatusCode | None, str]:
