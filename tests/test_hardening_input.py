@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
@@ -28,6 +31,7 @@ from promharness import promtool_check_metrics
 from simnode import ATTRIBUTION, device_labels, simulated, source_up
 
 from dra_exporter import catalog as cat
+from dra_exporter import cli
 from dra_exporter.join import JoinInput, join
 from dra_exporter.model import (
     ClaimDevice,
@@ -193,6 +197,52 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: st
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_bad_flags_exit_2_with_one_line(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(run_cli(*args), *needles)
+
+
+# Every float option of every command, found from the CLI itself, so a flag added later is covered too.
+FLOAT_OPTIONS = sorted({(command, next(o for o in param.opts if o.startswith("--")), param.envvar)
+                        for command, cmd in cli.main.commands.items() for param in cmd.params
+                        if isinstance(param.type, click.types.FloatParamType)})
+
+
+def test_the_float_option_list_is_not_empty() -> None:
+    flags = {flag for _, flag, _ in FLOAT_OPTIONS}
+    assert {"--interval", "--claim-refresh", "--otlp-interval", "--otlp-timeout"} <= flags, flags
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "+Infinity"])
+@pytest.mark.parametrize("from_env", [False, True], ids=["flag", "env"])
+@pytest.mark.parametrize("command, flag, envvar", FLOAT_OPTIONS, ids=lambda v: v if isinstance(v, str) else None)
+def test_non_finite_numbers_are_refused_for_every_float_flag_and_variable(
+        command: str, flag: str, envvar: str, from_env: bool, value: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # NaN passes every range check (each comparison is False): --interval nan spun the serve loop.
+    from dra_exporter import runtime
+
+    ran: list[object] = []
+
+    def record(settings: object, **_: object) -> list[object]:
+        ran.append(settings)
+        return []
+
+    monkeypatch.setattr(runtime, "serve", record)
+    monkeypatch.setattr(runtime, "snapshot", record)
+    monkeypatch.setattr("dra_exporter.doctor.run", record)
+    args = [command, "--simulate"] + ([] if from_env else [flag, value])
+    result = CliRunner().invoke(cli.main, args, env={envvar: value} if from_env else {})
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert flag in result.output and "not a finite number" in result.output, result.output
+    assert "Traceback" not in result.output
+    assert not ran, "nothing ran with a non-finite setting"
+
+
+def test_nan_interval_from_flag_or_environment_is_one_line_exit_2() -> None:
+    # Was: snapshot printed a ValueError traceback from the simulated clock.
+    assert_one_line_error(run_cli("snapshot", "--simulate", "--interval", "nan"), "--interval", "finite")
+    result = subprocess.run([sys.executable, "-m", "dra_exporter.cli", "doctor", "--simulate"],
+                            capture_output=True, text=True, timeout=120, check=False,
+                            env={**os.environ, "DRA_EXPORTER_CLAIM_REFRESH": "nan"})
+    assert_one_line_error(result, "--claim-refresh", "DRA_EXPORTER_CLAIM_REFRESH", "finite")
 
 
 def _deep(path: Path) -> None:
