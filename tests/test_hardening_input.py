@@ -274,6 +274,30 @@ def test_bad_scenario_files_exit_2_with_one_line_naming_file_and_field(tmp_path:
     assert_one_line_error(run_cli("snapshot", "--simulate", str(path)), str(path), *needles)
 
 
+def _memory_capped() -> None:
+    # 1 GiB of address space: /dev/zero read whole would end in MemoryError, not in the machine's swap.
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+@pytest.mark.parametrize("args", [["snapshot", "--simulate"],
+                                  ["serve", "--simulate", "--listen", "127.0.0.1:0", "--web-config"]],
+                         ids=["scenario", "web-config"])
+def test_a_file_that_is_not_a_regular_file_is_one_line_exit_2(tmp_path: Path, args: list[str], kind: str) -> None:
+    # Was: /dev/zero as a scenario ended in a MemoryError traceback, a FIFO with no writer hung for ever
+    # (as a web-config too). The reader refuses anything but a regular file, before reading a byte.
+    path = tmp_path / "input.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    result = subprocess.run([sys.executable, "-m", "dra_exporter.cli", *args, str(path)], capture_output=True,
+                            text=True, timeout=60, check=False, preexec_fn=_memory_capped)
+    assert_one_line_error(result, str(path), "not a regular file")
+
+
 def test_alias_bomb_is_refused_without_expanding(tmp_path: Path) -> None:
     path = tmp_path / "bomb.yaml"
     _bomb(path)
