@@ -8,7 +8,8 @@
 - Malformed flags, scenario files and web-config files stop the exporter with exit code 2
   and one line that names the problem; never a traceback.
 - Oversized input is bounded: scenario files (4 MiB), web-config files (1 MiB), kubelet
-  answers (16 MiB, the gRPC receive limit), YAML alias bombs.
+  answers (3.9 MiB and counts of pods, containers and devices), YAML alias bombs; files
+  that are not regular files (FIFOs, devices) are refused before a byte is read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -51,6 +53,7 @@ from dra_exporter.sim.kubelet import SimulatedKubelet
 from dra_exporter.sim.scenario import ScenarioError, load_scenario
 from dra_exporter.sinks.prometheus import render
 from dra_exporter.sinks.webconfig import WebConfigError, load_web_config
+from dra_exporter.sources.podresources import MAX_ANSWER_BYTES, MAX_PODS
 
 NASTY = ["", 'say "hi"', "back\\slash", "trailing\\", "new\nline", "\\n literally", "tab\tand\rcr",
          "ünïcødé ✓ 日本語 🚀", "}{,=\"", "# EOF", "# HELP x y", "nul\x00byte", "\u2028line\u2029sep",
@@ -156,7 +159,7 @@ def test_hostile_names_from_every_source_render_valid_and_round_trip(promtool: s
 
 def test_very_long_label_values_pass_through_intact() -> None:
     """No truncation today: a 1 MiB pod name from the kubelet reaches the exposition whole.
-    (The kubelet answer itself is capped at 16 MiB; see docs/reliability.md.)"""
+    (The kubelet answer itself is capped at 3.9 MiB; see docs/reliability.md.)"""
     name = "p" * (1 << 20)
     gpu = GpuDevice(uuid="GPU-1", index=0, minor=0, model="m", pci_bus_id="b")
     frame = join(JoinInput(
@@ -326,22 +329,28 @@ def test_bad_web_config_is_one_line_and_would_exit_2(tmp_path: Path, text: str, 
 # --- oversized kubelet answers ------------------------------------------------------------------------
 
 
-def test_kubelet_answer_over_16_mib_is_refused_and_the_last_good_view_kept(
-        caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("huge, needle", [
+    # Over the byte limit: refused by gRPC before anything is decoded.
+    (lambda: PodResourcesSnapshot((PodAllocation("team", "x" * (17 << 20)),)), f"max_message_bytes={MAX_ANSWER_BYTES}"),
+    # 100k pods in 1.7 MB: under any byte limit, but ~1 GiB once decoded into records (was accepted).
+    (lambda: PodResourcesSnapshot(tuple(PodAllocation("team", f"pod-{i}") for i in range(100_000))),
+     f"more than {MAX_PODS} pods"),
+], ids=["17-MiB-name", "100k-pods"])
+def test_an_oversized_kubelet_answer_is_refused_and_the_last_good_view_kept(
+        caplog: pytest.LogCaptureFixture, huge: Callable[[], PodResourcesSnapshot], needle: str) -> None:
     normal = PodResourcesSnapshot((PodAllocation("team", "good-pod", (ContainerAllocation("c", (ClaimUse(
         "team", "claim", (ClaimDevice("gpu.nvidia.com", "test-node", "gpu-0"),)),)),)),))
-    huge = PodResourcesSnapshot((PodAllocation("team", "x" * (17 << 20)),))
     answer = [normal]
     caplog.set_level(logging.WARNING)
     with SimulatedKubelet(lambda: answer[0]) as kubelet, \
             simulated(ATTRIBUTION, kubelet_socket=kubelet.socket_path) as rt:
         gpu0 = rt.sim.scenario.nvml_uuid("gpu-0")
         assert device_labels(rt.agent.cycle(collect_side=True))[gpu0]["pod"] == "good-pod"
-        answer[0] = huge
+        answer[0] = huge()
         frame = rt.agent.cycle(collect_side=True)
         assert source_up(frame, "podresources") == 0.0
         assert device_labels(frame)[gpu0]["pod"] == "good-pod", "the last good answer is kept"
-    assert f"max_message_bytes={16 << 20}" in caplog.text, "the production limit (16 MiB) applied"
+    assert needle in caplog.text, "the production limit applied, and the message names it"
 
 
 # --- docs/reliability.md stays honest ---------------------------------------------------------------
