@@ -1,4 +1,5 @@
-"""Read a small file the operator named (a scenario, a cluster dump, a web-config) at bounded cost.
+"""Read a small file the operator named (a scenario, a cluster dump, a web-config) at bounded cost,
+and check the kind of files a library reads itself (TLS certificates and keys, a kubeconfig).
 
 ``open(path).read()`` trusts the file to be one: ``/dev/zero`` never ends (a ``MemoryError``
 after eating the machine's memory), a FIFO with no writer blocks ``open`` for ever, and a
@@ -45,14 +46,8 @@ def read_bytes(path: str | os.PathLike[str], limit: int) -> bytes:
     the file's kind and never reads more than ``limit + 1`` bytes.
     """
     name = os.fspath(path)
-    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    fd = _open_regular(name)
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory", name)
-        if not stat.S_ISREG(mode):
-            kind = next((what for test, what in _KINDS if test(mode)), "not a file")
-            raise NotARegularFileError(errno.EINVAL, f"{kind}, not a regular file", name)
         chunks: list[bytes] = []
         size = 0
         while size <= limit:
@@ -64,6 +59,30 @@ def read_bytes(path: str | os.PathLike[str], limit: int) -> bytes:
         raise FileTooLargeError(name, limit)
     finally:
         os.close(fd)
+
+
+def require_regular_file(path: str | os.PathLike[str]) -> None:
+    """Check, without reading it, that ``path`` is a regular file this process may open, for files a
+    library reads itself (TLS certificates and keys, a kubeconfig): their ``open`` would block on a
+    FIFO for ever. Raises what ``read_bytes`` raises, but never ``FileTooLargeError``."""
+    os.close(_open_regular(os.fspath(path)))
+
+
+def _open_regular(name: str) -> int:
+    """A read-only descriptor of the regular file ``name``; ``O_NONBLOCK`` makes ``open`` of a FIFO
+    return at once (regular files ignore the flag), so the kind is checked before anything waits."""
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", name)
+        if not stat.S_ISREG(mode):
+            kind = next((what for test, what in _KINDS if test(mode)), "not a file")
+            raise NotARegularFileError(errno.EINVAL, f"{kind}, not a regular file", name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_text(path: str | os.PathLike[str], limit: int) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .boundedio import require_regular_file
 from .config import (
     DEFAULT_CLAIM_REFRESH,
     DEFAULT_INTERVAL,
@@ -56,6 +57,17 @@ class FiniteFloat(click.FloatRange):
         return super().convert(number, param, ctx)
 
 
+def _regular_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """For a file a library opens itself (the Kubernetes client's kubeconfig): a FIFO or a device
+    would block or never end there, so refuse it here."""
+    if value:
+        try:
+            require_regular_file(value)
+        except OSError as exc:
+            raise click.BadParameter(f"{value}: {exc.strerror}", ctx, param) from None
+    return value
+
+
 simulate_option = _opt(
     "--simulate", "simulate", is_flag=False, flag_value="demo", default=None, metavar="[SCENARIO]",
     help="Run on a simulated node: a built-in scenario (default 'demo') or a scenario YAML file.")
@@ -78,7 +90,7 @@ kubeapi_options = [
          help="Read ResourceSlices, ResourceClaims and Pods from the API server (request names, pod UIDs, "
               "admin access, slice devices, taints, health). Off: node-local attribution only."),
     _opt("--kubeconfig", default=None, metavar="PATH",
-         type=click.Path(exists=True, dir_okay=False, readable=True),
+         type=click.Path(exists=True, dir_okay=False, readable=True), callback=_regular_file,
          help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
               "~/.kube/config]. With --simulate it replaces the simulated API server."),
     _opt("--claim-refresh", type=FiniteFloat(min=10, max=86400), default=DEFAULT_CLAIM_REFRESH,

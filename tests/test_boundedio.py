@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from dra_exporter.boundedio import FileTooLargeError, NotARegularFileError, read_bytes, read_text
+from dra_exporter.boundedio import (
+    FileTooLargeError,
+    NotARegularFileError,
+    read_bytes,
+    read_text,
+    require_regular_file,
+)
 
 
 def test_a_regular_file_up_to_the_limit_is_read_whole(tmp_path: Path) -> None:
@@ -91,3 +97,17 @@ def test_no_descriptor_is_left_open(tmp_path: Path) -> None:
             with pytest.raises(OSError):
                 read_bytes(path, 10)
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_require_regular_file_checks_the_kind_without_reading(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (1 << 20))
+    require_regular_file(big)  # no size limit: the library reading it has its own
+    with pytest.raises(NotARegularFileError, match="FIFO"):
+        require_regular_file(fifo)
+    with pytest.raises(NotARegularFileError, match="character device"):
+        require_regular_file("/dev/null")
+    with pytest.raises(IsADirectoryError):
+        require_regular_file(tmp_path)

@@ -301,6 +301,25 @@ def test_a_file_that_is_not_a_regular_file_is_one_line_exit_2(tmp_path: Path, ar
     assert_one_line_error(result, str(path), "not a regular file")
 
 
+@pytest.mark.parametrize("flag", ["--kubeconfig", "--otlp-certificate", "web-config cert_file"])
+def test_a_fifo_where_a_library_reads_the_file_is_one_line_exit_2(tmp_path: Path, flag: str) -> None:
+    # Was: serve hung for ever in the Kubernetes client's, the OTLP exporter's or ssl's own open().
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    args = ["serve", "--simulate", "--listen", "127.0.0.1:0"]
+    if flag == "--kubeconfig":
+        args += ["--kubeconfig", str(fifo)]
+    elif flag == "--otlp-certificate":
+        args += ["--otlp-endpoint", "https://127.0.0.1:4317", "--otlp-certificate", str(fifo)]
+    else:
+        web = tmp_path / "web.yml"
+        web.write_text(f"tls_server_config:\n  cert_file: {fifo}\n  key_file: {fifo}\n")
+        args += ["--web-config", str(web)]
+    result = subprocess.run([sys.executable, "-m", "dra_exporter.cli", *args], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert_one_line_error(result, str(fifo), "a FIFO (named pipe), not a regular file")
+
+
 def test_alias_bomb_is_refused_without_expanding(tmp_path: Path) -> None:
     path = tmp_path / "bomb.yaml"
     _bomb(path)

@@ -66,7 +66,7 @@ from typing import Any
 
 import yaml
 
-from ..boundedio import FileTooLargeError, read_bytes
+from ..boundedio import FileTooLargeError, read_bytes, require_regular_file
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")
@@ -407,8 +407,7 @@ def build_ssl_context(tls: TlsSettings, label: str = "") -> ssl.SSLContext:
 
 def _check_readable(prefix: str, key: str, path: str) -> None:
     try:
-        with open(path, "rb"):
-            pass
+        require_regular_file(path)  # ssl's own open would block on a FIFO for ever
     except FileNotFoundError:
         raise WebConfigError(f"{prefix}.{key}: {path}: no such file") from None
     except OSError as e:
