@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .boundedio import require_regular_file
 from .config import (
     DEFAULT_CLAIM_REFRESH,
     DEFAULT_INTERVAL,
@@ -40,6 +42,33 @@ def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[...,
     return click.option(*decls, envvar=_env(long), show_envvar=True, **kw)
 
 
+class FiniteFloat(click.FloatRange):
+    """The type of every float option: a ``FloatRange`` that also refuses NaN and ±infinity.
+
+    Python's ``float()`` reads "nan" and "inf", and NaN passes every range check (each comparison
+    is False): ``--interval nan`` spun the serve loop at 100 % CPU and made ``snapshot`` crash.
+    """
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+def _regular_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """For a file a library opens itself (the Kubernetes client's kubeconfig): a FIFO or a device
+    would block or never end there, so refuse it here."""
+    if value:
+        try:
+            require_regular_file(value)
+        except OSError as exc:
+            raise click.BadParameter(f"{value}: {exc.strerror}", ctx, param) from None
+    return value
+
+
 simulate_option = _opt(
     "--simulate", "simulate", is_flag=False, flag_value="demo", default=None, metavar="[SCENARIO]",
     help="Run on a simulated node: a built-in scenario (default 'demo') or a scenario YAML file.")
@@ -47,7 +76,7 @@ kubelet_socket_option = _opt(
     "--kubelet-socket", default=None, metavar="PATH",
     help="Kubelet pod-resources socket [default: /var/lib/kubelet/pod-resources/kubelet.sock]. "
          "With --simulate it replaces the simulated kubelet.")
-interval_option = _opt("--interval", type=click.FloatRange(min=0.05, max=3600), default=DEFAULT_INTERVAL,
+interval_option = _opt("--interval", type=FiniteFloat(min=0.05, max=3600), default=DEFAULT_INTERVAL,
                        show_default=True, help="Seconds between collection cycles.")
 node_name_option = _opt(
     "--node-name", default=None,
@@ -62,10 +91,10 @@ kubeapi_options = [
          help="Read ResourceSlices, ResourceClaims and Pods from the API server (request names, pod UIDs, "
               "admin access, slice devices, taints, health). Off: node-local attribution only."),
     _opt("--kubeconfig", default=None, metavar="PATH",
-         type=click.Path(exists=True, dir_okay=False, readable=True),
+         type=click.Path(exists=True, dir_okay=False, readable=True), callback=_regular_file,
          help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
               "~/.kube/config]. With --simulate it replaces the simulated API server."),
-    _opt("--claim-refresh", type=click.FloatRange(min=10, max=86400), default=DEFAULT_CLAIM_REFRESH,
+    _opt("--claim-refresh", type=FiniteFloat(min=10, max=86400), default=DEFAULT_CLAIM_REFRESH,
          show_default=True, metavar="S",
          help="Seconds after which each ResourceClaim in use on this node is fetched again, for the status "
               "its driver writes (device conditions); each claim costs 3600/S API requests an hour."),
@@ -147,11 +176,11 @@ def _otlp_options(f: Callable[..., Any]) -> Callable[..., Any]:
                   "OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT also turns the push on."),
         _opt("--otlp-protocol", type=click.Choice(["grpc", "http/protobuf"]), default=None,
              help="OTLP transport [default: OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL, else grpc]."),
-        _opt("--otlp-interval", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+        _opt("--otlp-interval", type=FiniteFloat(min=0.1), default=10.0, show_default=True,
              help="Seconds between pushes."),
         _opt("--otlp-header", "otlp_headers", multiple=True, metavar="KEY=VALUE",
              help="Header sent with every push (repeatable), e.g. an API key."),
-        _opt("--otlp-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+        _opt("--otlp-timeout", type=FiniteFloat(min=0.1), default=10.0, show_default=True,
              help="Seconds one push may take, retries included."),
         _opt("--otlp-insecure/--otlp-secure", default=None,
              help="gRPC without TLS [default: from the URL scheme]."),

@@ -8,18 +8,23 @@
 - Malformed flags, scenario files and web-config files stop the exporter with exit code 2
   and one line that names the problem; never a traceback.
 - Oversized input is bounded: scenario files (4 MiB), web-config files (1 MiB), kubelet
-  answers (16 MiB, the gRPC receive limit), YAML alias bombs.
+  answers (3.9 MiB and counts of pods, containers and devices), YAML alias bombs; files
+  that are not regular files (FIFOs, devices) are refused before a byte is read.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
@@ -28,6 +33,7 @@ from promharness import promtool_check_metrics
 from simnode import ATTRIBUTION, device_labels, simulated, source_up
 
 from dra_exporter import catalog as cat
+from dra_exporter import cli
 from dra_exporter.join import JoinInput, join
 from dra_exporter.model import (
     ClaimDevice,
@@ -47,6 +53,7 @@ from dra_exporter.sim.kubelet import SimulatedKubelet
 from dra_exporter.sim.scenario import ScenarioError, load_scenario
 from dra_exporter.sinks.prometheus import render
 from dra_exporter.sinks.webconfig import WebConfigError, load_web_config
+from dra_exporter.sources.podresources import MAX_ANSWER_BYTES, MAX_PODS
 
 NASTY = ["", 'say "hi"', "back\\slash", "trailing\\", "new\nline", "\\n literally", "tab\tand\rcr",
          "ünïcødé ✓ 日本語 🚀", "}{,=\"", "# EOF", "# HELP x y", "nul\x00byte", "\u2028line\u2029sep",
@@ -152,7 +159,7 @@ def test_hostile_names_from_every_source_render_valid_and_round_trip(promtool: s
 
 def test_very_long_label_values_pass_through_intact() -> None:
     """No truncation today: a 1 MiB pod name from the kubelet reaches the exposition whole.
-    (The kubelet answer itself is capped at 16 MiB; see docs/reliability.md.)"""
+    (The kubelet answer itself is capped at 3.9 MiB; see docs/reliability.md.)"""
     name = "p" * (1 << 20)
     gpu = GpuDevice(uuid="GPU-1", index=0, minor=0, model="m", pci_bus_id="b")
     frame = join(JoinInput(
@@ -195,6 +202,52 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], needles: list[str]) -> 
     assert_one_line_error(run_cli(*args), *needles)
 
 
+# Every float option of every command, found from the CLI itself, so a flag added later is covered too.
+FLOAT_OPTIONS = sorted({(command, next(o for o in param.opts if o.startswith("--")), param.envvar)
+                        for command, cmd in cli.main.commands.items() for param in cmd.params
+                        if isinstance(param.type, click.types.FloatParamType)})
+
+
+def test_the_float_option_list_is_not_empty() -> None:
+    flags = {flag for _, flag, _ in FLOAT_OPTIONS}
+    assert {"--interval", "--claim-refresh", "--otlp-interval", "--otlp-timeout"} <= flags, flags
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "+Infinity"])
+@pytest.mark.parametrize("from_env", [False, True], ids=["flag", "env"])
+@pytest.mark.parametrize("command, flag, envvar", FLOAT_OPTIONS, ids=lambda v: v if isinstance(v, str) else None)
+def test_non_finite_numbers_are_refused_for_every_float_flag_and_variable(
+        command: str, flag: str, envvar: str, from_env: bool, value: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # NaN passes every range check (each comparison is False): --interval nan spun the serve loop.
+    from dra_exporter import runtime
+
+    ran: list[object] = []
+
+    def record(settings: object, **_: object) -> list[object]:
+        ran.append(settings)
+        return []
+
+    monkeypatch.setattr(runtime, "serve", record)
+    monkeypatch.setattr(runtime, "snapshot", record)
+    monkeypatch.setattr("dra_exporter.doctor.run", record)
+    args = [command, "--simulate"] + ([] if from_env else [flag, value])
+    result = CliRunner().invoke(cli.main, args, env={envvar: value} if from_env else {})
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert flag in result.output and "not a finite number" in result.output, result.output
+    assert "Traceback" not in result.output
+    assert not ran, "nothing ran with a non-finite setting"
+
+
+def test_nan_interval_from_flag_or_environment_is_one_line_exit_2() -> None:
+    # Was: snapshot printed a ValueError traceback from the simulated clock.
+    assert_one_line_error(run_cli("snapshot", "--simulate", "--interval", "nan"), "--interval", "finite")
+    result = subprocess.run([sys.executable, "-m", "dra_exporter.cli", "doctor", "--simulate"],
+                            capture_output=True, text=True, timeout=120, check=False,
+                            env={**os.environ, "DRA_EXPORTER_CLAIM_REFRESH": "nan"})
+    assert_one_line_error(result, "--claim-refresh", "DRA_EXPORTER_CLAIM_REFRESH", "finite")
+
+
 def _deep(path: Path) -> None:
     path.write_text("node: n\ngpus: " + "[" * 5000 + "]" * 5000 + "\n")
 
@@ -222,6 +275,49 @@ def test_bad_scenario_files_exit_2_with_one_line_naming_file_and_field(tmp_path:
     path = tmp_path / "scenario.yaml"
     make(path)
     assert_one_line_error(run_cli("snapshot", "--simulate", str(path)), str(path), *needles)
+
+
+def _memory_capped() -> None:
+    # 1 GiB of address space: /dev/zero read whole would end in MemoryError, not in the machine's swap.
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+@pytest.mark.parametrize("args", [["snapshot", "--simulate"],
+                                  ["serve", "--simulate", "--listen", "127.0.0.1:0", "--web-config"]],
+                         ids=["scenario", "web-config"])
+def test_a_file_that_is_not_a_regular_file_is_one_line_exit_2(tmp_path: Path, args: list[str], kind: str) -> None:
+    # Was: /dev/zero as a scenario ended in a MemoryError traceback, a FIFO with no writer hung for ever
+    # (as a web-config too). The reader refuses anything but a regular file, before reading a byte.
+    path = tmp_path / "input.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    result = subprocess.run([sys.executable, "-m", "dra_exporter.cli", *args, str(path)], capture_output=True,
+                            text=True, timeout=60, check=False, preexec_fn=_memory_capped)
+    assert_one_line_error(result, str(path), "not a regular file")
+
+
+@pytest.mark.parametrize("flag", ["--kubeconfig", "--otlp-certificate", "web-config cert_file"])
+def test_a_fifo_where_a_library_reads_the_file_is_one_line_exit_2(tmp_path: Path, flag: str) -> None:
+    # Was: serve hung for ever in the Kubernetes client's, the OTLP exporter's or ssl's own open().
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    args = ["serve", "--simulate", "--listen", "127.0.0.1:0"]
+    if flag == "--kubeconfig":
+        args += ["--kubeconfig", str(fifo)]
+    elif flag == "--otlp-certificate":
+        args += ["--otlp-endpoint", "https://127.0.0.1:4317", "--otlp-certificate", str(fifo)]
+    else:
+        web = tmp_path / "web.yml"
+        web.write_text(f"tls_server_config:\n  cert_file: {fifo}\n  key_file: {fifo}\n")
+        args += ["--web-config", str(web)]
+    result = subprocess.run([sys.executable, "-m", "dra_exporter.cli", *args], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert_one_line_error(result, str(fifo), "a FIFO (named pipe), not a regular file")
 
 
 def test_alias_bomb_is_refused_without_expanding(tmp_path: Path) -> None:
@@ -253,22 +349,28 @@ def test_bad_web_config_is_one_line_and_would_exit_2(tmp_path: Path, text: str, 
 # --- oversized kubelet answers ------------------------------------------------------------------------
 
 
-def test_kubelet_answer_over_16_mib_is_refused_and_the_last_good_view_kept(
-        caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("huge, needle", [
+    # Over the byte limit: refused by gRPC before anything is decoded.
+    (lambda: PodResourcesSnapshot((PodAllocation("team", "x" * (17 << 20)),)), f"max_message_bytes={MAX_ANSWER_BYTES}"),
+    # 100k pods in 1.7 MB: under any byte limit, but ~1 GiB once decoded into records (was accepted).
+    (lambda: PodResourcesSnapshot(tuple(PodAllocation("team", f"pod-{i}") for i in range(100_000))),
+     f"more than {MAX_PODS} pods"),
+], ids=["17-MiB-name", "100k-pods"])
+def test_an_oversized_kubelet_answer_is_refused_and_the_last_good_view_kept(
+        caplog: pytest.LogCaptureFixture, huge: Callable[[], PodResourcesSnapshot], needle: str) -> None:
     normal = PodResourcesSnapshot((PodAllocation("team", "good-pod", (ContainerAllocation("c", (ClaimUse(
         "team", "claim", (ClaimDevice("gpu.nvidia.com", "test-node", "gpu-0"),)),)),)),))
-    huge = PodResourcesSnapshot((PodAllocation("team", "x" * (17 << 20)),))
     answer = [normal]
     caplog.set_level(logging.WARNING)
     with SimulatedKubelet(lambda: answer[0]) as kubelet, \
             simulated(ATTRIBUTION, kubelet_socket=kubelet.socket_path) as rt:
         gpu0 = rt.sim.scenario.nvml_uuid("gpu-0")
         assert device_labels(rt.agent.cycle(collect_side=True))[gpu0]["pod"] == "good-pod"
-        answer[0] = huge
+        answer[0] = huge()
         frame = rt.agent.cycle(collect_side=True)
         assert source_up(frame, "podresources") == 0.0
         assert device_labels(frame)[gpu0]["pod"] == "good-pod", "the last good answer is kept"
-    assert f"max_message_bytes={16 << 20}" in caplog.text, "the production limit (16 MiB) applied"
+    assert needle in caplog.text, "the production limit applied, and the message names it"
 
 
 # --- docs/reliability.md stays honest ---------------------------------------------------------------

@@ -23,7 +23,12 @@ from dra_exporter.proto import api_pb2, api_pb2_grpc
 from dra_exporter.sim.kubelet import SimulatedKubelet
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.podresources import (
+    MAX_ANSWER_BYTES,
+    MAX_CONTAINERS,
+    MAX_DEVICES,
+    MAX_PODS,
     PodResourcesSource,
+    _decode,
     response_from_snapshot,
     snapshot_from_response,
 )
@@ -536,6 +541,93 @@ def test_oversize_answer_is_refused(serve, sock):
     with pytest.raises(SourceError, match="max_message_bytes=64"):
         src.collect()
     src.close()
+
+
+# --- how much one answer may cost -------------------------------------------------------------------
+
+
+def _pods(count: int, containers: int = 1, ids: int = 0, claims: int = 0) -> model.PodResourcesSnapshot:
+    """``count`` pods with realistic names and ``containers`` containers each; the first (the worker)
+    holds ``ids`` device-plugin GPUs and ``claims`` claims of one device (with its CDI name) each."""
+    def container(p: int, c: int) -> model.ContainerAllocation:
+        if c:
+            return model.ContainerAllocation(f"sidecar-{c}")
+        return model.ContainerAllocation(
+            "worker",
+            claims=tuple(model.ClaimUse(f"team-{p % 50:02d}", f"job-{p:05d}-gpu-{k}-x7k2p",
+                                        (dev(f"gpu-{k % 8}-mig-1g18gb-19-{k}", cdi(UID_TRAIN, f"{p}-{k}")),))
+                         for k in range(claims)),
+            plugin_devices=(model.PluginDevices("nvidia.com/gpu", tuple(
+                f"GPU-{p:08x}-{k:04x}-4e6f-8a9b-0c1d2e3f4a5b" for k in range(ids))),) if ids else ())
+    return model.PodResourcesSnapshot(tuple(
+        model.PodAllocation(f"team-{p % 50:02d}", f"training-job-{p:05d}-worker-abcde",
+                            tuple(container(p, c) for c in range(containers)))
+        for p in range(count)))
+
+
+@pytest.mark.parametrize("answer, needle", [
+    (lambda: _pods(MAX_PODS + 1), f"more than {MAX_PODS} pods"),
+    (lambda: _pods(MAX_CONTAINERS // 8 + 1, containers=8), f"more than {MAX_CONTAINERS} containers"),
+    (lambda: _pods(1, ids=MAX_DEVICES + 1), f"more than {MAX_DEVICES} device entries"),
+    (lambda: _pods(1, claims=MAX_DEVICES // 3 + 1), f"more than {MAX_DEVICES} device entries"),
+], ids=["pods", "containers", "device-plugin-ids", "claim-devices"])
+def test_answers_over_a_count_limit_are_refused_naming_the_limit_back_off_and_recover(
+        serve, sock, answer, needle):  # type: ignore[no-untyped-def]
+    # 100k pods fit under the old 16 MiB answer cap and cost hundreds of MB once decoded into
+    # records: counts are checked on the decoded message, before any record is built.
+    clock = FakeClock()
+    src = PodResourcesSource(sock, backoff=(0.5, 30.0), monotonic=clock)
+    current = [answer()]
+    kubelet = serve(lambda: current[0])
+    with pytest.raises(SourceError, match=needle) as err:
+        src.collect()
+    assert "kubelet answer" in str(err.value) and "next try in 0.5s" in str(err.value)
+    current[0] = SNAPSHOT
+    with pytest.raises(SourceError, match="backing off"):
+        src.collect()
+    assert kubelet.calls == 1, "no new call (and decode) while backing off"
+    clock.advance(0.5)
+    assert src.collect() == SNAPSHOT
+    src.close()
+
+
+def test_an_answer_at_every_count_limit_is_accepted_and_fits_the_byte_limit(serve, source):
+    # Exactly at the limits (not one over): every pod, container and device entry arrives, and the
+    # byte limit derived from the counts leaves room for it with long, realistic names.
+    containers = MAX_CONTAINERS // MAX_PODS
+    ids = MAX_DEVICES // MAX_PODS - 1  # the worker's device-plugin resource is an entry too
+    assert MAX_PODS * containers == MAX_CONTAINERS and MAX_PODS * (1 + ids) == MAX_DEVICES
+    snapshot = _pods(MAX_PODS, containers=containers, ids=ids)
+    response = response_from_snapshot(snapshot)
+    assert response.ByteSize() < MAX_ANSWER_BYTES
+    serve(lambda: snapshot)
+    got = source.collect()
+    assert len(got.pods) == MAX_PODS
+    assert sum(len(p.containers) for p in got.pods) == MAX_CONTAINERS
+    assert got == snapshot_from_response(response)
+
+
+def test_the_byte_limit_is_derived_from_the_count_limits():
+    # The receive limit bounds what decoding costs before any count can be checked (upb builds
+    # every sub-message at once: 16 MiB of empty containers took 576 MB): it is what an answer
+    # at every count limit takes with long names, not the 16 MiB a kubelet client allows.
+    assert PodResourcesSource("/nonexistent")._max_message_bytes == MAX_ANSWER_BYTES < 16 << 20
+    assert MAX_ANSWER_BYTES >= MAX_PODS * (253 + 63) + MAX_CONTAINERS * 63 + MAX_DEVICES * 63
+
+
+def test_empty_entries_under_the_byte_limit_are_refused_by_count_before_any_record():
+    # Two bytes per empty container: the cheapest records to ask for. 1.9 million of them fit
+    # under the byte limit; the count refuses them before snapshot_from_response runs.
+    pod = api_pb2.PodResources(name="p", namespace="n").SerializeToString() + b"\x1a\x00" * (MAX_ANSWER_BYTES // 2 - 64)
+    size, varint = len(pod), bytearray()
+    while size > 0x7F:
+        varint.append(size & 0x7F | 0x80)
+        size >>= 7
+    raw = b"\x0a" + bytes(varint) + bytes([size]) + pod  # field 1 (pod_resources), length-delimited
+    assert len(raw) <= MAX_ANSWER_BYTES
+    assert len(api_pb2.ListPodResourcesResponse.FromString(raw).pod_resources[0].containers) > 1_900_000
+    with pytest.raises(SourceError, match=f"more than {MAX_CONTAINERS} containers"):
+        _decode(raw)
 
 
 def test_unknown_fault_name_is_rejected(serve):

@@ -30,6 +30,7 @@ from typing import Any, Final
 import yaml
 
 from .. import model
+from ..boundedio import FileTooLargeError, read_text
 from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name, parse_nvidia_device_name
 from .profile import GPU_MODELS, GpuProfile, load_profile
 from .scenario import (
@@ -95,9 +96,9 @@ def _read_source(source: str | os.PathLike[str]) -> tuple[str, str]:
     path = Path(source)
     label = os.fspath(source)
     try:
-        if path.stat().st_size > _MAX_FILE_BYTES:
-            raise ScenarioError(f"{label}: file is larger than {_MAX_FILE_BYTES >> 20} MiB; not a scenario")
-        return label, path.read_text(encoding="utf-8")
+        return label, read_text(path, _MAX_FILE_BYTES)
+    except FileTooLargeError:
+        raise ScenarioError(f"{label}: file is larger than {_MAX_FILE_BYTES >> 20} MiB; not a scenario") from None
     except FileNotFoundError:
         raise ScenarioError(f"scenario {label!r}: no such file, and not a built-in scenario "
                             f"(built-ins: {', '.join(builtin_scenarios())})") from None

@@ -64,6 +64,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.util.re import parse_env_headers
 
 from .. import catalog, model
+from ..boundedio import require_regular_file
 
 Protocol = Literal["grpc", "http/protobuf"]
 PROTOCOLS: Final = ("grpc", "http/protobuf")
@@ -182,6 +183,11 @@ def build_exporter(settings: OtlpSettings) -> MetricExporter:
     for path in (settings.certificate_file, settings.client_certificate_file, settings.client_key_file):
         if path and not os.access(path, os.R_OK):
             raise OtlpConfigError(f"cannot read OTLP TLS file {path!r}: check the path and its permissions")
+        if path:
+            try:
+                require_regular_file(path)  # the SDK's own open would block on a FIFO for ever
+            except OSError as exc:
+                raise OtlpConfigError(f"cannot read OTLP TLS file {path!r}: {exc.strerror}") from None
     if settings.protocol == "grpc":
         return _grpc_exporter(settings)
     return _http_exporter(settings)

@@ -66,6 +66,8 @@ from typing import Any
 
 import yaml
 
+from ..boundedio import FileTooLargeError, read_bytes, require_regular_file
+
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")
 TLS_VERSIONS: Mapping[str, ssl.TLSVersion] = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
@@ -168,16 +170,15 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
 
 def _read(label: str) -> str:
     try:
-        with open(label, "rb") as f:
-            raw = f.read(_MAX_FILE_BYTES + 1)
+        raw = read_bytes(label, _MAX_FILE_BYTES)
+    except FileTooLargeError:
+        raise WebConfigError(f"web config {label}: larger than {_MAX_FILE_BYTES >> 20} MiB; not a web config") from None
     except FileNotFoundError:
         raise WebConfigError(f"web config {label}: no such file") from None
     except IsADirectoryError:
         raise WebConfigError(f"web config {label}: is a directory, not a YAML file") from None
     except OSError as e:
         raise WebConfigError(f"web config {label}: cannot read it: {e.strerror}") from None
-    if len(raw) > _MAX_FILE_BYTES:
-        raise WebConfigError(f"web config {label}: larger than {_MAX_FILE_BYTES >> 20} MiB; not a web config")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -406,8 +407,7 @@ def build_ssl_context(tls: TlsSettings, label: str = "") -> ssl.SSLContext:
 
 def _check_readable(prefix: str, key: str, path: str) -> None:
     try:
-        with open(path, "rb"):
-            pass
+        require_regular_file(path)  # ssl's own open would block on a FIFO for ever
     except FileNotFoundError:
         raise WebConfigError(f"{prefix}.{key}: {path}: no such file") from None
     except OSError as e:

@@ -14,8 +14,10 @@ Reliability rules, from how a real kubelet behaves:
 * the kubelet rate-limits this API (100 QPS, burst 10) and answers ``RESOURCE_EXHAUSTED``;
   that, ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` start an exponential backoff during which
   ``collect`` fails at once without calling the kubelet; one success resets it;
-* answers are untrusted: a size cap on the channel and our own decoding turn oversize or
-  corrupt data into a clear ``SourceError``;
+* answers are untrusted: a size cap on the channel, count limits checked on the decoded
+  message before any record is built (``MAX_PODS``, ``MAX_CONTAINERS``, ``MAX_DEVICES``) and
+  our own decoding turn oversize or corrupt data into a clear ``SourceError``; an answer over
+  a limit starts the backoff, as a likely repeat would cost a decode every cycle;
 * while a DRA driver rolls out, its kubelet plugin re-registers and the answer briefly lacks
   that driver's devices: a container that is still listed keeps the claims it had for up to
   ``CLAIM_GAP_GRACE_S`` (``_ClaimGapBridge``), so attribution does not flap.
@@ -48,10 +50,32 @@ LIST_METHOD = "/v1.PodResourcesLister/List"
 #: A plugin re-registers within seconds of a rollout; a pod's claims never change while it lives.
 CLAIM_GAP_GRACE_S: Final = 30.0
 
+# What one List answer may hold, far above any real node: a node runs at most 110 pods by default
+# and kubelets are rarely set beyond 250-1000 (``--max-pods``); kubelets before 1.34 list terminated
+# pods too. An answer over a count is refused before any record is built: 100k pods fit in 9.6 MB
+# on the wire but cost 282 MB in this source alone (benchmarks/kubelet_answer_memory.py).
+MAX_PODS: Final = 2_000
+MAX_CONTAINERS: Final = 8_000
+"""Containers of all pods together (init and sidecar containers included): 4 per pod at MAX_PODS."""
+MAX_DEVICES: Final = 8_000
+"""Device entries of all containers together: device-plugin resources and their ids, claim
+references, claim devices and CDI names (a node has tens of GPUs or MIG devices, and a few
+device-plugin resources)."""
+MAX_ANSWER_BYTES: Final = MAX_PODS * 512 + MAX_CONTAINERS * 128 + MAX_DEVICES * 256
+"""The gRPC receive limit (3.9 MiB): what an answer at every count limit takes with long names
+(a pod 512 bytes: its 253-character name and 63-character namespace; a container 128; a device
+entry 256). Decoding runs before any count can be checked, and upb builds every sub-message at
+once: 16 MiB of empty containers (2 bytes each) cost 610 MB (153 MB at this limit), so the kubelet client's usual
+16 MiB would let one answer cost more than the exporter's whole memory limit."""
+
 #: Status codes after which the kubelet is asked again only once the backoff expires.
 _BACKOFF_CODES = frozenset(
     {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 )
+
+
+class AnswerOverLimitError(SourceError):
+    """A ``List`` answer over ``MAX_PODS``, ``MAX_CONTAINERS`` or ``MAX_DEVICES``."""
 
 
 class PodResourcesSource:
@@ -66,7 +90,7 @@ class PodResourcesSource:
         timeout: float = 2.0,
         backoff: tuple[float, float] = (0.5, 30.0),
         monotonic: Callable[[], float] = time.monotonic,
-        max_message_bytes: int = 16 << 20,
+        max_message_bytes: int = MAX_ANSWER_BYTES,
         claim_grace: float = CLAIM_GAP_GRACE_S,
         logger: logging.Logger | None = None,
     ) -> None:
@@ -101,7 +125,12 @@ class PodResourcesSource:
             self._check_backoff()
             call = self._connect()
             raw = self._call_list(call)
-            snapshot = self._bridge.apply(_decode(raw), self._monotonic())
+            try:
+                snapshot = self._bridge.apply(_decode(raw), self._monotonic())
+            except AnswerOverLimitError as exc:
+                # Like an answer over the byte limit: the next one is likely as big, and each
+                # costs a decode; do not ask again every cycle.
+                raise SourceError(self._start_backoff(str(exc))) from None
             if self._failures:
                 self._log.info("podresources: kubelet answering again at %s", self.socket_path)
             self._failures = 0
@@ -280,7 +309,39 @@ def _decode(raw: Any) -> model.PodResourcesSnapshot:
             f"podresources: kubelet answered List with {len(raw)} bytes that are not a valid "
             f"ListPodResourcesResponse ({exc})"
         ) from None
+    _check_counts(response)
     return snapshot_from_response(response)
+
+
+def _check_counts(resp: api_pb2.ListPodResourcesResponse) -> None:
+    """Refuse an answer over ``MAX_PODS`` / ``MAX_CONTAINERS`` / ``MAX_DEVICES`` (pure).
+
+    Counts raw entries (repeated ones too: each costs work before they are merged), and a list
+    is walked only after its length was counted and checked, so checking costs at most the
+    limits, never the answer.
+    """
+    def refuse(what: str, limit: int, name: str) -> AnswerOverLimitError:
+        return AnswerOverLimitError(f"podresources: kubelet answer lists more than {limit} {what} "
+                                    f"({name}); refused, the last good view is kept")
+
+    if len(resp.pod_resources) > MAX_PODS:
+        raise refuse("pods", MAX_PODS, "MAX_PODS")
+    if sum(len(pod.containers) for pod in resp.pod_resources) > MAX_CONTAINERS:
+        raise refuse("containers", MAX_CONTAINERS, "MAX_CONTAINERS")
+    devices = 0
+    for pod in resp.pod_resources:
+        for ctr in pod.containers:
+            devices += len(ctr.devices) + len(ctr.dynamic_resources)
+            if devices > MAX_DEVICES:
+                raise refuse("device entries", MAX_DEVICES, "MAX_DEVICES")
+            devices += sum(len(group.device_ids) for group in ctr.devices)
+            for dyn in ctr.dynamic_resources:
+                devices += len(dyn.claim_resources)
+                if devices > MAX_DEVICES:
+                    raise refuse("device entries", MAX_DEVICES, "MAX_DEVICES")
+                devices += sum(len(res.cdi_devices) for res in dyn.claim_resources)
+            if devices > MAX_DEVICES:
+                raise refuse("device entries", MAX_DEVICES, "MAX_DEVICES")
 
 
 # --- pure conversions -------------------------------------------------------------------------
