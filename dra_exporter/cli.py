@@ -225,7 +225,7 @@ def _otlp_settings(kw: dict[str, Any]) -> Any:
 @_opt("--web-config", default=None, metavar="FILE",
       help="TLS, client certificates, basic auth and headers for the endpoint "
            "(the Prometheus exporter-toolkit web-config format).")
-@_opt("--stall-timeout", type=float, default=None, metavar="S",
+@_opt("--stall-timeout", type=FiniteFloat(min=0, min_open=True), default=None, metavar="S",
       help="Seconds without a finished collection cycle (a hung NVML call) after which NVML is reported "
            "down and /readyz fails; /healthz fails after as long again, so the kubelet restarts the pod "
            "[default: 10 intervals, at least 30].")

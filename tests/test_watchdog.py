@@ -189,10 +189,10 @@ def test_the_default_bound_is_ten_intervals_and_never_under_30_s() -> None:
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--stall-timeout", "nan"], "got nan"),
-    (["--stall-timeout", "inf"], "got inf"),
+    (["--stall-timeout", "nan"], "'nan' is not a finite number"),
+    (["--stall-timeout", "inf"], "'inf' is not a finite number"),
     (["--stall-timeout", "1.5", "--interval", "1"], "at least twice --interval (2 s)"),
-    (["--stall-timeout", "-3"], "got -3"),
+    (["--stall-timeout", "-3"], "-3"),
 ])
 def test_a_stall_timeout_that_cannot_tell_a_stall_from_a_cycle_is_refused(args: list[str], needle: str) -> None:
     result = CliRunner().invoke(cli.main, ["serve", "--simulate", *args])
