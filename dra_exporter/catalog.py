@@ -75,6 +75,7 @@ GPU_FP64_ACTIVE: Final = "dra_gpu_fp64_active_ratio"
 GPU_FP32_ACTIVE: Final = "dra_gpu_fp32_active_ratio"
 GPU_FP16_ACTIVE: Final = "dra_gpu_fp16_active_ratio"
 GPU_NVLINK_BYTES: Final = "dra_gpu_nvlink_bytes_total"
+GPU_PROCESSES: Final = "dra_gpu_processes"
 
 # --- per-container families (NVML processes + cgroups) -------------------------------------
 CONTAINER_GPU_MEMORY_USED: Final = "dra_container_gpu_memory_used_bytes"
@@ -171,6 +172,11 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
           otel_name="hw.gpu.fp16.active", otel_unit="1"),
     _spec(GPU_NVLINK_BYTES, "counter", "Bytes moved over NVLink since this exporter started (from GPM rates).",
           DEVICE_LABELS + ("direction",), otel_name="hw.gpu.nvlink.io", otel_unit="By"),
+    # The one activity signal NVML gives for MIG devices of GPUs without GPM (A100): the idle
+    # alert needs it per device, whether or not the processes' pods can be found.
+    _spec(GPU_PROCESSES, "gauge",
+          "Compute and graphics processes NVML lists on this device in the last cycle.",
+          otel_name="dra.gpu.processes", otel_unit="{process}"),
     _spec(CONTAINER_GPU_MEMORY_USED, "gauge",
           "Device memory used by the processes of one container on one device, in bytes.", CONTAINER_LABELS,
           otel_name="dra.container.gpu.memory.usage", otel_unit="By"),
