@@ -11,7 +11,8 @@
   committed in ``deploy/manifests/``.
 
 ``python3 tests/deploy_tools.py`` rewrites ``deploy/manifests/dra-exporter.yaml`` and the
-chart's copy of ``deploy/prometheus-rules.yaml`` after a change to the chart or the rules.
+chart's copies of ``deploy/prometheus-rules.yaml`` and ``dashboards/*.json`` after a change to
+the chart, the rules or the dashboards.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deploy" / "helm" / "dra-exporter"
 RULES = REPO / "deploy" / "prometheus-rules.yaml"
 CHART_RULES = CHART / "files" / "prometheus-rules.yaml"
+CHART_DASHBOARDS = CHART / "files" / "dashboards"
+DASHBOARDS = REPO / "dashboards"
 MANIFESTS = REPO / "deploy" / "manifests" / "dra-exporter.yaml"
 RELEASE = "dra-exporter"
 NAMESPACE = "monitoring"
@@ -175,9 +178,11 @@ _INSTALL_ORDER = (
     "ClusterRole",
     "ClusterRoleBinding",
     "ResourceClaimTemplate",
+    "ConfigMap",
     "Service",
     "DaemonSet",
     "ServiceMonitor",
+    "PodMonitor",
     "PrometheusRule",
 )
 
@@ -196,9 +201,14 @@ def manifests_text() -> str:
 def main() -> int:
     CHART_RULES.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RULES, CHART_RULES)
+    shutil.rmtree(CHART_DASHBOARDS, ignore_errors=True)
+    CHART_DASHBOARDS.mkdir(parents=True)
+    for dashboard in sorted(DASHBOARDS.glob("*.json")):
+        shutil.copyfile(dashboard, CHART_DASHBOARDS / dashboard.name)
     MANIFESTS.parent.mkdir(parents=True, exist_ok=True)
     MANIFESTS.write_text(manifests_text())
-    print(f"wrote {CHART_RULES.relative_to(REPO)} and {MANIFESTS.relative_to(REPO)}")
+    print(f"wrote {CHART_RULES.relative_to(REPO)}, {CHART_DASHBOARDS.relative_to(REPO)}/ and "
+          f"{MANIFESTS.relative_to(REPO)}")
     return 0
 
 

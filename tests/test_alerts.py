@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_tools import REPO, RULES, fault_scenario, require_tool, running_exporter
+from deploy_tools import CHART, REPO, RULES, fault_scenario, require_tool, running_exporter
 from promharness import PromServer, free_port, start_prometheus
 
 from dra_exporter import catalog as cat
@@ -23,6 +23,7 @@ from dra_exporter import catalog as cat
 RULE_TESTS = REPO / "deploy" / "prometheus-rules.test.yaml"
 OPERATING = REPO / "docs" / "operating.md"
 CRITICAL_XIDS = {"48", "63", "64", "74", "79", "92", "94", "95"}
+RUNBOOK_BASE = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["runbookBaseUrl"]
 
 
 def alerts() -> dict[str, dict[str, Any]]:
@@ -76,8 +77,9 @@ def test_every_alert_has_severity_summary_description_and_a_runbook_that_exists(
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
         notes = rule["annotations"]
         assert notes["summary"] and notes["description"], name
-        page, _, anchor = notes["runbook"].partition("#")
-        assert page == "docs/operating.md" and anchor in anchors, f"{name}: no section #{anchor} in {page}"
+        # Absolute, under the base the chart swaps for prometheusRule.runbookBaseUrl.
+        base, _, anchor = notes["runbook_url"].partition("#")
+        assert base == RUNBOOK_BASE and anchor in anchors, f"{name}: no section #{anchor} in docs/operating.md"
         assert anchor == f"runbook-{name.lower()}", name
 
 
@@ -128,7 +130,9 @@ def test_expressions_evaluate_on_the_simulated_node(prom: PromServer) -> None:
         "DraExporterSourceDown",
         "DraExporterDown",
         "DraExporterAbsent",
-        "DraClaimedGpuIdle",
+        "DraClaimIdle",
+        "DraDeviceUnhealthy",
+        "DraClaimDeviceConditionFalse",
     ):
         assert results[name] == [], f"{name} on a healthy demo node: {results[name]}"
 

@@ -25,7 +25,9 @@ import pytest
 import yaml
 from deploy_tools import (
     CHART,
+    CHART_DASHBOARDS,
     CHART_RULES,
+    DASHBOARDS,
     KUBE_VERSION,
     MANIFESTS,
     NAMESPACE,
@@ -59,7 +61,11 @@ EVERYTHING_ON = {
         "tls": {"secretName": "otlp-tls", "certKey": "tls.crt", "keyKey": "tls.key"},
     },
 }
-CRDS = {"ServiceMonitor", "PrometheusRule"}
+CRDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+CHART_RELABELINGS = [
+    {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "instance"},
+    {"targetLabel": "job", "replacement": "dra-exporter"},
+]
 
 
 def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -118,8 +124,10 @@ def test_manifests_are_the_charts_default_rendering() -> None:
             }
         },
         {"webConfig": {"enabled": True, "secretName": "web", "basicAuth": True}},
+        {"dashboards": {"enabled": True}, "podMonitor": {"enabled": True}},
     ],
-    ids=["defaults", "admin-access", "everything-on", "claim-v1beta2", "claim-v1beta1", "basic-auth"],
+    ids=["defaults", "admin-access", "everything-on", "claim-v1beta2", "claim-v1beta1", "basic-auth",
+         "dashboards-podmonitor"],
 )
 def test_rendered_objects_validate_against_kubernetes_1_34_strictly(values: dict[str, Any]) -> None:
     kv = require_module("kubernetes_validate", "kubernetes-validate")
@@ -274,6 +282,70 @@ def test_monitoring_objects_are_off_by_default_and_match_dashboards_and_rules_wh
     assert relabel["job"]["replacement"] == "dra-exporter"
     assert "node" not in relabel, "a node target label would clash with the node label of info series"
     assert 'up{job="dra-exporter"}' in RULES.read_text()
+
+
+def test_user_relabelings_are_appended_to_the_charts_own_on_service_and_pod_monitors() -> None:
+    mine = [{"sourceLabels": ["__meta_kubernetes_pod_label_team"], "targetLabel": "team"}]
+    drop = [{"sourceLabels": ["__name__"], "regex": "dra_gpu_clock_hertz", "action": "drop"}]
+    extra = {"relabelings": mine, "metricRelabelings": drop, "endpoint": {"honorLabels": True}}
+    values = {"serviceMonitor": {"enabled": True, **extra}, "podMonitor": {"enabled": True, **extra}}
+    kinds = {d["kind"]: d for d in render_chart(values)}
+    (service_endpoint,) = kinds["ServiceMonitor"]["spec"]["endpoints"]
+    (pod_endpoint,) = kinds["PodMonitor"]["spec"]["podMetricsEndpoints"]
+    for endpoint in (service_endpoint, pod_endpoint):
+        assert endpoint["relabelings"] == CHART_RELABELINGS + mine
+        assert endpoint["metricRelabelings"] == drop
+        assert endpoint["honorLabels"] is True and endpoint["port"] == "metrics"
+    assert kinds["PodMonitor"]["spec"]["selector"]["matchLabels"].items() <= (
+        kinds["DaemonSet"]["spec"]["template"]["metadata"]["labels"].items())
+    # Without user relabelings the chart's own stay alone; no empty metricRelabelings key.
+    (plain,) = by_kind(render_chart({"serviceMonitor": {"enabled": True}}))["ServiceMonitor"]["spec"]["endpoints"]
+    assert plain["relabelings"] == CHART_RELABELINGS and "metricRelabelings" not in plain
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+@pytest.mark.parametrize("key", ["relabelings", "metricRelabelings"])
+def test_relabelings_in_the_endpoint_field_are_refused_instead_of_replacing_the_charts(
+    monitor: str, key: str
+) -> None:
+    values = {monitor: {"enabled": True, "endpoint": {key: [{"targetLabel": "x", "replacement": "y"}]}}}
+    with pytest.raises(helm().HelmError, match=re.escape(f"set {monitor}.{key} instead")):
+        render_chart(values)
+
+
+def test_dashboards_ship_as_configmaps_for_the_grafana_sidecar() -> None:
+    assert not [d for d in render_chart() if d["kind"] == "ConfigMap"], "off by default"
+    values = {"dashboards": {"enabled": True, "annotations": {"grafana_folder": "GPUs"}}}
+    maps = [d for d in render_chart(values) if d["kind"] == "ConfigMap"]
+    committed = {p.name: p.read_text() for p in DASHBOARDS.glob("*.json")}
+    assert {p.name: p.read_text() for p in CHART_DASHBOARDS.glob("*.json")} == committed, (
+        "sync with: python3 tests/deploy_tools.py")
+    shipped = {}
+    for config_map in maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "GPUs"}
+        assert config_map["metadata"]["namespace"] == NAMESPACE
+        shipped.update(config_map["data"])
+    assert {name: json.loads(text) for name, text in shipped.items()} == {
+        name: json.loads(text) for name, text in committed.items()}
+    elsewhere = render_chart({"dashboards": {"enabled": True, "namespace": "grafana", "labels": {"dash": "x"}}})
+    labels = [d["metadata"] for d in elsewhere if d["kind"] == "ConfigMap"]
+    assert {m["namespace"] for m in labels} == {"grafana"} and all(m["labels"]["dash"] == "x" for m in labels)
+
+
+def test_runbook_links_are_absolute_under_a_configurable_base() -> None:
+    default = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["runbookBaseUrl"]
+    rules = yaml.safe_load(RULES.read_text())
+    urls = [r["annotations"]["runbook_url"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert urls and all(u.startswith(f"{default}#runbook-") for u in urls), "the rules use the chart's default"
+    base = "https://wiki.example.com/gpu/operating"
+    spec = by_kind(render_chart({"prometheusRule": {"enabled": True, "runbookBaseUrl": base + "/"}}))[
+        "PrometheusRule"]["spec"]
+    rendered = {r["alert"]: r["annotations"]["runbook_url"] for g in spec["groups"] for r in g["rules"]}
+    assert rendered == {r["alert"]: r["annotations"]["runbook_url"].replace(default, base)
+                        for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    with pytest.raises(helm().HelmError, match="runbookBaseUrl"):
+        render_chart({"prometheusRule": {"enabled": True, "runbookBaseUrl": "docs/operating.md"}})
 
 
 def test_otlp_and_web_config_options_reach_the_exporter_through_its_own_variables() -> None:
