@@ -327,6 +327,15 @@ DCGM_CATALOG: Final[tuple[DcgmSpec, ...]] = (
              GPU_FP16_ACTIVE, unit="ratio"),
 )
 DCGM_BY_NAME: Final[dict[str, DcgmSpec]] = {d.name: d for d in DCGM_CATALOG}
+#: Native families that ``--naming dcgm`` keeps beside their DCGM counterpart because the shipped
+#: alert rules (deploy/prometheus-rules.yaml) or dashboards (dashboards/) read them: alerting and
+#: every panel work under every naming. tests/test_alerts.py and tests/test_dashboards.py keep
+#: this list equal to what the rules and dashboards use.
+DCGM_KEPT_FOR_KIT: Final[frozenset[str]] = frozenset({
+    GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER, GPU_ENERGY, GPU_TEMPERATURE, GPU_MEMORY_TEMPERATURE,
+    GPU_CLOCK, GPU_PCIE_REPLAYS, GPU_REMAPPED_ROWS, GPU_ROW_REMAP_FAILURE, GPU_XID_ERRORS, GPU_SM_ACTIVE,
+    GPU_TENSOR_ACTIVE, GPU_DRAM_ACTIVE, GPU_NVLINK_BYTES,
+})
 #: dcgm-exporter default counters with no native source, and why (README, naming.py).
 DCGM_LEFT_OUT: Final[tuple[tuple[str, str], ...]] = (
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "no native source: NVML's GPU utilisation samples kernels, GPM's SM "

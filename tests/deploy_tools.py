@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,6 +144,21 @@ def running_exporter(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate(timeout=20)
+
+
+def chart_exporter_env(values: dict[str, Any]) -> dict[str, str]:
+    """The plain ``DRA_EXPORTER_*`` variables the chart's DaemonSet sets with ``values``: run the
+    simulated exporter with them to see what the chart's exporter would publish."""
+    (daemonset,) = [d for d in render_chart(values) if d["kind"] == "DaemonSet"]
+    (main,) = daemonset["spec"]["template"]["spec"]["containers"]
+    wanted = ("DRA_EXPORTER_NAMING",)
+    return {e["name"]: e["value"] for e in main["env"] if e["name"] in wanted and "value" in e}
+
+
+def kit_native_families() -> set[str]:
+    """Every native family the shipped alert rules and dashboards query."""
+    texts = [RULES.read_text()] + [p.read_text() for p in sorted(DASHBOARDS.glob("*.json"))]
+    return set(re.findall(r"\bdra_[a-z0-9_]+", " ".join(texts)))
 
 
 # --- the Helm chart ---------------------------------------------------------------------------
