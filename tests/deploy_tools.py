@@ -21,6 +21,7 @@ import importlib
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -94,8 +95,10 @@ def fault_scenario(directory: Path) -> Path:
 
 
 def _get(url: str) -> int:
+    # Readiness of our own test server: its certificate is a throw-away one.
+    context = ssl._create_unverified_context() if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5, context=context) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -109,8 +112,12 @@ def running_exporter(
     interval: float = 0.5,
     command: list[str] | None = None,
     env: dict[str, str] | None = None,
+    scheme: str = "http",
 ) -> Iterator[int]:
-    """Run ``serve --simulate`` until the block ends; yields the port once /readyz says 200."""
+    """Run ``serve --simulate`` until the block ends; yields the port once /readyz says 200.
+
+    With ``command`` (an installed program) the exporter runs without this process's
+    ``PYTHONPATH``, so it is that program's package that runs, not the checkout's."""
     argv = (command or [sys.executable, "-m", "dra_exporter.cli"]) + [
         "serve",
         "--simulate",
@@ -120,8 +127,9 @@ def running_exporter(
         "--interval",
         str(interval),
     ]
+    inherited = {k: v for k, v in os.environ.items() if not (command and k == "PYTHONPATH")}
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**inherited, **(env or {})}
     )
     try:
         deadline = time.monotonic() + 60
@@ -129,7 +137,7 @@ def running_exporter(
             if proc.poll() is not None:
                 raise AssertionError(f"exporter exited with {proc.returncode}: {proc.communicate()[0]}")
             try:
-                if _get(f"http://127.0.0.1:{port}/readyz") == 200:
+                if _get(f"{scheme}://127.0.0.1:{port}/readyz") == 200:
                     break
             except OSError:
                 pass

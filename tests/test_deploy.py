@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -460,10 +462,19 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (wheel,) = dist.glob("dra_exporter-*.whl")
     venv = work / "venv"
-    # The dependencies come from this machine's site-packages: no network in tests.
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
-    )
+    # The dependencies come from the running interpreter's environment (no network in tests):
+    # its site-packages, appended to the new venv's path by a .pth file. That is this venv's
+    # when the tests run in one (`--system-site-packages` would give the base interpreter's);
+    # a path line in a .pth file loads none of the .pth files there, so an editable install of
+    # the package in that environment stays out, and PYTHONPATH is dropped below.
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    isolated = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    purelib = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True, timeout=60, env=isolated,
+    ).stdout.strip()
+    outer = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    (Path(purelib) / "outer-environment.pth").write_text("".join(f"{p}\n" for p in outer))
     subprocess.run(
         [
             str(venv / "bin" / "python"),
@@ -479,14 +490,16 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         timeout=300,
         capture_output=True,
+        env=isolated,
     )
     where = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import dra_exporter; print(dra_exporter.__file__)"],
+        [str(venv / "bin" / "python"), "-c", "import dra_exporter, opentelemetry.sdk; print(dra_exporter.__file__)"],
         check=True,
         capture_output=True,
         text=True,
         cwd=work,
         timeout=60,
+        env=isolated,
     ).stdout
     assert where.startswith(str(venv)), f"the venv imports {where}, not the wheel"
     return venv
@@ -502,36 +515,59 @@ def test_image_entrypoint_runs_from_the_installed_wheel(installed_wheel: Path) -
         timeout=60,
         cwd=installed_wheel,
         check=False,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     assert proc.returncode == 0, proc.stderr
     assert "--listen" in proc.stdout and "DRA_EXPORTER_LISTEN" in proc.stdout
 
 
-def test_image_healthcheck_passes_against_serving_exporter_and_fails_without_one(
-    installed_wheel: Path,
-) -> None:
-    healthcheck = dockerfile_json_instruction("HEALTHCHECK")
-    assert healthcheck[0] == "python"
-    python = str(installed_wheel / "bin" / "python")
-    port = free_port()
-    listen = {"DRA_EXPORTER_LISTEN": f"127.0.0.1:{port}"}
-    program = [str(installed_wheel / "bin" / "dra-exporter")]
-    with running_exporter("demo", port, command=program, env=listen):
-        ok = subprocess.run(
-            [python, *healthcheck[1:]],
-            env={**listen, "PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        assert ok.returncode == 0, ok.stderr
-    down = subprocess.run(
-        [python, *healthcheck[1:]],
-        env={"DRA_EXPORTER_LISTEN": f"0.0.0.0:{free_port()}"},
+def test_image_sets_what_the_nvidia_runtime_needs_to_inject_the_gpus() -> None:
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    (env_line,) = [line for line in text.splitlines() if line.startswith("ENV ")]
+    assert "NVIDIA_VISIBLE_DEVICES=all" in env_line.split()
+    assert "NVIDIA_DRIVER_CAPABILITIES=utility" in env_line.split(), "NVML is in the utility libraries"
+
+
+def _healthcheck(venv: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = dockerfile_json_instruction("HEALTHCHECK")
+    return subprocess.run(
+        [str(venv / "bin" / command[0]), *command[1:]],
+        env={**env, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
-    assert down.returncode != 0
+
+
+def test_image_healthcheck_passes_against_serving_exporter_and_fails_without_one(
+    installed_wheel: Path,
+) -> None:
+    assert dockerfile_json_instruction("HEALTHCHECK") == ["dra-exporter", "healthcheck"]
+    port = free_port()
+    listen = {"DRA_EXPORTER_LISTEN": f"127.0.0.1:{port}"}
+    program = [str(installed_wheel / "bin" / "dra-exporter")]
+    with running_exporter("demo", port, command=program, env=listen):
+        ok = _healthcheck(installed_wheel, listen)
+        assert ok.returncode == 0, ok.stderr
+    down = _healthcheck(installed_wheel, {"DRA_EXPORTER_LISTEN": f"0.0.0.0:{free_port()}"})
+    assert down.returncode == 1 and "unhealthy" in down.stderr and "Traceback" not in down.stderr
+
+
+def test_image_healthcheck_speaks_https_when_the_web_config_turns_tls_on(
+    installed_wheel: Path, tmp_path: Path
+) -> None:
+    from certs import make_pki
+
+    pki = make_pki(tmp_path)
+    web = tmp_path / "web-config.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n")
+    port = free_port()
+    env = {"DRA_EXPORTER_LISTEN": f"127.0.0.1:{port}", "DRA_EXPORTER_WEB_CONFIG": str(web)}
+    with running_exporter("demo", port, command=[str(installed_wheel / "bin" / "dra-exporter")], env=env,
+                          scheme="https"):
+        ok = _healthcheck(installed_wheel, env)
+        assert ok.returncode == 0, ok.stderr
+        # The old plain-HTTP check against the same exporter: what the image used to do.
+        plain = _healthcheck(installed_wheel, {"DRA_EXPORTER_LISTEN": env["DRA_EXPORTER_LISTEN"]})
+        assert plain.returncode == 1, "plain HTTP must not pass against a TLS endpoint"
