@@ -378,9 +378,11 @@ DEVICE_LEGEND = "{{instance}} GPU {{gpu}} {{profile}} {{claim}}"
 def overview() -> Dashboard:
     allocated = f"count({cat.GPU_UP}{sel(CLAIMED)})"
     unallocated = f"count({cat.GPU_UP}{sel(UNCLAIMED)} {ALLOCATABLE})"
+    # The alert's notion of busy (activity()), over its window.
     idle = (
         f"count((max_over_time({cat.GPU_UTILIZATION}{sel(CLAIMED)}[{IDLE_WINDOW}]) or "
-        f"max_over_time({cat.GPU_SM_ACTIVE}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}])) < {IDLE_RATIO})"
+        f"max_over_time({cat.GPU_SM_ACTIVE}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}]) or "
+        f"max_over_time({cat.GPU_PROCESSES}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}])) < {IDLE_RATIO})"
     )
     fleet = Row(
         "Fleet",
