@@ -18,10 +18,15 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="dra-exporter" \
       org.opencontainers.image.description="GPU metrics for Kubernetes DRA, labelled by claim, pod, container and MIG partition" \
       org.opencontainers.image.licenses="Apache-2.0"
+# NVIDIA_*: what the NVIDIA container runtime (docker run --runtime=nvidia, or a RuntimeClass)
+# reads to inject the GPUs and the driver's libraries; NVML is in the "utility" ones. A DRA
+# claim's CDI spec injects its devices without them.
 ENV PATH=/opt/dra-exporter/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    DRA_EXPORTER_LISTEN=0.0.0.0:9401
+    DRA_EXPORTER_LISTEN=0.0.0.0:9401 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=utility
 COPY --from=build /dist /dist
 # The wheel carries its dependency ranges (pyproject.toml); pip resolves them here.
 RUN python -m venv /opt/dra-exporter \
@@ -36,9 +41,10 @@ RUN python -m venv /opt/dra-exporter \
 USER 65532:65532
 EXPOSE 9401
 
-# No curl in a slim image: Python asks /healthz on the port the exporter listens on.
+# No curl in a slim image: the exporter asks its own /healthz, reading the same
+# DRA_EXPORTER_LISTEN and DRA_EXPORTER_WEB_CONFIG as `serve` (HTTPS when the web-config has TLS).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('DRA_EXPORTER_LISTEN', '0.0.0.0:9401').rsplit(':', 1)[1]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=4)"]
+    CMD ["dra-exporter", "healthcheck"]
 
 ENTRYPOINT ["dra-exporter"]
 CMD ["serve"]

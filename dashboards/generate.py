@@ -79,6 +79,15 @@ def busy(*matchers: str) -> str:
     return f"({cat.GPU_UTILIZATION}{sel(*matchers)} or {cat.GPU_SM_ACTIVE}{sel(*matchers, MIG)})"
 
 
+def activity(*matchers: str) -> str:
+    """What the idle alert (DraClaimIdle) calls busy, per device: NVML utilisation, else GPM SM
+    activity (MIG), else the processes on a MIG device (GPUs without GPM: A100). At or above
+    ``IDLE_RATIO`` a device is in use; the three carry the same labels, so ``or`` keeps one each.
+    """
+    return (f"({cat.GPU_UTILIZATION}{sel(*matchers)} or {cat.GPU_SM_ACTIVE}{sel(*matchers, MIG)} "
+            f"or {cat.GPU_PROCESSES}{sel(*matchers, MIG)})")
+
+
 # Whole GPUs and MIG devices a claim can hold: a MIG-enabled GPU is only a parent.
 ALLOCATABLE = f"unless on (uuid) {cat.GPU_INFO}{{{eq('mig_mode', 'enabled')}}}"
 
@@ -111,7 +120,12 @@ class Panel:
     height: int = 8
     max: float | None = None
     columns: tuple[str, ...] = ()
-    """For tables: the label columns to show, in order (everything else is hidden)."""
+    """For tables: the label columns to show, in order (everything else is hidden). A table of
+    several targets merges them on their labels; their values are columns ``Value #A``, …"""
+    renames: tuple[tuple[str, str], ...] = ()
+    """For tables: column → header shown."""
+    field_units: tuple[tuple[str, str], ...] = ()
+    """Column → unit, where it differs from ``unit``."""
     content: str = ""
     """Markdown of a text panel."""
     thresholds: tuple[tuple[float, str], ...] = ()
@@ -194,17 +208,18 @@ def _target_json(target: Target, ref: str) -> dict[str, Any]:
     return out
 
 
-def _table_transform(columns: Sequence[str]) -> list[dict[str, Any]]:
+def _table_transform(panel: Panel) -> list[dict[str, Any]]:
     # Instant table queries return Time, every label and Value; keep what the title promises.
-    wanted = list(columns) + ["Value"]
-    return [
+    merged = len(panel.targets) > 1
+    wanted = list(panel.columns) + ([] if merged else ["Value"])
+    return [{"id": "merge", "options": {}}] * merged + [
         {
             "id": "organize",
             "options": {
                 "excludeByName": {"Time": True, "__name__": True, "job": True},
                 "indexByName": {name: i for i, name in enumerate(wanted)},
                 "includeByName": {name: True for name in wanted},
-                "renameByName": {},
+                "renameByName": dict(panel.renames),
             },
         }
     ]
@@ -226,7 +241,13 @@ def _panel_json(panel: Panel, pid: int, pos: dict[str, int]) -> dict[str, Any]:
         defaults.update(min=0, max=panel.max)
     out.update(
         datasource=DS,
-        fieldConfig={"defaults": defaults, "overrides": []},
+        fieldConfig={
+            "defaults": defaults,
+            "overrides": [
+                {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
+                for name, unit in panel.field_units
+            ],
+        },
         targets=[_target_json(tg, chr(ord("A") + i)) for i, tg in enumerate(panel.targets)],
     )
     if panel.kind == "timeseries":
@@ -250,7 +271,7 @@ def _panel_json(panel: Panel, pid: int, pos: dict[str, int]) -> dict[str, Any]:
         }
     elif panel.kind == "table":
         out["options"] = {"showHeader": True, "cellHeight": "sm"}
-        out["transformations"] = _table_transform(panel.columns) if panel.columns else []
+        out["transformations"] = _table_transform(panel) if panel.columns else []
     return out
 
 
@@ -357,9 +378,11 @@ DEVICE_LEGEND = "{{instance}} GPU {{gpu}} {{profile}} {{claim}}"
 def overview() -> Dashboard:
     allocated = f"count({cat.GPU_UP}{sel(CLAIMED)})"
     unallocated = f"count({cat.GPU_UP}{sel(UNCLAIMED)} {ALLOCATABLE})"
+    # The alert's notion of busy (activity()), over its window.
     idle = (
         f"count((max_over_time({cat.GPU_UTILIZATION}{sel(CLAIMED)}[{IDLE_WINDOW}]) or "
-        f"max_over_time({cat.GPU_SM_ACTIVE}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}])) < {IDLE_RATIO})"
+        f"max_over_time({cat.GPU_SM_ACTIVE}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}]) or "
+        f"max_over_time({cat.GPU_PROCESSES}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}])) < {IDLE_RATIO})"
     )
     fleet = Row(
         "Fleet",
@@ -502,6 +525,7 @@ def claims() -> Dashboard:
         f"{sel(eq('admin_access', 'false'), rx('namespace', '$namespace'))}, claim)",
     )
     c = (rx("namespace", "$namespace"), rx("claim", "$claim"), CLAIMED)
+    allocations = f"{cat.CLAIM_ALLOCATION_INFO}{sel(eq('admin_access', 'false'), *c)}"
     by_ns = "{{namespace}}"
     per_namespace = Row(
         "Per namespace",
@@ -576,6 +600,30 @@ def claims() -> Dashboard:
                 ),
                 "Mean board power of each claim's whole GPUs, from the energy counter.",
                 "watt",
+            ),
+            Panel(
+                "Idle claims",
+                "table",
+                (
+                    tab(f"count by ({NODE_LABEL}, namespace, claim) ({allocations})"),
+                    tab(f"count by ({NODE_LABEL}, namespace, claim) "
+                        f"(group by ({NODE_LABEL}, namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO}{sel(*c)}))"),
+                    tab(f"time() - max by ({NODE_LABEL}, namespace, claim) ("
+                        f"max_over_time((timestamp(max by ({NODE_LABEL}, namespace, claim) ({activity(*c)}) "
+                        f">= {IDLE_RATIO}))[$__range:$__interval]) "
+                        f"or min_over_time((timestamp(group by ({NODE_LABEL}, namespace, claim) "
+                        f"({allocations})))[$__range:$__interval]))"),
+                ),
+                f"Every claim with its devices and pods, and how long ago any of its devices was last in use "
+                f"(utilisation ≥ {IDLE_RATIO:.0%}; MIG devices: GPM SM activity, or a process where the GPU "
+                f"has no GPM), within the dashboard's time range; since the claim appeared if it never was. Sort "
+                f"by idle for: the DraClaimIdle alert fires after two hours.",
+                "s",
+                columns=(NODE_LABEL, "namespace", "claim", "Value #B", "Value #A", "Value #C"),
+                renames=(("Value #A", "devices"), ("Value #B", "pods"), ("Value #C", "idle for")),
+                field_units=(("Value #A", "short"), ("Value #B", "short")),
+                thresholds=((3600, "orange"), (7200, "red")),
+                width=24,
             ),
             Panel(
                 "Devices of each claim",

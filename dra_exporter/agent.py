@@ -117,7 +117,7 @@ class SourceRunner:
             self._snapshot = snapshot
             self._health = SourceHealth(self.name, True, duration, self._health.errors_total, self._wall_clock())
         if self._last_error:
-            log.info("source recovered", extra={"source": self.name})
+            log.info("source %s recovered", self.name, extra={"source": self.name})
             self._last_error = ""
 
     def _failed(self, exc: Exception, duration: float) -> None:

@@ -75,6 +75,7 @@ GPU_FP64_ACTIVE: Final = "dra_gpu_fp64_active_ratio"
 GPU_FP32_ACTIVE: Final = "dra_gpu_fp32_active_ratio"
 GPU_FP16_ACTIVE: Final = "dra_gpu_fp16_active_ratio"
 GPU_NVLINK_BYTES: Final = "dra_gpu_nvlink_bytes_total"
+GPU_PROCESSES: Final = "dra_gpu_processes"
 
 # --- per-container families (NVML processes + cgroups) -------------------------------------
 CONTAINER_GPU_MEMORY_USED: Final = "dra_container_gpu_memory_used_bytes"
@@ -174,6 +175,11 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
           otel_name="hw.gpu.fp16.active", otel_unit="1"),
     _spec(GPU_NVLINK_BYTES, "counter", "Bytes moved over NVLink since this exporter started (from GPM rates).",
           DEVICE_LABELS + ("direction",), otel_name="hw.gpu.nvlink.io", otel_unit="By"),
+    # The one activity signal NVML gives for MIG devices of GPUs without GPM (A100): the idle
+    # alert needs it per device, whether or not the processes' pods can be found.
+    _spec(GPU_PROCESSES, "gauge",
+          "Compute and graphics processes NVML lists on this device in the last cycle.",
+          otel_name="dra.gpu.processes", otel_unit="{process}"),
     _spec(CONTAINER_GPU_MEMORY_USED, "gauge",
           "Device memory used by the processes of one container on one device, in bytes.", CONTAINER_LABELS,
           otel_name="dra.container.gpu.memory.usage", otel_unit="By"),
@@ -340,6 +346,15 @@ DCGM_CATALOG: Final[tuple[DcgmSpec, ...]] = (
              GPU_FP16_ACTIVE, unit="ratio"),
 )
 DCGM_BY_NAME: Final[dict[str, DcgmSpec]] = {d.name: d for d in DCGM_CATALOG}
+#: Native families that ``--naming dcgm`` keeps beside their DCGM counterpart because the shipped
+#: alert rules (deploy/prometheus-rules.yaml) or dashboards (dashboards/) read them: alerting and
+#: every panel work under every naming. tests/test_alerts.py and tests/test_dashboards.py keep
+#: this list equal to what the rules and dashboards use.
+DCGM_KEPT_FOR_KIT: Final[frozenset[str]] = frozenset({
+    GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER, GPU_ENERGY, GPU_TEMPERATURE, GPU_MEMORY_TEMPERATURE,
+    GPU_CLOCK, GPU_PCIE_REPLAYS, GPU_REMAPPED_ROWS, GPU_ROW_REMAP_FAILURE, GPU_XID_ERRORS, GPU_SM_ACTIVE,
+    GPU_TENSOR_ACTIVE, GPU_DRAM_ACTIVE, GPU_NVLINK_BYTES,
+})
 #: dcgm-exporter default counters with no native source, and why (README, naming.py).
 DCGM_LEFT_OUT: Final[tuple[tuple[str, str], ...]] = (
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "no native source: NVML's GPU utilisation samples kernels, GPM's SM "

@@ -300,5 +300,20 @@ def doctor(log_level: str, **kw: Any) -> None:
     sys.exit(1 if any(f.level == "FAIL" for f in findings) else 0)
 
 
+@main.command()
+@_opt("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
+      help="The address the exporter listens on.")
+@_opt("--web-config", default=None, metavar="FILE", help="The exporter's web-config (TLS: ask over HTTPS).")
+@_user_errors
+def healthcheck(listen: str, web_config: str | None) -> None:
+    """Ask the exporter on this machine for /healthz (the image's HEALTHCHECK); exit 1 when unhealthy."""
+    from .healthcheck import check
+
+    problem = check(listen, web_config)
+    if problem:
+        click.echo(f"unhealthy: {problem}", err=True)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

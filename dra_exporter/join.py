@@ -28,7 +28,7 @@ API server's view (``ClusterSnapshot``, optional) adds what only it knows:
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -187,8 +187,10 @@ def join(inp: JoinInput) -> Frame:
         _cluster_families(out, cluster, resolver)
         _health_families(out, cluster, pods, view)
     if inp.nvml:
+        processes = Counter(proc.uuid for proc in inp.nvml.processes)
         for sample in inp.nvml.devices:
-            _device_families(out, sample, _attribution(consumers.get(sample.device.uuid, ())))
+            _device_families(out, sample, _attribution(consumers.get(sample.device.uuid, ())),
+                             processes[sample.device.uuid])
         if inp.owners is not None:
             _container_families(out, inp.nvml.processes, inp.owners, view, consumers)
     _self_families(out, inp)
@@ -315,7 +317,7 @@ def _only(values: set[str]) -> str:
 # --- families -----------------------------------------------------------------------------------
 
 
-def _device_families(out: _Builder, sample: DeviceSample, attribution: Labels) -> None:
+def _device_families(out: _Builder, sample: DeviceSample, attribution: Labels, processes: int) -> None:
     dev = sample.device
     out.add(cat.GPU_INFO, (
         ("uuid", dev.uuid), ("gpu", str(dev.index)), ("model", dev.model), ("pci_bus_id", dev.pci_bus_id),
@@ -328,6 +330,8 @@ def _device_families(out: _Builder, sample: DeviceSample, attribution: Labels) -
     base = (("uuid", dev.uuid), ("gpu", str(dev.index)), ("profile", dev.profile),
             ("parent_uuid", dev.parent_uuid), *attribution)
     out.add(cat.GPU_UP, base, 1 if sample.up else 0)
+    if sample.up:
+        out.add(cat.GPU_PROCESSES, base, processes)
     for reading in sample.readings:
         out.add(reading.metric, base + reading.labels, reading.value)
 

@@ -4,9 +4,10 @@ Contract (pure: Frame in, Frame out, no I/O):
 
 - ``native`` returns the frame unchanged.
 - ``dcgm`` adds one DCGM family per ``catalog.DCGM_CATALOG`` entry and drops the native families
-  they are computed from (``DcgmSpec.source``); every other native family — DRA claims and devices,
-  per-container shares, ECC, throttling, PCIe bytes, self-metrics, ``dra_gpu_info``/``dra_gpu_up``
-  — stays under its native name, so nothing the exporter knows is lost.
+  they are computed from (``DcgmSpec.source``) except those the shipped alerts and dashboards read
+  (``catalog.DCGM_KEPT_FOR_KIT``: they must keep working under every naming); every other native
+  family — DRA claims and devices, per-container shares, ECC, throttling, PCIe bytes, self-metrics,
+  ``dra_gpu_info``/``dra_gpu_up`` — stays under its native name, so nothing the exporter knows is lost.
 - ``both`` adds the DCGM families beside all native ones.
 
 Each native device series gives one DCGM series (no values copied): a MIG device's series carries
@@ -37,7 +38,7 @@ Naming = Literal["native", "dcgm", "both"]
 NAMINGS: Final[tuple[str, ...]] = ("native", "dcgm", "both")
 
 #: Native families the ``dcgm`` naming replaces by their DCGM counterpart.
-REPLACED: Final[frozenset[str]] = frozenset(d.source for d in cat.DCGM_CATALOG)
+REPLACED: Final[frozenset[str]] = frozenset(d.source for d in cat.DCGM_CATALOG) - cat.DCGM_KEPT_FOR_KIT
 
 
 @dataclass

@@ -258,8 +258,9 @@ def serve(settings: Settings, *, stop: threading.Event | None = None) -> None:
     if settings.otlp is not None:
         log.info("pushing OTLP (%s) to %s every %ss", settings.otlp.protocol,
                  settings.otlp.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint", settings.otlp.interval)
-    log.info("collecting every %ss%s", settings.interval,
-             f" on simulated node '{settings.simulate}'" if settings.simulate is not None else "")
+    # The node is what the series describe; the scenario only says where a simulated one came from.
+    log.info("collecting every %ss on node '%s'%s", settings.interval, node_name(settings, runtime.sim),
+             f" (simulated from scenario {settings.simulate})" if settings.simulate is not None else "")
     try:
         runtime.agent.start()
         # Settle once start-up is over (the first frame is out, clients exist); if the first

@@ -11,14 +11,17 @@
   committed in ``deploy/manifests/``.
 
 ``python3 tests/deploy_tools.py`` rewrites ``deploy/manifests/dra-exporter.yaml`` and the
-chart's copy of ``deploy/prometheus-rules.yaml`` after a change to the chart or the rules.
+chart's copies of ``deploy/prometheus-rules.yaml`` and ``dashboards/*.json`` after a change to
+the chart, the rules or the dashboards.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -37,6 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deploy" / "helm" / "dra-exporter"
 RULES = REPO / "deploy" / "prometheus-rules.yaml"
 CHART_RULES = CHART / "files" / "prometheus-rules.yaml"
+CHART_DASHBOARDS = CHART / "files" / "dashboards"
+DASHBOARDS = REPO / "dashboards"
 MANIFESTS = REPO / "deploy" / "manifests" / "dra-exporter.yaml"
 RELEASE = "dra-exporter"
 NAMESPACE = "monitoring"
@@ -90,8 +95,10 @@ def fault_scenario(directory: Path) -> Path:
 
 
 def _get(url: str) -> int:
+    # Readiness of our own test server: its certificate is a throw-away one.
+    context = ssl._create_unverified_context() if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5, context=context) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -105,8 +112,12 @@ def running_exporter(
     interval: float = 0.5,
     command: list[str] | None = None,
     env: dict[str, str] | None = None,
+    scheme: str = "http",
 ) -> Iterator[int]:
-    """Run ``serve --simulate`` until the block ends; yields the port once /readyz says 200."""
+    """Run ``serve --simulate`` until the block ends; yields the port once /readyz says 200.
+
+    With ``command`` (an installed program) the exporter runs without this process's
+    ``PYTHONPATH``, so it is that program's package that runs, not the checkout's."""
     argv = (command or [sys.executable, "-m", "dra_exporter.cli"]) + [
         "serve",
         "--simulate",
@@ -116,8 +127,9 @@ def running_exporter(
         "--interval",
         str(interval),
     ]
+    inherited = {k: v for k, v in os.environ.items() if not (command and k == "PYTHONPATH")}
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**inherited, **(env or {})}
     )
     try:
         deadline = time.monotonic() + 60
@@ -125,7 +137,7 @@ def running_exporter(
             if proc.poll() is not None:
                 raise AssertionError(f"exporter exited with {proc.returncode}: {proc.communicate()[0]}")
             try:
-                if _get(f"http://127.0.0.1:{port}/readyz") == 200:
+                if _get(f"{scheme}://127.0.0.1:{port}/readyz") == 200:
                     break
             except OSError:
                 pass
@@ -140,6 +152,21 @@ def running_exporter(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate(timeout=20)
+
+
+def chart_exporter_env(values: dict[str, Any]) -> dict[str, str]:
+    """The plain ``DRA_EXPORTER_*`` variables the chart's DaemonSet sets with ``values``: run the
+    simulated exporter with them to see what the chart's exporter would publish."""
+    (daemonset,) = [d for d in render_chart(values) if d["kind"] == "DaemonSet"]
+    (main,) = daemonset["spec"]["template"]["spec"]["containers"]
+    wanted = ("DRA_EXPORTER_NAMING",)
+    return {e["name"]: e["value"] for e in main["env"] if e["name"] in wanted and "value" in e}
+
+
+def kit_native_families() -> set[str]:
+    """Every native family the shipped alert rules and dashboards query."""
+    texts = [RULES.read_text()] + [p.read_text() for p in sorted(DASHBOARDS.glob("*.json"))]
+    return set(re.findall(r"\bdra_[a-z0-9_]+", " ".join(texts)))
 
 
 # --- the Helm chart ---------------------------------------------------------------------------
@@ -175,9 +202,11 @@ _INSTALL_ORDER = (
     "ClusterRole",
     "ClusterRoleBinding",
     "ResourceClaimTemplate",
+    "ConfigMap",
     "Service",
     "DaemonSet",
     "ServiceMonitor",
+    "PodMonitor",
     "PrometheusRule",
 )
 
@@ -196,9 +225,14 @@ def manifests_text() -> str:
 def main() -> int:
     CHART_RULES.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RULES, CHART_RULES)
+    shutil.rmtree(CHART_DASHBOARDS, ignore_errors=True)
+    CHART_DASHBOARDS.mkdir(parents=True)
+    for dashboard in sorted(DASHBOARDS.glob("*.json")):
+        shutil.copyfile(dashboard, CHART_DASHBOARDS / dashboard.name)
     MANIFESTS.parent.mkdir(parents=True, exist_ok=True)
     MANIFESTS.write_text(manifests_text())
-    print(f"wrote {CHART_RULES.relative_to(REPO)} and {MANIFESTS.relative_to(REPO)}")
+    print(f"wrote {CHART_RULES.relative_to(REPO)}, {CHART_DASHBOARDS.relative_to(REPO)}/ and "
+          f"{MANIFESTS.relative_to(REPO)}")
     return 0
 
 

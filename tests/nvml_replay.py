@@ -1,7 +1,7 @@
 """A fake ``nvml`` that replays the NVML answers recorded on a real H200.
 
 It implements the NVML call surface of ``dra_exporter.sources.nvml`` from
-``shared/fixtures/nvml/h200-*.json``: the recorded values, and the recorded NVML error for
+``tests/fixtures/nvml/h200-*.json``: the recorded values, and the recorded NVML error for
 calls that failed there. Tests grow it into what they need: clones of the recorded GPU
 under other UUIDs, a small MIG layer, injected errors, an XID event queue, call counts.
 Constants, ctypes structs and ``NVMLError`` come from pynvml, as in the simulator's fake;
@@ -25,7 +25,7 @@ from typing import Any
 
 import pynvml
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvml"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nvml"
 UNDER_LOAD = "h200-under-load.json"
 IDLE = "h200-idle.json"
 
@@ -53,8 +53,7 @@ _WHOLE_GPU_ONLY = frozenset({
 def load_recording(name: str = UNDER_LOAD) -> dict[str, Any]:
     path = FIXTURES / name
     if not path.is_file():
-        raise FileNotFoundError(f"NVML recording {path} is missing: the tests expect ../shared "
-                                "beside the clone")
+        raise FileNotFoundError(f"NVML recording {path} is missing from the repository")
     return json.loads(path.read_text())
 
 

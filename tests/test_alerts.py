@@ -15,14 +15,25 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_tools import REPO, RULES, fault_scenario, require_tool, running_exporter
+from deploy_tools import (
+    CHART,
+    REPO,
+    RULES,
+    chart_exporter_env,
+    fault_scenario,
+    kit_native_families,
+    require_tool,
+    running_exporter,
+)
 from promharness import PromServer, free_port, start_prometheus
 
 from dra_exporter import catalog as cat
+from dra_exporter import naming
 
 RULE_TESTS = REPO / "deploy" / "prometheus-rules.test.yaml"
 OPERATING = REPO / "docs" / "operating.md"
 CRITICAL_XIDS = {"48", "63", "64", "74", "79", "92", "94", "95"}
+RUNBOOK_BASE = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["runbookBaseUrl"]
 
 
 def alerts() -> dict[str, dict[str, Any]]:
@@ -76,8 +87,9 @@ def test_every_alert_has_severity_summary_description_and_a_runbook_that_exists(
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
         notes = rule["annotations"]
         assert notes["summary"] and notes["description"], name
-        page, _, anchor = notes["runbook"].partition("#")
-        assert page == "docs/operating.md" and anchor in anchors, f"{name}: no section #{anchor} in {page}"
+        # Absolute, under the base the chart swaps for prometheusRule.runbookBaseUrl.
+        base, _, anchor = notes["runbook_url"].partition("#")
+        assert base == RUNBOOK_BASE and anchor in anchors, f"{name}: no section #{anchor} in docs/operating.md"
         assert anchor == f"runbook-{name.lower()}", name
 
 
@@ -98,11 +110,21 @@ def test_critical_and_other_xids_split_the_codes_between_two_alerts() -> None:
 # --- live: the expressions against what the exporter publishes ------------------------------
 
 
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
+def test_dcgm_naming_keeps_every_native_family_the_rules_and_dashboards_read() -> None:
+    assert not kit_native_families() & naming.REPLACED, "alerts or panels would go dark under --naming dcgm"
+    sources = {d.source for d in cat.DCGM_CATALOG}
+    assert cat.DCGM_KEPT_FOR_KIT == kit_native_families() & sources, "keep only what the kit reads"
+
+
+@pytest.fixture(scope="module", params=["native", "dcgm"])
+def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
+    """The fault scenario scraped by Prometheus, from an exporter set up as the chart with
+    ``naming`` native or dcgm sets it up."""
     binary = require_tool("prometheus", "apt-get install -y prometheus")
-    workdir = tmp_path_factory.mktemp("alerts")
-    with running_exporter(fault_scenario(workdir), free_port()) as port:
+    workdir = tmp_path_factory.mktemp(f"alerts-{request.param}")
+    env = chart_exporter_env({"naming": request.param})
+    assert env["DRA_EXPORTER_NAMING"] == request.param
+    with running_exporter(fault_scenario(workdir), free_port(), env=env) as port:
         server = start_prometheus(binary, workdir / "prometheus", [f"127.0.0.1:{port}"], "1s")
         try:
             server.wait_for(f"count({cat.GPU_XID_ERRORS}) >= 2", timeout=90)
@@ -128,7 +150,9 @@ def test_expressions_evaluate_on_the_simulated_node(prom: PromServer) -> None:
         "DraExporterSourceDown",
         "DraExporterDown",
         "DraExporterAbsent",
-        "DraClaimedGpuIdle",
+        "DraClaimIdle",
+        "DraDeviceUnhealthy",
+        "DraClaimDeviceConditionFalse",
     ):
         assert results[name] == [], f"{name} on a healthy demo node: {results[name]}"
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from dra_exporter import cli, runtime
+from dra_exporter.agent import SourceRunner
 from dra_exporter.config import Settings
 
 
@@ -157,3 +161,44 @@ def test_doctor_without_gpu_or_kubelet_says_what_to_fix(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "[FAIL] kubelet" in result.stdout and "not found" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_start_up_log_names_the_node_and_the_scenario_it_was_simulated_from(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stop = threading.Event()
+    settings = Settings(listen="127.0.0.1:0", simulate="demo", interval=0.2)
+    with caplog.at_level(logging.INFO, logger="dra_exporter.runtime"):
+        server = threading.Thread(target=runtime.serve, args=(settings,), kwargs={"stop": stop})
+        server.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not any(r.getMessage().startswith("collecting every") for r in caplog.records):
+                assert server.is_alive() and time.monotonic() < deadline, "no start-up line"
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            server.join(timeout=30)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("collecting every")]
+    assert line == "collecting every 0.2s on node 'sim-node-1' (simulated from scenario demo)"
+
+
+def test_a_recovered_source_is_named_in_the_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    outcomes = iter([RuntimeError("socket gone"), "snapshot"])
+
+    class Flaky:
+        name = "podresources"
+
+        def collect(self) -> str:
+            outcome = next(outcomes)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+    runner = SourceRunner(Flaky(), keep_last_good=True)
+    with caplog.at_level(logging.INFO, logger="dra_exporter.agent"):
+        runner.collect_once()
+        runner.collect_once()
+    # The log format prints the message only (never `extra`): the source must be in it.
+    assert [r.getMessage() for r in caplog.records] == [
+        "source podresources failed: socket gone", "source podresources recovered"]

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from deploy_tools import REPO, fault_scenario, require_tool, running_exporter
+from deploy_tools import REPO, chart_exporter_env, fault_scenario, require_tool, running_exporter
 from promharness import PromServer, free_port, start_prometheus
 
 from dra_exporter import catalog as cat
@@ -140,11 +140,13 @@ def test_queries_use_only_catalogue_metrics() -> None:
 # --- live checks against the real Prometheus --------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
+@pytest.fixture(scope="module", params=["native", "dcgm"])
+def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
+    """Every panel must work under every naming the chart offers (``dcgm`` keeps what they read)."""
     binary = require_tool("prometheus", "apt-get install -y prometheus")
-    workdir = tmp_path_factory.mktemp("dashboards")
-    with running_exporter(fault_scenario(workdir), free_port()) as port:
+    workdir = tmp_path_factory.mktemp(f"dashboards-{request.param}")
+    env = chart_exporter_env({"naming": request.param})
+    with running_exporter(fault_scenario(workdir), free_port(), env=env) as port:
         server = start_prometheus(binary, workdir / "prometheus", [f"127.0.0.1:{port}"], "1s")
         try:
             # Enough scrapes for rate() over $__rate_interval, and the scenario's XIDs have landed.

@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +27,9 @@ import pytest
 import yaml
 from deploy_tools import (
     CHART,
+    CHART_DASHBOARDS,
     CHART_RULES,
+    DASHBOARDS,
     KUBE_VERSION,
     MANIFESTS,
     NAMESPACE,
@@ -63,7 +67,11 @@ EVERYTHING_ON = {
         "tls": {"secretName": "otlp-tls", "certKey": "tls.crt", "keyKey": "tls.key"},
     },
 }
-CRDS = {"ServiceMonitor", "PrometheusRule"}
+CRDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+CHART_RELABELINGS = [
+    {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "instance"},
+    {"targetLabel": "job", "replacement": "dra-exporter"},
+]
 
 
 def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -122,8 +130,10 @@ def test_manifests_are_the_charts_default_rendering() -> None:
             }
         },
         {"webConfig": {"enabled": True, "secretName": "web", "basicAuth": True}},
+        {"dashboards": {"enabled": True}, "podMonitor": {"enabled": True}},
     ],
-    ids=["defaults", "admin-access", "everything-on", "claim-v1beta2", "claim-v1beta1", "basic-auth"],
+    ids=["defaults", "admin-access", "everything-on", "claim-v1beta2", "claim-v1beta1", "basic-auth",
+         "dashboards-podmonitor"],
 )
 @pytest.mark.parametrize("kube_version", SCHEMA_VERSIONS)
 def test_rendered_objects_validate_against_kubernetes_schemas_strictly(values: dict[str, Any],
@@ -285,6 +295,70 @@ def test_monitoring_objects_are_off_by_default_and_match_dashboards_and_rules_wh
     assert 'up{job="dra-exporter"}' in RULES.read_text()
 
 
+def test_user_relabelings_are_appended_to_the_charts_own_on_service_and_pod_monitors() -> None:
+    mine = [{"sourceLabels": ["__meta_kubernetes_pod_label_team"], "targetLabel": "team"}]
+    drop = [{"sourceLabels": ["__name__"], "regex": "dra_gpu_clock_hertz", "action": "drop"}]
+    extra = {"relabelings": mine, "metricRelabelings": drop, "endpoint": {"honorLabels": True}}
+    values = {"serviceMonitor": {"enabled": True, **extra}, "podMonitor": {"enabled": True, **extra}}
+    kinds = {d["kind"]: d for d in render_chart(values)}
+    (service_endpoint,) = kinds["ServiceMonitor"]["spec"]["endpoints"]
+    (pod_endpoint,) = kinds["PodMonitor"]["spec"]["podMetricsEndpoints"]
+    for endpoint in (service_endpoint, pod_endpoint):
+        assert endpoint["relabelings"] == CHART_RELABELINGS + mine
+        assert endpoint["metricRelabelings"] == drop
+        assert endpoint["honorLabels"] is True and endpoint["port"] == "metrics"
+    assert kinds["PodMonitor"]["spec"]["selector"]["matchLabels"].items() <= (
+        kinds["DaemonSet"]["spec"]["template"]["metadata"]["labels"].items())
+    # Without user relabelings the chart's own stay alone; no empty metricRelabelings key.
+    (plain,) = by_kind(render_chart({"serviceMonitor": {"enabled": True}}))["ServiceMonitor"]["spec"]["endpoints"]
+    assert plain["relabelings"] == CHART_RELABELINGS and "metricRelabelings" not in plain
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+@pytest.mark.parametrize("key", ["relabelings", "metricRelabelings"])
+def test_relabelings_in_the_endpoint_field_are_refused_instead_of_replacing_the_charts(
+    monitor: str, key: str
+) -> None:
+    values = {monitor: {"enabled": True, "endpoint": {key: [{"targetLabel": "x", "replacement": "y"}]}}}
+    with pytest.raises(helm().HelmError, match=re.escape(f"set {monitor}.{key} instead")):
+        render_chart(values)
+
+
+def test_dashboards_ship_as_configmaps_for_the_grafana_sidecar() -> None:
+    assert not [d for d in render_chart() if d["kind"] == "ConfigMap"], "off by default"
+    values = {"dashboards": {"enabled": True, "annotations": {"grafana_folder": "GPUs"}}}
+    maps = [d for d in render_chart(values) if d["kind"] == "ConfigMap"]
+    committed = {p.name: p.read_text() for p in DASHBOARDS.glob("*.json")}
+    assert {p.name: p.read_text() for p in CHART_DASHBOARDS.glob("*.json")} == committed, (
+        "sync with: python3 tests/deploy_tools.py")
+    shipped = {}
+    for config_map in maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "GPUs"}
+        assert config_map["metadata"]["namespace"] == NAMESPACE
+        shipped.update(config_map["data"])
+    assert {name: json.loads(text) for name, text in shipped.items()} == {
+        name: json.loads(text) for name, text in committed.items()}
+    elsewhere = render_chart({"dashboards": {"enabled": True, "namespace": "grafana", "labels": {"dash": "x"}}})
+    labels = [d["metadata"] for d in elsewhere if d["kind"] == "ConfigMap"]
+    assert {m["namespace"] for m in labels} == {"grafana"} and all(m["labels"]["dash"] == "x" for m in labels)
+
+
+def test_runbook_links_are_absolute_under_a_configurable_base() -> None:
+    default = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["runbookBaseUrl"]
+    rules = yaml.safe_load(RULES.read_text())
+    urls = [r["annotations"]["runbook_url"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert urls and all(u.startswith(f"{default}#runbook-") for u in urls), "the rules use the chart's default"
+    base = "https://wiki.example.com/gpu/operating"
+    spec = by_kind(render_chart({"prometheusRule": {"enabled": True, "runbookBaseUrl": base + "/"}}))[
+        "PrometheusRule"]["spec"]
+    rendered = {r["alert"]: r["annotations"]["runbook_url"] for g in spec["groups"] for r in g["rules"]}
+    assert rendered == {r["alert"]: r["annotations"]["runbook_url"].replace(default, base)
+                        for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    with pytest.raises(helm().HelmError, match="runbookBaseUrl"):
+        render_chart({"prometheusRule": {"enabled": True, "runbookBaseUrl": "docs/operating.md"}})
+
+
 def test_otlp_and_web_config_options_reach_the_exporter_through_its_own_variables() -> None:
     docs = render_chart(EVERYTHING_ON)
     variables = env(docs)
@@ -397,10 +471,19 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (wheel,) = dist.glob("dra_exporter-*.whl")
     venv = work / "venv"
-    # The dependencies come from this machine's site-packages: no network in tests.
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
-    )
+    # The dependencies come from the running interpreter's environment (no network in tests):
+    # its site-packages, appended to the new venv's path by a .pth file. That is this venv's
+    # when the tests run in one (`--system-site-packages` would give the base interpreter's);
+    # a path line in a .pth file loads none of the .pth files there, so an editable install of
+    # the package in that environment stays out, and PYTHONPATH is dropped below.
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    isolated = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    purelib = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True, timeout=60, env=isolated,
+    ).stdout.strip()
+    outer = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    (Path(purelib) / "outer-environment.pth").write_text("".join(f"{p}\n" for p in outer))
     subprocess.run(
         [
             str(venv / "bin" / "python"),
@@ -416,14 +499,16 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         timeout=300,
         capture_output=True,
+        env=isolated,
     )
     where = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import dra_exporter; print(dra_exporter.__file__)"],
+        [str(venv / "bin" / "python"), "-c", "import dra_exporter, opentelemetry.sdk; print(dra_exporter.__file__)"],
         check=True,
         capture_output=True,
         text=True,
         cwd=work,
         timeout=60,
+        env=isolated,
     ).stdout
     assert where.startswith(str(venv)), f"the venv imports {where}, not the wheel"
     return venv
@@ -439,36 +524,59 @@ def test_image_entrypoint_runs_from_the_installed_wheel(installed_wheel: Path) -
         timeout=60,
         cwd=installed_wheel,
         check=False,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     assert proc.returncode == 0, proc.stderr
     assert "--listen" in proc.stdout and "DRA_EXPORTER_LISTEN" in proc.stdout
 
 
-def test_image_healthcheck_passes_against_serving_exporter_and_fails_without_one(
-    installed_wheel: Path,
-) -> None:
-    healthcheck = dockerfile_json_instruction("HEALTHCHECK")
-    assert healthcheck[0] == "python"
-    python = str(installed_wheel / "bin" / "python")
-    port = free_port()
-    listen = {"DRA_EXPORTER_LISTEN": f"127.0.0.1:{port}"}
-    program = [str(installed_wheel / "bin" / "dra-exporter")]
-    with running_exporter("demo", port, command=program, env=listen):
-        ok = subprocess.run(
-            [python, *healthcheck[1:]],
-            env={**listen, "PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        assert ok.returncode == 0, ok.stderr
-    down = subprocess.run(
-        [python, *healthcheck[1:]],
-        env={"DRA_EXPORTER_LISTEN": f"0.0.0.0:{free_port()}"},
+def test_image_sets_what_the_nvidia_runtime_needs_to_inject_the_gpus() -> None:
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    (env_line,) = [line for line in text.splitlines() if line.startswith("ENV ")]
+    assert "NVIDIA_VISIBLE_DEVICES=all" in env_line.split()
+    assert "NVIDIA_DRIVER_CAPABILITIES=utility" in env_line.split(), "NVML is in the utility libraries"
+
+
+def _healthcheck(venv: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = dockerfile_json_instruction("HEALTHCHECK")
+    return subprocess.run(
+        [str(venv / "bin" / command[0]), *command[1:]],
+        env={**env, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
-    assert down.returncode != 0
+
+
+def test_image_healthcheck_passes_against_serving_exporter_and_fails_without_one(
+    installed_wheel: Path,
+) -> None:
+    assert dockerfile_json_instruction("HEALTHCHECK") == ["dra-exporter", "healthcheck"]
+    port = free_port()
+    listen = {"DRA_EXPORTER_LISTEN": f"127.0.0.1:{port}"}
+    program = [str(installed_wheel / "bin" / "dra-exporter")]
+    with running_exporter("demo", port, command=program, env=listen):
+        ok = _healthcheck(installed_wheel, listen)
+        assert ok.returncode == 0, ok.stderr
+    down = _healthcheck(installed_wheel, {"DRA_EXPORTER_LISTEN": f"0.0.0.0:{free_port()}"})
+    assert down.returncode == 1 and "unhealthy" in down.stderr and "Traceback" not in down.stderr
+
+
+def test_image_healthcheck_speaks_https_when_the_web_config_turns_tls_on(
+    installed_wheel: Path, tmp_path: Path
+) -> None:
+    from certs import make_pki
+
+    pki = make_pki(tmp_path)
+    web = tmp_path / "web-config.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n")
+    port = free_port()
+    env = {"DRA_EXPORTER_LISTEN": f"127.0.0.1:{port}", "DRA_EXPORTER_WEB_CONFIG": str(web)}
+    with running_exporter("demo", port, command=[str(installed_wheel / "bin" / "dra-exporter")], env=env,
+                          scheme="https"):
+        ok = _healthcheck(installed_wheel, env)
+        assert ok.returncode == 0, ok.stderr
+        # The old plain-HTTP check against the same exporter: what the image used to do.
+        plain = _healthcheck(installed_wheel, {"DRA_EXPORTER_LISTEN": env["DRA_EXPORTER_LISTEN"]})
+        assert plain.returncode == 1, "plain HTTP must not pass against a TLS endpoint"

@@ -38,3 +38,53 @@ def test_dcgm_names_are_dcgms_raw_field_names() -> None:
         assert d.name.startswith(("DCGM_FI_DEV_", "DCGM_FI_PROF_")) and d.name.isupper(), d.name
         assert not d.name.endswith("_total"), d.name
         assert d.source in {s.name for s in CATALOG}, d.source
+
+
+def _readme_commands() -> list[str]:
+    block = README.read_text().split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_readme_first_commands_need_only_python3_and_venv() -> None:
+    run, test = _readme_commands()
+    for command in (run, test):
+        # No system-wide pip (PEP 668 refuses it on stock Debian/Ubuntu): everything in a venv.
+        assert command.startswith("python3 -m venv .venv && .venv/bin/pip install -e "), command
+        assert "python3 -m pip" not in command
+    assert run.endswith(".venv/bin/dra-exporter serve --simulate")
+    assert test.endswith(".venv/bin/python -m pytest -q")
+
+
+def test_ci_runs_the_tests_the_way_the_readme_says() -> None:
+    ci = (README.parent / ".ci" / "run").read_text()
+    _, test = _readme_commands()
+    venv, install, pytest_run = (part.strip() for part in test.split("&&"))
+    assert venv in ci and pytest_run in ci
+    assert install.replace("pip install", "pip install --quiet") in ci
+    assert "apt-get install -y prometheus" in ci
+
+
+def test_readme_usage_names_every_flag_and_every_source() -> None:
+    from click import Group
+
+    from dra_exporter import cli
+    from dra_exporter.sinks import otlp
+    from dra_exporter.sources import kubeapi, nvml, podresources, procs
+
+    text = README.read_text()
+    usage = text.split("## Usage", 1)[1].split("```", 2)[1]
+    assert isinstance(cli.main, Group)
+    for name, command in cli.main.commands.items():
+        assert f"dra-exporter {name}" in usage, name
+        for param in command.params:
+            # An on/off pair (--kubeapi/--no-kubeapi) is named by the side that is not the default.
+            flags = [o for o in (*param.opts, *param.secondary_opts) if o.startswith("--") and o != "--help"]
+            assert not flags or any(f in usage for f in flags), f"{name}: {flags}"
+    sources = {nvml.NvmlSource.name, podresources.PodResourcesSource.name, procs.ProcsSource.name,
+               kubeapi.SOURCE, otlp.SOURCE}
+    rules = (README.parent / "deploy" / "prometheus-rules.yaml").read_text()
+    runbook = (README.parent / "docs" / "operating.md").read_text().split("### Runbook: DraExporterSourceDown")[1]
+    for source in sources:
+        assert f"`{source}`" in text, f"README does not name the {source} source"
+        assert f"{source}:" in rules, f"DraExporterSourceDown does not say what {source} failing means"
+        assert f"- `{source}`:" in runbook, f"the runbook has no entry for {source}"

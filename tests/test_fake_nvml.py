@@ -12,13 +12,13 @@ from typing import Any
 
 import pynvml
 import pytest
+from nvml_replay import FIXTURES
 
 from dra_exporter import sim
 from dra_exporter.sim.clock import FIXED_EPOCH, SimClock
 from dra_exporter.sim.fake_nvml import FakeNvml
 from dra_exporter.sim.scenario import Scenario, load_scenario, parse_scenario
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvml"
 GIB = 1 << 30
 
 
@@ -530,7 +530,6 @@ def test_same_scenario_and_time_give_identical_answers(demo: Scenario) -> None:
     assert snapshot() == snapshot()
 
 
-@pytest.mark.skipif(not FIXTURES.is_dir(), reason="the shared NVML recordings are not checked out here")
 def test_profile_is_regenerated_from_the_recordings() -> None:
     profiles = Path(sim.__file__).parent / "profiles"
     spec = importlib.util.spec_from_file_location("make_profile", profiles / "make_profile.py")

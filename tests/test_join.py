@@ -627,3 +627,13 @@ def test_without_the_api_server_containers_are_known_by_pod_uid_only() -> None:
     alice = [(dict(lbl), v) for lbl, v in series(frame, cat.CONTAINER_GPU_MEMORY_USED).items()
              if dict(lbl)["pod_uid"] == "uid-alice"]
     assert [(d["pod"], d["container"], d["claim"], v) for d, v in alice] == [("", "", "", 32 * 2**30)]
+
+
+def test_every_readable_device_counts_its_processes_whether_or_not_their_pods_are_known() -> None:
+    # The idle alert's signal for MIG devices of GPUs without GPM: no owners are needed.
+    mig_dev = mig(1, 19, 0, 1, "1g.18gb", 9)
+    processes = (ProcessSample(mig_dev.uuid, 101), ProcessSample(mig_dev.uuid, 102), ProcessSample("GPU-0", 7))
+    nvml = NvmlSnapshot((sample(gpu(0)), sample(gpu(1, "enabled")), sample(mig_dev), sample(gpu(2), up=False)),
+                        processes)
+    counts = {dict(lbl)["uuid"]: v for lbl, v in series(join(JoinInput(nvml, None)), cat.GPU_PROCESSES).items()}
+    assert counts == {"GPU-0": 1, "GPU-1": 0, mig_dev.uuid: 2}  # a device NVML cannot read has none

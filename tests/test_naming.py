@@ -122,14 +122,18 @@ def test_a_shared_device_keeps_one_series_without_a_pod() -> None:
 
 def test_dcgm_replaces_only_the_sources_and_both_keeps_everything() -> None:
     fr = frame(fam(cat.GPU_POWER, dev(cat.GPU_POWER, IDLE_GPU, 300.0)),
+               fam(cat.GPU_MEMORY_FREE, dev(cat.GPU_MEMORY_FREE, IDLE_GPU, float(1 << 30))),
                fam(cat.GPU_ECC_ERRORS, dev(cat.GPU_ECC_ERRORS, IDLE_GPU, 1, type="corrected")),
                fam(cat.CONTAINER_GPU_MEMORY_USED, (labels(cat.CONTAINER_GPU_MEMORY_USED, uuid=GPU), 5.0)))
     names = {f.name for f in naming.apply(fr, "dcgm", hostname="n").families}
-    assert "DCGM_FI_DEV_POWER_USAGE" in names and cat.GPU_POWER not in names
+    assert "DCGM_FI_DEV_FB_FREE" in names and cat.GPU_MEMORY_FREE not in names
+    # The shipped alerts and dashboards read the power family: it stays beside its DCGM name.
+    assert {"DCGM_FI_DEV_POWER_USAGE", cat.GPU_POWER} <= names
     # Native families without a DCGM counterpart stay: nothing the exporter knows is lost.
     assert {cat.GPU_ECC_ERRORS, cat.CONTAINER_GPU_MEMORY_USED, cat.GPU_INFO, cat.CLAIM_ALLOCATION_INFO} <= names
     both = naming.apply(fr, "both", hostname="n")
-    assert {f.name for f in fr.families} | {"DCGM_FI_DEV_POWER_USAGE"} == {f.name for f in both.families}
+    assert {f.name for f in fr.families} | {"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_FREE"} == {
+        f.name for f in both.families}
     assert [f.name for f in both.families] == sorted(f.name for f in both.families)
     assert naming.apply(fr, "native", hostname="n") is fr
     with pytest.raises(ValueError, match="unknown naming"):
@@ -264,6 +268,6 @@ def test_serve_renames_only_what_the_prometheus_sink_publishes() -> None:
             published.append(fr)
 
     sink = RenamingSink(Inner(), "dcgm", "node-a")
-    sink.publish(frame(fam(cat.GPU_POWER, dev(cat.GPU_POWER, IDLE_GPU, 300.0))))
+    sink.publish(frame(fam(cat.GPU_MEMORY_FREE, dev(cat.GPU_MEMORY_FREE, IDLE_GPU, float(1 << 30)))))
     names = {f.name for f in published[0].families}
-    assert "DCGM_FI_DEV_POWER_USAGE" in names and cat.GPU_POWER not in names
+    assert "DCGM_FI_DEV_FB_FREE" in names and cat.GPU_MEMORY_FREE not in names

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 _HERE = Path(__file__).resolve().parent
-# The repository's shared checkout sits next to it as ../shared (see /work/shared/README.md).
-_DEFAULT_FIXTURES = _HERE.parents[3] / "shared" / "fixtures" / "nvml"
+# The recordings the repository carries for its tests.
+_DEFAULT_FIXTURES = _HERE.parents[2] / "tests" / "fixtures" / "nvml"
 _MIB = 1 << 20
 
 # NVIDIA's published H200 MIG profiles: GPU-instance profile id, memory slices

@@ -59,3 +59,40 @@ httpGet:
   scheme: {{ include "dra-exporter.scheme" .root }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The scrape relabelings of the ServiceMonitor and the PodMonitor: the chart's own first (the
+dashboards pick nodes by instance, the rules select job="dra-exporter"), then the user's.
+*/}}
+{{- define "dra-exporter.relabelings" -}}
+# Device series carry no node label of their own: name the target (instance) after its
+# node, and give it the job the dashboards and alert rules select on, whatever the release
+# is called. No separate "node" target label: info families such as dra_device_info carry
+# their own, which it would rename to exported_node.
+relabelings:
+  - sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: instance
+  - targetLabel: job
+    replacement: dra-exporter
+  {{- with .relabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Extra endpoint fields; relabelings there would replace the chart's own, so they are refused. */}}
+{{- define "dra-exporter.endpointExtras" -}}
+{{- $where := index . 0 -}}
+{{- $extra := index . 1 -}}
+{{- range $key := list "relabelings" "metricRelabelings" }}
+{{- if hasKey $extra $key }}
+{{- fail (printf "%s.endpoint.%s would replace the chart's own relabelings: set %s.%s instead (appended to them)" $where $key $where $key) }}
+{{- end }}
+{{- end }}
+{{- with $extra }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
