@@ -185,7 +185,7 @@ def test_bcrypt_checks_run_side_by_side_not_under_one_lock(spy: BcryptSpy) -> No
 
 
 def test_a_full_waiting_room_sheds_the_worst_placed_check_never_a_better_one(spy: BcryptSpy) -> None:
-    auth = BasicAuth((("prometheus", HASH),), slots=1, max_waiting=2)
+    auth = BasicAuth((("prometheus", HASH),), slots=1, max_waiting=2, throttle_delay=0.0)
     for i in (1, 2, 3):
         assert auth.verdict(header("prometheus", f"guess {i}"), f"10.0.0.{i}") is AuthVerdict.DENIED
     spy.calls.clear()
@@ -210,7 +210,8 @@ def test_a_full_waiting_room_sheds_the_worst_placed_check_never_a_better_one(spy
 
 def test_a_client_that_spent_its_failure_budget_is_throttled_without_bcrypt(spy: BcryptSpy) -> None:
     now = [0.0]
-    auth = BasicAuth((("prometheus", HASH),), failure_burst=3, refill_seconds=5.0, monotonic=lambda: now[0])
+    auth = BasicAuth((("prometheus", HASH),), failure_burst=3, refill_seconds=5.0, throttle_delay=0.0,
+                     monotonic=lambda: now[0])
     assert [auth.verdict(header("prometheus", f"guess {i}"), "10.0.0.1") for i in range(4)] == \
         [AuthVerdict.DENIED] * 3 + [AuthVerdict.THROTTLED]
     assert len(spy.calls) == 3, "the throttled check ran no bcrypt"

@@ -11,6 +11,9 @@ dcgm-exporter works here too::
       client_allowed_sans: [prometheus.monitoring.svc]
       min_version: TLS12               # TLS12 (default) or TLS13
       max_version: TLS13
+      cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]   # Go's names; TLS 1.2 only
+      curve_preferences: [X25519]      # Python's ssl sets one curve: the first listed
+      prefer_server_cipher_suites: true
     http_server_config:
       headers: {X-Content-Type-Options: nosniff}
     basic_auth_users:
@@ -21,16 +24,21 @@ Contract:
 - ``load_web_config(path)`` checks the whole file at start-up (YAML shape, every key and
   value, bcrypt hashes, and the certificate, key and CA files by building a TLS context
   once) and returns a frozen ``WebConfig``; any problem is a ``WebConfigError`` whose one
-  line names the file and the field. Unknown keys are errors, and so are the toolkit keys
-  dra-exporter does not implement: a security setting silently ignored is worse than a
-  refusal to start.
+  line names the file and the field. The file is read by ``strict_yaml`` (a regular file of
+  at most 1 MiB; a key repeated at any level is an error, as exporter-toolkit's strict
+  unmarshalling makes it). Unknown keys are errors, and so are the toolkit keys dra-exporter
+  does not implement: a security setting silently ignored is worse than a refusal to start.
+  The TLS settings Python's ``ssl`` can apply only in part are applied as far as it can,
+  and one warning line says what is not; a file that sets nothing serves plain HTTP (as
+  exporter-toolkit does), with a warning.
 - No message, log line or ``repr`` ever contains a password, a hash or key material.
 - ``TlsContexts`` gives the server's ``ssl.SSLContext`` and rebuilds it when the certificate,
   key or CA files change on disk, so a rotated certificate (cert-manager) is used by the
   next connection without a restart; a broken rotation keeps the last good context.
-- ``BasicAuth`` checks ``Authorization`` headers with bcrypt, one check at a time, and
-  remembers successful checks for a short while so a scrape every second does not pay a
-  bcrypt (tens of milliseconds, on purpose) each time.
+- ``BasicAuth`` checks ``Authorization`` headers with bcrypt (tens of milliseconds, on
+  purpose), at most two at a time and good clients first, remembers recent results so a
+  scrape every second does not pay a bcrypt each time, and throttles clients that keep
+  failing (429), so a flood of wrong passwords never keeps a right one waiting.
 
 Differences from exporter-toolkit, each chosen on purpose:
 
@@ -41,8 +49,17 @@ Differences from exporter-toolkit, each chosen on purpose:
 - ``min_version``/``max_version`` accept ``TLS12`` and ``TLS13``; TLS 1.0 and 1.1 are
   refused (deprecated by RFC 8996).
 - ``http2`` is accepted and has no effect: the endpoint speaks HTTP/1.1 (ALPN says so).
-- Inline ``cert``/``key``/``client_ca``, ``cipher_suites``, ``curve_preferences``,
-  ``prefer_server_cipher_suites`` and ``rate_limit`` are refused by name.
+- ``cipher_suites`` (Go's names) restrict the TLS 1.2 suites through OpenSSL's names; TLS
+  1.3 suites cannot be chosen in Python's ``ssl`` (Go ignores them there too) and suites
+  this OpenSSL lacks (RC4, 3DES) are skipped, both named in the warning. Of
+  ``curve_preferences`` only the first curve OpenSSL has is used (``set_ecdh_curve`` sets
+  one), never a curve the file did not list. ``prefer_server_cipher_suites`` sets OpenSSL's
+  server preference (Go ignores it since 1.18). Unknown names are errors, as in the toolkit.
+- Basic auth: a per-client budget of failed checks (429 with ``Retry-After`` once spent),
+  two bcrypt slots handed out by the client's standing instead of one global lock. The
+  toolkit has neither; its dummy hash for unknown users and its cache of results, failures
+  included, are followed.
+- Inline ``cert``/``key``/``client_ca`` and ``rate_limit`` are refused by name.
 """
 
 from __future__ import annotations
@@ -659,14 +676,16 @@ class BasicAuth:
       budget of ``failure_burst`` checks, refilled one per ``refill_seconds`` and given back
       on success. A client that has spent it is answered THROTTLED at once, without a
       bcrypt, until a check comes back: a short back-off, so a Prometheus whose password was
-      just fixed is checked again within ``refill_seconds``.
+      just fixed is checked again within ``refill_seconds``. That answer comes after
+      ``throttle_delay`` seconds, so one connection cannot turn refusals into a flood of
+      requests that keeps the interpreter from good logins.
     - An unknown user costs one bcrypt against a dummy hash of the users' cost (the cost most
       users have; the higher one on a tie), so timing does not reveal which users exist.
     """
 
     def __init__(self, users: tuple[tuple[str, bytes], ...], *, ttl: float = 60.0, max_entries: int = 256,
                  slots: int = 2, max_waiting: int = 16, failure_burst: int = 10, refill_seconds: float = 6.0,
-                 wait_timeout: float = 5.0, max_clients: int = 4096,
+                 wait_timeout: float = 5.0, max_clients: int = 4096, throttle_delay: float = 1.0,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         if not users:
             raise ValueError("BasicAuth needs at least one user")
@@ -679,6 +698,7 @@ class BasicAuth:
         self._budget = _FailureBudget(failure_burst, refill_seconds, max_clients)
         self._gate = _PriorityGate(slots, max_waiting)
         self._wait_timeout = wait_timeout
+        self._throttle_delay = throttle_delay
         #: Whole seconds a THROTTLED client should wait (the ``Retry-After`` header).
         self.retry_after = max(1, math.ceil(refill_seconds))
         self._count_lock = threading.Lock()
@@ -711,10 +731,12 @@ class BasicAuth:
         client = client_key(peer)
         standing = self._budget.take(client, now)
         if standing is None:
-            return AuthVerdict.THROTTLED
+            return self._throttled()
         if not self._gate.acquire(standing, self._wait_timeout):
-            self._budget.give_back(client, self._monotonic())  # busy verifiers are not the client's fault
-            return AuthVerdict.THROTTLED
+            # Turned away, the check still counts against the client's budget: given back, a
+            # flood of fresh clients would retry at the best standing for ever and keep every
+            # place in the waiting room from a good login.
+            return self._throttled()
         try:
             ok = self._verify(password, hashed if hashed is not None else self._dummy) and hashed is not None
         finally:
@@ -726,6 +748,14 @@ class BasicAuth:
             return AuthVerdict.OK
         self._failures.add(key, now)
         return AuthVerdict.DENIED
+
+    def _throttled(self) -> AuthVerdict:
+        # Answering at once would let each attacker's connection send thousands of requests
+        # a second, and parsing them takes the interpreter from good logins; a blocked thread
+        # costs nothing, and the connection is held by the client anyway.
+        if self._throttle_delay > 0:
+            time.sleep(self._throttle_delay)
+        return AuthVerdict.THROTTLED
 
     def _verify(self, password: bytes, hashed: bytes) -> bool:
         import bcrypt
