@@ -8,6 +8,7 @@ these tests prove the mechanism (who gets the next bcrypt, who gets none at all)
 from __future__ import annotations
 
 import base64
+import functools
 import http.client
 import logging
 import os
@@ -160,7 +161,7 @@ def test_good_logins_are_not_queued_behind_failures(spy: BcryptSpy) -> None:
     threads = [in_thread(lambda: auth.verdict(header("prometheus", "blocker"), "10.0.0.1"))]
     eventually(lambda: spy.inside == 1)
     for i in (2, 3, 1):
-        threads.append(in_thread(lambda i=i: auth.verdict(header("prometheus", f"again {i}"), f"10.0.0.{i}")))
+        threads.append(in_thread(functools.partial(auth.verdict, header("prometheus", f"again {i}"), f"10.0.0.{i}")))
     eventually(lambda: auth.waiting == 3)
     threads.append(in_thread(lambda: auth.verdict(header("prometheus", PASSWORD), "10.0.0.9")))
     eventually(lambda: auth.waiting == 4)
@@ -176,7 +177,7 @@ def test_bcrypt_checks_run_side_by_side_not_under_one_lock(spy: BcryptSpy) -> No
     the second never enters while the first waits for it, and the barrier breaks)."""
     auth = BasicAuth((("prometheus", HASH),), slots=2)
     spy.barrier = threading.Barrier(2, timeout=HANG_GUARD_S)
-    threads = [in_thread(lambda i=i: auth.verdict(header("prometheus", f"guess {i}"), f"10.0.0.{i}"))
+    threads = [in_thread(functools.partial(auth.verdict, header("prometheus", f"guess {i}"), f"10.0.0.{i}"))
                for i in (1, 2)]
     for thread, _ in threads:
         thread.join(HANG_GUARD_S)
