@@ -251,10 +251,10 @@ def serve(listen: str, prometheus: bool, web_config: str | None, naming: str, lo
         raise click.UsageError("--web-config protects the Prometheus endpoint, which --no-prometheus turns off")
     if naming != "native" and not prometheus:
         raise click.UsageError("--naming renames the Prometheus endpoint, which --no-prometheus turns off")
+    _logging(log_level)  # before the web config, whose loading may warn
     settings = dataclasses.replace(_settings(listen, **kw), prometheus=prometheus, otlp=otlp, naming=naming,
                                    web_config=load_web_config(web_config) if web_config else None,
                                    stall_timeout=stall_timeout)
-    _logging(log_level)
     runtime.serve(settings)
 
 

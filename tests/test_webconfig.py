@@ -137,10 +137,20 @@ basic_auth_users:
     assert "client certificate required" in config.describe() and "basic auth (1 user)" in config.describe()
 
 
-def test_empty_file_means_plain_http_without_auth(tmp_path: Path) -> None:
-    config = load_web_config(write_config(tmp_path, ""))
-    assert (config.tls, config.users, config.headers) == (None, (), ())
-    assert load_web_config(write_config(tmp_path, "tls_server_config: {}\n", "empty-tls.yml")).tls is None
+def test_empty_file_means_plain_http_without_auth_with_a_warning(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    # As exporter-toolkit: an empty file serves plain HTTP. A file was given on purpose, so say so.
+    caplog.set_level(logging.WARNING)
+    for name, text in (("empty.yml", ""), ("comments.yml", "# nothing yet\n"), ("empty-tls.yml", "tls_server_config: {}\n")):
+        caplog.clear()
+        config = load_web_config(write_config(tmp_path, text, name))
+        assert (config.tls, config.users, config.headers) == (None, (), ())
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "serving plain HTTP without authentication" in warnings[0], warnings
+        assert name in warnings[0]
+    caplog.clear()
+    load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: {HASH}\n", "users.yml"))
+    assert not caplog.records, "a file that configures something is not warned about"
 
 
 def test_repr_never_shows_hashes(pki: Pki) -> None:
@@ -153,7 +163,12 @@ BAD_CONFIGS = [
     ("- a\n- b\n", "must be a YAML mapping"),
     ("tls_server_config: [1]\n", "tls_server_config: must be a mapping"),
     ("rate_limit: {interval: 1s}\n", "rate_limit: rate limiting is not supported"),
-    ("tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [X]\n", "cipher_suites: cipher suites"),
+    ("{tls}  cipher_suites: [TLS_RSA_WITH_NULL]\n", "cipher_suites: unknown cipher suite 'TLS_RSA_WITH_NULL'"),
+    ("{tls}  cipher_suites: TLS_AES_128_GCM_SHA256\n", "cipher_suites: must be a list of cipher suite names"),
+    ("{tls}  cipher_suites: [TLS_RSA_WITH_RC4_128_SHA]\n", "cipher_suites: none of the TLS 1.2 suites listed"),
+    ("{tls}  curve_preferences: [P256]\n", "curve_preferences: unknown curve 'P256'"),
+    ("{tls}  curve_preferences: [X25519MLKEM768]\n", "curve_preferences: none of the curves listed"),
+    ("{tls}  prefer_server_cipher_suites: maybe\n", "prefer_server_cipher_suites: must be true or false"),
     ("tls_server_config:\n  cert: inline\n", "cert: inline certificates are not supported"),
     ("tls_server_config:\n  cert_flie: a\n", "cert_flie: unknown key"),
     ("tls_server_config:\n  cert_file: a\n", "cert_file and key_file are both required"),
@@ -182,22 +197,23 @@ BAD_CONFIGS = [
     ("basic_auth_users:\n  alice: $2b$04$tooshort\n", "basic_auth_users['alice']: not a bcrypt hash"),
     ("basic_auth_users:\n  alice: 12345\n", "basic_auth_users['alice']: not a bcrypt hash"),
     ("basic_auth_users:\n  'a:b': {hash}\n", "cannot contain ':'"),
-    ("basic_auth_users:\n  alice: {hash}\n  alice: {hash}\n", None),  # duplicate key: YAML keeps the last
+    ("basic_auth_users:\n  alice: {hash}\n  alice: {hash}\n", "invalid YAML at line 3, column 3: duplicate key 'alice'"),
+    ("basic_auth_users:\n  alice: {hash}\nbasic_auth_users:\n  bob: {hash}\n",
+     "line 3, column 1: duplicate key 'basic_auth_users'"),
+    ("{tls}  client_auth_type: NoClientCert\n  client_auth_type: RequireAndVerifyClientCert\n",
+     "duplicate key 'client_auth_type'"),
     ("tls_server_config:\n  cert_file: [a\n", "invalid YAML at line 3"),
 ]
 
 
-@pytest.mark.parametrize("text, message", BAD_CONFIGS, ids=[m or "dup" for _, m in BAD_CONFIGS])
+@pytest.mark.parametrize("text, message", BAD_CONFIGS, ids=[m for _, m in BAD_CONFIGS])
 def test_bad_configs_are_one_line_errors_naming_file_and_field(pki: Pki, tmp_path: Path, text: str,
-                                                               message: str | None) -> None:
+                                                               message: str) -> None:
     web = tmp_path / "web.yml"
     for placeholder, value in {"{tls}": tls_block(pki), "{ca}": pki.ca.cert, "{server_key}": pki.server.key,
                                "{web}": str(web), "{hash}": HASH}.items():
         text = text.replace(placeholder, value)
     web.write_text(text)
-    if message is None:
-        assert load_web_config(web).users == (("alice", HASH.encode()),)
-        return
     with pytest.raises(WebConfigError) as err:
         load_web_config(web)
     line = str(err.value)
@@ -443,7 +459,7 @@ def test_basic_auth_and_client_certificates_together(pki: Pki) -> None:
             get(sink.port, ctx=client_context(pki), headers=basic("prometheus", PASSWORD))
 
 
-def test_successful_checks_are_cached_briefly_failures_never() -> None:
+def test_checks_are_remembered_briefly_successes_and_failures() -> None:
     now = [100.0]
     auth = BasicAuth((("prometheus", HASH.encode()),), ttl=60.0, monotonic=lambda: now[0])
     good = basic("prometheus", PASSWORD)["Authorization"]
@@ -451,18 +467,22 @@ def test_successful_checks_are_cached_briefly_failures_never() -> None:
     assert all(auth.check(good) for _ in range(20))
     assert auth.bcrypt_checks == 1, "a scrape every second must not pay a bcrypt each time"
     assert not any(auth.check(bad) for _ in range(3))
-    assert auth.bcrypt_checks == 4, "wrong passwords are checked every time"
+    assert auth.bcrypt_checks == 2, "a repeated wrong password is remembered (as exporter-toolkit caches it)"
+    assert not auth.check(basic("prometheus", WRONG + "2")["Authorization"])
+    assert auth.bcrypt_checks == 3, "another wrong password is checked"
     assert not auth.check(basic("nobody", PASSWORD)["Authorization"])
-    assert auth.bcrypt_checks == 5, "unknown users cost a bcrypt too (no user enumeration by timing)"
+    assert auth.bcrypt_checks == 4, "unknown users cost a bcrypt too (no user enumeration by timing)"
     now[0] += 61.0
-    assert auth.check(good) and auth.bcrypt_checks == 6, "the cache entry expired"
+    assert auth.check(good) and auth.bcrypt_checks == 5, "the remembered success expired"
+    assert not auth.check(bad) and auth.bcrypt_checks == 6, "the remembered failure expired"
 
 
-def test_cache_stays_bounded() -> None:
+def test_remembered_checks_stay_bounded() -> None:
     auth = BasicAuth((("u", bcrypt.hashpw(b"p", bcrypt.gensalt(4))),), max_entries=4)
     for i in range(10):
-        auth._remember(bytes([i]), 0.0)
-    assert len(auth._cache) <= 4
+        assert not auth.check(basic("u", f"wrong {i}")["Authorization"], peer=f"10.0.0.{i}")
+        auth._successes.add(bytes([i]), 0.0)
+    assert len(auth._failures) <= 4 and len(auth._successes) <= 4
 
 
 def test_passwords_longer_than_72_bytes_compare_like_htpasswd() -> None:

@@ -50,7 +50,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..model import LoopHealth
-from .webconfig import BasicAuth, TlsContexts, WebConfig, peer_san_allowed
+from .webconfig import AuthVerdict, BasicAuth, TlsContexts, WebConfig, peer_san_allowed
 
 METRICS_PATH = "/metrics"
 #: Paths served without basic auth (kubelet probes cannot send credentials).
@@ -64,6 +64,7 @@ _NOT_READY = b"no metrics yet: the first collection cycle has not finished\n"
 _UNAUTHORIZED = b"unauthorized\n"
 #: The probes' answer without a health callback: alive, ready once there is a frame.
 _NO_WATCHDOG = LoopHealth(ready=True, live=True)
+_THROTTLED = b"too many failed logins from this address, or too many at once; retry later\n"
 _PLAIN = "text/plain; charset=utf-8"
 #: What a plain-HTTP client gets from the TLS port (the same words Go's servers use).
 _HTTP_ON_TLS_PORT = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -317,11 +318,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _respond(self, *, send_body: bool) -> None:
         path = urlsplit(self.path).path
         auth = self.server.auth
-        if auth is not None and path not in PROBE_PATHS and not auth.check(self.headers.get("Authorization")):
+        verdict = AuthVerdict.OK if auth is None or path in PROBE_PATHS else \
+            auth.verdict(self.headers.get("Authorization"), self.client_address[0])
+        if verdict is AuthVerdict.DENIED:
             # Never log what was sent: it may be a password typed into the wrong field.
             self.server.logger.debug("http %s: basic auth failed", self.client_address[0])
             self._send(401, _PLAIN, _UNAUTHORIZED, send_body,
                        extra=(("WWW-Authenticate", 'Basic realm="dra-exporter", charset="UTF-8"'),))
+        elif verdict is AuthVerdict.THROTTLED and auth is not None:
+            self.server.logger.debug("http %s: basic auth not checked (failed-login budget spent, or busy)",
+                                     self.client_address[0])
+            self._send(429, _PLAIN, _THROTTLED, send_body, extra=(("Retry-After", str(auth.retry_after)),))
         elif path == METRICS_PATH:
             self._metrics(send_body)
         elif path in PROBE_PATHS:

@@ -11,6 +11,9 @@ dcgm-exporter works here too::
       client_allowed_sans: [prometheus.monitoring.svc]
       min_version: TLS12               # TLS12 (default) or TLS13
       max_version: TLS13
+      cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]   # Go's names; TLS 1.2 only
+      curve_preferences: [X25519]      # Python's ssl sets one curve: the first listed
+      prefer_server_cipher_suites: true
     http_server_config:
       headers: {X-Content-Type-Options: nosniff}
     basic_auth_users:
@@ -21,16 +24,21 @@ Contract:
 - ``load_web_config(path)`` checks the whole file at start-up (YAML shape, every key and
   value, bcrypt hashes, and the certificate, key and CA files by building a TLS context
   once) and returns a frozen ``WebConfig``; any problem is a ``WebConfigError`` whose one
-  line names the file and the field. Unknown keys are errors, and so are the toolkit keys
-  dra-exporter does not implement: a security setting silently ignored is worse than a
-  refusal to start.
+  line names the file and the field. The file is read by ``strict_yaml`` (a regular file of
+  at most 1 MiB; a key repeated at any level is an error, as exporter-toolkit's strict
+  unmarshalling makes it). Unknown keys are errors, and so are the toolkit keys dra-exporter
+  does not implement: a security setting silently ignored is worse than a refusal to start.
+  The TLS settings Python's ``ssl`` can apply only in part are applied as far as it can,
+  and one warning line says what is not; a file that sets nothing serves plain HTTP (as
+  exporter-toolkit does), with a warning.
 - No message, log line or ``repr`` ever contains a password, a hash or key material.
 - ``TlsContexts`` gives the server's ``ssl.SSLContext`` and rebuilds it when the certificate,
   key or CA files change on disk, so a rotated certificate (cert-manager) is used by the
   next connection without a restart; a broken rotation keeps the last good context.
-- ``BasicAuth`` checks ``Authorization`` headers with bcrypt, one check at a time, and
-  remembers successful checks for a short while so a scrape every second does not pay a
-  bcrypt (tens of milliseconds, on purpose) each time.
+- ``BasicAuth`` checks ``Authorization`` headers with bcrypt (tens of milliseconds, on
+  purpose), at most two at a time and good clients first, remembers recent results so a
+  scrape every second does not pay a bcrypt each time, and throttles clients that keep
+  failing (429), so a flood of wrong passwords never keeps a right one waiting.
 
 Differences from exporter-toolkit, each chosen on purpose:
 
@@ -41,32 +49,46 @@ Differences from exporter-toolkit, each chosen on purpose:
 - ``min_version``/``max_version`` accept ``TLS12`` and ``TLS13``; TLS 1.0 and 1.1 are
   refused (deprecated by RFC 8996).
 - ``http2`` is accepted and has no effect: the endpoint speaks HTTP/1.1 (ALPN says so).
-- Inline ``cert``/``key``/``client_ca``, ``cipher_suites``, ``curve_preferences``,
-  ``prefer_server_cipher_suites`` and ``rate_limit`` are refused by name.
+- ``cipher_suites`` (Go's names) restrict the TLS 1.2 suites through OpenSSL's names; TLS
+  1.3 suites cannot be chosen in Python's ``ssl`` (Go ignores them there too) and suites
+  this OpenSSL lacks (RC4, 3DES) are skipped, both named in the warning. Of
+  ``curve_preferences`` only the first curve OpenSSL has is used (``set_ecdh_curve`` sets
+  one), never a curve the file did not list. ``prefer_server_cipher_suites`` sets OpenSSL's
+  server preference (Go ignores it since 1.18). Unknown names are errors, as in the toolkit.
+- Basic auth: a per-client budget of failed checks (429 with ``Retry-After`` once spent),
+  two bcrypt slots handed out by the client's standing instead of one global lock. The
+  toolkit has neither; its dummy hash for unknown users and its cache of results, failures
+  included, are followed.
+- Inline ``cert``/``key``/``client_ca`` and ``rate_limit`` are refused by name.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import enum
 import hashlib
+import heapq
 import hmac
 import ipaddress
+import itertools
 import logging
+import math
 import os
 import re
 import secrets
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .. import strict_yaml
 
-from ..boundedio import FileTooLargeError, read_bytes, require_regular_file
+from ..boundedio import require_regular_file
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")
@@ -91,7 +113,7 @@ _BCRYPT_MAX_PASSWORD = 72
 
 _TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users")
 _TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "client_allowed_sans",
-             "min_version", "max_version")
+             "min_version", "max_version", "cipher_suites", "curve_preferences", "prefer_server_cipher_suites")
 _HTTP_KEYS = ("http2", "headers")
 #: exporter-toolkit keys we know and do not implement, with what to do instead.
 _UNSUPPORTED = {
@@ -99,9 +121,45 @@ _UNSUPPORTED = {
     "cert": "inline certificates are not supported; write it to a file and use cert_file",
     "key": "inline keys are not supported; write it to a file and use key_file",
     "client_ca": "inline CAs are not supported; write it to a file and use client_ca_file",
-    "cipher_suites": "cipher suites are not configurable in dra-exporter (OpenSSL's defaults apply)",
-    "curve_preferences": "curve preferences are not configurable in dra-exporter (OpenSSL's defaults apply)",
-    "prefer_server_cipher_suites": "not configurable in dra-exporter (OpenSSL's defaults apply)",
+}
+
+#: The cipher-suite names exporter-toolkit accepts (Go's ``tls.CipherSuites()`` and
+#: ``tls.InsecureCipherSuites()``), with the OpenSSL name of each TLS 1.2 suite. The TLS 1.3
+#: suites map to None: Python's ``ssl`` cannot choose them (and Go ignores them here too).
+CIPHER_SUITES: Mapping[str, str | None] = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_RSA_WITH_RC4_128_SHA": "RC4-SHA",
+    "TLS_RSA_WITH_3DES_EDE_CBC_SHA": "DES-CBC3-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256": "AES128-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_RC4_128_SHA": "ECDHE-ECDSA-RC4-SHA",
+    "TLS_ECDHE_RSA_WITH_RC4_128_SHA": "ECDHE-RSA-RC4-SHA",
+    "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA": "ECDHE-RSA-DES-CBC3-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256": "ECDHE-ECDSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256": "ECDHE-RSA-AES128-SHA256",
+    "TLS_AES_128_GCM_SHA256": None,
+    "TLS_AES_256_GCM_SHA384": None,
+    "TLS_CHACHA20_POLY1305_SHA256": None,
+}
+#: exporter-toolkit's curve names, with OpenSSL's (None: not in OpenSSL 3.0).
+CURVES: Mapping[str, str | None] = {
+    "CurveP256": "prime256v1",
+    "CurveP384": "secp384r1",
+    "CurveP521": "secp521r1",
+    "X25519": "X25519",
+    "X25519MLKEM768": None,
 }
 
 log = logging.getLogger(__name__)
@@ -122,6 +180,12 @@ class TlsSettings:
     client_allowed_sans: tuple[str, ...] = ()
     min_version: str = "TLS12"
     max_version: str = "TLS13"
+    ciphers: tuple[str, ...] = ()
+    """OpenSSL names of the TLS 1.2 suites allowed (empty: OpenSSL's defaults)."""
+    curve: str = ""
+    """The one OpenSSL curve for key exchange (empty: OpenSSL's defaults)."""
+    prefer_server_ciphers: bool = True
+    """exporter-toolkit's default, and Python's."""
 
     @property
     def verifies_clients(self) -> bool:
@@ -143,6 +207,13 @@ class WebConfig:
     tls: TlsSettings | None = None
     users: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
     headers: tuple[tuple[str, str], ...] = ()
+    not_applied: tuple[str, ...] = ()
+    """Settings of the file that Python's ssl cannot apply, each with the reason."""
+
+    @property
+    def empty(self) -> bool:
+        """Whether the file configures nothing: plain HTTP, no auth, no headers."""
+        return self.tls is None and not self.users and not self.headers
 
     @property
     def basic_auth(self) -> bool:
@@ -161,43 +232,23 @@ class WebConfig:
 def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     """Read and check a web-config file; raises ``WebConfigError`` with one clear line."""
     label = os.fspath(path)
-    data = _parse_yaml(label, _read(label))
-    config = _build(label, data)
+    config = _build(label, _parse(label))
     if config.tls is not None:
         build_ssl_context(config.tls, label)  # fail at start-up, not at the first scrape
+    if config.empty:
+        # exporter-toolkit serves plain HTTP too; say so, since a file was given on purpose.
+        log.warning("web config %s sets neither TLS, basic auth nor headers: serving plain HTTP "
+                    "without authentication", label)
+    if config.not_applied:
+        log.warning("web config %s: not applied, as Python's ssl cannot: %s", label, "; ".join(config.not_applied))
     return config
 
 
-def _read(label: str) -> str:
+def _parse(label: str) -> Any:
     try:
-        raw = read_bytes(label, _MAX_FILE_BYTES)
-    except FileTooLargeError:
-        raise WebConfigError(f"web config {label}: larger than {_MAX_FILE_BYTES >> 20} MiB; not a web config") from None
-    except FileNotFoundError:
-        raise WebConfigError(f"web config {label}: no such file") from None
-    except IsADirectoryError:
-        raise WebConfigError(f"web config {label}: is a directory, not a YAML file") from None
-    except OSError as e:
-        raise WebConfigError(f"web config {label}: cannot read it: {e.strerror}") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise WebConfigError(f"web config {label}: not a UTF-8 text file") from None
-
-
-def _parse_yaml(label: str, text: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as e:
-        # Only the position and the problem: PyYAML's own message quotes the offending line,
-        # which may hold a password hash.
-        mark = e.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise WebConfigError(f"web config {label}: invalid YAML{where}: {e.problem or e.context}") from None
-    except yaml.YAMLError:
-        raise WebConfigError(f"web config {label}: invalid YAML") from None
-    except RecursionError:
-        raise WebConfigError(f"web config {label}: YAML nested too deeply") from None
+        return strict_yaml.load(strict_yaml.read_text(label, _MAX_FILE_BYTES))
+    except strict_yaml.YamlFileError as e:
+        raise WebConfigError(f"web config {label}: {e}") from None
 
 
 class _Fields:
@@ -246,17 +297,21 @@ def _build(label: str, data: Any) -> WebConfig:
         raise WebConfigError(f"web config {label}: must be a YAML mapping, got {_kind(data)}")
     top = _Fields(label, "", data, _TOP_KEYS)
     base = Path(label).resolve().parent
+    tls, not_applied = _tls(_Fields(label, "tls_server_config", top.value.get("tls_server_config"), _TLS_KEYS),
+                            base)
     return WebConfig(
         path=label,
-        tls=_tls(_Fields(label, "tls_server_config", top.value.get("tls_server_config"), _TLS_KEYS), base),
+        tls=tls,
         users=_users(label, top.value.get("basic_auth_users")),
         headers=_http(_Fields(label, "http_server_config", top.value.get("http_server_config"), _HTTP_KEYS)),
+        not_applied=not_applied,
     )
 
 
-def _tls(f: _Fields, base: Path) -> TlsSettings | None:
+def _tls(f: _Fields, base: Path) -> tuple[TlsSettings | None, tuple[str, ...]]:
+    """The TLS settings (None: plain HTTP) and the settings Python's ssl cannot apply."""
     if not any(f.value.get(k) not in (None, "", []) for k in _TLS_KEYS):
-        return None  # no TLS settings at all: plain HTTP, as with exporter-toolkit
+        return None, ()  # no TLS settings at all: plain HTTP, as with exporter-toolkit
     cert, key = f.string("cert_file"), f.string("key_file")
     if not cert or not key:
         raise f.error("cert_file and key_file are both required to serve TLS")
@@ -277,9 +332,80 @@ def _tls(f: _Fields, base: Path) -> TlsSettings | None:
     low, high = _version(f, "min_version", "TLS12"), _version(f, "max_version", "TLS13")
     if TLS_VERSIONS[low] > TLS_VERSIONS[high]:
         raise f.error(f"min_version {low} is newer than max_version {high}", "min_version")
-    return TlsSettings(cert_file=_path(base, cert), key_file=_path(base, key), client_auth_type=auth,
-                       client_ca_file=_path(base, ca) if ca else "", client_allowed_sans=sans,
-                       min_version=low, max_version=high)
+    ciphers, cipher_notes = _ciphers(f)
+    curve, curve_notes = _curve(f)
+    prefer = f.value.get("prefer_server_cipher_suites", True)
+    if not isinstance(prefer, bool):
+        raise f.error(f"must be true or false, got {_kind(prefer)}", "prefer_server_cipher_suites")
+    settings = TlsSettings(cert_file=_path(base, cert), key_file=_path(base, key), client_auth_type=auth,
+                           client_ca_file=_path(base, ca) if ca else "", client_allowed_sans=sans,
+                           min_version=low, max_version=high, ciphers=ciphers, curve=curve,
+                           prefer_server_ciphers=prefer)
+    return settings, cipher_notes + curve_notes
+
+
+def _names(f: _Fields, key: str, known: Mapping[str, str | None], what: str, example: str) -> list[str]:
+    value = f.value.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise f.error(f"must be a list of {what} names", key)
+    for name in value:
+        if name not in known:
+            # Refused like exporter-toolkit refuses it: a typo must not widen what is allowed.
+            raise f.error(f"unknown {what} {name!r} (Go's names, as exporter-toolkit takes them, e.g. {example})",
+                          key)
+    return list(dict.fromkeys(value))
+
+
+def _ciphers(f: _Fields) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The OpenSSL names of the listed TLS 1.2 suites this OpenSSL has, and what is not applied."""
+    names = _names(f, "cipher_suites", CIPHER_SUITES, "cipher suite", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256")
+    tls13 = [n for n in names if CIPHER_SUITES[n] is None]
+    usable: list[tuple[str, str]] = []
+    missing: list[tuple[str, str]] = []
+    for name in names:
+        openssl = CIPHER_SUITES[name]
+        if openssl is not None:
+            (usable if _openssl_has_cipher(openssl) else missing).append((name, openssl))
+    notes = []
+    if tls13:
+        notes.append(f"cipher_suites {', '.join(tls13)} (TLS 1.3 suites cannot be chosen in Python's ssl; "
+                     "OpenSSL's TLS 1.3 suites apply)")
+    if missing:
+        notes.append(f"cipher_suites {', '.join(n for n, _ in missing)} (not in {ssl.OPENSSL_VERSION})")
+    if missing and not usable:
+        raise f.error(f"none of the TLS 1.2 suites listed is available in {ssl.OPENSSL_VERSION}; "
+                      "list at least one it has (e.g. TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256)", "cipher_suites")
+    return tuple(openssl for _, openssl in usable), tuple(notes)
+
+
+def _openssl_has_cipher(openssl_name: str) -> bool:
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).set_ciphers(openssl_name)
+    except ssl.SSLError:
+        return False
+    return True
+
+
+def _curve(f: _Fields) -> tuple[str, tuple[str, ...]]:
+    """The one curve Python's ssl can set (``set_ecdh_curve``): the first listed that OpenSSL has.
+
+    Using only the most preferred curve never allows a curve the file did not list; a client
+    without it cannot connect, which the log line says.
+    """
+    names = _names(f, "curve_preferences", CURVES, "curve", ", ".join(CURVES))
+    available = [n for n in names if CURVES[n] is not None]
+    if names and not available:
+        raise f.error(f"none of the curves listed is available in {ssl.OPENSSL_VERSION}; "
+                      "list CurveP256, CurveP384, CurveP521 or X25519", "curve_preferences")
+    if not available:
+        return "", ()
+    chosen = available[0]
+    left = [n for n in names if n != chosen]
+    notes = (f"curve_preferences {', '.join(left)} (Python's ssl sets one curve: only {chosen} is offered)",) \
+        if left else ()
+    return CURVES[chosen] or "", notes
 
 
 def _version(f: _Fields, key: str, default: str) -> str:
@@ -384,6 +510,14 @@ def build_ssl_context(tls: TlsSettings, label: str = "") -> ssl.SSLContext:
     ctx.maximum_version = TLS_VERSIONS[tls.max_version]
     # Client-initiated renegotiation only lets a client make the server work harder.
     ctx.options |= ssl.OP_NO_RENEGOTIATION
+    if tls.prefer_server_ciphers:
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    if tls.ciphers:
+        ctx.set_ciphers(":".join(tls.ciphers))  # TLS 1.2 and below only; checked at load
+    if tls.curve:
+        ctx.set_ecdh_curve(tls.curve)
     try:
         ctx.load_cert_chain(tls.cert_file, tls.key_file, password=_refuse_passphrase)
     except _EncryptedKey:
@@ -514,71 +648,279 @@ class TlsContexts:
 # --- basic auth -----------------------------------------------------------------------------------
 
 
-class BasicAuth:
-    """Checks ``Authorization: Basic`` headers against bcrypt hashes.
+class AuthVerdict(enum.Enum):
+    """What a basic-auth check says about one request."""
 
-    - One bcrypt at a time (bcrypt is slow on purpose; a burst of bad passwords must not
-      take every core of the node).
-    - Successful checks are remembered for ``ttl`` seconds under an HMAC of user and
-      password with a per-process random key, so no password is kept in memory in clear
-      and a wrong password never hits the cache. Failures are never cached.
-    - An unknown user still costs one bcrypt, so timing does not reveal which users exist.
+    OK = "ok"
+    DENIED = "denied"
+    """Missing, malformed or wrong credentials: 401."""
+    THROTTLED = "throttled"
+    """Not checked: the client spent its budget of failed checks, or the verifiers are busy: 429."""
+
+
+class BasicAuth:
+    """Checks ``Authorization: Basic`` headers against bcrypt hashes, so that no flood of
+    wrong passwords can keep a right one waiting.
+
+    - Successful checks are remembered for ``ttl`` seconds, and failed ones too (as
+      exporter-toolkit caches both), under an HMAC of user, password and hash with a
+      per-process random key: no password is kept in clear, and a client repeating a wrong
+      password costs a dictionary look-up, not a bcrypt.
+    - At most ``slots`` bcrypt checks run at once (bcrypt is slow on purpose and releases the
+      GIL: a burst of bad passwords must not take every core of the node), in the request's
+      own thread. Waiting checks are let in by their client's standing: the number of its
+      failed or unfinished checks that its budget has not yet forgotten, then arrival. A
+      client that has not failed goes ahead of every client that has, so good logins never
+      queue behind failures. At most ``max_waiting`` checks wait; when a better-placed one
+      comes, the worst-placed waiter is answered THROTTLED without a bcrypt.
+    - Each client (peer address; an IPv6 /64, since one host holds the whole prefix) has a
+      budget of ``failure_burst`` checks, refilled one per ``refill_seconds`` and given back
+      on success. A client that has spent it is answered THROTTLED at once, without a
+      bcrypt, until a check comes back: a short back-off, so a Prometheus whose password was
+      just fixed is checked again within ``refill_seconds``. That answer comes after
+      ``throttle_delay`` seconds, so one connection cannot turn refusals into a flood of
+      requests that keeps the interpreter from good logins.
+    - An unknown user costs one bcrypt against a dummy hash of the users' cost (the cost most
+      users have; the higher one on a tie), so timing does not reveal which users exist.
     """
 
     def __init__(self, users: tuple[tuple[str, bytes], ...], *, ttl: float = 60.0, max_entries: int = 256,
+                 slots: int = 2, max_waiting: int = 16, failure_burst: int = 10, refill_seconds: float = 6.0,
+                 wait_timeout: float = 5.0, max_clients: int = 4096, throttle_delay: float = 1.0,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         if not users:
             raise ValueError("BasicAuth needs at least one user")
         self._users = dict(users)
-        self._decoy = users[0][1]
-        self._ttl = ttl
-        self._max_entries = max_entries
+        self._dummy = _dummy_hash(hashed for _, hashed in users)
         self._monotonic = monotonic
         self._key = secrets.token_bytes(32)
-        self._cache: dict[bytes, float] = {}
-        self._cache_lock = threading.Lock()
-        self._bcrypt_lock = threading.Lock()
-        #: bcrypt verifications made (cache misses); tests and benchmarks read it.
+        self._successes = _ExpiringKeys(ttl, max_entries)
+        self._failures = _ExpiringKeys(ttl, max_entries)
+        self._budget = _FailureBudget(failure_burst, refill_seconds, max_clients)
+        self._gate = _PriorityGate(slots, max_waiting)
+        self._wait_timeout = wait_timeout
+        self._throttle_delay = throttle_delay
+        #: Whole seconds a THROTTLED client should wait (the ``Retry-After`` header).
+        self.retry_after = max(1, math.ceil(refill_seconds))
+        self._count_lock = threading.Lock()
+        #: bcrypt verifications made; tests and benchmarks read it.
         self.bcrypt_checks = 0
 
-    def check(self, authorization: str | None) -> bool:
+    @property
+    def waiting(self) -> int:
+        """Checks waiting for a bcrypt slot now."""
+        return self._gate.waiting
+
+    def check(self, authorization: str | None, peer: str = "") -> bool:
         """Whether the header carries a valid user and password."""
+        return self.verdict(authorization, peer) is AuthVerdict.OK
+
+    def verdict(self, authorization: str | None, peer: str = "") -> AuthVerdict:
+        """Check the header sent by the client at address ``peer``."""
         credentials = _parse_basic(authorization)
         if credentials is None:
-            return False
+            return AuthVerdict.DENIED
         user, password = credentials
         hashed = self._users.get(user)
         key = hmac.new(self._key, user.encode() + b"\x00" + password + b"\x00" + (hashed or b""),
                        hashlib.sha256).digest()
         now = self._monotonic()
-        if hashed is not None and self._cached(key, now):
-            return True
-        ok = self._verify(password, hashed if hashed is not None else self._decoy) and hashed is not None
+        if hashed is not None and self._successes.holds(key, now):
+            return AuthVerdict.OK
+        if self._failures.holds(key, now):
+            return AuthVerdict.DENIED
+        client = client_key(peer)
+        standing = self._budget.take(client, now)
+        if standing is None:
+            return self._throttled()
+        if not self._gate.acquire(standing, self._wait_timeout):
+            # Turned away, the check still counts against the client's budget: given back, a
+            # flood of fresh clients would retry at the best standing for ever and keep every
+            # place in the waiting room from a good login.
+            return self._throttled()
+        try:
+            ok = self._verify(password, hashed if hashed is not None else self._dummy) and hashed is not None
+        finally:
+            self._gate.release()
+        now = self._monotonic()
         if ok:
-            self._remember(key, now)
-        return ok
+            self._budget.give_back(client, now)
+            self._successes.add(key, now)
+            return AuthVerdict.OK
+        self._failures.add(key, now)
+        return AuthVerdict.DENIED
 
-    def _cached(self, key: bytes, now: float) -> bool:
-        with self._cache_lock:
-            expiry = self._cache.get(key)
-            return expiry is not None and expiry > now
-
-    def _remember(self, key: bytes, now: float) -> None:
-        with self._cache_lock:
-            if len(self._cache) >= self._max_entries:
-                for stale in [k for k, exp in self._cache.items() if exp <= now] or list(self._cache)[:1]:
-                    del self._cache[stale]
-            self._cache[key] = now + self._ttl
+    def _throttled(self) -> AuthVerdict:
+        # Answering at once would let each attacker's connection send thousands of requests
+        # a second, and parsing them takes the interpreter from good logins; a blocked thread
+        # costs nothing, and the connection is held by the client anyway.
+        if self._throttle_delay > 0:
+            time.sleep(self._throttle_delay)
+        return AuthVerdict.THROTTLED
 
     def _verify(self, password: bytes, hashed: bytes) -> bool:
         import bcrypt
 
-        with self._bcrypt_lock:
+        with self._count_lock:
             self.bcrypt_checks += 1
-            try:
-                return bool(bcrypt.checkpw(password[:_BCRYPT_MAX_PASSWORD], hashed))
-            except ValueError:
-                return False
+        try:
+            return bool(bcrypt.checkpw(password[:_BCRYPT_MAX_PASSWORD], hashed))
+        except ValueError:
+            return False
+
+
+def _dummy_hash(hashes: Iterator[bytes]) -> bytes:
+    """A bcrypt hash no password matches, of the cost most of ``hashes`` have (ties: the higher)."""
+    import bcrypt
+
+    costs = Counter(int(h[4:6]) for h in hashes)
+    cost = max(costs, key=lambda c: (costs[c], c))
+    # A random salt and an all-zero digest: checking it costs a full bcrypt of that cost,
+    # and since no password hashes to zeros, and the result is ignored anyway, it never matches.
+    return bcrypt.gensalt(rounds=cost, prefix=b"2b") + b"." * 31
+
+
+def client_key(peer: str) -> str:
+    """Whose budget a connection from ``peer`` spends: its IPv4 address, or its IPv6 /64."""
+    try:
+        address = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return peer
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class _ExpiringKeys:
+    """A bounded set of keys, each forgotten ``ttl`` seconds after it was added."""
+
+    def __init__(self, ttl: float, max_entries: int) -> None:
+        self._ttl = ttl
+        self._max_entries = max_entries
+        self._expiry: dict[bytes, float] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    def holds(self, key: bytes, now: float) -> bool:
+        with self._lock:
+            expiry = self._expiry.get(key)
+            return expiry is not None and expiry > now
+
+    def add(self, key: bytes, now: float) -> None:
+        with self._lock:
+            if key not in self._expiry and len(self._expiry) >= self._max_entries:
+                # The expired ones, or else the oldest (dicts keep insertion order).
+                for stale in [k for k, exp in self._expiry.items() if exp <= now] or list(self._expiry)[:1]:
+                    del self._expiry[stale]
+            self._expiry.pop(key, None)
+            self._expiry[key] = now + self._ttl
+
+
+class _FailureBudget:
+    """Per client: ``burst`` bcrypt checks, one back every ``refill_seconds``, one back per success."""
+
+    def __init__(self, burst: int, refill_seconds: float, max_clients: int) -> None:
+        if burst < 1 or refill_seconds <= 0:
+            raise ValueError(f"failure budget needs burst >= 1 and refill > 0, got {burst}, {refill_seconds}")
+        self._burst = float(burst)
+        self._rate = 1.0 / refill_seconds
+        self._max_clients = max_clients
+        self._lock = threading.Lock()
+        #: client -> (tokens, when they were counted)
+        self._clients: dict[str, tuple[float, float]] = {}
+
+    def take(self, client: str, now: float) -> int | None:
+        """Spend one check: the client's standing before it (checks spent and not yet back,
+        0 for a client in good standing), or None when its budget is spent."""
+        with self._lock:
+            tokens = self._tokens(client, now)
+            if tokens < 1.0:
+                self._clients[client] = (tokens, now)
+                return None
+            if client not in self._clients and len(self._clients) >= self._max_clients:
+                self._forget_some(now)
+            self._clients[client] = (tokens - 1.0, now)
+            return math.ceil(self._burst - tokens)
+
+    def give_back(self, client: str, now: float) -> None:
+        with self._lock:
+            if client in self._clients:
+                self._clients[client] = (min(self._burst, self._tokens(client, now) + 1.0), now)
+
+    def _tokens(self, client: str, now: float) -> float:
+        tokens, then = self._clients.get(client, (self._burst, now))
+        return min(self._burst, tokens + (now - then) * self._rate)
+
+    def _forget_some(self, now: float) -> None:
+        # Clients whose budget is whole again carry no information; else drop the oldest.
+        whole = [c for c in self._clients if self._tokens(c, now) >= self._burst]
+        for client in whole or list(self._clients)[: max(1, self._max_clients // 8)]:
+            del self._clients[client]
+
+
+@dataclass(order=True, slots=True)
+class _Waiter:
+    standing: int
+    arrival: int
+    woken: threading.Event = field(default_factory=threading.Event, compare=False)
+    granted: bool = field(default=False, compare=False)
+    shed: bool = field(default=False, compare=False)
+
+
+class _PriorityGate:
+    """At most ``slots`` holders at once; waiters get in by (standing, arrival), lowest first."""
+
+    def __init__(self, slots: int, max_waiting: int) -> None:
+        if slots < 1 or max_waiting < 1:
+            raise ValueError(f"the gate needs slots >= 1 and max_waiting >= 1, got {slots}, {max_waiting}")
+        self._free = slots
+        self._max_waiting = max_waiting
+        self._waiting: list[_Waiter] = []  # a heap
+        self._arrivals = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    def acquire(self, standing: int, timeout: float) -> bool:
+        """Take a slot, waiting at most ``timeout`` seconds; False when shed or timed out."""
+        with self._lock:
+            if self._free:
+                self._free -= 1
+                return True
+            waiter = _Waiter(standing, next(self._arrivals))
+            if len(self._waiting) >= self._max_waiting:
+                worst = max(self._waiting)
+                if worst.standing <= standing:
+                    return False  # everyone waiting is placed at least as well
+                self._waiting.remove(worst)
+                heapq.heapify(self._waiting)
+                worst.shed = True
+                worst.woken.set()
+            heapq.heappush(self._waiting, waiter)
+        waiter.woken.wait(timeout)
+        with self._lock:
+            if waiter.granted:
+                return True
+            if not waiter.shed:  # timed out
+                self._waiting.remove(waiter)
+                heapq.heapify(self._waiting)
+            return False
+
+    def release(self) -> None:
+        with self._lock:
+            if self._waiting:
+                waiter = heapq.heappop(self._waiting)
+                waiter.granted = True
+                waiter.woken.set()
+            else:
+                self._free += 1
 
 
 def _parse_basic(header: str | None) -> tuple[str, bytes] | None:
