@@ -10,14 +10,17 @@
   label) and never quotes the file: PyYAML's own messages quote the offending line, which
   may hold a password hash.
 
-The simulator's scenario reader (``sim/scenario_builder.py``) has its own copy of the
-duplicate-key loader; the two are meant to become this one.
+- Aliases that would repeat more than ``_MAX_ALIAS_VALUES`` values (an alias bomb) or that
+  contain themselves are refused before anything is built.
+
+Every YAML file the project reads goes through here: web-configs, scenarios, cluster dumps.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 import yaml
 
@@ -51,7 +54,62 @@ def read_text(path: str | os.PathLike[str], max_bytes: int) -> str:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a repeated mapping key instead of keeping the last one."""
+    """SafeLoader that refuses a repeated mapping key instead of keeping the last one, and
+    aliases that repeat more than ``_MAX_ALIAS_VALUES`` values or refer to themselves.
+
+    PyYAML builds an alias as a reference to the one anchored object, so loading an alias
+    bomb costs nothing; whatever walks or copies the result (a cluster dump's objects are
+    copied) would expand it. The document's node graph is measured before anything is built.
+    """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_alias_expansion(node)
+        return super().construct_document(node)
+
+
+#: Values that aliases may add to a document by repeating anchored ones; a 4 MiB file holds
+#: about two million values without any, and a scenario that shares a few curves needs far fewer.
+_MAX_ALIAS_VALUES: Final = 100_000
+
+
+def _check_alias_expansion(root: yaml.Node) -> None:
+    """Refuse a node graph whose expansion (every alias replaced by a copy) is too large or infinite.
+
+    One iterative post-order walk with each node's expanded size memoised: linear in the
+    number of distinct nodes, however large the expansion would be.
+    """
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise yaml.constructor.ConstructorError(
+                None, None, "an alias refers to a value that contains it (a recursive alias)",
+                node.start_mark)
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in size)
+    added = size[id(root)] - len(size)
+    if added > _MAX_ALIAS_VALUES:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"aliases repeat anchored values {added:,} times over (at most "
+            f"{_MAX_ALIAS_VALUES:,} are accepted: an alias bomb?)", root.start_mark)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -74,8 +132,17 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 def load(text: str) -> Any:
     """The one YAML document in ``text`` (None when it is empty or only comments)."""
+    return _errors(lambda: yaml.load(text, Loader=_StrictLoader))  # noqa: S506 - a SafeLoader subclass
+
+
+def load_all(text: str) -> list[Any]:
+    """Every document of a multi-document YAML text (``[]`` for an empty one)."""
+    return _errors(lambda: list(yaml.load_all(text, Loader=_StrictLoader)))  # noqa: S506 - SafeLoader subclass
+
+
+def _errors(load: Callable[[], Any]) -> Any:
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+        return load()
     except yaml.MarkedYAMLError as e:
         # The position and the problem only, never PyYAML's quote of the line.
         mark = e.problem_mark

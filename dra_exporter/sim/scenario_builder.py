@@ -27,9 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
-import yaml
-
-from .. import model
+from .. import model, strict_yaml
 from ..boundedio import FileTooLargeError, read_text
 from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name, parse_nvidia_device_name
 from .profile import GPU_MODELS, GpuProfile, load_profile
@@ -110,96 +108,13 @@ def _read_source(source: str | os.PathLike[str]) -> tuple[str, str]:
         raise ScenarioError(f"scenario {label!r}: cannot read it: {e.strerror}") from None
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one, and
-    aliases that repeat more than ``_MAX_ALIAS_VALUES`` values or refer to themselves.
-
-    PyYAML builds an alias as a reference to the one anchored object, so loading an alias
-    bomb costs nothing; whatever walks or copies the result (a cluster dump's objects are
-    copied) would expand it. The document's node graph is measured before anything is built.
-    """
-
-    def construct_document(self, node: yaml.Node) -> Any:
-        _check_alias_expansion(node)
-        return super().construct_document(node)
-
-
-#: Values that aliases may add to a document by repeating anchored ones; a 4 MiB file holds
-#: about two million values without any, and a scenario that shares a few curves needs far fewer.
-_MAX_ALIAS_VALUES: Final = 100_000
-
-
-def _check_alias_expansion(root: yaml.Node) -> None:
-    """Refuse a node graph whose expansion (every alias replaced by a copy) is too large or infinite.
-
-    One iterative post-order walk with each node's expanded size memoised: linear in the
-    number of distinct nodes, however large the expansion would be.
-    """
-    size: dict[int, int] = {}
-    on_path: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        key = id(node)
-        if children_done:
-            on_path.discard(key)
-            size[key] = 1 + sum(size[id(c)] for c in _children(node))
-            continue
-        if key in size:
-            continue
-        if key in on_path:
-            raise yaml.constructor.ConstructorError(
-                None, None, "an alias refers to a value that contains it (a recursive alias)", node.start_mark)
-        on_path.add(key)
-        stack.append((node, True))
-        stack.extend((c, False) for c in _children(node) if id(c) not in size)
-    added = size[id(root)] - len(size)
-    if added > _MAX_ALIAS_VALUES:
-        raise yaml.constructor.ConstructorError(
-            None, None, f"aliases repeat anchored values {added:,} times over (at most "
-            f"{_MAX_ALIAS_VALUES:,} are accepted: an alias bomb?)", root.start_mark)
-
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    if isinstance(node, yaml.MappingNode):
-        return [n for pair in node.value for n in pair]
-    return []
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if isinstance(key, str | int | float | bool) and key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        if isinstance(key, str | int | float | bool):
-            seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def _parse_yaml_documents(label: str, text: str) -> list[Any]:
     """Every document of a (possibly multi-document) YAML text; ``[None]`` for an empty one."""
-    docs = _yaml_errors(label, lambda: list(yaml.load_all(text, Loader=_StrictLoader)))  # noqa: S506
-    return docs or [None]
-
-
-def _yaml_errors(label: str, load: Callable[[], Any]) -> Any:
     try:
-        return load()
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ScenarioError(f"{label}: invalid YAML{where}: {e.problem or e.context}") from None
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{label}: invalid YAML: {e}") from None
-    except RecursionError:
-        raise ScenarioError(f"{label}: YAML nested too deeply; not a scenario") from None
+        docs = strict_yaml.load_all(text)
+    except strict_yaml.YamlFileError as e:
+        raise ScenarioError(f"{label}: {e}") from None
+    return docs or [None]
 
 
 class _Cursor:
