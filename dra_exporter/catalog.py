@@ -96,6 +96,13 @@ DEVICE_HEALTH: Final = "dra_device_health"
 DEVICE_SHARED_CAPACITY: Final = "dra_device_shared_capacity"
 DEVICE_SHARED_CONSUMPTION: Final = "dra_device_shared_consumption"
 
+# --- ComputeDomain families (API server, resource.nvidia.com) -------------------------------
+COMPUTE_DOMAIN_INFO: Final = "dra_compute_domain_info"
+COMPUTE_DOMAIN_READY: Final = "dra_compute_domain_ready"
+COMPUTE_DOMAIN_NODE_READY: Final = "dra_compute_domain_node_ready"
+COMPUTE_DOMAIN_CHANNEL_INFO: Final = "dra_compute_domain_channel_info"
+COMPUTE_DOMAIN_GPU_INFO: Final = "dra_compute_domain_gpu_info"
+
 # --- self-metrics ---------------------------------------------------------------------------
 SOURCE_UP: Final = "dra_exporter_source_up"
 COLLECT_DURATION: Final = "dra_exporter_collect_duration_seconds"
@@ -235,6 +242,27 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
           "in the counter's base unit; sum by counter set to compare with the capacity.",
           ("driver", "pool", "device", "counter_set", "counter"),
           otel_name="dra.device.shared.consumption", otel_unit="1"),
+    _spec(COMPUTE_DOMAIN_INFO, "gauge",
+          "A ComputeDomain (resource.nvidia.com) that this node's claims hold an IMEX channel or daemon of; "
+          "value is always 1.",
+          ("namespace", "compute_domain", "uid", "allocation_mode", "num_nodes")),
+    _spec(COMPUTE_DOMAIN_READY, "gauge",
+          "Whether the ComputeDomain's status is Ready (1) or not (0, also while it has no status).",
+          ("namespace", "compute_domain"), otel_name="dra.compute_domain.ready", otel_unit="1"),
+    _spec(COMPUTE_DOMAIN_NODE_READY, "gauge",
+          "Whether a member node of the ComputeDomain is Ready (1) or not (0): every node of its status "
+          "(else of its ComputeDomainCliques), so each member's agent shows all of them; use max by "
+          "(namespace, compute_domain, node).",
+          ("namespace", "compute_domain", "node", "clique", "index"),
+          otel_name="dra.compute_domain.node.ready", otel_unit="1"),
+    _spec(COMPUTE_DOMAIN_CHANNEL_INFO, "gauge",
+          "A pod on this node holding an IMEX channel of the ComputeDomain (its claim's "
+          "ComputeDomainChannelConfig); value is always 1.",
+          ("namespace", "claim", "pod", "compute_domain", "device")),
+    _spec(COMPUTE_DOMAIN_GPU_INFO, "gauge",
+          "A GPU of this node allocated to a pod that holds an IMEX channel of the ComputeDomain; join "
+          "on uuid to sum NVLink traffic per domain; value is always 1.",
+          ("uuid", "gpu", "namespace", "pod", "compute_domain")),
     _spec(SOURCE_UP, "gauge", "Whether the source's last collection succeeded (1) or not (0).", _SOURCE,
           otel_name="dra.exporter.source.up", otel_unit="1"),
     _spec(COLLECT_DURATION, "gauge", "Seconds the source's last collection took.", _SOURCE,

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from . import catalog as cat
+from .join_domains import domain_families
 from .model import (
     ClaimDevice,
     ClaimInfo,
@@ -186,6 +187,8 @@ def join(inp: JoinInput) -> Frame:
     if cluster:
         _cluster_families(out, cluster, resolver)
         _health_families(out, cluster, pods, view)
+        for name, labels, value in domain_families(cluster, _gpu_holders(devices, consumers)):
+            out.add(name, labels, value)
     if inp.nvml:
         processes = Counter(proc.uuid for proc in inp.nvml.processes)
         for sample in inp.nvml.devices:
@@ -312,6 +315,15 @@ def _attribution(consumers: Iterable[_Consumer]) -> Labels:
 
 def _only(values: set[str]) -> str:
     return next(iter(values)) if len(values) == 1 else ""
+
+
+def _gpu_holders(devices: Sequence[GpuDevice], consumers: dict[str, set[_Consumer]]
+                 ) -> Iterator[tuple[str, str, str, str]]:
+    """(uuid, gpu, namespace, pod) for each physical GPU and each pod holding it or one of its MIG
+    devices: NVLink links belong to the physical GPU."""
+    for dev in devices:
+        for c in consumers.get(dev.uuid, ()):
+            yield dev.parent_uuid or dev.uuid, str(dev.index), c.namespace, c.pod
 
 
 # --- families -----------------------------------------------------------------------------------

@@ -399,6 +399,23 @@ class ConsumerRef:
 
 
 @dataclass(frozen=True, slots=True)
+class OpaqueConfig:
+    """One ``status.allocation.devices.config[]`` entry with ``opaque`` parameters: driver-defined
+    JSON, of which only the top-level scalar fields are kept (``kind``, ``domainID``, …)."""
+
+    driver: str
+    requests: tuple[str, ...] = ()
+    """The requests it applies to; empty: every request of the claim."""
+    source: str = ""
+    """``FromClaim`` or ``FromClass``."""
+    parameters: tuple[tuple[str, str], ...] = ()
+    """Top-level string, number and bool fields of ``parameters`` as text, sorted by key."""
+
+    def parameter(self, key: str) -> str:
+        return next((v for k, v in self.parameters if k == key), "")
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimInfo:
     """A ResourceClaim as the join needs it."""
 
@@ -409,6 +426,8 @@ class ClaimInfo:
     """Empty while the claim is not allocated."""
     reserved_for: tuple[ConsumerRef, ...] = ()
     devices: tuple[ClaimDeviceStatus, ...] = ()
+    configs: tuple[OpaqueConfig, ...] = ()
+    """The allocation's opaque device configuration (NVIDIA's ``ComputeDomainChannelConfig``)."""
 
     def results_for(self, driver: str, pool: str, device: str) -> tuple[AllocationResult, ...]:
         return tuple(r for r in self.results if (r.driver, r.pool, r.device) == (driver, pool, device))
@@ -485,6 +504,49 @@ class PodInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ComputeDomainNode:
+    """One member node of a ComputeDomain: a ``status.nodes[]`` entry, or a ComputeDomainClique's
+    ``daemons[]`` entry (the same fields)."""
+
+    name: str
+    clique: str = ""
+    """``<clusterUUID>.<cliqueId>``; ``""`` for a node without fabric."""
+    index: int | None = None
+    """The IMEX daemon's DNS index (-1 without fabric); None where the driver writes none (v25.3)."""
+    status: str = ""
+    """``Ready`` or ``NotReady``; ``""`` where the driver writes none (v25.3: a listed node has joined)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeDomain:
+    """A ``resource.nvidia.com`` ComputeDomain (NVIDIA's multi-node NVLink / IMEX domain)."""
+
+    namespace: str
+    name: str
+    uid: str
+    num_nodes: int = 0
+    allocation_mode: str = ""
+    """``Single`` or ``All`` (v25.8+); ``""`` where the driver has no such field (v25.3)."""
+    status: str = ""
+    """``status.status``: ``Ready``/``NotReady``; ``""`` when the controller wrote none yet."""
+    nodes: tuple[ComputeDomainNode, ...] = ()
+    """``status.nodes[]``, by name."""
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeDomainClique:
+    """A ComputeDomainClique (driver namespace, feature gate ``ComputeDomainCliques``): the IMEX
+    daemons of one domain in one NVLink clique."""
+
+    namespace: str
+    name: str
+    domain_uid: str
+    """Its ``resource.nvidia.com/computeDomain`` label: the domain's UID."""
+    clique: str = ""
+    daemons: tuple[ComputeDomainNode, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """The API server's view of this node: slices (highest pool generation only, only what
     covers this node), the claims local pods use, the node's pods and the cluster's
@@ -499,6 +561,11 @@ class ClusterSnapshot:
     taint_rules: tuple[DeviceTaintRule, ...] = ()
     """DeviceTaintRules of the cluster (all of them: they are few); the join applies them to this
     node's devices."""
+    compute_domains: tuple[ComputeDomain, ...] = ()
+    """The ComputeDomains this node's claims hold a channel of (``resource.nvidia.com``; empty where
+    the CRD is not served)."""
+    compute_domain_cliques: tuple[ComputeDomainClique, ...] = ()
+    """The cliques of those domains."""
 
     def claim(self, namespace: str, name: str) -> ClaimInfo | None:
         for c in self.claims:

@@ -118,6 +118,14 @@ RESOURCES: Final = {
         ),
     ),
 }
+#: NVIDIA's ComputeDomain CRDs (resource.nvidia.com/v1beta1), served where the scenario has them.
+CD_GROUP: Final = "resource.nvidia.com"
+CD_VERSION: Final = "v1beta1"
+RESOURCES.update({
+    "computedomains": _Resource("computedomains", "ComputeDomain", CD_GROUP, True, _META_FIELDS),
+    "computedomaincliques": _Resource("computedomaincliques", "ComputeDomainClique", CD_GROUP, True,
+                                      _META_FIELDS),
+})
 _VERBS: Final = ["get", "list", "watch"]
 
 
@@ -327,6 +335,7 @@ class SimulatedApiServer:
         poll_s: float = 0.1,
         bookmark_s: float = 60.0,
         taint_rule_versions: Collection[str] = (),
+        compute_domains: bool | None = None,
     ) -> None:
         served = k8s_objects.served_versions(scenario.api_version)
         if versions is not None:
@@ -348,6 +357,9 @@ class SimulatedApiServer:
         #: behind a gate before 1.37); v1alpha3 serves nothing else.
         self.taint_rule_versions = tuple(v for v in TAINT_RULE_VERSIONS if v in taint_rule_versions)
         self.preferred = scenario.api_version if scenario.api_version in served else served[0]
+        #: Whether resource.nvidia.com/v1beta1 (ComputeDomains) is served; None: where the scenario has some.
+        self.compute_domains = (k8s_objects.serves_compute_domains(scenario) if compute_domains is None
+                                else compute_domains)
         self.requests: Counter[tuple[str, str]] = Counter()
         self._requests_lock = threading.Lock()
         self._slow_delay = slow_delay
@@ -550,7 +562,13 @@ class SimulatedApiServer:
         if path == "/api/v1":
             return _resource_list("v1", [RESOURCES["nodes"], RESOURCES["pods"]])
         if path == "/apis":
-            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [self._group()]}
+            groups = [self._group(), *([self._cd_group()] if self.compute_domains else [])]
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+        if self.compute_domains and path == f"/apis/{CD_GROUP}":
+            return {"kind": "APIGroup", "apiVersion": "v1", **self._cd_group()}
+        if self.compute_domains and path == f"/apis/{CD_GROUP}/{CD_VERSION}":
+            return _resource_list(f"{CD_GROUP}/{CD_VERSION}", [RESOURCES["computedomains"],
+                                                               RESOURCES["computedomaincliques"]])
         if path == f"/apis/{GROUP}":
             return {"kind": "APIGroup", "apiVersion": "v1", **self._group()}
         version = path.removeprefix(f"/apis/{GROUP}/")
@@ -578,6 +596,11 @@ class SimulatedApiServer:
             "versions": [gv(v) for v in self.group_versions],
             "preferredVersion": gv(self.preferred),
         }
+
+    @staticmethod
+    def _cd_group() -> JSON:
+        gv = {"groupVersion": f"{CD_GROUP}/{CD_VERSION}", "version": CD_VERSION}
+        return {"name": CD_GROUP, "versions": [gv], "preferredVersion": gv}
 
     def get(self, request: _Request) -> JSON:
         self.sync()
@@ -806,24 +829,32 @@ _CORE_PATH = re.compile(r"/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[^/]+)(?
 _GROUP_PATH = re.compile(
     rf"/apis/{re.escape(GROUP)}/(?P<ver>[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[^/]+)(?:/(?P<name>[^/]+))?"
 )
+_CD_PATH = re.compile(
+    rf"/apis/{re.escape(CD_GROUP)}/(?P<ver>[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[^/]+)"
+    r"(?:/(?P<name>[^/]+))?"
+)
 _TRUE: Final = ("true", "1")
 
 
 def parse_request(path: str, query: Mapping[str, list[str]], versions: Collection[str],
-                  taint_rule_versions: Collection[str] = ()) -> _Request | None:
+                  taint_rule_versions: Collection[str] = (), compute_domains: bool = False) -> _Request | None:
     """The resource request ``path`` names, or None when it is not one (discovery, unknown)."""
     m = _CORE_PATH.fullmatch(path)
-    version = "v1"
+    version, group = "v1", ""
     if m is None:
         m = _GROUP_PATH.fullmatch(path)
+        group = GROUP
+        if m is None and compute_domains:
+            m, group = _CD_PATH.fullmatch(path), CD_GROUP
         if m is None:
             return None
         version = m["ver"]
-        served = taint_rule_versions if m["res"] == "devicetaintrules" else versions
+        served = (taint_rule_versions if m["res"] == "devicetaintrules" else
+                  (CD_VERSION,) if group == CD_GROUP else versions)
         if version not in served:
             raise _not_found()
     resource = RESOURCES.get(m["res"])
-    if resource is None or bool(resource.group) != (m.re is _GROUP_PATH):
+    if resource is None or resource.group != group:
         raise _not_found()
     if m["ns"] and not resource.namespaced:
         raise _not_found()
@@ -888,7 +919,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         path = parts.path.rstrip("/") or "/"
         try:
-            request = parse_request(path, parse_qs(parts.query), self.api.versions, self.api.taint_rule_versions)
+            request = parse_request(path, parse_qs(parts.query), self.api.versions, self.api.taint_rule_versions,
+                                    self.api.compute_domains)
         except ApiError as e:
             self.api._count("get", "unknown")
             self._fail(e)

@@ -50,6 +50,9 @@ from .scenario import (
 from .scenario_builder import _Cursor, _quantity
 
 KINDS: Final = ("ResourceSlice", "ResourceClaim", "Pod")
+#: NVIDIA's ComputeDomain objects: not part of the node's hardware or kubelet view, only served as they are.
+CD_KINDS: Final = ("ComputeDomain", "ComputeDomainClique")
+_CD_API_VERSION: Final = "resource.nvidia.com/v1beta1"
 #: The recording whose answers (power, clocks, fields) every replayed GPU gives; see ``profile.identified``.
 RECORDED_MODEL: Final = "h200"
 #: Memory slices of the GPUs the MIG table knows (A100, H100, H200): eight.
@@ -177,6 +180,14 @@ def _objects(docs: list[Any], label: str) -> Iterator[_Obj]:
                     f"{where}: items[{i}]: expected a Kubernetes object with kind and apiVersion"
                 )
             obj = _Obj(_plain(item), label)
+            if obj.kind in CD_KINDS:
+                if not obj.name or not obj.namespace:
+                    raise obj.error("metadata", "name and namespace are required")
+                if item["apiVersion"] != _CD_API_VERSION:
+                    raise obj.error("apiVersion", f"{item['apiVersion']!r} is not supported (supported: "
+                                    f"{_CD_API_VERSION})")
+                yield obj
+                continue
             if obj.kind not in KINDS:
                 continue  # DeviceClasses, templates, nodes…: nothing the simulated node needs
             if not obj.name:
@@ -286,7 +297,7 @@ class _DumpBuilder:
         claims = self._claims()
         pods = self._pods(claims)
         self._fill_gpu_gaps()
-        versions = {o.version for o in self.objects if o.kind != "Pod"}
+        versions = {o.version for o in self.objects if o.kind in KINDS and o.kind != "Pod"}
         api_version = next((v for v in API_VERSIONS if v in versions), "v1")
         document = {
             "node": self.node,

@@ -74,6 +74,9 @@ class ClusterObjects:
     devicetaintrules: tuple[JSON, ...] = ()
     nodes: tuple[JSON, ...] = ()
     """Only from a scenario's own objects (a dump, a test): scenarios describe neither."""
+    computedomains: tuple[JSON, ...] = ()
+    """resource.nvidia.com/v1beta1 ComputeDomains (multi-node scenarios, dumps)."""
+    computedomaincliques: tuple[JSON, ...] = ()
 
     def by_resource(self) -> dict[str, tuple[JSON, ...]]:
         return {
@@ -82,7 +85,21 @@ class ClusterObjects:
             "pods": self.pods,
             "devicetaintrules": self.devicetaintrules,
             "nodes": self.nodes,
+            "computedomains": self.computedomains,
+            "computedomaincliques": self.computedomaincliques,
         }
+
+
+#: NVIDIA's ComputeDomain kinds (resource.nvidia.com/v1beta1), served only where a scenario has them.
+COMPUTE_DOMAIN_KINDS: Final = ("ComputeDomain", "ComputeDomainClique")
+
+
+def serves_compute_domains(scenario: Scenario) -> bool:
+    """Whether the simulated cluster has NVIDIA's ComputeDomain CRDs: a multi-node scenario with
+    ComputeDomains, or a dump that holds such objects."""
+    if scenario.cluster is not None:
+        return bool(scenario.cluster.compute_domains)
+    return any(o.get("kind") in COMPUTE_DOMAIN_KINDS for o in scenario.raw_objects)
 
 
 def served_versions(preferred: str) -> tuple[str, ...]:
@@ -105,6 +122,10 @@ def cluster_objects(scenario: Scenario, t: float) -> ClusterObjects:
     """Every object of the simulated cluster at simulated time ``t`` (see the module docstring)."""
     if scenario.raw_objects:
         return _raw_objects(scenario.raw_objects)
+    if scenario.cluster is not None:
+        from .multinode import objects  # multinode builds on this module
+
+        return objects(scenario.cluster, t)
     slices = (*nvidia_slices(scenario), *(driver_slice(scenario, s) for s in scenario.slices))
     return ClusterObjects(
         resourceslices=tuple(r for s in slices for r in _rolled_out(scenario, s, t)),
@@ -121,6 +142,10 @@ def changes_key(scenario: Scenario, t: float) -> object:
     """
     if scenario.raw_objects:
         return ()
+    if scenario.cluster is not None:
+        from .multinode import changes
+
+        return changes(scenario.cluster, t)
     return (
         tuple(p.uid for p in scenario.pods_at(t)),
         tuple(c.at <= t for claim in scenario.claims for s in claim.device_status for c in s.conditions),
@@ -160,7 +185,7 @@ def _generation(scenario: Scenario, slice_: JSON, generation: int) -> JSON:
 
 
 def _raw_objects(objects: Iterable[Mapping[str, Any]]) -> ClusterObjects:
-    kinds = ("ResourceSlice", "ResourceClaim", "Pod", "DeviceTaintRule", "Node")
+    kinds = ("ResourceSlice", "ResourceClaim", "Pod", "DeviceTaintRule", "Node", *COMPUTE_DOMAIN_KINDS)
     by_kind: dict[str, list[JSON]] = {k: [] for k in kinds}
     for obj in objects:
         if obj.get("kind") in by_kind:

@@ -32,11 +32,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .. import model
 from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name
 from .profile import GpuProfile, load_profile
+
+if TYPE_CHECKING:
+    from .multinode import ClusterScenario
 
 
 class ScenarioError(ValueError):
@@ -314,6 +317,8 @@ class Scenario:
     """A cluster dump's own objects (ResourceSlices, ResourceClaims, Pods), served as they are."""
     gpu_profile: GpuProfile | None = None
     """The GPUs' profile where a cluster dump's slices name the model (``Hardware``); else ``gpu_model``'s."""
+    cluster: ClusterScenario | None = field(default=None, hash=False, compare=False)
+    """The whole simulated cluster, for a node of a multi-node scenario (``multinode``); None: one node."""
 
     @property
     def profile(self) -> GpuProfile:
@@ -468,13 +473,17 @@ def load_scenario(source: str | os.PathLike[str], node_name: str | None = None) 
 
     A cluster dump (``kubectl get resourceslices,resourceclaims,pods -A -o yaml``: a ``kind: List``
     or several Kubernetes objects) becomes the scenario of node ``node_name``; see ``dump``.
-    ``node_name`` is not used for an ordinary scenario, which names its node itself.
+    A multi-node scenario (``nodes:``, see ``multinode``) becomes the scenario of node ``node_name``
+    (default: its first). ``node_name`` is not used for a one-node scenario, which names its node itself.
     """
     label, docs = read_documents(source)
     from .dump import is_dump, parse_dump  # dump builds on this module
+    from .multinode import is_cluster, parse_cluster
 
     if is_dump(docs):
         return parse_dump(docs, label, node_name)
+    if len(docs) == 1 and is_cluster(docs[0]):
+        return parse_cluster(docs[0], label, node_name)
     if len(docs) > 1:
         raise ScenarioError(f"{label}: {len(docs)} YAML documents; a scenario is one document "
                             "(several documents are only accepted as a dump of Kubernetes objects)")
@@ -490,9 +499,11 @@ def read_documents(source: str | os.PathLike[str]) -> tuple[str, list[Any]]:
     return label, _parse_yaml_documents(label, text)
 
 
-def parse_scenario(data: Any, label: str = "<scenario>", hardware: Hardware | None = None) -> Scenario:
-    """Validate already-parsed YAML (a mapping) into a ``Scenario``; ``hardware`` replaces the GPUs' identity."""
+def parse_scenario(data: Any, label: str = "<scenario>", hardware: Hardware | None = None,
+                   path: str = "") -> Scenario:
+    """Validate already-parsed YAML (a mapping) into a ``Scenario``; ``hardware`` replaces the GPUs' identity;
+    ``path`` is where the mapping is in its file (``nodes[2]`` of a multi-node scenario), for messages."""
     # scenario_builder imports this module's records, so it is imported here, not at the top.
     from .scenario_builder import _Builder, _Cursor
 
-    return _Builder(label, hardware).build(_Cursor(label, "", data))
+    return _Builder(label, hardware).build(_Cursor(label, path, data))

@@ -65,7 +65,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from .. import model
+from ..join_domains import DOMAIN_UID_LABEL, referenced_domains
 from . import SourceError
+from . import computedomain as cd
 from . import kubeapi_http as http
 from .kubeapi_normalize import (
     SUPPORTED_VERSIONS,
@@ -234,8 +236,9 @@ class _Reflector(Generic[T]):
     def __init__(self, kind: str, api_client: k8s.ApiClient, path: str, field_selector: str | None,
                  normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
                  changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
-                 on_update: Callable[[], None] = lambda: None) -> None:
+                 on_update: Callable[[], None] = lambda: None, label_selector: str | None = None) -> None:
         self.kind = kind
+        self._labels = label_selector
         self._client = api_client
         self._path = path
         self._selector = field_selector
@@ -258,7 +261,9 @@ class _Reflector(Generic[T]):
     def _query(self) -> list[tuple[str, str | int | bool]]:
         # None: no selector (a cluster-scoped kind of which every object is wanted); "" is a real
         # selector: ``spec.nodeName=`` selects the slices that name no node.
-        return [] if self._selector is None else [("fieldSelector", self._selector)]
+        query: list[tuple[str, str | int | bool]] = [] if self._selector is None else [
+            ("fieldSelector", self._selector)]
+        return query + ([("labelSelector", self._labels)] if self._labels else [])
 
     # --- list -------------------------------------------------------------------------------------
 
@@ -435,6 +440,10 @@ class KubeApiSource:
         self._nodeless_slices: _Reflector[model.ResourceSliceInfo] | None = None
         self._pods: _Reflector[model.PodInfo] | None = None
         self._taint_rules: _Reflector[model.DeviceTaintRule] | None = None
+        self._domains: _Reflector[model.ComputeDomain] | None = None
+        self._cliques: _Reflector[model.ComputeDomainClique] | None = None
+        self.compute_domain_resources: frozenset[str] = frozenset()
+        """Which of computedomains/computedomaincliques are read; empty: the CRDs are not served."""
         self.served: tuple[str, ...] = ()
         self.taint_rule_version: str | None = None
         """The resource.k8s.io version DeviceTaintRules are read in; None: not served (or not allowed)."""
@@ -470,7 +479,8 @@ class KubeApiSource:
 
     def close(self) -> None:
         self._stop.set()
-        for reflector in (self._slices, self._nodeless_slices, self._pods, self._taint_rules):
+        for reflector in (self._slices, self._nodeless_slices, self._pods, self._taint_rules, self._domains,
+                          self._cliques):
             if reflector is not None:
                 reflector.stop()
                 reflector.join(2.0)
@@ -512,6 +522,7 @@ class KubeApiSource:
             pods.start(self._stop)
             self._slices, self._nodeless_slices, self._pods = slices, nodeless, pods
             self._start_taint_rules()
+            self._start_compute_domains()
 
     def _discover(self) -> str:
         assert self._client is not None
@@ -554,6 +565,56 @@ class KubeApiSource:
             if "devicetaintrules" in resource_names(body):
                 return version
         return None
+
+    # --- ComputeDomains: only where NVIDIA's CRDs are served ------------------------------------------
+
+    def _start_compute_domains(self) -> None:
+        """List and watch ComputeDomains (cluster-wide: they are few) and the cliques that carry a
+        domain label, when ``resource.nvidia.com/v1beta1`` serves them. One discovery request, at
+        start only: not served (404) is the feature off, logged once, never retried; not allowed,
+        or failing, is logged once and the rest of the view goes on."""
+        assert self._client is not None
+        client, path = self._client, f"/apis/{cd.GROUP}/{cd.VERSION}"
+        self.requests["discover"] += 1
+        try:
+            response = http.get(client, path, timeout=self._timeouts.request)
+            found = cd.served(_json(response, f"discover {cd.GROUP}/{cd.VERSION}"))
+        except ApiException as exc:
+            if exc.status == 404:
+                self._log.info("kubeapi: %s/%s is not served (NVIDIA's ComputeDomain CRDs are not installed): "
+                               "no ComputeDomain metrics", cd.GROUP, cd.VERSION)
+            else:
+                self._log.warning("kubeapi: ComputeDomains not read: %s (the rest of the cluster view is)",
+                                  str(_api_error(exc, f"discover {cd.GROUP}")).removeprefix("kubeapi: "))
+            return
+        except (urllib3.exceptions.HTTPError, OSError, SourceError) as exc:
+            why = exc if isinstance(exc, SourceError) else _unreachable(exc)
+            self._log.warning("kubeapi: ComputeDomains not read: %s", str(why).removeprefix("kubeapi: "))
+            return
+        readers: list[_Reflector[Any]] = []
+        try:
+            if cd.DOMAINS in found:
+                self._domains = _Reflector(cd.DOMAINS, client, f"{path}/{cd.DOMAINS}", None,
+                                           cd.compute_domain_from_dict, self._timeouts, self.requests,
+                                           on_update=self._bump)
+                readers.append(self._domains)
+            if cd.CLIQUES in found:
+                # The driver namespace is the Helm release's: list every namespace, only labelled cliques.
+                self._cliques = _Reflector(cd.CLIQUES, client, f"{path}/{cd.CLIQUES}", None, cd.clique_from_dict,
+                                           self._timeouts, self.requests, on_update=self._bump,
+                                           label_selector=DOMAIN_UID_LABEL)
+                readers.append(self._cliques)
+            for reader in readers:
+                reader.list_once()
+        except SourceError as exc:
+            self._log.warning("kubeapi: ComputeDomains not read: %s (the rest of the cluster view is)",
+                              str(exc).removeprefix("kubeapi: "))
+            self._domains = self._cliques = None
+            return
+        for reader in readers:
+            reader.start(self._stop)
+        self.compute_domain_resources = found
+        self._log.info("kubeapi: reading %s from %s/%s", " and ".join(sorted(found)), cd.GROUP, cd.VERSION)
 
     # --- node labels: only for slices that select nodes by label ---------------------------------------
 
@@ -670,15 +731,20 @@ class KubeApiSource:
             return self._snapshot[1]  # nothing changed: the same object, so the join sees no churn
         assert self._slices is not None and self._pods is not None and self._nodeless_slices is not None
         listed = current_slices([*self._slices.snapshot(), *self._nodeless_slices.snapshot()])
+        claims = tuple(sorted((c.info for c in self._claims.values() if c.info is not None),
+                              key=lambda c: (c.namespace, c.name)))
+        domains, cliques = cd.for_node(self._domains.snapshot() if self._domains else (),
+                                       self._cliques.snapshot() if self._cliques else (), referenced_domains(claims))
         snapshot = model.ClusterSnapshot(
             node=self.node_name,
             api_version=self.api_version or "",
             slices=slices_for_node(listed, self.node_name, self._node_labels),
-            claims=tuple(sorted((c.info for c in self._claims.values() if c.info is not None),
-                                key=lambda c: (c.namespace, c.name))),
+            claims=claims,
             pods=tuple(sorted(self._pods.snapshot(), key=lambda p: (p.namespace, p.name))),
             taint_rules=tuple(sorted(self._taint_rules.snapshot() if self._taint_rules else (),
                                      key=lambda r: r.name)),
+            compute_domains=domains,
+            compute_domain_cliques=cliques,
         )
         self._snapshot = (revision, snapshot)
         return snapshot

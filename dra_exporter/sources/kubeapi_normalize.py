@@ -37,6 +37,9 @@ _CLAIM_STATUS_PREFIX: Final = "claim:"
 #: ``allocatedResourcesStatus[].resources[].message`` is kept up to this many characters (the API
 #: allows 1024): enough for a driver's reason, and a hostile pod status costs no memory.
 HEALTH_MESSAGE_CHARS: Final = 256
+#: Opaque configs per claim (the API allows 32) and top-level fields kept per config.
+MAX_CONFIGS: Final = 32
+MAX_CONFIG_FIELDS: Final = 32
 
 
 def choose_version(served: Iterable[str], usable: Iterable[str] = SUPPORTED_VERSIONS) -> str | None:
@@ -234,7 +237,24 @@ def claim_from_dict(obj: Mapping[str, Any], version: str) -> model.ClaimInfo:
                 uuid=_data_uuid(_map(d, "data")),
                 network=_network(d.get("networkData")))
             for d in map(_map_of, _list(status, "devices")) if _str(d, "device")),
+        configs=tuple(
+            model.OpaqueConfig(
+                driver=_str(opaque, "driver"),
+                requests=tuple(r for r in _list(c, "requests") if isinstance(r, str)),
+                source=_str(c, "source"),
+                parameters=_scalar_fields(_map(opaque, "parameters")))
+            for c in map(_map_of, _list(devices, "config"))
+            if _str(opaque := _map(c, "opaque"), "driver"))[:MAX_CONFIGS],
     )
+
+
+def _scalar_fields(raw: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The top-level scalar fields of opaque parameters (driver-defined JSON, up to 10 KiB by the
+    API): ``kind``, ``apiVersion``, ``domainID``…; nested values are not needed and not kept."""
+    return tuple(sorted(
+        (k, _scalar_text(v)[:256]) for k, v in raw.items()
+        if isinstance(k, str) and isinstance(v, str | int | float | bool) and len(k) <= 64
+    )[:MAX_CONFIG_FIELDS])
 
 
 def _tolerations(raw: Sequence[Any]) -> tuple[model.DeviceToleration, ...]:
