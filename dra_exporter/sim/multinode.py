@@ -116,7 +116,18 @@ def parse_cluster(doc: Any, label: str, node_name: str | None = None) -> Scenari
             raise n.key("node").error(f"node {name!r} is listed twice")
         names.append(name)
     fabric = _fabric(top.key("fabric"), seed)
-    domains = tuple(_domain(d, seed, names, fabric) for _, d in top.key("compute_domains").items())
+    domains: list[SimComputeDomain] = []
+    for _, d in top.key("compute_domains").items():
+        domain = _domain(d, seed, names, fabric)
+        for i, node in enumerate(domain.nodes):
+            # One IMEX daemon per node (its compute-domain slice has one daemon device).
+            if other := next((o for o in domains if node in o.nodes), None):
+                raise _Cursor(label, f"{d.path}.nodes[{i}]", node).error(
+                    f"node {node!r} is already in ComputeDomain {other.namespace}/{other.name}; a node runs one "
+                    "IMEX daemon, so it is in at most one domain")
+        if any((o.namespace, o.name) == (domain.namespace, domain.name) for o in domains):
+            raise d.key("name").error(f"ComputeDomain {domain.namespace}/{domain.name} is defined twice")
+        domains.append(domain)
     channel_claims: dict[tuple[str, str], str] = {}
     nodes = tuple(
         _node(n, i, top, seed, domains, driver_ns, channel_claims) for i, n in entries)
@@ -128,7 +139,7 @@ def parse_cluster(doc: Any, label: str, node_name: str | None = None) -> Scenari
                                           "unique in a cluster (give each node its own seed)")
             uuids[dev.uuid] = node.node_name
     faults = tuple(_cluster_fault(f, names) for _, f in top.key("faults").items())
-    cluster = ClusterScenario(label, nodes, domains, faults, driver_ns, channel_claims)
+    cluster = ClusterScenario(label, nodes, tuple(domains), faults, driver_ns, channel_claims)
     chosen = node_name or names[0]
     played = cluster.node(chosen)
     if played is None:
