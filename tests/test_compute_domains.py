@@ -329,5 +329,5 @@ def test_multinode_mistakes_name_the_field(tmp_path: Path, change: Any, message:
 
 
 def test_a_node_the_cluster_does_not_have(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match=r"no node 'node-7' in this multi-node scenario \(nodes: node-0, node-1\)"):
+    with pytest.raises(ScenarioError, match=r"no node 'node-7' in this multi-node scenario \(nodes: node-0, node-1, node-2\)"):
         load_scenario(write(tmp_path, two_nodes()), "node-7")
