@@ -1,4 +1,4 @@
-"""Command line: ``dra-exporter serve | snapshot | doctor``.
+"""Command line: ``dra-exporter serve | snapshot | doctor | demo | healthcheck``.
 
 Thin by design: parse flags (every flag also reads ``DRA_EXPORTER_<FLAG>``), build
 ``Settings``, hand over to ``runtime``. User errors exit with code 2 and one line.
@@ -298,6 +298,28 @@ def doctor(log_level: str, **kw: Any) -> None:
     findings = checks.run(settings)
     click.echo(checks.format_findings(findings))
     sys.exit(1 if any(f.level == "FAIL" for f in findings) else 0)
+
+
+@main.command()
+@_opt("--scenario", default="gb200-domain", show_default=True, metavar="SCENARIO",
+      help="A built-in scenario or a scenario file; every node of a multi-node one gets its exporter.")
+@_opt("--base-port", type=click.IntRange(1, 65535), default=9401, show_default=True,
+      help="Port of the first node's exporter; the others follow on consecutive ports.")
+@_opt("--host", default="127.0.0.1", show_default=True, help="The address the exporters listen on.")
+@_opt("--interval", type=FiniteFloat(min=0.1), default=DEFAULT_INTERVAL, show_default=True,
+      help="Seconds between collection cycles (and the printed scrape interval).")
+@_user_errors
+def demo(scenario: str, base_port: int, host: str, interval: float) -> None:
+    """Start an exporter per node of a simulated cluster and print their Prometheus scrape config."""
+    from . import demo as cluster_demo
+    from .sim.multinode import node_names
+    from .sim.scenario import load_scenario
+
+    nodes = node_names(load_scenario(scenario))
+    if base_port + len(nodes) - 1 > 65535:
+        raise ConfigError(f"--base-port {base_port}: {len(nodes)} exporters need ports up to "
+                          f"{base_port + len(nodes) - 1}, past 65535")
+    sys.exit(cluster_demo.run(scenario, nodes, base_port, host, interval))
 
 
 @main.command()

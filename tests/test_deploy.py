@@ -161,7 +161,7 @@ def test_committed_manifests_validate_against_kubernetes_schemas_strictly(kube_v
     assert {d["metadata"].get("namespace", NAMESPACE) for d in docs} == {NAMESPACE}
 
 
-def test_rbac_is_read_only_on_exactly_slices_claims_taint_rules_pods_and_nodes() -> None:
+def test_rbac_is_read_only_on_exactly_slices_claims_taint_rules_pods_nodes_and_compute_domains() -> None:
     kinds = by_kind(render_chart())
     granted = {
         (group, resource): sorted(rule["verbs"])
@@ -175,6 +175,8 @@ def test_rbac_is_read_only_on_exactly_slices_claims_taint_rules_pods_and_nodes()
         ("resource.k8s.io", "devicetaintrules"): ["get", "list", "watch"],
         ("", "pods"): ["get", "list", "watch"],
         ("", "nodes"): ["get"],
+        ("resource.nvidia.com", "computedomains"): ["get", "list", "watch"],
+        ("resource.nvidia.com", "computedomaincliques"): ["get", "list", "watch"],
     }
     assert all(set(r) == {"apiGroups", "resources", "verbs"} for r in kinds["ClusterRole"]["rules"]), (
         "no resourceNames / nonResourceURLs"

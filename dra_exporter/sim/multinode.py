@@ -91,8 +91,8 @@ class ClusterScenario:
 
 
 def is_cluster(doc: Any) -> bool:
-    """Whether a parsed scenario document describes several nodes."""
-    return isinstance(doc, dict) and "nodes" in doc
+    """Whether a parsed scenario document describes several nodes (``nodes:`` and no ``node:`` of its own)."""
+    return isinstance(doc, dict) and "nodes" in doc and "node" not in doc
 
 
 def parse_cluster(doc: Any, label: str, node_name: str | None = None) -> Scenario:

@@ -1,0 +1,74 @@
+"""``dra-exporter demo``: every node of a simulated cluster, each its own exporter process.
+
+One ``dra-exporter serve --simulate <scenario> --node-name <node>`` subprocess per node of the
+scenario (``gb200-domain``: 4 nodes), on consecutive ports from ``--base-port``; the Prometheus
+scrape configuration for them is printed on stdout, so a local Prometheus can scrape the whole
+cluster. Ctrl-C (or SIGTERM) stops them all; one that dies stops the demo. Each process has its
+own simulated API server that serves the whole cluster, as each node agent of a real cluster
+talks to the one API server.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import yaml
+
+#: The scrape job the dashboards and alert rules select on (as the chart's relabelings set it).
+JOB = "dra-exporter"
+
+
+def scrape_config(targets: Sequence[tuple[str, str]], interval: float) -> str:
+    """A Prometheus ``scrape_configs`` entry for (node, host:port) targets; ``instance`` is the node
+    name, as the chart's relabelings make it (the dashboards pick nodes by instance)."""
+    return yaml.safe_dump({"scrape_configs": [{
+        "job_name": JOB,
+        "scrape_interval": f"{interval:g}s",
+        "static_configs": [{"targets": [address], "labels": {"instance": node}} for node, address in targets],
+    }]}, sort_keys=False)
+
+
+def run(scenario: str, nodes: Sequence[str], base_port: int, host: str, interval: float,
+        out: TextIO = sys.stdout, extra: Sequence[str] = ()) -> int:
+    """Start one exporter per node, print the scrape config, wait for Ctrl-C; the exit code."""
+    targets = [(node, f"{host}:{base_port + i}") for i, node in enumerate(nodes)]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def stop(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        for node, address in targets:
+            procs.append(subprocess.Popen([
+                sys.executable, "-m", "dra_exporter.cli", "serve", "--simulate", scenario, "--node-name", node,
+                "--listen", address, "--interval", f"{interval:g}", *extra]))
+        out.write(f"# {len(procs)} exporters of scenario {scenario}; Ctrl-C stops them. Prometheus:\n")
+        out.write(scrape_config(targets, interval))
+        out.flush()
+        while True:
+            for (node, _), proc in zip(targets, procs, strict=True):
+                if proc.poll() is not None:
+                    sys.stderr.write(f"dra-exporter demo: the exporter of {node} exited with {proc.returncode}; "
+                                     "stopping the others\n")
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 10
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
