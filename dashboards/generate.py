@@ -1113,8 +1113,86 @@ def sharing() -> Dashboard:
     )
 
 
+def compute_domain() -> Dashboard:
+    """NVIDIA ComputeDomains (multi-node NVLink): readiness, members, IMEX channel holders, the GPUs
+    serving each domain and their NVLink traffic. Each member's agent reports the whole domain,
+    so domain and member queries aggregate the agents away (max)."""
+    cd = f"max by (namespace, compute_domain, uid, allocation_mode, num_nodes) ({cat.COMPUTE_DOMAIN_INFO}{sel()})"
+    ready = f"max by (namespace, compute_domain) ({cat.COMPUTE_DOMAIN_READY}{sel()})"
+    members = f"max by (namespace, compute_domain, node, clique, index) ({cat.COMPUTE_DOMAIN_NODE_READY}{sel()})"
+    gpus = f"max by (uuid, compute_domain) ({cat.COMPUTE_DOMAIN_GPU_INFO}{sel()})"
+    nvlink = f"rate({cat.GPU_NVLINK_BYTES}{sel()}[$__rate_interval]) * on (uuid) group_left (compute_domain) {gpus}"
+    domains = Row(
+        "Domains",
+        (
+            stat("ComputeDomains", f"count({cd}) or vector(0)", "ComputeDomains the nodes' claims belong to.",
+                 width=6),
+            stat("Not Ready", f"count({ready} == 0) or vector(0)", "ComputeDomains whose status is not Ready.",
+                 width=6, thresholds=((0, "green"), (1, "red"))),
+            stat("Member nodes NotReady",
+                 f"count(max by (namespace, compute_domain, node) ({cat.COMPUTE_DOMAIN_NODE_READY}{sel()}) == 0) "
+                 "or vector(0)", "Member nodes whose IMEX daemon is NotReady, over all domains.",
+                 width=6, thresholds=((0, "green"), (1, "red"))),
+            stat("IMEX channels held", f"count({cat.COMPUTE_DOMAIN_CHANNEL_INFO}{sel()}) or vector(0)",
+                 "Pods holding an IMEX channel of a domain.", width=6),
+            Panel("ComputeDomains", "table", (tab(cd), tab(ready)),
+                  "Each domain, its channel allocation mode and numNodes (Value #B: Ready 1 / NotReady 0).",
+                  columns=("namespace", "compute_domain", "uid", "allocation_mode", "num_nodes"), width=24),
+        ),
+    )
+    nodes = Row(
+        "Member nodes",
+        (
+            Panel("Members and their IMEX daemons", "table", (tab(members),),
+                  "Every member node of each domain with its clique and DNS index (Value: Ready 1 / NotReady 0): "
+                  "which node keeps a domain NotReady.",
+                  columns=("namespace", "compute_domain", "node", "clique", "index"), width=24),
+            Panel("Ready members per domain", "timeseries",
+                  (t(f"sum by (namespace, compute_domain) ({members})", "{{namespace}}/{{compute_domain}}"),),
+                  "Member nodes whose IMEX daemon is Ready, over time.", width=12),
+            Panel("Domain readiness", "timeseries", (t(ready, "{{namespace}}/{{compute_domain}}"),),
+                  "1 while the domain's status is Ready.", width=12, max=1),
+        ),
+    )
+    traffic = Row(
+        "IMEX channels, GPUs and NVLink",
+        (
+            Panel("IMEX channel holders", "table", (tab(f"{cat.COMPUTE_DOMAIN_CHANNEL_INFO}{sel()}"),),
+                  "Pods holding an IMEX channel of a domain, with their claim and channel device.",
+                  columns=(NODE_LABEL, "namespace", "pod", "claim", "compute_domain", "device"), width=12),
+            Panel("GPUs serving each domain", "table", (tab(f"{cat.COMPUTE_DOMAIN_GPU_INFO}{sel()}"),),
+                  "The GPUs allocated to the pods of each domain.",
+                  columns=(NODE_LABEL, "compute_domain", "namespace", "pod", "gpu", "uuid"), width=12),
+            Panel("NVLink throughput per domain", "timeseries",
+                  (t(f"sum by (compute_domain) ({nvlink})", "{{compute_domain}}"),),
+                  "Bytes per second over NVLink (rx + tx) of every GPU serving the domain, over all its nodes.",
+                  "Bps", width=12),
+            Panel("NVLink throughput per node", "timeseries",
+                  (t(f"sum by ({NODE_LABEL}, compute_domain) ({nvlink})", "{{instance}} {{compute_domain}}"),),
+                  "The domain's NVLink traffic split by node: a node far below the others is worth a look.",
+                  "Bps", width=12),
+            Panel("NVLink throughput per GPU", "timeseries",
+                  (t(f"sum by ({NODE_LABEL}, gpu, compute_domain) ({nvlink})", "{{instance}} GPU {{gpu}}"),),
+                  "Each domain GPU's NVLink traffic.", "Bps", width=12),
+            Panel("Utilisation of the domain's GPUs", "timeseries",
+                  (t(f"avg by (compute_domain) ({cat.GPU_UTILIZATION}{sel()} * on (uuid) group_left (compute_domain) "
+                     f"{gpus})", "{{compute_domain}}"),),
+                  "Mean NVML utilisation of the GPUs serving each domain.", "percentunit", width=12, max=1),
+        ),
+    )
+    return Dashboard(
+        "dra-exporter-compute-domain",
+        "dra-compute-domain.json",
+        "DRA GPUs / ComputeDomain",
+        "NVIDIA ComputeDomains (multi-node NVLink, IMEX): readiness, member nodes, channel holders, their GPUs "
+        "and NVLink traffic.",
+        (NODE_VAR,),
+        (domains, nodes, traffic),
+    )
+
+
 def dashboards() -> tuple[Dashboard, ...]:
-    return (overview(), claims(), node(), sharing())
+    return (overview(), claims(), node(), sharing(), compute_domain())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
