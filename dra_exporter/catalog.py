@@ -339,11 +339,23 @@ class DcgmSpec:
     """A native label summed away (NVLink ``direction``): one DCGM series per device."""
     unit: str = ""
     """DCGM's unit, for the README table."""
+    replaces: bool = True
+    """Whether ``--naming dcgm`` drops ``source`` for it; False where the DCGM form says less (a sum
+    over links, a clique id without its cluster): the native detail then stays."""
 
 
 _MIB = 1.0 / (1 << 20)
 
 DCGM_XID_ERRORS: Final = "DCGM_FI_DEV_XID_ERRORS"
+DCGM_FABRIC_STATUS: Final = "DCGM_FI_DEV_FABRIC_MANAGER_STATUS"
+DCGM_FABRIC_CLIQUE_ID: Final = "DCGM_FI_DEV_FABRIC_CLIQUE_ID"
+DCGM_FABRIC_HEALTH_SUMMARY: Final = "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY"
+#: ``DCGM_FI_DEV_FABRIC_MANAGER_STATUS`` (DCGM's ``dcgmFabricManagerStatus_t``) per native fabric state;
+#: ``completed`` is Success (3) when registered, Failure (4) when not.
+DCGM_FABRIC_STATUS_VALUES: Final = {"not_supported": 0.0, "not_started": 1.0, "in_progress": 2.0}
+#: ``DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY``: NVML's summary values.
+DCGM_FABRIC_SUMMARY_VALUES: Final = {"not_supported": 0.0, "healthy": 1.0, "unhealthy": 2.0,
+                                     "limited_capacity": 3.0}
 
 DCGM_CATALOG: Final[tuple[DcgmSpec, ...]] = (
     DcgmSpec("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", GPU_CLOCK, 1e-6,
@@ -375,6 +387,21 @@ DCGM_CATALOG: Final[tuple[DcgmSpec, ...]] = (
     DcgmSpec("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
              "Total number of NVLink bandwidth counters for all lanes.", GPU_NVLINK_BYTES,
              sum_over="direction", unit="bytes, rx + tx, since the exporter started"),
+    # dcgm-exporter ships these commented out in default-counters.csv: sums over the links.
+    *(DcgmSpec(f"DCGM_FI_DEV_NVLINK_{kind.upper()}_ERROR_COUNT_TOTAL", "counter",
+               f"Total number of NVLink {what} errors.", GPU_NVLINK_LINK_ERRORS, select=(("type", kind),),
+               sum_over="link", replaces=False)
+      for kind, what in (("crc_flit", "flow-control CRC"), ("crc_data", "data CRC"), ("replay", "retries"),
+                         ("recovery", "recovery"))),
+    # Opt-in DCGM fields (no shipped CSV has them); built by naming.py from the state sets.
+    DcgmSpec(DCGM_FABRIC_STATUS, "gauge", "Fabric Manager status of the GPU (0 not supported, 1 not started, "
+             "2 in progress, 3 success, 4 failure).", GPU_FABRIC_STATE, unit="dcgmFabricManagerStatus_t",
+             replaces=False),
+    DcgmSpec(DCGM_FABRIC_CLIQUE_ID, "gauge", "Fabric clique ID of the GPU.", GPU_FABRIC_INFO,
+             unit="clique id, once registration completed", replaces=False),
+    DcgmSpec(DCGM_FABRIC_HEALTH_SUMMARY, "gauge", "Fabric health summary of the GPU (0 not supported, "
+             "1 healthy, 2 unhealthy, 3 limited capacity).", GPU_FABRIC_HEALTH_SUMMARY, unit="NVML summary",
+             replaces=False),
     DcgmSpec("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
              "Number of remapped rows for uncorrectable errors", GPU_REMAPPED_ROWS,
              select=(("type", "uncorrectable"),)),

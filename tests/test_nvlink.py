@@ -19,6 +19,7 @@ import pynvml
 import pytest
 
 from dra_exporter import catalog as cat
+from dra_exporter import naming
 from dra_exporter.join import JoinInput, join
 from dra_exporter.model import DeviceSample, NvmlSnapshot
 from dra_exporter.sim.clock import SimClock
@@ -422,3 +423,50 @@ def test_link_identity_carries_no_attribution_and_counters_carry_it(nodes: list[
 def test_bad_nvlink_scenarios_are_refused_with_the_field(doc: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
         parse_scenario({"node": "n", **doc}, "bad.yaml")
+
+
+# --- --naming dcgm ----------------------------------------------------------------------------------
+
+
+def dcgm(node: Node, after: float) -> dict[str, dict[str, float]]:
+    """DCGM family -> UUID -> value, under ``--naming dcgm``; and the native families kept."""
+    frame = naming.apply(join(JoinInput(nvml=node.collect(after=after))), "dcgm", hostname="node-a")
+    out: dict[str, dict[str, float]] = {f.name: {} for f in frame.families}
+    for family in frame.families:
+        for s in family.samples:
+            labels = dict(s.labels)
+            out[family.name][labels.get("UUID") or labels.get("uuid", "")] = s.value
+    return out
+
+
+def test_dcgm_nvlink_error_totals_sum_the_links_and_keep_the_native_detail(nodes: list[Node]) -> None:
+    faults = [{"kind": "nvlink_errors", "gpu": 0, "link": link, "rate": 1, "at": 100, "type": kind}
+              for link, kind in ((1, "crc_flit"), (2, "crc_flit"), (3, "replay"), (4, "crc_data"))]
+    node = make(nodes, scenario("h200-hgx", faults=faults))
+    node.collect()
+    got = dcgm(node, after=10)
+    uuid = node.nvml.scenario.gpus[0].uuid
+    assert got["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"][uuid] == 20.0
+    assert got["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"][uuid] == 10.0
+    assert got["DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"][uuid] == 10.0
+    assert got["DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"][uuid] == 0.0
+    # Hopper has no recovery events; an HGX board reports no health-mask field.
+    kept = (NVLINK_FAMILIES - {cat.GPU_NVLINK_LINK_RECOVERIES}) | (FABRIC_FAMILIES - {cat.GPU_FABRIC_HEALTH_PROBLEM})
+    assert kept <= set(got)
+
+
+@pytest.mark.parametrize(("faults", "fake", "status", "clique", "summary"), [
+    ([], FakeNvml, 3.0, 32766.0, 1.0),
+    ([{"kind": "fabric_in_progress", "at": 0}], FakeNvml, 2.0, None, 1.0),
+    ([{"kind": "fabric_unhealthy", "at": 0}], FakeNvml, 3.0, 32766.0, 2.0),
+    ([], _FailedRegistration, 4.0, 32766.0, 1.0),
+])
+def test_dcgm_fabric_fields_are_dcgms_numbers(nodes: list[Node], faults: list[dict[str, Any]],
+                                              fake: type[FakeNvml], status: float, clique: float | None,
+                                              summary: float) -> None:
+    node = make(nodes, scenario("gb200", faults=faults), fake)
+    got = dcgm(node, after=0)
+    uuid = node.nvml.scenario.gpus[0].uuid
+    assert got["DCGM_FI_DEV_FABRIC_MANAGER_STATUS"] == {uuid: status}
+    assert got.get("DCGM_FI_DEV_FABRIC_CLIQUE_ID", {}).get(uuid) == clique
+    assert got["DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY"] == {uuid: summary}
