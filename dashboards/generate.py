@@ -1121,7 +1121,8 @@ def compute_domain() -> Dashboard:
     ready = f"max by (namespace, compute_domain) ({cat.COMPUTE_DOMAIN_READY}{sel()})"
     members = f"max by (namespace, compute_domain, node, clique, index) ({cat.COMPUTE_DOMAIN_NODE_READY}{sel()})"
     gpus = f"max by (uuid, compute_domain) ({cat.COMPUTE_DOMAIN_GPU_INFO}{sel()})"
-    nvlink = f"rate({cat.GPU_NVLINK_BYTES}{sel()}[$__rate_interval]) * on (uuid) group_left (compute_domain) {gpus}"
+    nvlink = (f"rate({cat.GPU_NVLINK_LINK_BYTES}{sel()}[$__rate_interval]) * on (uuid) group_left (compute_domain) "
+              f"{gpus}")
     domains = Row(
         "Domains",
         (
@@ -1174,6 +1175,18 @@ def compute_domain() -> Dashboard:
             Panel("NVLink throughput per GPU", "timeseries",
                   (t(f"sum by ({NODE_LABEL}, gpu, compute_domain) ({nvlink})", "{{instance}} GPU {{gpu}}"),),
                   "Each domain GPU's NVLink traffic.", "Bps", width=12),
+            Panel("NVLink links down (domain GPUs)", "table",
+                  (tab(f"{cat.GPU_NVLINK_LINK_UP}{sel()} * on (uuid) group_left (compute_domain) {gpus} == 0"),),
+                  "Links of the domains' GPUs that are not active (Value: 0).",
+                  columns=(NODE_LABEL, "compute_domain", "gpu", "link", "uuid"), width=12),
+            Panel("NVLink errors and recoveries per link", "timeseries",
+                  (t(f"sum by ({NODE_LABEL}, gpu, link) (rate({cat.GPU_NVLINK_LINK_ERRORS}{sel()}[$__rate_interval]))",
+                     "{{instance}} GPU {{gpu}} link {{link}}"),),
+                  "Errors per second on each link (every error type summed).", width=12),
+            Panel("Fabric health of the domains' GPUs", "table",
+                  (tab(f"{cat.GPU_FABRIC_HEALTH_SUMMARY}{sel()} * on (uuid) group_left (compute_domain) {gpus} == 1"),),
+                  "The NVML fabric health summary of each GPU serving a domain.",
+                  columns=(NODE_LABEL, "compute_domain", "gpu", "summary", "uuid"), width=12),
             Panel("Utilisation of the domain's GPUs", "timeseries",
                   (t(f"avg by (compute_domain) ({cat.GPU_UTILIZATION}{sel()} * on (uuid) group_left (compute_domain) "
                      f"{gpus})", "{{compute_domain}}"),),

@@ -19,6 +19,8 @@ DEVICE_ID_LABELS: Final = ("uuid", "gpu", "profile", "parent_uuid")
 #: ``pod_uid`` and ``request`` need the API server; node-local they stay empty.
 ATTRIBUTION_LABELS: Final = ("namespace", "pod", "pod_uid", "container", "claim", "request")
 DEVICE_LABELS: Final = DEVICE_ID_LABELS + ATTRIBUTION_LABELS
+#: A whole GPU's identity alone, for what does not change with who holds it (link and fabric identity).
+GPU_ID_LABELS: Final = ("uuid", "gpu")
 CONTAINER_LABELS: Final = ("uuid", "namespace", "pod", "pod_uid", "container", "claim")
 
 
@@ -75,6 +77,17 @@ GPU_FP64_ACTIVE: Final = "dra_gpu_fp64_active_ratio"
 GPU_FP32_ACTIVE: Final = "dra_gpu_fp32_active_ratio"
 GPU_FP16_ACTIVE: Final = "dra_gpu_fp16_active_ratio"
 GPU_NVLINK_BYTES: Final = "dra_gpu_nvlink_bytes_total"
+GPU_NVLINK_LINK_UP: Final = "dra_gpu_nvlink_link_up"
+GPU_NVLINK_LINK_INFO: Final = "dra_gpu_nvlink_link_info"
+GPU_NVLINK_LINK_SPEED: Final = "dra_gpu_nvlink_link_speed_bytes_per_second"
+GPU_NVLINK_LINK_BYTES: Final = "dra_gpu_nvlink_link_bytes_total"
+GPU_NVLINK_LINK_ERRORS: Final = "dra_gpu_nvlink_link_errors_total"
+GPU_NVLINK_LINK_RECOVERIES: Final = "dra_gpu_nvlink_link_recovery_events_total"
+GPU_FABRIC_INFO: Final = "dra_gpu_fabric_info"
+GPU_FABRIC_STATE: Final = "dra_gpu_fabric_state"
+GPU_FABRIC_REGISTERED: Final = "dra_gpu_fabric_registered"
+GPU_FABRIC_HEALTH_SUMMARY: Final = "dra_gpu_fabric_health_summary"
+GPU_FABRIC_HEALTH_PROBLEM: Final = "dra_gpu_fabric_health_problem"
 GPU_PROCESSES: Final = "dra_gpu_processes"
 
 # --- per-container families (NVML processes + cgroups) -------------------------------------
@@ -180,8 +193,49 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
           otel_name="hw.gpu.fp32.active", otel_unit="1"),
     _spec(GPU_FP16_ACTIVE, "gauge", "GPM: fraction of cycles the FP16 pipe was active.",
           otel_name="hw.gpu.fp16.active", otel_unit="1"),
+    # Where NVML has per-link data counters (GPU_NVLINK_LINK_BYTES) this is their sum, counted since the
+    # driver loaded, not GPM's integral; rate() reads both alike. The help text stays as it was so the
+    # demo's golden exposition does not change (the lead decides when to reword it).
     _spec(GPU_NVLINK_BYTES, "counter", "Bytes moved over NVLink since this exporter started (from GPM rates).",
           DEVICE_LABELS + ("direction",), otel_name="hw.gpu.nvlink.io", otel_unit="By"),
+    # NVLink per link and the fabric: whole GPUs only (MIG devices own no links).
+    _spec(GPU_NVLINK_LINK_UP, "gauge",
+          "Whether an NVLink of a GPU is up (1: active, or asleep in a low-power state) or not (0).",
+          DEVICE_LABELS + ("link",), otel_name="dra.gpu.nvlink.link.up", otel_unit="1"),
+    _spec(GPU_NVLINK_LINK_INFO, "gauge",
+          "An NVLink of a GPU: its NVLink version and the kind of device at its far end (gpu, switch, ...; "
+          "\"\" where NVML does not say); value is always 1.", GPU_ID_LABELS + ("link", "version", "remote_type")),
+    _spec(GPU_NVLINK_LINK_SPEED, "gauge", "Speed of an NVLink per direction, in bytes per second (0 while down).",
+          GPU_ID_LABELS + ("link",), otel_name="dra.gpu.nvlink.link.speed", otel_unit="By/s"),
+    _spec(GPU_NVLINK_LINK_BYTES, "counter",
+          "Data bytes (payload, without protocol overhead) moved over one NVLink since the driver was loaded.",
+          DEVICE_LABELS + ("link", "direction"), otel_name="dra.gpu.nvlink.link.io", otel_unit="By"),
+    _spec(GPU_NVLINK_LINK_ERRORS, "counter",
+          "NVLink errors of one link since the driver was loaded, by type: crc_flit, crc_data, replay, "
+          "recovery, ecc_data up to Hopper; malformed_packet, buffer_overrun, rcv, rcv_remote, rcv_general, "
+          "local_link_integrity, xmit_discards, effective, symbol on Blackwell (NVLink5).",
+          DEVICE_LABELS + ("link", "type"), otel_name="dra.gpu.nvlink.link.errors", otel_unit="{error}"),
+    _spec(GPU_NVLINK_LINK_RECOVERIES, "counter",
+          "Link recovery events of one NVLink since the driver was loaded, successful or failed (Blackwell).",
+          DEVICE_LABELS + ("link", "result"), otel_name="dra.gpu.nvlink.link.recoveries", otel_unit="{event}"),
+    _spec(GPU_FABRIC_INFO, "gauge",
+          "The NVLink fabric a GPU is registered in: clique is <cluster_uuid>.<clique_id> as GPU Feature "
+          "Discovery writes it, \"\" unless the GPU is in a multi-node clique (HGX boards: NVLink within the "
+          "node only); value is always 1.", GPU_ID_LABELS + ("clique", "cluster_uuid", "clique_id")),
+    _spec(GPU_FABRIC_STATE, "gauge",
+          "Fabric registration state of a GPU, one series per state (not_supported, not_started, in_progress, "
+          "completed): 1 for the current one, 0 for the others.", GPU_ID_LABELS + ("state",)),
+    _spec(GPU_FABRIC_REGISTERED, "gauge",
+          "Whether the GPU's fabric registration completed successfully (1) or not (0).", GPU_ID_LABELS,
+          otel_name="dra.gpu.fabric.registered", otel_unit="1"),
+    _spec(GPU_FABRIC_HEALTH_SUMMARY, "gauge",
+          "Fabric health summary of a GPU, one series per value (not_supported, healthy, unhealthy, "
+          "limited_capacity): 1 for the current one, 0 for the others.", GPU_ID_LABELS + ("summary",)),
+    _spec(GPU_FABRIC_HEALTH_PROBLEM, "gauge",
+          "Whether a fabric health-mask field reports a problem (1) or not (0): degraded_bw, route_recovery, "
+          "route_unhealthy, access_timeout_recovery, incorrect_configuration, partition_assigned (1: none "
+          "assigned), gfm_state (1: disconnected); only the fields the GPU reports.", GPU_ID_LABELS + ("field",),
+          otel_name="dra.gpu.fabric.health.problem", otel_unit="1"),
     # The one activity signal NVML gives for MIG devices of GPUs without GPM (A100): the idle
     # alert needs it per device, whether or not the processes' pods can be found.
     _spec(GPU_PROCESSES, "gauge",
@@ -313,11 +367,23 @@ class DcgmSpec:
     """A native label summed away (NVLink ``direction``): one DCGM series per device."""
     unit: str = ""
     """DCGM's unit, for the README table."""
+    replaces: bool = True
+    """Whether ``--naming dcgm`` drops ``source`` for it; False where the DCGM form says less (a sum
+    over links, a clique id without its cluster): the native detail then stays."""
 
 
 _MIB = 1.0 / (1 << 20)
 
 DCGM_XID_ERRORS: Final = "DCGM_FI_DEV_XID_ERRORS"
+DCGM_FABRIC_STATUS: Final = "DCGM_FI_DEV_FABRIC_MANAGER_STATUS"
+DCGM_FABRIC_CLIQUE_ID: Final = "DCGM_FI_DEV_FABRIC_CLIQUE_ID"
+DCGM_FABRIC_HEALTH_SUMMARY: Final = "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY"
+#: ``DCGM_FI_DEV_FABRIC_MANAGER_STATUS`` (DCGM's ``dcgmFabricManagerStatus_t``) per native fabric state;
+#: ``completed`` is Success (3) when registered, Failure (4) when not.
+DCGM_FABRIC_STATUS_VALUES: Final = {"not_supported": 0.0, "not_started": 1.0, "in_progress": 2.0}
+#: ``DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY``: NVML's summary values.
+DCGM_FABRIC_SUMMARY_VALUES: Final = {"not_supported": 0.0, "healthy": 1.0, "unhealthy": 2.0,
+                                     "limited_capacity": 3.0}
 
 DCGM_CATALOG: Final[tuple[DcgmSpec, ...]] = (
     DcgmSpec("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", GPU_CLOCK, 1e-6,
@@ -349,6 +415,21 @@ DCGM_CATALOG: Final[tuple[DcgmSpec, ...]] = (
     DcgmSpec("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
              "Total number of NVLink bandwidth counters for all lanes.", GPU_NVLINK_BYTES,
              sum_over="direction", unit="bytes, rx + tx, since the exporter started"),
+    # dcgm-exporter ships these commented out in default-counters.csv: sums over the links.
+    *(DcgmSpec(f"DCGM_FI_DEV_NVLINK_{kind.upper()}_ERROR_COUNT_TOTAL", "counter",
+               f"Total number of NVLink {what} errors.", GPU_NVLINK_LINK_ERRORS, select=(("type", kind),),
+               sum_over="link", replaces=False)
+      for kind, what in (("crc_flit", "flow-control CRC"), ("crc_data", "data CRC"), ("replay", "retries"),
+                         ("recovery", "recovery"))),
+    # Opt-in DCGM fields (no shipped CSV has them); built by naming.py from the state sets.
+    DcgmSpec(DCGM_FABRIC_STATUS, "gauge", "Fabric Manager status of the GPU (0 not supported, 1 not started, "
+             "2 in progress, 3 success, 4 failure).", GPU_FABRIC_STATE, unit="dcgmFabricManagerStatus_t",
+             replaces=False),
+    DcgmSpec(DCGM_FABRIC_CLIQUE_ID, "gauge", "Fabric clique ID of the GPU.", GPU_FABRIC_INFO,
+             unit="clique id, once registration completed", replaces=False),
+    DcgmSpec(DCGM_FABRIC_HEALTH_SUMMARY, "gauge", "Fabric health summary of the GPU (0 not supported, "
+             "1 healthy, 2 unhealthy, 3 limited capacity).", GPU_FABRIC_HEALTH_SUMMARY, unit="NVML summary",
+             replaces=False),
     DcgmSpec("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
              "Number of remapped rows for uncorrectable errors", GPU_REMAPPED_ROWS,
              select=(("type", "uncorrectable"),)),

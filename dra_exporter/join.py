@@ -345,7 +345,10 @@ def _device_families(out: _Builder, sample: DeviceSample, attribution: Labels, p
     if sample.up:
         out.add(cat.GPU_PROCESSES, base, processes)
     for reading in sample.readings:
-        out.add(reading.metric, base + reading.labels, reading.value)
+        # Link and fabric identity (``GPU_ID_LABELS``) does not depend on who holds the GPU.
+        prefix = base if cat.spec(reading.metric).labels[:len(cat.DEVICE_LABELS)] == cat.DEVICE_LABELS \
+            else base[:len(cat.GPU_ID_LABELS)]
+        out.add(reading.metric, prefix + reading.labels, reading.value)
 
 
 def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Resolver, view: _View) -> None:

@@ -17,6 +17,11 @@ every GPU instance. A shared device keeps the native attribution (``pod=""``). E
 has the full ``catalog.DCGM_LABELS`` set, ``""`` where dcgm-exporter leaves a label out
 (Prometheus stores both the same way).
 
+The fabric fields (``DCGM_FI_DEV_FABRIC_MANAGER_STATUS``, ``_CLIQUE_ID``, ``_HEALTH_SUMMARY``) are numbers
+where the native families are state sets and info labels: the current state's number, the clique id
+while the GPU is registered. The NVLink error totals sum the per-link counters; like those fabric
+fields they leave their native source in place (``DcgmSpec.replaces``): the DCGM form says less.
+
 ``DCGM_FI_DEV_XID_ERRORS`` is dcgm's last-value gauge: per device, the code of the most recent XID
 (0 when none was seen). The native counters only say how often each code happened, so "most
 recent" is the code whose counter grew last as seen by an ``XidMemory`` kept across frames; when
@@ -38,7 +43,7 @@ Naming = Literal["native", "dcgm", "both"]
 NAMINGS: Final[tuple[str, ...]] = ("native", "dcgm", "both")
 
 #: Native families the ``dcgm`` naming replaces by their DCGM counterpart.
-REPLACED: Final[frozenset[str]] = frozenset(d.source for d in cat.DCGM_CATALOG) - cat.DCGM_KEPT_FOR_KIT
+REPLACED: Final[frozenset[str]] = frozenset(d.source for d in cat.DCGM_CATALOG if d.replaces) - cat.DCGM_KEPT_FOR_KIT
 
 
 @dataclass
@@ -80,6 +85,8 @@ def dcgm_families(frame: Frame, *, hostname: str, xid: XidMemory | None = None) 
     for spec in cat.DCGM_CATALOG:
         if spec.name == cat.DCGM_XID_ERRORS:
             samples = _xid_samples(frame, labeller, xid or XidMemory())
+        elif spec.name in _FABRIC:
+            samples = _fabric_samples(frame, spec, labeller)
         else:
             samples = _converted(frame.family(spec.source), spec, labeller)
         if samples:
@@ -98,6 +105,38 @@ def _converted(family: Family | None, spec: cat.DcgmSpec, labeller: _Labeller) -
         # Summing is what ``sum_over`` asks for; for the others each key occurs once.
         totals[labeller.labels(native)] += sample.value * spec.scale
     return tuple(Sample(labels, value) for labels, value in sorted(totals.items()))
+
+
+def _fabric_value(spec: cat.DcgmSpec, native: Mapping[str, str], value: float,
+                  registered: Mapping[str, float]) -> float | None:
+    """The DCGM number one native fabric series stands for; None when it stands for none."""
+    if spec.name == cat.DCGM_FABRIC_CLIQUE_ID:
+        clique_id = native.get("clique_id", "")
+        return float(clique_id) if clique_id.isdigit() else None
+    if value != 1.0:  # a state set: only the current state's series
+        return None
+    if spec.name == cat.DCGM_FABRIC_HEALTH_SUMMARY:
+        return cat.DCGM_FABRIC_SUMMARY_VALUES.get(native.get("summary", ""))
+    state = native.get("state", "")
+    if state == "completed":
+        return 3.0 if registered.get(native.get("uuid", "")) == 1.0 else 4.0
+    return cat.DCGM_FABRIC_STATUS_VALUES.get(state)
+
+
+_FABRIC: Final = frozenset({cat.DCGM_FABRIC_STATUS, cat.DCGM_FABRIC_CLIQUE_ID, cat.DCGM_FABRIC_HEALTH_SUMMARY})
+
+
+def _fabric_samples(frame: Frame, spec: cat.DcgmSpec, labeller: _Labeller) -> tuple[Sample, ...]:
+    """DCGM's fabric fields are numbers where the native families are state sets and info labels."""
+    family = frame.family(spec.source)
+    registered = {dict(s.labels).get("uuid", ""): s.value for s in _samples(frame.family(cat.GPU_FABRIC_REGISTERED))}
+    out = []
+    for sample in _samples(family):
+        native = dict(sample.labels)
+        number = _fabric_value(spec, native, sample.value, registered)
+        if number is not None:
+            out.append(Sample(labeller.labels(native), number))
+    return tuple(sorted(out, key=lambda s: s.labels))
 
 
 def _xid_samples(frame: Frame, labeller: _Labeller, memory: XidMemory) -> tuple[Sample, ...]:

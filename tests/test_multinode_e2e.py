@@ -1,8 +1,9 @@
 """Four exporters on the simulated 4-node ``gb200-domain`` cluster, one real Prometheus scraping all
 four (issue #14): every ComputeDomain dashboard query returns data, the per-domain NVLink sum is the
-sum of the four nodes' GPUs, and the imex_not_ready fault (gb200-node-3 from t=20 s) makes the
-compute-domain alerts' expressions true (their ``for:`` is minutes; the rules' own timing is
-promtool-tested in deploy/prometheus-rules.test.yaml)."""
+sum of the four nodes' links, and the faults — gb200-node-1 GPU 2's NVLink 5 down and counting
+errors from t=15 s, gb200-node-3's IMEX daemon NotReady from t=20 s — make their alerts'
+expressions true (their ``for:`` is minutes; the rules' own timing is promtool-tested in
+deploy/prometheus-rules.test.yaml)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
         server.wait_for("count_over_time(dra_gpu_up[1m]) >= 6", timeout=60)
         # The fault: gb200-node-3's IMEX daemon is NotReady from simulated (= wall) second 20.
         server.wait_for(f"max by (node) ({cat.COMPUTE_DOMAIN_NODE_READY}{{node=\"gb200-node-3\"}}) == 0", timeout=60)
+        server.ports = dict(zip(NODES, ports, strict=True))  # type: ignore[attr-defined]
         yield server
 
 
@@ -80,12 +82,13 @@ def test_the_domain_spans_the_four_nodes_and_their_sixteen_gpus(prom: PromServer
 
 def test_per_domain_nvlink_sum_is_the_sum_of_the_four_nodes(prom: PromServer) -> None:
     at = str(time.time() - 2)
-    nvlink = f"rate({cat.GPU_NVLINK_BYTES}[1m])"
+    nvlink = f"rate({cat.GPU_NVLINK_LINK_BYTES}[1m])"
     per_domain = prom.api("query", query=f"sum by (compute_domain) ({nvlink} * on (uuid) group_left (compute_domain) "
                                          f"max by (uuid, compute_domain) ({cat.COMPUTE_DOMAIN_GPU_INFO}))",
                           time=at)["result"]
     per_node = prom.api("query", query=f"sum by (instance) ({nvlink})", time=at)["result"]
     assert len(per_node) == 4 and len(per_domain) == 1
+    assert all(float(r["value"][1]) > 0 for r in per_node), "the MPI job's traffic curves"
     assert float(per_domain[0]["value"][1]) == pytest.approx(sum(float(r["value"][1]) for r in per_node))
 
 
@@ -96,3 +99,15 @@ def test_the_imex_not_ready_fault_fires_the_compute_domain_alerts(prom: PromServ
     assert [(r["metric"]["compute_domain"], r["metric"]["node"]) for r in node] == [("mpi-domain", "gb200-node-3")]
     domain = prom.query(rules["DraComputeDomainNotReady"]["expr"])
     assert [(r["metric"]["namespace"], r["metric"]["compute_domain"]) for r in domain] == [("mpi", "mpi-domain")]
+
+
+def test_the_degraded_link_fires_the_nvlink_alert_on_its_node_only(prom: PromServer) -> None:
+    rules = {r["alert"]: r for g in yaml.safe_load((ROOT / "deploy" / "prometheus-rules.yaml").read_text())["groups"]
+             for r in g["rules"]}
+    node1 = f"127.0.0.1:{prom.ports['gb200-node-1']}"  # type: ignore[attr-defined]
+    prom.wait_for(rules["DraGpuNvlinkErrors"]["expr"], timeout=60)
+    firing = prom.query(rules["DraGpuNvlinkErrors"]["expr"])
+    assert [(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["link"]) for r in firing] == [(node1, "2", "5")]
+    down = prom.query(f"{cat.GPU_NVLINK_LINK_UP} == 0")
+    assert [(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["link"]) for r in down] == [(node1, "2", "5")]
+    assert prom.query(rules["DraGpuFabricDegraded"]["expr"]) == [], "the fabric itself stays healthy"

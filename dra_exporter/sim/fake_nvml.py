@@ -41,6 +41,7 @@ from typing import Any, Final, TypeVar
 import pynvml
 
 from .clock import SimClock
+from .fake_nvml_nvlink import NVLINK_FIELD_IDS, NvLinkModel
 from .profile import GpuProfile
 from .scenario import Gpu, MigDevice, Pod, Process, Scenario, unit_hash
 
@@ -267,6 +268,9 @@ class FakeNvml:
         # Counters start where the recorded GPU's were, scaled per GPU so no two read alike.
         self._offsets = {g.index: 1 + 0.25 * unit_hash(scenario.seed, "counters", str(g.index))
                          for g in self._gpus}
+        nvlink = self._profile.nvlink
+        self._links = None if nvlink is None else NvLinkModel(
+            scenario, nvlink, self._profile.fabric, self._gpu_activity, self._offsets, _Integral)
 
     def __repr__(self) -> str:
         return f"FakeNvml(scenario={self.scenario.name!r}, gpus={len(self._gpus)}, t={self.clock.now():.3f})"
@@ -580,7 +584,9 @@ class FakeNvml:
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
             value.fieldId, value.scopeId, value.timestamp = field_id, scope, stamp
             spec = self._field_specs.get(field_id)
-            if spec is None:
+            if self._links is not None and field_id in NVLINK_FIELD_IDS:
+                self._nvlink_field(value, target, field_id, scope)
+            elif spec is None:
                 value.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
             elif target.mig is not None or spec.ret != pynvml.NVML_SUCCESS:
                 value.nvmlReturn = spec.ret or pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -605,6 +611,55 @@ class FakeNvml:
             return self._pcie_bytes(gpu, t, "rx")
         # Everything else (ECC and PCIe error counts, limits, remapped rows) as recorded.
         return recorded
+
+    # -- NVLink and the fabric (the model is fake_nvml_nvlink's) --------------------------------
+
+    def _nvlink_field(self, value: Any, target: _Target, field_id: int, scope: int) -> None:
+        assert self._links is not None
+        if target.mig is not None:  # MIG devices own no links
+            value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            return
+        ret, value_type, number = self._links.field(target.gpu, field_id, scope, target.t)
+        value.nvmlReturn, value.valueType = ret, value_type
+        if ret == pynvml.NVML_SUCCESS:
+            setattr(value.value, _VALUE_MEMBERS[value_type], int(number))
+
+    def _link(self, link: int) -> Any:
+        if self._links is None:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not isinstance(link, int) or not 0 <= link < self._links.spec.links:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._links
+
+    @_nvml("nvlink", mig=False)
+    def nvmlDeviceGetNvLinkState(self, target: _Target, link: int) -> int:
+        up = self._link(link).link_up(target.gpu.index, link, target.t)
+        return pynvml.NVML_FEATURE_ENABLED if up else pynvml.NVML_FEATURE_DISABLED
+
+    @_nvml("nvlink", mig=False)
+    def nvmlDeviceGetNvLinkVersion(self, target: _Target, link: int) -> int:
+        return int(self._link(link).spec.version)
+
+    @_nvml("nvlink", mig=False)
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, target: _Target, link: int) -> int:
+        return int(self._link(link).spec.remote_type)
+
+    @_nvml("fabric", mig=False)
+    def nvmlDeviceGetGpuFabricInfoV(self, target: _Target, info: Any) -> int:
+        info = getattr(info, "_obj", info)  # pynvml's callers pass ctypes.byref(struct)
+        if int(getattr(info, "version", 0)) not in (pynvml.nvmlGpuFabricInfo_v2, pynvml.nvmlGpuFabricInfo_v3):
+            raise _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return self._fabric_info(target, info, with_health=True)
+
+    @_nvml("fabric", mig=False)
+    def nvmlDeviceGetGpuFabricInfo(self, target: _Target, info: Any) -> int:
+        return self._fabric_info(target, getattr(info, "_obj", info), with_health=False)
+
+    def _fabric_info(self, target: _Target, info: Any, *, with_health: bool) -> int:
+        if self._links is None:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._links.fill_fabric(info, target.gpu.index, target.t, with_health)
+        return pynvml.NVML_SUCCESS
 
     # -- processes ------------------------------------------------------------------------------
 

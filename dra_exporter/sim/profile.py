@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Final
+from typing import Any, Final
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +78,43 @@ class MigProfile:
 
 
 @dataclass(frozen=True, slots=True)
+class NvLinkSpec:
+    """A model's NVLink ports, as the fake NVML answers them (``profiles/<model>.json`` ``nvlink``)."""
+
+    links: int
+    version: int
+    """``NVML_NVLINK_VERSION_*`` (6: NVLink 4.0, 7: NVLink 5.0)."""
+    generation: str
+    """``nvlink4`` (CRC/replay/recovery counters up to Hopper) or ``nvlink5`` (Blackwell ``COUNT_*``)."""
+    speed_mbps: int
+    """Per link and direction, as ``NVML_FI_DEV_NVLINK_GET_SPEED`` reports it (MBps)."""
+    remote_type: int
+    """``NVML_NVLINK_DEVICE_TYPE_*`` of every link's far end (2: an NVSwitch)."""
+    tx_start_bytes: int
+    rx_start_bytes: int
+    bytes_per_s_at_full_load: float
+    """Traffic per direction at 100 % utilisation, for GPUs the scenario gives no ``nvlink`` curves."""
+
+
+@dataclass(frozen=True, slots=True)
+class FabricSpec:
+    """What ``nvmlDeviceGetGpuFabricInfoV`` answers (``profiles/<model>.json`` ``fabric``)."""
+
+    state: int
+    """``NVML_GPU_FABRIC_STATE_*``."""
+    status: int
+    """An ``nvmlReturn_t``: 0 when registration succeeded."""
+    cluster_uuid: str
+    """All zeros on HGX boards (NVLink within the node, no multi-node clique)."""
+    clique_id: int
+    health_summary: int
+    """``NVML_GPU_FABRIC_HEALTH_SUMMARY_*``."""
+    health: tuple[tuple[str, int], ...]
+    """Health-mask field (``degraded_bw``, ``gfm_state``…) -> its NVML value; absent fields are 0
+    (NOT_SUPPORTED)."""
+
+
+@dataclass(frozen=True, slots=True)
 class GpuProfile:
     """A GPU model's answers, from ``profiles/<model>.json``."""
 
@@ -118,6 +155,10 @@ class GpuProfile:
     gpm_metrics: tuple[GpmSpec, ...]
     latency_us: tuple[tuple[str, float], ...]
     """Recorded median latency per NVML function, for realistic benchmarks."""
+    nvlink: NvLinkSpec | None = None
+    """None: NVML answers NOT_SUPPORTED for NVLink (the recorded H200)."""
+    fabric: FabricSpec | None = None
+    """None: NVML answers NOT_SUPPORTED for the fabric calls."""
 
     def mig_profile(self, name: str) -> MigProfile | None:
         return next((p for p in self.mig_profiles if p.name == name), None)
@@ -130,17 +171,36 @@ class GpuProfile:
         return {name: us / 1e6 for name, us in self.latency_us}
 
 
-#: GPU models a scenario may name, each with a ``profiles/<model>.json``.
-GPU_MODELS: Final = ("h200",)
+#: GPU models a scenario may name, each with a ``profiles/<model>.json``: ``h200`` is the recording
+#: (NVLink NOT_SUPPORTED, as that GPU answered); ``h200-hgx`` the same GPU on an HGX board (18 NVLink4
+#: links to NVSwitches, fabric registered without a multi-node clique); ``gb200`` is synthetic, from
+#: public figures (its file says so), on top of the H200's recorded behaviour.
+GPU_MODELS: Final = ("h200", "h200-hgx", "gb200")
+
+
+def _read_raw(gpu_model: str) -> dict[str, Any]:
+    """A profile file; a ``variant_of`` file is its base's content with its own keys merged over."""
+    raw: dict[str, Any] = json.loads(
+        resources.files(__package__).joinpath("profiles", f"{gpu_model}.json").read_text())
+    base = raw.pop("variant_of", None)
+    return _merged(_read_raw(base), raw) if base else raw
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            else value
+    return out
 
 
 @functools.cache
 def load_profile(gpu_model: str) -> GpuProfile:
-    """The recorded profile of ``gpu_model`` (one of ``GPU_MODELS``)."""
+    """The profile of ``gpu_model`` (one of ``GPU_MODELS``)."""
     if gpu_model not in GPU_MODELS:
         # Scenarios check the model first and say so with the field; this is a programming error.
         raise ValueError(f"unknown gpu_model {gpu_model!r} (known: {', '.join(GPU_MODELS)})")
-    raw = json.loads(resources.files(__package__).joinpath("profiles", f"{gpu_model}.json").read_text())
+    raw = _read_raw(gpu_model)
     mig = raw["mig"]
     return GpuProfile(
         model=raw["model"], driver_version=raw["driver_version"], nvml_version=raw["nvml_version"],
@@ -172,6 +232,9 @@ def load_profile(gpu_model: str) -> GpuProfile:
                      for f in raw["fields"]),
         gpm_metrics=tuple(GpmSpec(m["id"], m["name"], m["ret"], m["idle"], m["load"]) for m in raw["gpm"]),
         latency_us=tuple(raw["latency_us"].items()),
+        nvlink=NvLinkSpec(**raw["nvlink"]) if "nvlink" in raw else None,
+        fabric=FabricSpec(**{**raw["fabric"], "health": tuple(raw["fabric"].get("health", {}).items())})
+        if "fabric" in raw else None,
     )
 
 

@@ -106,6 +106,10 @@ class Gpu:
     pci_bus_id: str
     mig: tuple[MigDevice, ...] = ()
     taints: tuple[Taint, ...] = ()
+    nvlink_tx: Curve | None = None
+    """NVLink traffic sent, bytes per second over all active links (``gpus[].nvlink.tx``); None: the
+    profile's rate at full load times utilisation."""
+    nvlink_rx: Curve | None = None
 
     @property
     def minor(self) -> int:
@@ -443,14 +447,22 @@ _SCENARIO_DIR: Final = "scenarios"
 
 #: NVML call families a ``family_unsupported`` fault can switch off.
 NVML_FAMILIES: Final = ("utilization", "memory", "power", "temperature", "clocks", "clock_events",
-                        "fields", "processes", "gpm", "events")
+                        "fields", "processes", "gpm", "events", "nvlink", "fabric")
+#: NVLink error counters each generation's NVML has (``nvlink_errors`` fault ``type``), the first
+#: being the default: CRC/replay/recovery up to Hopper, the ``COUNT_*`` fields on Blackwell.
+NVLINK_ERROR_TYPES: Final = {
+    "nvlink4": ("crc_flit", "crc_data", "replay", "recovery", "ecc_data"),
+    "nvlink5": ("symbol", "effective", "malformed_packet", "buffer_overrun", "rcv", "rcv_remote",
+                "rcv_general", "local_link_integrity", "xmit_discards"),
+}
+NVLINK_FAULTS: Final = ("nvlink_link_down", "nvlink_errors", "fabric_unhealthy", "fabric_in_progress")
 INIT_ERRORS: Final = ("driver_not_loaded", "library_not_found")
 KUBELET_FAULTS: Final = ("kubelet_socket_gone", "kubelet_resource_exhausted", "kubelet_slow",
                          "kubelet_malformed")
 APISERVER_FAULTS: Final = ("apiserver_gone", "apiserver_error", "apiserver_slow", "apiserver_watch_drop",
                            "apiserver_gone_410")
 FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid", "nvml_hang", "driver_rollout")
-                      + KUBELET_FAULTS + APISERVER_FAULTS)
+                      + NVLINK_FAULTS + KUBELET_FAULTS + APISERVER_FAULTS)
 
 #: resource.k8s.io versions a simulated cluster can serve, newest first.
 API_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")

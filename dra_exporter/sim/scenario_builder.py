@@ -30,7 +30,7 @@ from typing import Any, Final
 from .. import model, strict_yaml
 from ..boundedio import FileTooLargeError, read_text
 from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name, parse_nvidia_device_name
-from .profile import GPU_MODELS, GpuProfile, load_profile
+from .profile import GPU_MODELS, GpuProfile, NvLinkSpec, load_profile
 from .scenario import (
     _BUS_NUMBERS,
     _SCENARIO_DIR,
@@ -42,6 +42,7 @@ from .scenario import (
     MAX_GPUS,
     NVIDIA_GPU_CLASS,
     NVIDIA_MIG_CLASS,
+    NVLINK_ERROR_TYPES,
     NVML_FAMILIES,
     TAINT_EFFECTS,
     Claim,
@@ -281,7 +282,7 @@ class _Builder:
             raise cur.error("a node needs at least one GPU (a node without NVIDIA's driver: an init_failure "
                             "fault at 0 with no until)")
         for _, g in cur.items():
-            g.mapping(("index",), ("uuid", "mig", "taints"))
+            g.mapping(("index",), ("uuid", "mig", "taints", "nvlink"))
             index = g.key("index").int(minimum=0)
             if index >= MAX_GPUS:
                 raise g.key("index").error(f"at most {MAX_GPUS} GPUs per node; index must be < {MAX_GPUS}")
@@ -295,12 +296,41 @@ class _Builder:
                                             "taint those (mig[].taints)")
             bus_id = (self.hardware.pci_bus_ids.get(index) if self.hardware else None) or \
                 f"00000000:{_BUS_NUMBERS[index]:02X}:00.0"
-            self.gpus[index] = Gpu(index, gpu_uuid, bus_id, mig, taints)
+            tx, rx = self._nvlink_traffic(g.key("nvlink"))
+            self.gpus[index] = Gpu(index, gpu_uuid, bus_id, mig, taints, tx, rx)
         missing = sorted(set(range(len(self.gpus))) - set(self.gpus))
         if missing:
             raise cur.error(f"GPU indexes must be 0..{len(self.gpus) - 1} without gaps, as NVML numbers "
                             f"them; missing {', '.join(map(str, missing))}")
         self.gpus = dict(sorted(self.gpus.items()))
+
+    def _nvlink_traffic(self, cur: _Cursor) -> tuple[Curve | None, Curve | None]:
+        """``nvlink: {tx: curve, rx: curve}`` in bytes per second, at most what the links carry."""
+        if not cur.present:
+            return None, None
+        links = self._nvlink_spec(cur)
+        cur.mapping((), ("tx", "rx"))
+        capacity = links.links * links.speed_mbps * 1e6
+        return tuple(_curve(cur.key(d), 0.0, capacity) if cur.key(d).present else None  # type: ignore[return-value]
+                     for d in ("tx", "rx"))
+
+    def _nvlink_spec(self, cur: _Cursor) -> NvLinkSpec:
+        if self.profile.nvlink is None:
+            raise cur.error(f"the {self.profile.model} of this node has no NVLink as simulated (gpu_model "
+                            "h200 is the recording, which answered NOT_SUPPORTED); use gpu_model h200-hgx "
+                            "or gb200")
+        return self.profile.nvlink
+
+    def _link_param(self, cur: _Cursor) -> int:
+        links = self._nvlink_spec(cur).links
+        link = cur.int(minimum=0)
+        if link >= links:
+            raise cur.error(f"a {self.profile.model} has NVLinks 0..{links - 1}; got {link}")
+        return link
+
+    def _nvlink_error_type(self, cur: _Cursor) -> str:
+        generation = self._nvlink_spec(cur).generation
+        return _one_of(NVLINK_ERROR_TYPES[generation])(self, cur, None)
 
     def _mig(self, cur: _Cursor, gpu: int) -> tuple[MigDevice, ...]:
         prof = self.profile
@@ -785,6 +815,11 @@ class _Builder:
         params = {name: parse(self, f.key(name), gpu) for name, parse in spec.params.items()
                   if f.key(name).present}
         params.update({k: v for k, v in spec.defaults.items() if k not in params})
+        if kind == "nvlink_errors" and "type" not in params:
+            params["type"] = NVLINK_ERROR_TYPES[self._nvlink_spec(f).generation][0]
+        if kind.startswith("fabric_") and self.profile.fabric is None:
+            raise f.key("kind").error(f"the {self.profile.model} of this node answers no fabric info as "
+                                      "simulated; use gpu_model h200-hgx or gb200")
         return Fault(kind, at, until, gpu, MappingProxyType(params))
 
     def _mig_device_param(self, cur: _Cursor, gpu: int | None) -> str:
@@ -829,6 +864,12 @@ _FAULT_PARAMS: Final[Mapping[str, _FaultParams]] = {
                         {"xid": lambda b, c, g: c.int(minimum=0), "mig_device": _Builder._mig_device_param}),
     "driver_rollout": _FaultParams((), ("driver",), {"driver": lambda b, c, g: c.name("driver name")},
                                    {"driver": NVIDIA_DRIVER}),
+    "nvlink_link_down": _FaultParams(("gpu", "link"), (), {"link": lambda b, c, g: b._link_param(c)}),
+    "nvlink_errors": _FaultParams(("gpu", "link", "rate"), ("type",), {
+        "link": lambda b, c, g: b._link_param(c), "rate": lambda b, c, g: c.number(minimum=0),
+        "type": lambda b, c, g: b._nvlink_error_type(c)}),
+    "fabric_unhealthy": _FaultParams((), ("gpu",)),
+    "fabric_in_progress": _FaultParams((), ("gpu",)),
     "kubelet_socket_gone": _FaultParams(),
     "kubelet_resource_exhausted": _FaultParams(),
     "kubelet_slow": _FaultParams(("delay",), (), {"delay": lambda b, c, g: c.number(minimum=0)}),

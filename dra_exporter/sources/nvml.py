@@ -14,7 +14,9 @@ Contract (DESIGN §1, §6):
   from one ``nvmlDeviceGetFieldValues`` call per device per cycle.
 - Processes are read from whole GPUs outside MIG mode and from MIG devices, never from a
   MIG-enabled parent (which would count every process twice).
-- XIDs are counted on a background thread (``nvml_events``); GPM comes from ``nvml_gpm``.
+- XIDs are counted on a background thread (``nvml_events``); GPM comes from ``nvml_gpm``; NVLink
+  per link from ``nvml_nvlink`` (its entries ride in the one field-value call) and the fabric from
+  ``nvml_fabric``, for whole GPUs only.
 - Nothing is logged per cycle; only state changes are (init failing or succeeding, a device
   going down or coming back, devices appearing or disappearing).
 """
@@ -33,7 +35,9 @@ from .. import catalog as cat
 from ..model import DeviceSample, GpuDevice, Labels, NvmlSnapshot, ProcessSample, Reading
 from . import SourceError
 from .nvml_events import EventWatcher, XidCounter, XidTally
+from .nvml_fabric import FabricReader, FabricState
 from .nvml_gpm import GpmReader, gpm_supported
+from .nvml_nvlink import LinkReader, LinkState, unwrap32
 
 _CLOCKS: Final = (
     ("NVML_CLOCK_SM", "sm"),
@@ -103,8 +107,6 @@ _INIT_HINTS: Final = {
     "NVML_ERROR_LIB_RM_VERSION_MISMATCH": "the NVML library and the loaded kernel driver differ in version",
 }
 
-_WRAP_32: Final = 1 << 32
-
 
 class _DeviceFault(Exception):
     """An NVML error (other than NOT_SUPPORTED) while reading one device: the device is down."""
@@ -124,6 +126,9 @@ class _DeviceState:
     """Field id -> (last raw 32-bit value, offset added for wraps so far)."""
     last_process_ts: int = 0
     gpm: GpmReader | None = None
+    links: LinkState | None = None
+    """Whole GPUs only, like ``fabric``."""
+    fabric: FabricState | None = None
     down: bool = False
 
 
@@ -190,19 +195,27 @@ class _DeviceReader:
                  ("fields", "nvmlDeviceGetFieldValues", self._field_values)]
         # A binding too old for a family loses that family, loudly once, not every cycle.
         self._plan = tuple((family, reader) for family, function, reader in plan if hasattr(nvml, function))
+        self._links = LinkReader(nvml, self._value, self._uint)
+        self._fabric = FabricReader(nvml, logger)
         for family, function, _ in plan:
             if not hasattr(nvml, function):
                 logger.warning("nvml: this NVML binding has no %s; %s is not collected", function, family)
 
     # -- one cycle of one device ---------------------------------------------------------
 
-    def read(self, handle: Any, state: _DeviceState, now: float) -> list[Reading]:
+    def read(self, handle: Any, state: _DeviceState, uuid: str, now: float) -> list[Reading]:
         """Every supported family of one device; raises ``_DeviceFault`` on an NVML error."""
         readings: list[Reading] = []
         for family, reader in self._plan:
             readings += self._guarded(state, family, reader, handle, state)
+        if state.fabric is not None:
+            readings += self._guarded(state, "fabric", self._fabric.read, handle, state.fabric, uuid)
         if state.gpm is not None:
-            readings += self._guarded(state, "gpm", state.gpm.read, now)
+            gpm = self._guarded(state, "gpm", state.gpm.read, now)
+            if any(r.metric == cat.GPU_NVLINK_BYTES for r in readings):
+                # The per-link counters' sum counts since the driver loaded: it replaces GPM's integral.
+                gpm = [r for r in gpm if r.metric != cat.GPU_NVLINK_BYTES]
+            readings += gpm
         return readings
 
     def processes(self, handle: Any, state: _DeviceState, uuid: str) -> list[ProcessSample]:
@@ -307,12 +320,17 @@ class _DeviceReader:
                 for bit, labels in self._reasons]
 
     def _field_values(self, handle: Any, state: _DeviceState) -> list[Reading]:
-        if not state.field_ids:
+        links = self._links.requests(state.links) if state.links is not None else []
+        if not state.field_ids and not links:
             return []
         out: list[Reading] = []
         dropped: set[int] = set()
-        for value in self._nvml.nvmlDeviceGetFieldValues(handle, state.field_ids):
+        link_values = []
+        for value in self._nvml.nvmlDeviceGetFieldValues(handle, [*state.field_ids, *links]):
             field_id, ret = int(value.fieldId), int(value.nvmlReturn)
+            if field_id in self._links.field_ids:
+                link_values.append(value)
+                continue
             if ret != self._success:
                 if ret in self._unsupported_codes:
                     dropped.add(field_id)
@@ -323,24 +341,20 @@ class _DeviceReader:
                 continue
             raw = getattr(value.value, member)
             if spec.counter and int(value.valueType) == self._uint:
-                raw = _unwrap32(state.wraps, field_id, int(raw))
+                # The PCIe byte counters are 32-bit (see the H200 recording) and wrap after 4 GiB;
+                # exported raw they would look like counter resets.
+                raw = unwrap32(state.wraps, field_id, int(raw))
             out.append(Reading(spec.metric, float(raw) * spec.scale, spec.labels))
         if dropped:
             state.field_ids = [fid for fid in state.field_ids if fid not in dropped]
+        if state.links is not None:
+            out += self._links.readings(handle, state.links, link_values)
         return out
 
-
-def _unwrap32(wraps: dict[int, tuple[int, int]], field_id: int, raw: int) -> int:
-    """Make a 32-bit NVML counter monotonic: a value below the last one is taken as a wrap.
-
-    NVML reports the PCIe byte counters as unsigned 32-bit values (see the H200 recording),
-    which wrap after 4 GiB; exported raw they would look like counter resets.
-    """
-    last, offset = wraps.get(field_id, (raw, 0))
-    if raw < last:
-        offset += _WRAP_32
-    wraps[field_id] = (raw, offset)
-    return raw + offset
+    def _value(self, value: Any) -> float | None:
+        """The number in a ``c_nvmlFieldValue_t``; None for a value type this binding does not know."""
+        member = self._value_members.get(int(value.valueType))
+        return None if member is None else float(getattr(value.value, member))
 
 
 def _text(value: Any) -> str:
@@ -555,7 +569,8 @@ class NvmlSource:
             mig_mode=mig_mode,
         )
         max_mig = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) if mig_mode == "enabled" else 0
-        return _Gpu(handle, device, _DeviceState(list(self._reader.field_ids)), max_mig=max_mig)
+        state = _DeviceState(list(self._reader.field_ids), links=LinkState(), fabric=FabricState())
+        return _Gpu(handle, device, state, max_mig=max_mig)
 
     def _mig_mode(self, handle: Any) -> str:
         nvml = self._nvml
@@ -637,7 +652,7 @@ class NvmlSource:
         reader = self._reader
         try:
             self._probe_gpm(gpu)
-            readings = reader.read(gpu.handle, gpu.state, now)
+            readings = reader.read(gpu.handle, gpu.state, gpu.device.uuid, now)
             procs = [] if gpu.mig_enabled else reader.processes(gpu.handle, gpu.state, gpu.device.uuid)
             if gpu.mig_enabled:
                 self._refresh_migs(gpu)
@@ -650,7 +665,7 @@ class NvmlSource:
         processes += procs
         for mig in sorted(gpu.migs.values(), key=_mig_order):
             try:
-                readings = reader.read(mig.handle, mig.state, now)
+                readings = reader.read(mig.handle, mig.state, mig.device.uuid, now)
                 procs = reader.processes(mig.handle, mig.state, mig.device.uuid)
             except _DeviceFault as fault:
                 devices.append(self._down(mig.device, mig.state, fault, xids))
