@@ -380,8 +380,17 @@ def test_otlp_and_web_config_options_reach_the_exporter_through_its_own_variable
     assert {name for name in variables if name.startswith("DRA_EXPORTER_")} - pending <= flags
 
 
-def test_basic_auth_makes_probes_check_the_port_instead() -> None:
+def test_basic_auth_keeps_http_probes_that_see_a_wedged_cycle() -> None:
+    # The probe paths are exempt from basic auth, so the kubelet's HTTP probes still work, and only
+    # they see /readyz and /healthz fail when the cycle is wedged.
     main = container(render_chart({"webConfig": {"enabled": True, "secretName": "web", "basicAuth": True}}))
+    assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_required_client_certificates_make_probes_check_the_port_instead() -> None:
+    main = container(render_chart({"webConfig": {"enabled": True, "secretName": "web", "tls": True,
+                                                 "clientCertificates": True}}))
     assert main["readinessProbe"]["tcpSocket"] == {"port": "metrics"}
     assert main["livenessProbe"]["tcpSocket"] == {"port": "metrics"}
 
