@@ -379,7 +379,10 @@ class _Connections:
         self._reserved = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._refusing = False
+        #: Whether the global cap turned the last connection away, and the peers at their own
+        #: cap (at most max_connections / per_client of them): what "refusing" is logged from.
+        self._full = False
+        self._capped_peers: set[str] = set()
         #: Connections refused at a cap (closed at once, or a reserve connection that served no
         #: probe), and connections cut at their deadline.
         self.refused = 0
@@ -403,8 +406,10 @@ class _Connections:
         conn = None
         with self._lock:
             was_refusing = self._refusing
-            ordinary = len(self._open) - self._reserved
-            if ordinary < self._limit and self._by_peer.get(peer, 0) < self._per_client:
+            self._full = len(self._open) - self._reserved >= self._limit
+            if self._by_peer.get(peer, 0) >= self._per_client:
+                self._capped_peers.add(peer)
+            if not self._full and peer not in self._capped_peers:
                 conn = _Connection(sock, peer, self._monotonic() + seconds)
                 self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
             elif self._reserved < PROBE_RESERVE and self._reserve_by_peer.get(peer, 0) < PROBE_RESERVE_PER_CLIENT:
@@ -416,15 +421,20 @@ class _Connections:
                 self.refused += 1
             if conn is not None:
                 self._open.add(conn)
-            self._refusing = conn is None or conn.probe_only
+            refusing = self._refusing
         # Log changes of state only: a flood must not turn into a flood of log lines.
-        if self._refusing and not was_refusing:
+        if refusing and not was_refusing:
             self._log.warning("http: a connection cap is reached (%d in all, %d per client address); refusing "
                               "new ones until some close, except for a few that may ask for /healthz or /readyz",
                               self._limit, self._per_client)
-        elif was_refusing and not self._refusing:
+        elif was_refusing and not refusing:
             self._log.info("http: below the connection caps again; serving new connections")
         return conn
+
+    @property
+    def _refusing(self) -> bool:
+        """Whether some cap turns connections away now; the caller holds the lock."""
+        return self._full or bool(self._capped_peers)
 
     def _forget(self, conn: _Connection) -> None:
         """Drop ``conn`` from the counts; the caller holds the lock."""
@@ -435,6 +445,8 @@ class _Connections:
         counts[conn.peer] -= 1
         if not counts[conn.peer]:
             del counts[conn.peer]
+        if not conn.probe_only:
+            self._capped_peers.discard(conn.peer)  # it is below its cap again
         if conn.probe_only:
             self._reserved -= 1
             self._count_refused(conn)
