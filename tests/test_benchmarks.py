@@ -196,6 +196,11 @@ def _assert_rows(name: str, rows: list[dict[str, Any]]) -> None:
         for row in paced:
             for key in ("p50_ms", "p99_ms", "gzip_on_scrape_p50_ms", "gzip_on_scrape_p99_ms", "p99_ratio"):
                 assert isinstance(row[key], (int, float)) and math.isfinite(row[key]) and row[key] > 0, (key, row)
+        kept_alive = [r for r in rows if r["mode"].startswith("keepalive-")]
+        assert {r["mode"] for r in kept_alive} == {"keepalive-prometheus", "keepalive-text"}
+        for row in kept_alive:
+            for key in ("p50_ms", "p99_ms", "nagle_p50_ms", "nagle_p99_ms", "p99_ratio"):
+                assert isinstance(row[key], (int, float)) and math.isfinite(row[key]) and row[key] > 0, (key, row)
     if name == "cycle":
         stages = {r["stage"] for r in rows}
         assert stages >= {"nvml", "podresources", "join", "render_text", "render_openmetrics", "total"}

@@ -130,7 +130,7 @@ def test_a_client_that_never_reads_its_response_is_cut() -> None:
 
 def test_connections_beyond_the_limit_are_refused_at_once_and_service_resumes(
         caplog: pytest.LogCaptureFixture) -> None:
-    with sink_serving(frame_of(1000), request_timeout=60.0, max_connections=3) as sink:
+    with sink_serving(frame_of(1000), request_timeout=60.0, max_connections=3, max_connections_per_client=3) as sink:
         stalled = [socket.create_connection(("127.0.0.1", sink.port)) for _ in range(3)]
         eventually(lambda: sink._server.connections.count == 3)
         with caplog.at_level(logging.WARNING):
