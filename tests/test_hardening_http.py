@@ -166,6 +166,10 @@ def test_many_connections_flooding_headers_are_refused_and_a_scrape_answers_mean
         for thread in threads:
             thread.start()
         scrapes = [get(sink.port)[0] for _ in range(5)]
+        # Each attacker ends when the server has answered and closed; hang up only then (cutting
+        # them earlier would leave answers unread when the scrapes are quicker than the flood).
+        for thread in threads:
+            thread.join(60)
         hang_up(socks, threads)
         assert scrapes == [200] * 5
         assert all(a.startswith(b"HTTP/1.1 431 ") for a in answers), {a[:40] for a in answers}
