@@ -143,8 +143,10 @@ def rules_yaml() -> str:
 def inline(expr: str) -> str:
     """``expr`` with every recorded series replaced by its expression: the raw-series form."""
     for rule in reversed(RULES):  # later rules only reference earlier ones
-        expr = re.sub(rf"(?<![\w:]){re.escape(rule.record)}(?![\w:])", lambda _m, r=rule: f"({inline(r.expr)})",
-                      expr)
+        name = re.compile(rf"(?<![\w:]){re.escape(rule.record)}(?![\w:])")
+        if name.search(expr):
+            body = f"({inline(rule.expr)})"
+            expr = name.sub(lambda _m: body, expr)  # a function: the body's backslashes stay as they are
     return expr
 
 
@@ -203,7 +205,7 @@ def parse_time(text: str) -> float:
     except ValueError:
         pass
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(text)  # Python 3.11 reads "Z" and dates alone
     except ValueError:
         raise ShowbackError(f"{text!r} is neither RFC 3339 (2025-06-01T12:00:00Z) nor Unix seconds") from None
     return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
@@ -312,7 +314,9 @@ def build(
     top: int = 10,
 ) -> Report:
     """Turn the query results at ``start, start + step, …, end - step`` into the report."""
-    key = lambda s: (s.labels.get("namespace", ""), s.labels.get("claim", ""))  # noqa: E731
+    def key(s: Series) -> tuple[str, str]:
+        return s.labels.get("namespace", ""), s.labels.get("claim", "")
+
     held_hours: dict[tuple[str, str], float] = defaultdict(float)
     cost: dict[tuple[str, str], float] = defaultdict(float)
     held_at: dict[tuple[str, str], dict[float, float]] = defaultdict(lambda: defaultdict(float))
@@ -449,8 +453,9 @@ def render_table(r: Report) -> str:
         return [f"{u.held_hours:.2f}", f"{u.busy_hours:.2f}", f"{u.idle_share:.0%}",
                 *([f"{u.cost or 0.0:.2f}"] if r.priced else [])]
 
-    lines = [f"GPU showback {_iso(r.start)} → {_iso(r.end)} ({_span(r.end - r.start)}, step "
-             f"{_span(r.step)}, from {r.source})", ""]
+    title = (f"GPU showback {_iso(r.start)} → {_iso(r.end)} ({_span(r.end - r.start)}, step "
+             f"{_span(r.step)}, from {r.source})")
+    lines = [title, ""]
     lines += _table(["NAMESPACE", *numbers], [[u.namespace, *cells(u)] for u in r.namespaces]
                     + [["(all)", *cells(r.total)]], len(numbers))
     lines.append("")

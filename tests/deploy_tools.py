@@ -11,7 +11,8 @@
   committed in ``deploy/manifests/``.
 
 ``python3 tests/deploy_tools.py`` rewrites ``deploy/manifests/dra-exporter.yaml`` and the
-chart's copy of ``deploy/prometheus-rules.yaml`` after a change to the chart or the rules.
+chart's copies of ``deploy/prometheus-rules.yaml`` and ``deploy/recording-rules.yaml`` after a
+change to the chart or the rules.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deploy" / "helm" / "dra-exporter"
 RULES = REPO / "deploy" / "prometheus-rules.yaml"
 CHART_RULES = CHART / "files" / "prometheus-rules.yaml"
+RECORDING_RULES = REPO / "deploy" / "recording-rules.yaml"
+CHART_RECORDING_RULES = CHART / "files" / "recording-rules.yaml"
 MANIFESTS = REPO / "deploy" / "manifests" / "dra-exporter.yaml"
 RELEASE = "dra-exporter"
 NAMESPACE = "monitoring"
@@ -196,9 +199,11 @@ def manifests_text() -> str:
 def main() -> int:
     CHART_RULES.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RULES, CHART_RULES)
+    shutil.copyfile(RECORDING_RULES, CHART_RECORDING_RULES)
     MANIFESTS.parent.mkdir(parents=True, exist_ok=True)
     MANIFESTS.write_text(manifests_text())
-    print(f"wrote {CHART_RULES.relative_to(REPO)} and {MANIFESTS.relative_to(REPO)}")
+    print(f"wrote {CHART_RULES.relative_to(REPO)}, {CHART_RECORDING_RULES.relative_to(REPO)} and "
+          f"{MANIFESTS.relative_to(REPO)}")
     return 0
 
 

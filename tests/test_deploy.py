@@ -25,10 +25,12 @@ import pytest
 import yaml
 from deploy_tools import (
     CHART,
+    CHART_RECORDING_RULES,
     CHART_RULES,
     KUBE_VERSION,
     MANIFESTS,
     NAMESPACE,
+    RECORDING_RULES,
     REPO,
     RULES,
     helm,
@@ -262,8 +264,10 @@ def test_admin_access_option_claims_every_gpu_of_the_node_through_dra() -> None:
 def test_monitoring_objects_are_off_by_default_and_match_dashboards_and_rules_when_on() -> None:
     assert not {d["kind"] for d in render_chart()} & CRDS
     kinds = by_kind(render_chart(EVERYTHING_ON))
-    assert kinds["PrometheusRule"]["spec"] == yaml.safe_load(RULES.read_text())
+    groups = [*yaml.safe_load(RULES.read_text())["groups"], *yaml.safe_load(RECORDING_RULES.read_text())["groups"]]
+    assert kinds["PrometheusRule"]["spec"] == {"groups": groups}, "the alerts and the showback recording rules"
     assert CHART_RULES.read_text() == RULES.read_text(), "sync with: python3 tests/deploy_tools.py"
+    assert CHART_RECORDING_RULES.read_text() == RECORDING_RULES.read_text(), "sync with: python3 tests/deploy_tools.py"
     monitor = kinds["ServiceMonitor"]["spec"]
     assert monitor["selector"]["matchLabels"].items() <= kinds["Service"]["metadata"]["labels"].items()
     (endpoint,) = monitor["endpoints"]

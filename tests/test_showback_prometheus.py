@@ -142,8 +142,8 @@ def week_openmetrics(t0: int) -> str:
     for t in grid:
         for d in DEVICES:
             c = holder(t, d)
-            attribution = dict(namespace=c.namespace, claim=c.name,
-                               pod=c.pods[0] if c and len(c.pods) == 1 else "") if c else {}
+            attribution = {"namespace": c.namespace, "claim": c.name,
+                           "pod": c.pods[0] if len(c.pods) == 1 else ""} if c else {}
             labels = _labels(instance=d.node, job="dra-exporter", uuid=d.uuid, gpu=d.gpu, profile=d.profile,
                              parent_uuid=d.parent, **attribution)
             up.setdefault(labels, []).append((t, 1.0))
