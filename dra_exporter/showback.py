@@ -146,7 +146,7 @@ def inline(expr: str) -> str:
         name = re.compile(rf"(?<![\w:]){re.escape(rule.record)}(?![\w:])")
         if name.search(expr):
             body = f"({inline(rule.expr)})"
-            expr = name.sub(lambda _m: body, expr)  # a function: the body's backslashes stay as they are
+            expr = name.sub(body.replace("\\", "\\\\"), expr)  # the regexes' backslashes stay
     return expr
 
 

@@ -24,22 +24,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_tools import REPO, require_tool, running_exporter
+from deploy_tools import RECORDING_RULES, recording_rules_every, require_tool, running_exporter
 from promharness import PromServer, free_port, start_prometheus
 
-RECORDING_RULES = REPO / "deploy" / "recording-rules.yaml"
 H200, H100 = "NVIDIA H200", "NVIDIA H100"
-
-
-def rules_at(directory: Path, interval: str, groups: list[dict[str, object]] | None = None) -> Path:
-    """The shipped rules (or some of their groups) evaluated every ``interval`` (the shipped 1m is
-    too slow for a test)."""
-    doc = yaml.safe_load(RECORDING_RULES.read_text())
-    for group in groups or doc["groups"]:
-        group["interval"] = interval
-    path = directory / "recording-rules.yaml"
-    path.write_text(yaml.safe_dump({"groups": groups or doc["groups"]}, sort_keys=False))
-    return path
 
 
 def report(url: str, *args: str) -> dict[str, object]:
@@ -209,7 +197,7 @@ def week(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PromServer,
             subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", f"--url={server.url}",
                             # an hour either side: promtool leaves out the edges of its range
                             f"--start={t0 - HOUR}", f"--end={t0 + (WEEK + 1) * HOUR}", f"--output-dir={out}",
-                            str(rules_at(work, f"{STEP}s", group))],
+                            str(recording_rules_every(f"{STEP}s", work, group))],
                            check=True, capture_output=True, timeout=300)
         finally:
             server.stop()
@@ -308,7 +296,7 @@ def test_report_since_1m_on_the_simulated_node_gives_devices_times_share_times_t
     binary = require_tool("prometheus", "apt-get install -y prometheus")
     with running_exporter("demo", free_port()) as port:
         server = start_prometheus(binary, tmp_path / "prom", [f"127.0.0.1:{port}"], "1s",
-                                  rule_files=[rules_at(tmp_path, "1s")])
+                                  rule_files=[recording_rules_every("1s", tmp_path)])
         try:
             server.wait_for('namespace_claim:dra_gpus_held:sum{claim="llama-train-gpus"}', timeout=60)
             time.sleep(63)  # a minute of recorded figures, and a little more for the first step's lookback
