@@ -74,7 +74,7 @@ class PrometheusClient:
             reason = getattr(exc, "reason", exc)
             raise ReportError(f"cannot reach {address}: {reason}") from None
         if len(body) > MAX_ANSWER_BYTES:
-            raise ReportError(f"{address}: answer over {MAX_ANSWER_BYTES >> 20} MiB; ask for a shorter window "
+            raise ReportError(f"{address}: answer over {MAX_ANSWER_BYTES} bytes; ask for a shorter window "
                               "or a longer --step")
         try:
             doc = json.loads(body)
@@ -198,9 +198,9 @@ def run(
     recorded = use_rules and bool(client.instant(f"count(last_over_time({showback.SHARE}[{_num(end - start)}s]))",
                                                  end))
     if not recorded and warn is not None:
-        warn(("the recording rules were not asked for" if not use_rules else
-              f"the recording rules are not installed ({showback.SHARE} has no sample in the window)")
-             + "; computing from the raw series, which is slower (install deploy/recording-rules.yaml)")
+        warn("--raw: computing from the raw series, which is slower" if not use_rules else
+             f"the recording rules are not installed ({showback.SHARE} has no sample in the window); "
+             "computing from the raw series, which is slower (install deploy/recording-rules.yaml)")
     q = showback.queries(recorded=recorded)
     last = end - step  # each point stands for the step that starts at it: [t, t + step); so do
     # the devices and pods of the idle claims, taken at the last point

@@ -281,6 +281,7 @@ class Report:
     idle: tuple[IdleClaim, ...]
     total: Usage
     priced: bool
+    idle_below: float = IDLE_BELOW
 
 
 def _hours(points: Iterable[tuple[float, float]], step: float) -> float:
@@ -359,11 +360,12 @@ def build(
         if since is None:
             continue
         text, share = _devices_text(devices_of.get(k, []))
+        before = since <= start + step  # the first step may lack a rule sample (the rules' phase)
         idle.append(IdleClaim(k[0], k[1], tuple(sorted(pods_of.get(k, []))), text or "?", share,
-                              since, since <= start + step))  # the first step may lack a rule sample
+                              start if before else since, before))
     idle.sort(key=lambda c: (c.idle_since, c.namespace, c.claim))
     return Report(start, end, step, source, tuple(namespaces), tuple(claims), tuple(idle[:top]), total,
-                  prices is not None)
+                  prices is not None, idle_below)
 
 
 def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], idle_below: float,
@@ -463,7 +465,8 @@ def render_table(r: Report) -> str:
                     len(numbers))
     lines.append("")
     if r.idle:
-        lines.append("Claims idle longest (busy under 1 % of what they hold, until the end of the window):")
+        lines.append(f"Claims idle longest (busy under {r.idle_below:.0%} of what they hold, until the end of "
+                     "the window):")
         lines += _table(["NAMESPACE", "CLAIM", "PODS", "DEVICES", "IDLE SINCE", "FOR"],
                         [[c.namespace, c.claim, ",".join(c.pods) or "-", c.devices,
                           ("before " if c.idle_since_before_window else "") + _iso(c.idle_since),

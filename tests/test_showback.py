@@ -326,3 +326,14 @@ def test_bad_report_flags_exit_2_with_one_line(args: list[str], needle: str) -> 
     result = run_report(*args)
     assert result.returncode == 2, result.stderr
     assert needle in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_an_oversize_answer_is_refused_after_a_bounded_read(fake: tuple[str, Any],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from dra_exporter import report
+
+    url, handler = fake
+    handler.body = b'{"status":"success","data":{"resultType":"vector","result":[]}}' + b" " * 1000
+    monkeypatch.setattr(report, "MAX_ANSWER_BYTES", 512)
+    with pytest.raises(report.ReportError, match="answer over"):
+        report.PrometheusClient(report.Connection(url)).instant("up", 0)
