@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dra_exporter import catalog as cat
+from dra_exporter import showback as sb
 
 HERE = Path(__file__).resolve().parent
 NODE_LABEL = "instance"
@@ -142,8 +143,10 @@ class Variable:
     name: str
     label: str
     query: str
-    """``label_values(<selector>, <label>)``, evaluated by Grafana's Prometheus data source."""
+    """``label_values(<selector>, <label>)``, evaluated by Grafana's Prometheus data source; for a
+    ``textbox``, its default value."""
     multi: bool = True
+    kind: Literal["query", "textbox"] = "query"
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,9 @@ def _panel_json(panel: Panel, pid: int, pos: dict[str, int]) -> dict[str, Any]:
 
 
 def _variable_json(var: Variable) -> dict[str, Any]:
+    if var.kind == "textbox":
+        return {"name": var.name, "label": var.label, "type": "textbox", "query": var.query,
+                "current": {"text": var.query, "value": var.query}, "options": [], "hide": 0}
     return {
         "name": var.name,
         "label": var.label,
@@ -1113,8 +1119,76 @@ def sharing() -> Dashboard:
     )
 
 
+def showback() -> Dashboard:
+    """Cluster-wide GPU-hours on the recording rules (deploy/recording-rules.yaml): no node picker,
+    since a namespace's claims span nodes; the rules have already summed the nodes."""
+    ns = rx("namespace", "$namespace")
+    held_ns, busy_ns = f"{sb.HELD_NAMESPACE}{{{ns}}}", f"{sb.BUSY_NAMESPACE}{{{ns}}}"
+    held_claim, busy_claim = f"{sb.HELD_CLAIM}{{{ns}}}", f"{sb.BUSY_CLAIM}{{{ns}}}"
+    # Recorded every RULE_INTERVAL: the sum of a range's samples times the interval is GPU-time.
+    hours_per_sample = sb.parse_duration(sb.RULE_INTERVAL) / 3600
+
+    def hours(expr: str, by: str = "") -> str:
+        grouping = f" by ({by})" if by else ""
+        return f"sum{grouping} (sum_over_time({expr}[$__range])) * {hours_per_sample:g}"
+
+    price = Variable("price", "Price per GPU-hour", "1", kind="textbox")
+    totals = Row(
+        "In the dashboard's time range",
+        (
+            stat("GPU-hours held", hours(held_ns), "Whole GPUs count 1 an hour, a MIG device its share of "
+                 "its GPU (compute slices / 7); a claim shared by several pods counts once.", width=6),
+            stat("GPU-hours busy", hours(busy_ns), "Held GPU-hours weighted by utilisation (GPM SM activity "
+                 "for MIG devices).", width=6),
+            stat("Idle share", f"1 - ({hours(busy_ns)}) / ({hours(held_ns)})",
+                 "Share of the held GPU-hours nobody used.", unit="percentunit", width=6),
+            stat("Cost", f"({hours(held_ns)}) * $price", "GPU-hours held times the price variable.", width=6),
+        ),
+    )
+    over_time = Row(
+        "Held vs busy by namespace",
+        (
+            Panel("GPU-equivalents held", "timeseries", (t(held_ns, "{{namespace}}"),),
+                  "GPUs each namespace's claims hold, MIG devices by their share."),
+            Panel("GPU-equivalents busy", "timeseries", (t(busy_ns, "{{namespace}}"),),
+                  "How much of what each namespace holds is busy."),
+            Panel("GPU-hours held by namespace", "bargauge",
+                  (now(f"sort_desc({hours(held_ns, 'namespace')})", "{{namespace}}"),),
+                  "GPU-hours held over the time range.", width=8),
+            Panel("Idle share by namespace", "bargauge",
+                  (now(f"sort_desc(1 - ({hours(busy_ns, 'namespace')}) / ({hours(held_ns, 'namespace')}))",
+                       "{{namespace}}"),),
+                  "Share of each namespace's GPU-hours nobody used.", "percentunit", width=8, max=1),
+            Panel("Cost by namespace", "bargauge",
+                  (now(f"sort_desc(({hours(held_ns, 'namespace')}) * $price)", "{{namespace}}"),),
+                  "GPU-hours held times the price variable.", width=8),
+        ),
+    )
+    idle = Row(
+        "Claims",
+        (
+            Panel("Top idle claims", "bargauge",
+                  (now(f"topk(10, 1 - ({hours(busy_claim, 'namespace, claim')}) / "
+                       f"({hours(held_claim, 'namespace, claim')}))", BY_CLAIM),),
+                  "Claims with the largest share of their GPU-hours unused over the range. `dra-exporter report` "
+                  "says since when each idle claim has been idle.", "percentunit", max=1),
+            Panel("Top claims by cost", "bargauge",
+                  (now(f"topk(10, ({hours(held_claim, 'namespace, claim')}) * $price)", BY_CLAIM),),
+                  "GPU-hours each claim held times the price variable."),
+        ),
+    )
+    return Dashboard(
+        "dra-exporter-showback",
+        "dra-showback.json",
+        "DRA GPUs / Showback",
+        "GPU-hours held and busy per namespace and claim, idle claims and cost, from the recording rules.",
+        (Variable("namespace", "Namespace", f"label_values({sb.HELD_NAMESPACE}, namespace)"), price),
+        (totals, over_time, idle),
+    )
+
+
 def dashboards() -> tuple[Dashboard, ...]:
-    return (overview(), claims(), node(), sharing())
+    return (overview(), claims(), node(), sharing(), showback())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

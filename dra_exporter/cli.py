@@ -1,4 +1,4 @@
-"""Command line: ``dra-exporter serve | snapshot | doctor``.
+"""Command line: ``dra-exporter serve | snapshot | doctor | report``.
 
 Thin by design: parse flags (every flag also reads ``DRA_EXPORTER_<FLAG>``), build
 ``Settings``, hand over to ``runtime``. User errors exit with code 2 and one line.
@@ -144,6 +144,7 @@ def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .showback import ShowbackError
         from .sim.scenario import ScenarioError
         from .sinks.http import ListenAddressError
         from .sinks.otlp import OtlpConfigError
@@ -151,7 +152,8 @@ def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
 
         try:
             return f(*args, **kwargs)
-        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError, WebConfigError) as exc:
+        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError, WebConfigError,
+                ShowbackError) as exc:
             click.echo(f"dra-exporter: error: {exc}", err=True)
             sys.exit(2)
 
@@ -313,6 +315,67 @@ def healthcheck(listen: str, web_config: str | None) -> None:
     if problem:
         click.echo(f"unhealthy: {problem}", err=True)
         sys.exit(1)
+
+
+@main.command()
+@_opt("--prometheus", required=True, metavar="URL",
+      help="Base URL of the Prometheus HTTP API (or Thanos, Mimir, VictoriaMetrics), e.g. http://prometheus:9090.")
+@_opt("--since", default=None, metavar="DURATION", help="Window ending at --end: 30m, 12h, 7d, 2w [default: 7d].")
+@_opt("--start", default=None, metavar="TIME", help="Window start: RFC 3339 or Unix seconds (instead of --since).")
+@_opt("--end", default=None, metavar="TIME", help="Window end: RFC 3339 or Unix seconds [default: now].")
+@_opt("--step", default=None, metavar="DURATION",
+      help="Resolution [default: 60s, the rules' interval; window/60 under an hour; coarser past 11000 points].")
+@_opt("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
+      help="Output format (csv: one row per claim).")
+@_opt("--price-per-gpu-hour", type=click.FloatRange(min=0), default=None, metavar="PRICE",
+      help="Price of one hour of a whole GPU (a MIG device pays its share); adds cost columns.")
+@_opt("--price-file", default=None, metavar="FILE",
+      help='Prices per GPU model, YAML or JSON: {"NVIDIA H200": 4.5, "default": 3.0}.')
+@_opt("--idle-below", type=click.FloatRange(min=0, max=1), default=0.01, show_default=True, metavar="RATIO",
+      help="A claim is idle while its busy share of what it holds stays below this.")
+@_opt("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle claims to list.")
+@_opt("--raw", is_flag=True, default=False,
+      help="Compute from the raw series even where the recording rules run (slower).")
+@_opt("--bearer-token-file", default=None, metavar="FILE", help="Send this file's token as a bearer token.")
+@_opt("--basic-auth-user", default=None, metavar="USER", help="Basic auth user (with --basic-auth-password-file).")
+@_opt("--basic-auth-password-file", default=None, metavar="FILE", help="Basic auth password file.")
+@_opt("--ca-file", default=None, metavar="FILE", help="CA bundle for the server's TLS certificate.")
+@_opt("--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True, metavar="S",
+      help="Seconds one query may take.")
+@_user_errors
+def report(prometheus: str, since: str | None, start: str | None, end: str | None, step: str | None, fmt: str,
+           price_per_gpu_hour: float | None, price_file: str | None, idle_below: float, top: int, raw: bool,
+           bearer_token_file: str | None, basic_auth_user: str | None, basic_auth_password_file: str | None,
+           ca_file: str | None, timeout: float) -> None:
+    """GPU-hours held and busy per namespace and claim, idle claims and cost, from Prometheus."""
+    import time
+
+    from . import report as edge
+    from . import showback
+
+    if since and start:
+        raise click.UsageError("--since and --start both say where the window starts: give one")
+    if price_per_gpu_hour is not None and price_file:
+        raise click.UsageError("--price-per-gpu-hour and --price-file both set prices: give one")
+    if bool(basic_auth_user) != bool(basic_auth_password_file):
+        raise click.UsageError("--basic-auth-user and --basic-auth-password-file go together")
+    if bearer_token_file and basic_auth_user:
+        raise click.UsageError("--bearer-token-file and basic auth both authenticate: give one")
+    until = showback.parse_time(end) if end else time.time()
+    begin = showback.parse_time(start) if start else until - showback.parse_duration(since or "7d")
+    resolution = showback.parse_duration(step) if step else showback.default_step(until - begin)
+    prices = (edge.read_prices(price_file) if price_file else
+              showback.Prices(default=price_per_gpu_hour) if price_per_gpu_hour is not None else None)
+    client = edge.PrometheusClient(edge.Connection(
+        prometheus,
+        bearer_token=edge.read_secret(bearer_token_file, "--bearer-token-file") if bearer_token_file else None,
+        basic_auth=(basic_auth_user, edge.read_secret(basic_auth_password_file, "--basic-auth-password-file"))
+        if basic_auth_user and basic_auth_password_file else None,
+        ca_file=ca_file, timeout=timeout))
+    result = edge.run(client, start=begin, end=until, step=resolution, prices=prices, idle_below=idle_below,
+                      top=top, use_rules=not raw, warn=lambda note: click.echo(f"dra-exporter: note: {note}", err=True))
+    render = {"table": showback.render_table, "csv": showback.render_csv, "json": showback.render_json}[fmt]
+    click.echo(render(result), nl=fmt != "csv")
 
 
 if __name__ == "__main__":

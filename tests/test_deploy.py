@@ -28,11 +28,13 @@ import yaml
 from deploy_tools import (
     CHART,
     CHART_DASHBOARDS,
+    CHART_RECORDING_RULES,
     CHART_RULES,
     DASHBOARDS,
     KUBE_VERSION,
     MANIFESTS,
     NAMESPACE,
+    RECORDING_RULES,
     REPO,
     RULES,
     helm,
@@ -281,8 +283,10 @@ def test_admin_access_option_claims_every_gpu_of_the_node_through_dra() -> None:
 def test_monitoring_objects_are_off_by_default_and_match_dashboards_and_rules_when_on() -> None:
     assert not {d["kind"] for d in render_chart()} & CRDS
     kinds = by_kind(render_chart(EVERYTHING_ON))
-    assert kinds["PrometheusRule"]["spec"] == yaml.safe_load(RULES.read_text())
+    groups = [*yaml.safe_load(RULES.read_text())["groups"], *yaml.safe_load(RECORDING_RULES.read_text())["groups"]]
+    assert kinds["PrometheusRule"]["spec"] == {"groups": groups}, "the alerts and the showback recording rules"
     assert CHART_RULES.read_text() == RULES.read_text(), "sync with: python3 tests/deploy_tools.py"
+    assert CHART_RECORDING_RULES.read_text() == RECORDING_RULES.read_text(), "sync with: python3 tests/deploy_tools.py"
     monitor = kinds["ServiceMonitor"]["spec"]
     assert monitor["selector"]["matchLabels"].items() <= kinds["Service"]["metadata"]["labels"].items()
     (endpoint,) = monitor["endpoints"]
@@ -352,7 +356,7 @@ def test_runbook_links_are_absolute_under_a_configurable_base() -> None:
     base = "https://wiki.example.com/gpu/operating"
     spec = by_kind(render_chart({"prometheusRule": {"enabled": True, "runbookBaseUrl": base + "/"}}))[
         "PrometheusRule"]["spec"]
-    rendered = {r["alert"]: r["annotations"]["runbook_url"] for g in spec["groups"] for r in g["rules"]}
+    rendered = {r["alert"]: r["annotations"]["runbook_url"] for g in spec["groups"] for r in g["rules"] if "alert" in r}
     assert rendered == {r["alert"]: r["annotations"]["runbook_url"].replace(default, base)
                         for g in rules["groups"] for r in g["rules"] if "alert" in r}
     with pytest.raises(helm().HelmError, match="runbookBaseUrl"):
