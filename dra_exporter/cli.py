@@ -1,4 +1,4 @@
-"""Command line: ``dra-exporter serve | snapshot | doctor``.
+"""Command line: ``dra-exporter serve | snapshot | doctor | cluster``.
 
 Thin by design: parse flags (every flag also reads ``DRA_EXPORTER_<FLAG>``), build
 ``Settings``, hand over to ``runtime``. User errors exit with code 2 and one line.
@@ -258,6 +258,48 @@ def doctor(log_level: str, **kw: Any) -> None:
     findings = checks.run(settings)
     click.echo(checks.format_findings(findings))
     sys.exit(1 if any(f.level == "FAIL" for f in findings) else 0)
+
+
+@main.command()
+@_opt("--listen", default="0.0.0.0:9402", show_default=True, metavar="HOST:PORT",
+      help="Address for /metrics, /healthz and /readyz.")
+@_opt("--interval", type=click.FloatRange(min=1, max=3600), default=15.0, show_default=True,
+      help="Seconds between frames (the objects arrive by watch as they change).")
+@_opt("--kubeconfig", default=None, metavar="PATH", type=click.Path(exists=True, dir_okay=False, readable=True),
+      help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
+           "~/.kube/config]. With --simulate it replaces the simulated API server.")
+@_opt("--simulate", "simulate", is_flag=False, flag_value="cluster", default=None, metavar="[SCENARIO]",
+      help="Run on a simulated cluster: the built-in 'cluster', or a cluster dump (kubectl get resourceslices,"
+           "resourceclaims,deviceclasses,pods -A -o yaml).")
+@_opt("--web-config", default=None, metavar="FILE",
+      help="TLS, client certificates, basic auth and headers for the endpoint (exporter-toolkit format).")
+@_opt("--once", is_flag=True, default=False,
+      help="Print one frame (Prometheus text) and exit instead of serving.")
+@log_level_option
+@_user_errors
+def cluster(listen: str, interval: float, kubeconfig: str | None, simulate: str | None, web_config: str | None,
+            once: bool, log_level: str) -> None:
+    """The DRA state of the whole cluster: capacity, free devices, partitions that fit, pending claims,
+    pools, taint rules (one replica per cluster; reads the API server only)."""
+    from .cluster import runtime as cluster_runtime
+    from .sinks.http import ListenAddressError, parse_listen
+    from .sinks.webconfig import load_web_config
+
+    try:
+        parse_listen(listen)
+    except ListenAddressError as exc:
+        raise click.UsageError(str(exc)) from None
+    settings = cluster_runtime.ClusterSettings(
+        listen=listen, interval=interval, kubeconfig=kubeconfig, simulate=simulate,
+        web_config=load_web_config(web_config) if web_config else None)
+    if once:
+        from .sinks.prometheus import render
+
+        _logging("error" if log_level == "info" else log_level)
+        click.echo(render(cluster_runtime.snapshot(settings)).decode(), nl=False)
+        return
+    _logging(log_level)
+    cluster_runtime.serve(settings)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from ..model import (
     ClaimInfo,
     ClusterState,
     DeviceClassInfo,
+    DeviceRequestInfo,
     DeviceTaintRule,
     Family,
     Frame,
@@ -185,9 +186,29 @@ class Capacity:
         self._matches: dict[str, tuple[ResourceSliceInfo, tuple[tuple[int, ...], ...]]] = {}
         self._class_order: tuple[str, ...] = ()
         self._errors: Counter[str] = Counter()
+        self._static: tuple[ClusterState, dict[str, dict[Labels, float]]] | None = None
 
     def frame(self, state: ClusterState, now: float, health: Sequence[SourceHealth] = (),
               build_labels: Labels = ()) -> Frame:
+        """The frame of ``state`` at ``now``. What depends on the objects alone is computed again only
+        when ``state`` is a different object (the source hands out the same one while nothing changed);
+        the ages of pending claims and the self-metrics are computed every time."""
+        if self._static is None or self._static[0] is not state:
+            self._static = (state, self._static_samples(state))
+        out = _Builder()
+        out.samples.update({name: dict(found) for name, found in self._static[1].items()})
+        self._pending_ages(out, state.claims, now)
+        for h in health:
+            src = (("source", h.source),)
+            out.set(cat.SOURCE_UP, src, 1 if h.up else 0)
+            out.set(cat.COLLECT_DURATION, src, h.duration_seconds)
+            out.set(cat.COLLECT_ERRORS, src, h.errors_total)
+            out.set(cat.LAST_SUCCESS, src, h.last_success_timestamp)
+        if build_labels:
+            out.set(cat.BUILD_INFO, build_labels, 1)
+        return Frame(tuple(out.families()), now)
+
+    def _static_samples(self, state: ClusterState) -> dict[str, dict[Labels, float]]:
         out = _Builder()
         newest = current_generation(state.slices)
         current = [s for s in state.slices if s.generation == newest[(s.driver, s.pool)]]
@@ -215,20 +236,12 @@ class Capacity:
                         ("driver", sl.driver), ("pool", sl.pool), ("node", node), ("counter_set", use.counter_set),
                         ("profile", partition_profile(device))), 1.0 if st == FREE else 0.0)
         self._class_families(out, class_states)
-        self._claim_families(out, state.claims, now)
+        self._claim_families(out, state.claims)
         self._taint_rule_families(out, state.taint_rules, current)
         for kind, count in (("ResourceSlice", len(state.slices)), ("ResourceClaim", len(state.claims)),
                             ("DeviceClass", len(state.classes)), ("DeviceTaintRule", len(state.taint_rules))):
             out.set(cat.CLUSTER_OBJECTS, (("kind", kind),), count)
-        for h in health:
-            src = (("source", h.source),)
-            out.set(cat.SOURCE_UP, src, 1 if h.up else 0)
-            out.set(cat.COLLECT_DURATION, src, h.duration_seconds)
-            out.set(cat.COLLECT_ERRORS, src, h.errors_total)
-            out.set(cat.LAST_SUCCESS, src, h.last_success_timestamp)
-        if build_labels:
-            out.set(cat.BUILD_INFO, build_labels, 1)
-        return Frame(tuple(out.families()), now)
+        return out.samples
 
     # --- DeviceClasses ---------------------------------------------------------------------------
 
@@ -304,18 +317,11 @@ class Capacity:
             out.set(cat.CLUSTER_POOL_COMPLETE, labels, 1 if current >= count and not older else 0)
 
     @staticmethod
-    def _claim_families(out: _Builder, claims: Sequence[ClaimInfo], now: float) -> None:
+    def _claim_families(out: _Builder, claims: Sequence[ClaimInfo]) -> None:
         by_state: Counter[tuple[str, str]] = Counter()
         for c in claims:
             if not c.allocated:
                 by_state[(c.namespace, "pending")] += 1
-                age = max(0.0, now - c.created) if c.created else 0.0
-                for r in c.requests or ():
-                    out.set(cat.CLUSTER_CLAIM_PENDING, (("namespace", c.namespace), ("claim", c.name),
-                                                        ("device_class", r.device_class), ("request", r.name)), age)
-                if not c.requests:
-                    out.set(cat.CLUSTER_CLAIM_PENDING, (("namespace", c.namespace), ("claim", c.name),
-                                                        ("device_class", ""), ("request", "")), age)
             elif not c.reserved_for:
                 by_state[(c.namespace, "allocated")] += 1
                 out.set(cat.CLUSTER_CLAIM_UNRESERVED, (("namespace", c.namespace), ("claim", c.name)),
@@ -325,6 +331,16 @@ class Capacity:
         for namespace in sorted({ns for ns, _ in by_state}):
             for st in ("pending", "allocated", "reserved"):
                 out.set(cat.CLUSTER_CLAIMS, (("namespace", namespace), ("state", st)), by_state[(namespace, st)])
+
+    @staticmethod
+    def _pending_ages(out: _Builder, claims: Sequence[ClaimInfo], now: float) -> None:
+        for c in claims:
+            if c.allocated:
+                continue
+            age = max(0.0, now - c.created) if c.created else 0.0
+            for r in c.requests or (DeviceRequestInfo("", ""),):
+                out.set(cat.CLUSTER_CLAIM_PENDING, (("namespace", c.namespace), ("claim", c.name),
+                                                    ("device_class", r.device_class), ("request", r.name)), age)
 
     @staticmethod
     def _taint_rule_families(out: _Builder, rules: Sequence[DeviceTaintRule], current: Sequence[ResourceSliceInfo]
