@@ -310,11 +310,11 @@ class Capacity:
                                                 ("placement", placement)), 1)
         for (driver, pool), count in expected.items():
             labels = (("driver", driver), ("pool", pool))
-            current, older = seen[(driver, pool, "current")], seen[(driver, pool, "older")]
-            out.set(cat.CLUSTER_POOL_SLICES, (*labels, ("generation", "current")), current)
+            in_current, older = seen[(driver, pool, "current")], seen[(driver, pool, "older")]
+            out.set(cat.CLUSTER_POOL_SLICES, (*labels, ("generation", "current")), in_current)
             out.set(cat.CLUSTER_POOL_SLICES, (*labels, ("generation", "older")), older)
             out.set(cat.CLUSTER_POOL_SLICES_EXPECTED, labels, count)
-            out.set(cat.CLUSTER_POOL_COMPLETE, labels, 1 if current >= count and not older else 0)
+            out.set(cat.CLUSTER_POOL_COMPLETE, labels, 1 if in_current >= count and not older else 0)
 
     @staticmethod
     def _claim_families(out: _Builder, claims: Sequence[ClaimInfo]) -> None:

@@ -606,7 +606,7 @@ class SimulatedApiServer:
                 raise ApiError(410, "Expired", "The provided continue parameter is too old to display a "
                                "consistent list result. You can start a new list without the continue parameter.")
             rv = token_rv
-        items = []
+        items: list[JSON] = []
         token, last = "", ("", "")
         for obj in sorted(objects, key=_key):
             if after is not None and _key(obj) <= after:
