@@ -96,6 +96,22 @@ DEVICE_HEALTH: Final = "dra_device_health"
 DEVICE_SHARED_CAPACITY: Final = "dra_device_shared_capacity"
 DEVICE_SHARED_CONSUMPTION: Final = "dra_device_shared_consumption"
 
+# --- cluster mode (``dra-exporter cluster``: the API server's DRA state of the whole cluster) ---------
+CLUSTER_DEVICES: Final = "dra_cluster_devices"
+CLUSTER_PARTITIONS_FIT: Final = "dra_cluster_partitions_fit"
+CLUSTER_CLAIMS: Final = "dra_cluster_claims"
+CLUSTER_CLAIM_PENDING: Final = "dra_cluster_claim_pending_seconds"
+CLUSTER_CLAIM_UNRESERVED: Final = "dra_cluster_claim_unreserved_devices"
+CLUSTER_CLASS_DEVICES: Final = "dra_cluster_class_devices"
+CLUSTER_CLASS_EVALUABLE: Final = "dra_cluster_class_selectors_evaluable"
+CLUSTER_CLASS_ERRORS: Final = "dra_cluster_class_selector_errors"
+CLUSTER_POOL_INFO: Final = "dra_cluster_pool_info"
+CLUSTER_POOL_SLICES: Final = "dra_cluster_pool_slices"
+CLUSTER_POOL_SLICES_EXPECTED: Final = "dra_cluster_pool_slices_expected"
+CLUSTER_POOL_COMPLETE: Final = "dra_cluster_pool_complete"
+CLUSTER_TAINT_RULE_DEVICES: Final = "dra_cluster_taint_rule_devices"
+CLUSTER_OBJECTS: Final = "dra_cluster_objects"
+
 # --- self-metrics ---------------------------------------------------------------------------
 SOURCE_UP: Final = "dra_exporter_source_up"
 COLLECT_DURATION: Final = "dra_exporter_collect_duration_seconds"
@@ -235,6 +251,51 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
           "in the counter's base unit; sum by counter set to compare with the capacity.",
           ("driver", "pool", "device", "counter_set", "counter"),
           otel_name="dra.device.shared.consumption", otel_unit="1"),
+    _spec(CLUSTER_DEVICES, "gauge",
+          "Devices of the cluster's ResourceSlices (newest pool generation) by state: allocated (to a claim, "
+          "admin access aside), tainted (not allocated, a NoSchedule/NoExecute taint), blocked (not allocated, "
+          "its shared counters no longer fit) or free.",
+          ("driver", "pool", "node", "type", "model", "profile", "state")),
+    _spec(CLUSTER_PARTITIONS_FIT, "gauge",
+          "Partitions of a partitionable device (a counter set: one GPU) that could still be allocated, by "
+          "profile: free devices whose consumesCounters fit what allocated devices left of the counter set "
+          "(the scheduler's arithmetic; each counted on its own, not all at once).",
+          ("driver", "pool", "node", "counter_set", "profile")),
+    _spec(CLUSTER_CLAIMS, "gauge",
+          "ResourceClaims by state: pending (not allocated), allocated (but reserved by no pod) or reserved.",
+          ("namespace", "state")),
+    _spec(CLUSTER_CLAIM_PENDING, "gauge",
+          "Seconds since a ResourceClaim that is not allocated yet was created; one series per request "
+          "(and subrequest), only for pending claims.", ("namespace", "claim", "device_class", "request")),
+    _spec(CLUSTER_CLAIM_UNRESERVED, "gauge",
+          "Devices allocated to a ResourceClaim that no pod reserves (held, unused); only for such claims.",
+          ("namespace", "claim")),
+    _spec(CLUSTER_CLASS_DEVICES, "gauge",
+          "Devices that match a DeviceClass's CEL selectors, by state (as dra_cluster_devices).",
+          ("device_class", "state")),
+    _spec(CLUSTER_CLASS_EVALUABLE, "gauge",
+          "Whether the exporter could evaluate a DeviceClass's CEL selectors (1) or not (0: its capacity is "
+          "not reported).", ("device_class",)),
+    _spec(CLUSTER_CLASS_ERRORS, "gauge",
+          "Devices for which a DeviceClass's CEL selectors failed (a missing attribute, a type error); the "
+          "scheduler does not allocate them for the class either.", ("device_class",)),
+    _spec(CLUSTER_POOL_INFO, "gauge",
+          "A resource pool and where its devices are: placement is node, all-nodes, node-selector, per-device "
+          "or counters-only (node is empty but for node); value is always 1.",
+          ("driver", "pool", "node", "placement")),
+    _spec(CLUSTER_POOL_SLICES, "gauge",
+          "ResourceSlices of a pool seen, of its newest generation (generation=\"current\") and of older ones "
+          "still published (\"older\": the pool is being replaced).", ("driver", "pool", "generation")),
+    _spec(CLUSTER_POOL_SLICES_EXPECTED, "gauge",
+          "resourceSliceCount of a pool's newest generation: the slices the pool is complete with.",
+          ("driver", "pool")),
+    _spec(CLUSTER_POOL_COMPLETE, "gauge",
+          "Whether every slice of a pool's newest generation is published and no older one is left (1) or not "
+          "(0): until then the scheduler sees part of the pool.", ("driver", "pool")),
+    _spec(CLUSTER_TAINT_RULE_DEVICES, "gauge",
+          "Devices a DeviceTaintRule taints now (0 when its selector matches none, or uses the 1.33-1.34 CEL "
+          "selectors, which are not applied).", ("rule", "driver", "pool", "device", "key", "value", "effect")),
+    _spec(CLUSTER_OBJECTS, "gauge", "DRA objects the cluster mode holds, by kind.", ("kind",)),
     _spec(SOURCE_UP, "gauge", "Whether the source's last collection succeeded (1) or not (0).", _SOURCE,
           otel_name="dra.exporter.source.up", otel_unit="1"),
     _spec(COLLECT_DURATION, "gauge", "Seconds the source's last collection took.", _SOURCE,

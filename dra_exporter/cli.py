@@ -1,4 +1,4 @@
-"""Command line: ``dra-exporter serve | snapshot | doctor | report``.
+"""Command line: ``dra-exporter serve | snapshot | doctor | healthcheck | report | cluster``.
 
 Thin by design: parse flags (every flag also reads ``DRA_EXPORTER_<FLAG>``), build
 ``Settings``, hand over to ``runtime``. User errors exit with code 2 and one line.
@@ -327,11 +327,11 @@ def healthcheck(listen: str, web_config: str | None) -> None:
       help="Resolution [default: 60s, the rules' interval; window/60 under an hour; coarser past 11000 points].")
 @_opt("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
       help="Output format (csv: one row per claim).")
-@_opt("--price-per-gpu-hour", type=click.FloatRange(min=0), default=None, metavar="PRICE",
+@_opt("--price-per-gpu-hour", type=FiniteFloat(min=0), default=None, metavar="PRICE",
       help="Price of one hour of a whole GPU (a MIG device pays its share); adds cost columns.")
 @_opt("--price-file", default=None, metavar="FILE",
       help='Prices per GPU model, YAML or JSON: {"NVIDIA H200": 4.5, "default": 3.0}.')
-@_opt("--idle-below", type=click.FloatRange(min=0, max=1), default=0.01, show_default=True, metavar="RATIO",
+@_opt("--idle-below", type=FiniteFloat(min=0, max=1), default=0.01, show_default=True, metavar="RATIO",
       help="A claim is idle while its busy share of what it holds stays below this.")
 @_opt("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle claims to list.")
 @_opt("--raw", is_flag=True, default=False,
@@ -340,7 +340,7 @@ def healthcheck(listen: str, web_config: str | None) -> None:
 @_opt("--basic-auth-user", default=None, metavar="USER", help="Basic auth user (with --basic-auth-password-file).")
 @_opt("--basic-auth-password-file", default=None, metavar="FILE", help="Basic auth password file.")
 @_opt("--ca-file", default=None, metavar="FILE", help="CA bundle for the server's TLS certificate.")
-@_opt("--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True, metavar="S",
+@_opt("--timeout", type=FiniteFloat(min=1), default=60.0, show_default=True, metavar="S",
       help="Seconds one query may take.")
 @_user_errors
 def report(prometheus: str, since: str | None, start: str | None, end: str | None, step: str | None, fmt: str,
@@ -376,6 +376,49 @@ def report(prometheus: str, since: str | None, start: str | None, end: str | Non
                       top=top, use_rules=not raw, warn=lambda note: click.echo(f"dra-exporter: note: {note}", err=True))
     render = {"table": showback.render_table, "csv": showback.render_csv, "json": showback.render_json}[fmt]
     click.echo(render(result), nl=fmt != "csv")
+
+
+@main.command()
+@_opt("--listen", default="0.0.0.0:9402", show_default=True, metavar="HOST:PORT",
+      help="Address for /metrics, /healthz and /readyz.")
+@_opt("--interval", type=FiniteFloat(min=1, max=3600), default=15.0, show_default=True,
+      help="Seconds between frames (the objects arrive by watch as they change).")
+@_opt("--kubeconfig", default=None, metavar="PATH", type=click.Path(exists=True, dir_okay=False, readable=True),
+      callback=_regular_file,
+      help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
+           "~/.kube/config]. With --simulate it replaces the simulated API server.")
+@_opt("--simulate", "simulate", is_flag=False, flag_value="cluster", default=None, metavar="[SCENARIO]",
+      help="Run on a simulated cluster: the built-in 'cluster', or a cluster dump (kubectl get resourceslices,"
+           "resourceclaims,deviceclasses,pods -A -o yaml).")
+@_opt("--web-config", default=None, metavar="FILE",
+      help="TLS, client certificates, basic auth and headers for the endpoint (exporter-toolkit format).")
+@_opt("--once", is_flag=True, default=False,
+      help="Print one frame (Prometheus text) and exit instead of serving.")
+@log_level_option
+@_user_errors
+def cluster(listen: str, interval: float, kubeconfig: str | None, simulate: str | None, web_config: str | None,
+            once: bool, log_level: str) -> None:
+    """The DRA state of the whole cluster: capacity, free devices, partitions that fit, pending claims,
+    pools, taint rules (one replica per cluster; reads the API server only)."""
+    from .cluster import runtime as cluster_runtime
+    from .sinks.http import ListenAddressError, parse_listen
+    from .sinks.webconfig import load_web_config
+
+    try:
+        parse_listen(listen)
+    except ListenAddressError as exc:
+        raise click.UsageError(str(exc)) from None
+    settings = cluster_runtime.ClusterSettings(
+        listen=listen, interval=interval, kubeconfig=kubeconfig, simulate=simulate,
+        web_config=load_web_config(web_config) if web_config else None)
+    if once:
+        from .sinks.prometheus import render
+
+        _logging("error" if log_level == "info" else log_level)
+        click.echo(render(cluster_runtime.snapshot(settings)).decode(), nl=False)
+        return
+    _logging(log_level)
+    cluster_runtime.serve(settings)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ class ClusterObjects:
     pods: tuple[JSON, ...] = ()
     devicetaintrules: tuple[JSON, ...] = ()
     nodes: tuple[JSON, ...] = ()
+    deviceclasses: tuple[JSON, ...] = ()
     """Only from a scenario's own objects (a dump, a test): scenarios describe neither."""
 
     def by_resource(self) -> dict[str, tuple[JSON, ...]]:
@@ -82,6 +83,7 @@ class ClusterObjects:
             "pods": self.pods,
             "devicetaintrules": self.devicetaintrules,
             "nodes": self.nodes,
+            "deviceclasses": self.deviceclasses,
         }
 
 
@@ -160,7 +162,7 @@ def _generation(scenario: Scenario, slice_: JSON, generation: int) -> JSON:
 
 
 def _raw_objects(objects: Iterable[Mapping[str, Any]]) -> ClusterObjects:
-    kinds = ("ResourceSlice", "ResourceClaim", "Pod", "DeviceTaintRule", "Node")
+    kinds = ("ResourceSlice", "ResourceClaim", "Pod", "DeviceTaintRule", "Node", "DeviceClass")
     by_kind: dict[str, list[JSON]] = {k: [] for k in kinds}
     for obj in objects:
         if obj.get("kind") in by_kind:

@@ -234,8 +234,9 @@ class _Reflector(Generic[T]):
     def __init__(self, kind: str, api_client: k8s.ApiClient, path: str, field_selector: str | None,
                  normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
                  changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
-                 on_update: Callable[[], None] = lambda: None) -> None:
+                 on_update: Callable[[], None] = lambda: None, page_size: int = 0) -> None:
         self.kind = kind
+        self._page_size = page_size
         self._client = api_client
         self._path = path
         self._selector = field_selector
@@ -263,18 +264,41 @@ class _Reflector(Generic[T]):
     # --- list -------------------------------------------------------------------------------------
 
     def list_once(self) -> None:
-        """One consistent list; replaces every object. Raises ``SourceError``."""
-        self._requests[f"list {self.kind}"] += 1
-        response = _request(f"list {self.kind}", lambda: http.get(
-            self._client, self._path, self._query(), timeout=self._timeouts.request))
-        body = _json(response, f"list {self.kind}", MAX_LIST_BYTES)
-        items = {}
-        for obj in body.get("items") or ():
-            if isinstance(obj, Mapping):
-                items[_key(obj)] = self._normalize(obj)
+        """One consistent list; replaces every object. Raises ``SourceError``.
+
+        With ``page_size``, the list comes in pages (``limit`` and ``continue``, as client-go's
+        pager does): each answer stays under ``MAX_LIST_BYTES`` and is normalised before the next
+        is read, so a cluster-wide list costs the memory of one page plus what is kept. A continue
+        token that expired (410) starts the list again, once."""
+        items: dict[str, T] = {}
+        token, version, restarted = "", None, False
+        while True:
+            self._requests[f"list {self.kind}"] += 1
+            query = list(self._query())
+            if self._page_size:
+                query.append(("limit", self._page_size))
+            if token:
+                query.append(("continue", token))
+            try:
+                response = _request(f"list {self.kind}", lambda q=query: http.get(  # type: ignore[misc]
+                    self._client, self._path, q, timeout=self._timeouts.request))
+            except _Gone:
+                if not token or restarted:
+                    raise
+                items, token, version, restarted = {}, "", None, True  # the pages' snapshot is gone
+                continue
+            body = _json(response, f"list {self.kind}", MAX_LIST_BYTES)
+            for obj in body.get("items") or ():
+                if isinstance(obj, Mapping):
+                    items[_key(obj)] = self._normalize(obj)
+            meta = body.get("metadata")
+            version = version or _str(meta, "resourceVersion") or None
+            token = _str(meta, "continue")
+            if not token or not self._page_size:
+                break
         with self._lock:
             old, self.items = self.items, items
-            self.resource_version = _str(body.get("metadata"), "resourceVersion") or None
+            self.resource_version = version
             self.error = ""
         for key in old.keys() | items.keys():
             if old.get(key) != items.get(key):
