@@ -25,9 +25,7 @@ def run(settings: Settings) -> list[Finding]:
     sim = None
     if settings.simulate is not None:
         from .runtime import SNAPSHOT_SIM_TIME
-        from .sim.clock import SimClock
-        from .sim.node import SimulatedNode
-        from .sim.scenario import load_scenario
+        from dra_exporter_sim import SimClock, SimulatedNode, load_scenario
 
         scenario = load_scenario(settings.simulate, settings.node_name or None)
         sim = SimulatedNode(scenario, SimClock(SNAPSHOT_SIM_TIME, frozen=True),

@@ -17,9 +17,11 @@ from simnode import values_of
 from dra_exporter import catalog as cat
 from dra_exporter import model, runtime
 from dra_exporter.config import Settings
-from dra_exporter.sim import k8s_objects as ko
-from dra_exporter.sim.dump import is_dump, load_dump, parse_dump
-from dra_exporter.sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+from dra_exporter_sim import k8s_objects as ko
+from dra_exporter_sim.dump import is_dump, load_dump, parse_dump
+from dra_exporter_sim import load_scenario
+from dra_exporter_sim.scenario import Scenario, ScenarioError
+from dra_exporter_sim.scenario_builder import parse_scenario
 
 DUMPS = Path(__file__).resolve().parent / "dumps"
 VERSIONS = ["v1", "v1beta2", "v1beta1"]

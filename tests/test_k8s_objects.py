@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from dra_exporter.sim import k8s_objects as ko
-from dra_exporter.sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+from dra_exporter_sim import k8s_objects as ko
+from dra_exporter_sim import load_scenario
+from dra_exporter_sim.scenario import Scenario, ScenarioError
+from dra_exporter_sim.scenario_builder import parse_scenario
 
 # The client's model for each kind and version (37.x names; v1's claim is ResourceV1ResourceClaim).
 MODELS = {

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from dra_exporter import model
 from dra_exporter.proto import api_pb2, api_pb2_grpc
-from dra_exporter.sim.kubelet import SimulatedKubelet
+from dra_exporter_sim.kubelet import SimulatedKubelet
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.podresources import (
     MAX_ANSWER_BYTES,

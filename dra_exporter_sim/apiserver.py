@@ -55,7 +55,7 @@ import yaml
 from . import k8s_objects
 from .clock import SimClock
 from .k8s_objects import GROUP, JSON
-from ..sources.kubeapi_normalize import TAINT_RULE_VERSIONS
+from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
 from .scenario import API_VERSIONS, APISERVER_FAULTS, Scenario
 
 GONE: Final = "apiserver_gone"

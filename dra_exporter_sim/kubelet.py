@@ -29,9 +29,9 @@ from typing import Any
 
 import grpc
 
-from .. import model
-from ..proto import api_pb2
-from ..sources.podresources import pod_resources_message, response_from_snapshot
+from dra_exporter import model
+from dra_exporter.proto import api_pb2
+from dra_exporter.sources.podresources import pod_resources_message, response_from_snapshot
 
 SERVICE = "v1.PodResourcesLister"
 

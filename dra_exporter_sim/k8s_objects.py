@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
+from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
 from .clock import FIXED_EPOCH
 from .profile import MigProfile
 from .scenario import (
@@ -37,7 +37,7 @@ from .scenario import (
     Pod,
     Scenario,
     Taint,
-    _cdi_devices,
+    cdi_devices,
     derived_uuid,
     unit_hash,
 )
@@ -648,7 +648,7 @@ def _health_resource_id(claim: Claim, device: str) -> str:
     """The kubelet names a device in ``allocatedResourcesStatus`` by its first CDI device ID when
     the driver returned one (NVIDIA always does), else ``driver/pool/device`` (kubernetes
     ``pkg/kubelet/cm/dra/manager.go``)."""
-    cdi = _cdi_devices(claim, device)
+    cdi = cdi_devices(claim, device)
     return cdi[0] if cdi else f"{claim.driver}/{claim.pool}/{device}"
 
 

@@ -35,19 +35,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..resolve import NVIDIA_DRIVER, NvidiaDeviceName, canonical_profile, parse_nvidia_device_name
+from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaDeviceName, canonical_profile, parse_nvidia_device_name
 from .profile import MigProfile, identified, known_mig_profiles, load_profile, mig_profile_from_slice
-from .scenario import (
-    API_VERSIONS,
-    DEVICE_HEALTH,
-    MAX_GPUS,
-    Hardware,
-    Scenario,
-    ScenarioError,
-    parse_scenario,
-    read_documents,
-)
-from .scenario_builder import _Cursor, _quantity
+from .scenario import API_VERSIONS, DEVICE_HEALTH, MAX_GPUS, Hardware, Scenario, ScenarioError
+from .scenario_builder import Cursor, _quantity, parse_scenario, read_documents
 
 KINDS: Final = ("ResourceSlice", "ResourceClaim", "Pod")
 #: The recording whose answers (power, clocks, fields) every replayed GPU gives; see ``profile.identified``.
@@ -419,7 +410,7 @@ class _DumpBuilder:
         if quantity is None:
             return 0
         where = f"{d.slice.label}: {d.slice.where()}"
-        return _quantity(_Cursor(where, f"{d.prefix}.capacity.{name}.value", quantity))
+        return _quantity(Cursor(where, f"{d.prefix}.capacity.{name}.value", quantity))
 
     def _mig_profiles_seen(self, devices: list[_NvidiaDevice], gpu_memory: int) -> tuple[MigProfile, ...]:
         """A model without a known MIG table: its profiles as far as the slice's MIG devices show them."""
