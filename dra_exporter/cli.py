@@ -145,6 +145,7 @@ def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from dra_exporter_sim import ScenarioError
+
         from .sinks.http import ListenAddressError
         from .sinks.otlp import OtlpConfigError
         from .sinks.webconfig import WebConfigError

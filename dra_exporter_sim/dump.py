@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaDeviceName, canonical_profile, parse_nvidia_device_name
+
 from .profile import MigProfile, identified, known_mig_profiles, load_profile, mig_profile_from_slice
 from .scenario import API_VERSIONS, DEVICE_HEALTH, MAX_GPUS, Hardware, Scenario, ScenarioError
 from .scenario_builder import Cursor, _quantity, parse_scenario, read_documents

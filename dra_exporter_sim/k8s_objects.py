@@ -4,7 +4,7 @@
 simulated time ``t``: the NVIDIA driver's ResourceSlice(s) for the node, the slices of
 the scenario's other drivers, the claims that exist at ``t`` and the pods alive at
 ``t``. Objects are built in the shape of resource.k8s.io **v1** (the storage version);
-``convert`` turns a resource.k8s.io object of any served version into any other, so the
+``dra_exporter.dra_versions.convert`` turns them into any other served version, so the
 server can answer v1, v1beta2 and v1beta1 requests from one store. A scenario loaded
 from a cluster dump carries its own objects (``Scenario.raw_objects``); they are
 returned unchanged.
@@ -24,7 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from dra_exporter.dra_versions import GROUP
 from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
+
 from .clock import FIXED_EPOCH
 from .profile import MigProfile
 from .scenario import (
@@ -41,8 +43,6 @@ from .scenario import (
     derived_uuid,
     unit_hash,
 )
-
-GROUP: Final = "resource.k8s.io"
 
 #: ``/version`` answers of a cluster whose newest resource.k8s.io version is the key.
 KUBERNETES_VERSIONS: Final = {"v1": "v1.35.1", "v1beta2": "v1.33.5", "v1beta1": "v1.32.9"}
@@ -714,65 +714,3 @@ def pod(scenario: Scenario, p: Pod) -> JSON:
         "spec": spec,
         "status": status,
     }
-
-
-# --- conversion between resource.k8s.io versions ------------------------------------------------
-
-_CONVERTIBLE: Final = ("ResourceSlice", "ResourceClaim")
-
-
-def api_version_of(obj: Mapping[str, Any]) -> str:
-    """The version part of a resource.k8s.io object's ``apiVersion`` (``v1beta1``); ``""`` otherwise."""
-    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
-    return version if group == GROUP else ""
-
-
-def convert(obj: Mapping[str, Any], version: str) -> JSON:
-    """``obj`` (a ResourceSlice or ResourceClaim of any served version) in ``version``.
-
-    Other objects, and objects already in ``version``, come back unchanged (as a copy).
-    v1beta2 and v1 share every shape used here; v1beta1 nests device fields under
-    ``basic`` and writes ``exactly`` requests flat.
-    """
-    out = copy.deepcopy(dict(obj))
-    current = api_version_of(out)
-    if not current or current == version or out.get("kind") not in _CONVERTIBLE:
-        return out
-    if version not in API_VERSIONS:
-        raise ValueError(f"cannot convert to {GROUP}/{version}")
-    if current == "v1beta1":
-        _beta1_to_v1(out)
-    if version == "v1beta1":
-        _v1_to_beta1(out)
-    out["apiVersion"] = f"{GROUP}/{version}"
-    return out
-
-
-def _devices(obj: JSON) -> list[JSON]:
-    return (obj.get("spec") or {}).get("devices") or []
-
-
-def _requests_of(obj: JSON) -> list[JSON]:
-    return (((obj.get("spec") or {}).get("devices") or {}).get("requests")) or []
-
-
-def _beta1_to_v1(obj: JSON) -> None:
-    if obj["kind"] == "ResourceSlice":
-        for device in _devices(obj):
-            device.update(device.pop("basic", None) or {})
-        return
-    for request in _requests_of(obj):
-        if request.get("firstAvailable"):
-            continue
-        exactly = {k: request.pop(k) for k in list(request) if k != "name"}
-        request["exactly"] = exactly
-
-
-def _v1_to_beta1(obj: JSON) -> None:
-    if obj["kind"] == "ResourceSlice":
-        for device in _devices(obj):
-            basic = {k: device.pop(k) for k in list(device) if k != "name"}
-            device["basic"] = basic
-        return
-    for request in _requests_of(obj):
-        request.update(request.pop("exactly", None) or {})

@@ -34,7 +34,9 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from dra_exporter import model
+from dra_exporter.dra_versions import SUPPORTED_VERSIONS
 from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name
+
 from .profile import GpuProfile, load_profile
 
 
@@ -441,7 +443,7 @@ FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid", 
                       + KUBELET_FAULTS + APISERVER_FAULTS)
 
 #: resource.k8s.io versions a simulated cluster can serve, newest first.
-API_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
+API_VERSIONS: Final = SUPPORTED_VERSIONS
 TAINT_EFFECTS: Final = ("NoSchedule", "NoExecute", "None")
 DEVICE_HEALTH: Final = ("Healthy", "Unhealthy", "Unknown")
 CONDITION_STATUS: Final = ("True", "False", "Unknown")

@@ -29,7 +29,13 @@ from typing import Any, Final
 
 from dra_exporter import model, strict_yaml
 from dra_exporter.boundedio import FileTooLargeError, read_text
-from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name, parse_nvidia_device_name
+from dra_exporter.resolve import (
+    NVIDIA_DRIVER,
+    NvidiaNameResolver,
+    nvidia_device_name,
+    parse_nvidia_device_name,
+)
+
 from .profile import GPU_MODELS, GpuProfile, load_profile
 from .scenario import (
     API_VERSIONS,

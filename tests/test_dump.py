@@ -17,9 +17,10 @@ from simnode import values_of
 from dra_exporter import catalog as cat
 from dra_exporter import model, runtime
 from dra_exporter.config import Settings
+from dra_exporter.dra_versions import convert
 from dra_exporter_sim import k8s_objects as ko
-from dra_exporter_sim.dump import is_dump, load_dump, parse_dump
 from dra_exporter_sim import load_scenario
+from dra_exporter_sim.dump import is_dump, load_dump, parse_dump
 from dra_exporter_sim.scenario import Scenario, ScenarioError
 from dra_exporter_sim.scenario_builder import parse_scenario
 
@@ -263,7 +264,7 @@ def test_demo_round_trips_through_the_api_objects() -> None:
     demo = load_scenario("demo")
     objects = ko.cluster_objects(demo, 50)
     for version in VERSIONS:
-        converted = [ko.convert(o, version) for o in (*objects.resourceslices, *objects.resourceclaims)]
+        converted = [convert(o, version) for o in (*objects.resourceslices, *objects.resourceclaims)]
         dumped = parse_dump(dump_of([*converted, *objects.pods]), f"demo-{version}.yaml")
         assert dumped.gpu_devices() == demo.gpu_devices()
         assert sorted(dumped.pod_allocations_at(0).pods, key=lambda p: p.name) == sorted(
