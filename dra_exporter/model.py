@@ -399,6 +399,27 @@ class ConsumerRef:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceSubRequest:
+    """One alternative of a prioritized-list request (``firstAvailable[]``, KEP-4816)."""
+
+    name: str
+    device_class: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRequest:
+    """One ``spec.devices.requests[]`` entry of a ResourceClaim: what was asked for. The
+    exporter attributes by the allocation results; the simulator replays a claim from both."""
+
+    name: str
+    device_class: str = ""
+    """The ``exactly`` request's DeviceClass; ``""`` for a prioritized list."""
+    all_devices: bool = False
+    """``allocationMode: All`` instead of ``ExactCount``."""
+    first_available: tuple[DeviceSubRequest, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimInfo:
     """A ResourceClaim as the join needs it."""
 

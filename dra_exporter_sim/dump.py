@@ -2,7 +2,11 @@
 
 ``kubectl get resourceslices,resourceclaims,pods -A -o yaml`` (a ``kind: List``), or a
 multi-document YAML of such objects, in resource.k8s.io v1, v1beta2 or v1beta1, becomes
-the ``Scenario`` of one node:
+the ``Scenario`` of one node. The objects are read by the exporter's own reader
+(``dra_exporter.sources.kubeapi_normalize``) into the exporter's records (``dra_exporter.model``),
+exactly as the exporter reads them from an API server, so the dump is replayed as the exporter
+would see that cluster; this module only checks the envelope (kind, apiVersion, names) and
+turns the records into a scenario:
 
 * **GPUs** from the node's ``gpu.nvidia.com`` slices (``spec.nodeName``, newest pool
   generation): ``type: gpu`` devices give a GPU with their ``uuid``, the index from the name
@@ -21,7 +25,8 @@ the ``Scenario`` of one node:
 * **The API server's view**: the dump's objects, kept as they are (``Scenario.raw_objects``).
 
 No GPU processes are invented: the GPUs are idle. Partial dumps (no pods, other drivers,
-null fields) load; an unusable one is a ``ScenarioError`` naming the object as
+null fields) load, and a field of the wrong type reads as empty, as it does for the exporter;
+a dump that cannot make a node is a ``ScenarioError`` naming the object as
 ``kind/namespace/name`` and the field.
 """
 
@@ -31,15 +36,24 @@ import dataclasses
 import datetime as dt
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from dra_exporter import model
+from dra_exporter.dra_versions import GROUP, device_fields_path
 from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaDeviceName, canonical_profile, parse_nvidia_device_name
+from dra_exporter.sources.kubeapi_normalize import (
+    claim_from_dict,
+    claim_requests,
+    current_slices,
+    pod_from_dict,
+    slice_from_dict,
+)
 
 from .profile import MigProfile, identified, known_mig_profiles, load_profile, mig_profile_from_slice
 from .scenario import API_VERSIONS, DEVICE_HEALTH, MAX_GPUS, Hardware, Scenario, ScenarioError
-from .scenario_builder import Cursor, _quantity, parse_scenario, read_documents
+from .scenario_builder import parse_scenario, read_documents
 
 KINDS: Final = ("ResourceSlice", "ResourceClaim", "Pod")
 #: The recording whose answers (power, clocks, fields) every replayed GPU gives; see ``profile.identified``.
@@ -53,8 +67,6 @@ _PCI_ADDRESS: Final = re.compile(
     r"(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<device>[0-9a-fA-F]{2})\.(?P<function>[0-7])"
 )
 _MEMORY_SLICE: Final = re.compile(r"memorySlice[0-9]+")
-_GROUP: Final = "resource.k8s.io"
-_FINISHED: Final = ("Succeeded", "Failed")
 #: Container name given to pods known only from a claim's ``reservedFor``.
 UNKNOWN_CONTAINER: Final = "unknown"
 
@@ -77,7 +89,7 @@ def load_dump(path: str | os.PathLike[str], node_name: str | None = None) -> Sce
 
 def parse_dump(docs: list[Any], label: str, node_name: str | None = None) -> Scenario:
     """Parsed dump documents → ``Scenario``; see the module docstring."""
-    objects = list(_objects(docs, label))
+    objects = _Objects.read(docs, label)
     node = _choose_node(objects, label, node_name)
     builder = _DumpBuilder(label, node, objects)
     data = builder.scenario_document()
@@ -86,7 +98,7 @@ def parse_dump(docs: list[Any], label: str, node_name: str | None = None) -> Sce
     except ScenarioError as e:
         # Only reachable for dumps the checks here let through; say that it is about the dump.
         raise ScenarioError(f"{label}: node {node!r} of the dump is not a consistent node: {e}") from None
-    return dataclasses.replace(scenario, raw_objects=tuple(o.raw for o in objects))
+    return dataclasses.replace(scenario, raw_objects=objects.raw)
 
 
 # --- objects --------------------------------------------------------------------------------------
@@ -94,27 +106,14 @@ def parse_dump(docs: list[Any], label: str, node_name: str | None = None) -> Sce
 
 @dataclass(frozen=True, slots=True)
 class _Obj:
-    """One object of the dump with its place for error messages."""
+    """Where one object of the dump is, for error messages."""
 
-    raw: dict[str, Any]
     label: str
-
-    @property
-    def kind(self) -> str:
-        return str(self.raw.get("kind"))
-
-    @property
-    def namespace(self) -> str:
-        return str(_get(self.raw, "metadata", "namespace") or "")
-
-    @property
-    def name(self) -> str:
-        return str(_get(self.raw, "metadata", "name") or "")
-
-    @property
-    def version(self) -> str:
-        """resource.k8s.io version (``v1beta1``…), ``v1`` for core objects."""
-        return str(self.raw.get("apiVersion", "")).rpartition("/")[2]
+    kind: str
+    namespace: str
+    name: str
+    version: str
+    """resource.k8s.io version (``v1beta1``…), ``v1`` for core objects."""
 
     def where(self) -> str:
         return "/".join(p for p in (self.kind, self.namespace, self.name) if p)
@@ -123,35 +122,79 @@ class _Obj:
         return ScenarioError(f"{self.label}: {self.where()}: {field}: {message}")
 
 
-def _get(value: Any, *path: str | int) -> Any:
-    """``value[path[0]][path[1]]…``, None where anything on the way is missing or null."""
-    for key in path:
-        if isinstance(key, int):
-            value = value[key] if isinstance(value, list) and -len(value) <= key < len(value) else None
-        else:
-            value = value.get(key) if isinstance(value, Mapping) else None
-    return value
+@dataclass(frozen=True, slots=True)
+class _Slice:
+    obj: _Obj
+    info: model.ResourceSliceInfo
 
 
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    obj: _Obj
+    info: model.ClaimInfo
+    requests: tuple[model.DeviceRequest, ...]
 
 
-def _plain(value: Any) -> Any:
-    """YAML values as JSON would have them: unquoted timestamps back to RFC 3339 strings."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dt.datetime):
-        value = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    return value
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    obj: _Obj
+    info: model.PodInfo
+    node_name: str
+    """``spec.nodeName``: the exporter never reads it from a pod (it lists its node's pods by it)."""
 
 
-def _objects(docs: list[Any], label: str) -> Iterator[_Obj]:
+@dataclass(frozen=True, slots=True)
+class _Objects:
+    """The dump's objects the simulated node needs, as the exporter reads them, in dump order."""
+
+    slices: tuple[_Slice, ...]
+    claims: tuple[_Claim, ...]
+    pods: tuple[_Pod, ...]
+    raw: tuple[dict[str, Any], ...]
+    """The same objects as written (timestamps as strings), served by the simulated API server."""
+
+    @classmethod
+    def read(cls, docs: list[Any], label: str) -> _Objects:
+        slices: list[_Slice] = []
+        claims: list[_Claim] = []
+        pods: list[_Pod] = []
+        raw: list[dict[str, Any]] = []
+        for item, where in _items(docs, label):
+            kind, api_version = str(item["kind"]), str(item["apiVersion"])
+            if kind not in KINDS:
+                continue  # DeviceClasses, templates, nodes…: nothing the simulated node needs
+            obj = _plain(item)
+            group, _, version = api_version.rpartition("/")
+            if kind == "ResourceSlice":
+                info = slice_from_dict(obj, version)
+                place = _Obj(label, kind, "", info.name, version)
+            elif kind == "ResourceClaim":
+                claim = claim_from_dict(obj, version)
+                place = _Obj(label, kind, claim.namespace, claim.name, version)
+            else:
+                pod = pod_from_dict(obj)
+                place = _Obj(label, kind, pod.namespace, pod.name, version)
+            if not place.name:
+                raise place.error("metadata.name", "required")
+            expected = GROUP if kind != "Pod" else ""
+            if group != expected or version not in (API_VERSIONS if expected else ("v1",)):
+                served = ", ".join(f"{GROUP}/{v}" for v in API_VERSIONS) if expected else "v1"
+                raise place.error("apiVersion", f"{api_version!r} is not supported (supported: {served})")
+            if kind == "ResourceSlice":
+                slices.append(_Slice(place, info))
+            elif not place.namespace:
+                raise place.error("metadata.namespace", f"required for a {kind}")
+            elif kind == "ResourceClaim":
+                claims.append(_Claim(place, claim, claim_requests(obj, version)))
+            else:
+                node = _map(obj.get("spec")).get("nodeName")
+                pods.append(_Pod(place, pod, node if isinstance(node, str) else ""))
+            raw.append(obj)
+        return cls(tuple(slices), tuple(claims), tuple(pods), tuple(raw))
+
+
+def _items(docs: list[Any], label: str) -> Iterator[tuple[Mapping[str, Any], str]]:
+    """Every object of the documents (a ``kind: List``'s items or the document itself)."""
     for d, doc in enumerate(docs):
         if doc is None:
             continue
@@ -168,43 +211,31 @@ def _objects(docs: list[Any], label: str) -> Iterator[_Obj]:
                 raise ScenarioError(
                     f"{where}: items[{i}]: expected a Kubernetes object with kind and apiVersion"
                 )
-            obj = _Obj(_plain(item), label)
-            if obj.kind not in KINDS:
-                continue  # DeviceClasses, templates, nodes…: nothing the simulated node needs
-            if not obj.name:
-                raise obj.error("metadata.name", "required")
-            group, _, version = str(item["apiVersion"]).rpartition("/")
-            expected = _GROUP if obj.kind != "Pod" else ""
-            if (
-                group != expected
-                or (expected and version not in API_VERSIONS)
-                or (not expected and version != "v1")
-            ):
-                served = ", ".join(f"{_GROUP}/{v}" for v in API_VERSIONS) if expected else "v1"
-                raise obj.error(
-                    "apiVersion", f"{item['apiVersion']!r} is not supported (supported: {served})"
-                )
-            if obj.kind == "ResourceClaim" and not obj.namespace:
-                raise obj.error("metadata.namespace", "required for a ResourceClaim")
-            if obj.kind == "Pod" and not obj.namespace:
-                raise obj.error("metadata.namespace", "required for a Pod")
-            yield obj
+            yield item, where
 
 
-def _slices(objects: list[_Obj]) -> list[_Obj]:
-    return [o for o in objects if o.kind == "ResourceSlice"]
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
-def _choose_node(objects: list[_Obj], label: str, node_name: str | None) -> str:
+def _plain(value: Any) -> Any:
+    """YAML values as JSON would have them: unquoted timestamps back to RFC 3339 strings."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dt.datetime):
+        value = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return value
+
+
+def _choose_node(objects: _Objects, label: str, node_name: str | None) -> str:
     # Any driver's node-local slice makes a node: one with only a NIC, or only the
     # dra-example-driver's GPUs, replays too (NVML then reports no driver).
-    nodes = sorted(
-        {
-            node
-            for o in _slices(objects)
-            if isinstance(node := _get(o.raw, "spec", "nodeName"), str) and node
-        }
-    )
+    nodes = sorted({s.info.node_name for s in objects.slices if s.info.node_name})
     if node_name:
         if node_name not in nodes:
             have = f"nodes with one: {', '.join(nodes)}" if nodes else "the dump has none"
@@ -230,15 +261,27 @@ class _NvidiaDevice:
 
     slice: _Obj
     path: str
-    """``spec.devices[<i>]``, for messages."""
+    """``spec.devices[name=<name>]``, for messages."""
     prefix: str
     """Where its attributes and capacity are: ``path``, or ``path.basic`` in v1beta1."""
-    name: str
     kind: str
     """``gpu`` or ``mig``."""
     parsed: NvidiaDeviceName
-    attributes: Mapping[str, Any]
-    capacity: Mapping[str, Any]
+    device: model.SliceDevice
+
+    @property
+    def name(self) -> str:
+        return self.device.name
+
+    def attribute(self, name: str) -> str:
+        return self.device.attribute(name)
+
+    def capacity(self, name: str) -> int:
+        return next((int(v) for k, v in self.device.capacity if k == name), 0)
+
+    def memory_slices(self) -> int:
+        """The ``memorySlice<i>`` capacities of a static MIG device: one per memory slice it occupies."""
+        return sum(1 for k, _ in self.device.capacity if _MEMORY_SLICE.fullmatch(k))
 
 
 @dataclass(slots=True)
@@ -251,26 +294,30 @@ class _Gpu:
     """(giProfileId, placementStart) → scenario MIG entry."""
 
 
-class _DumpBuilder:
-    """Builds a scenario document for ``node`` from the dump's objects, checking what can go wrong."""
+_Found = dict[tuple[str, str], tuple[dict[str, Any], _Claim]]
+"""(namespace, name) → (the scenario's claim entry, the claim) of the claims allocated on the node."""
 
-    def __init__(self, label: str, node: str, objects: list[_Obj]) -> None:
+
+class _DumpBuilder:
+    """Builds a scenario document for ``node`` from the dump's records, checking what can go wrong."""
+
+    def __init__(self, label: str, node: str, objects: _Objects) -> None:
         self.label = label
         self.node = node
         self.objects = objects
-        self.slices = self._newest_slices()
+        mine = [s for s in objects.slices if s.info.node_name == node]
+        # Only the highest generation of a pool counts; older slices are being replaced.
+        current = {id(s) for s in current_slices(s.info for s in mine)}
+        self.slices = [s for s in mine if id(s.info) in current]
         self.published = self._published_nvidia_devices()
         self.hardware = self._hardware()
         """What the slices say of the GPUs; None for a node without NVIDIA GPUs."""
         self.profile = self.hardware.profile if self.hardware else load_profile(RECORDED_MODEL)
-        self.pools = {
-            (str(_get(s.raw, "spec", "driver")), str(_get(s.raw, "spec", "pool", "name")))
-            for s in self.slices
-        }
+        self.pools = {(s.info.driver, s.info.pool) for s in self.slices}
         self.pools.add((NVIDIA_DRIVER, node))
         self.gpus: dict[int, _Gpu] = {}
-        self.abstract_mig: dict[str, tuple[int, str, int, int, _Obj, str]] = {}
-        """Name → (minor, profile, giProfileId, start, slice, field) of MIG devices without a UUID."""
+        self.abstract_mig: dict[str, tuple[int, str, int, int]] = {}
+        """Name → (minor, profile, giProfileId, start) of MIG devices without a UUID."""
         self.nvidia_devices: set[str] = set()
 
     def scenario_document(self) -> dict[str, Any]:
@@ -278,7 +325,7 @@ class _DumpBuilder:
         claims = self._claims()
         pods = self._pods(claims)
         self._fill_gpu_gaps()
-        versions = {o.version for o in self.objects if o.kind != "Pod"}
+        versions = {c.obj.version for c in self.objects.claims} | {s.obj.version for s in self.objects.slices}
         api_version = next((v for v in API_VERSIONS if v in versions), "v1")
         document = {
             "node": self.node,
@@ -295,55 +342,31 @@ class _DumpBuilder:
 
     # -- slices and GPUs --------------------------------------------------------------------------
 
-    def _newest_slices(self) -> list[_Obj]:
-        # Only the highest generation of a pool counts; older slices are being replaced.
-        mine = [s for s in _slices(self.objects) if _get(s.raw, "spec", "nodeName") == self.node]
-        newest: dict[tuple[str, str], int] = {}
-        for s in mine:
-            key = (str(_get(s.raw, "spec", "driver")), str(_get(s.raw, "spec", "pool", "name")))
-            generation = _get(s.raw, "spec", "pool", "generation")
-            newest[key] = max(newest.get(key, 0), generation if isinstance(generation, int) else 0)
-        return [
-            s
-            for s in mine
-            if (_get(s.raw, "spec", "pool", "generation") or 0)
-            == newest[(str(_get(s.raw, "spec", "driver")), str(_get(s.raw, "spec", "pool", "name")))]
-        ]
-
     def _published_nvidia_devices(self) -> list[_NvidiaDevice]:
         out = []
         for s in self.slices:
-            if _get(s.raw, "spec", "driver") != NVIDIA_DRIVER:
+            if s.info.driver != NVIDIA_DRIVER:
                 continue
-            for i, device in enumerate(_list(_get(s.raw, "spec", "devices"))):
-                found = self._published(s, f"spec.devices[{i}]", device)
+            for device in s.info.devices:
+                found = self._published(s.obj, device)
                 if found is not None:
                     out.append(found)
         return out
 
-    def _published(self, s: _Obj, path: str, device: Any) -> _NvidiaDevice | None:
-        if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
-            raise s.error(f"{path}.name", "a device needs a name")
-        name = device["name"]
-        body = device.get("basic") if s.version == "v1beta1" else device
-        prefix = f"{path}.basic" if s.version == "v1beta1" else path
-        attrs = _get(body, "attributes") or {}
-        if not isinstance(attrs, Mapping):
-            raise s.error(f"{prefix}.attributes", "expected a mapping")
-        capacity = _get(body, "capacity") or {}
-        if not isinstance(capacity, Mapping):
-            raise s.error(f"{prefix}.capacity", "expected a mapping")
-        parsed = parse_nvidia_device_name(name)
-        kind = _attr(attrs, "type") or ("mig" if parsed and parsed.is_mig else "gpu" if parsed else "")
+    def _published(self, s: _Obj, device: model.SliceDevice) -> _NvidiaDevice | None:
+        path = f"spec.devices[name={device.name}]"
+        prefix = f"{path}.{device_fields_path(s.version)}".rstrip(".")
+        parsed = parse_nvidia_device_name(device.name)
+        kind = device.attribute("type") or ("mig" if parsed and parsed.is_mig else "gpu" if parsed else "")
         if kind not in ("gpu", "mig"):
             return None  # VFIO passthrough and whatever comes next: not an NVML device of this node
         if parsed is None or parsed.is_mig != (kind == "mig"):
             raise s.error(
                 f"{path}.name",
-                f"{name!r} is not an NVIDIA {kind} device name "
+                f"{device.name!r} is not an NVIDIA {kind} device name "
                 f"({'gpu-<minor>-mig-…' if kind == 'mig' else 'gpu-<minor>'})",
             )
-        return _NvidiaDevice(s, path, prefix, name, kind, parsed, attrs, capacity)
+        return _NvidiaDevice(s, path, prefix, kind, parsed, device)
 
     # -- what the GPUs are ------------------------------------------------------------------------
 
@@ -353,33 +376,31 @@ class _DumpBuilder:
         if not devices:
             return None
         base = load_profile(RECORDED_MODEL)
-        model = self._one_value(devices, "productName", _attr)
-        architecture = self._one_value(devices, "architecture", _attr)
-        driver = self._one_value(devices, "driverVersion", _version)
-        cuda = self._one_value(devices, "cudaDriverVersion", _version)
+        model_name = self._one_value(devices, "productName")
+        architecture = self._one_value(devices, "architecture")
+        driver = self._one_value(devices, "driverVersion")
+        cuda = self._one_value(devices, "cudaDriverVersion")
         memory = self._gpu_memory(devices)
         mig = known_mig_profiles(base, architecture, memory) if memory else None
         if mig is None:
             mig = self._mig_profiles_seen(devices, memory)
         profile = identified(
-            base, model=model, architecture=architecture, memory_total=memory,
+            base, model=model_name, architecture=architecture, memory_total=memory,
             driver_version=_nvml_driver_version(driver), cuda_major=_major(cuda), mig_profiles=mig,
         )
         bus_ids: dict[int, str] = {}
         for d in devices:
             field = f"{d.prefix}.attributes.{_PCI_BUS_ID}"
-            value = _attr(d.attributes, _PCI_BUS_ID) or _attr(d.attributes, _PCI_BUS_ID_BEFORE_25_12)
+            value = d.attribute(_PCI_BUS_ID) or d.attribute(_PCI_BUS_ID_BEFORE_25_12)
             if value:
                 bus_ids.setdefault(d.parsed.minor, _nvml_bus_id(d.slice, field, value))
         return Hardware(profile, bus_ids)
 
-    def _one_value(
-        self, devices: list[_NvidiaDevice], name: str, read: Callable[[Mapping[str, Any], str], str]
-    ) -> str:
+    def _one_value(self, devices: list[_NvidiaDevice], name: str) -> str:
         # The simulator runs one GPU model per node, as NVIDIA's nodes are built.
         first: tuple[str, _NvidiaDevice] | None = None
         for d in devices:
-            value = read(d.attributes, name)
+            value = d.attribute(name)
             if not value:
                 continue
             if first is None:
@@ -395,33 +416,24 @@ class _DumpBuilder:
     def _gpu_memory(self, devices: list[_NvidiaDevice]) -> int:
         """A whole GPU's memory capacity; else, for MIG-only nodes, a MIG device's scaled by its memory slices."""
         for d in devices:
-            memory = self._capacity_bytes(d, "memory")
+            memory = d.capacity("memory")
             if memory and d.kind == "gpu":
                 return memory
         for d in devices:
-            memory, slices = self._capacity_bytes(d, "memory"), _memory_slices(d.capacity)
+            memory, slices = d.capacity("memory"), d.memory_slices()
             if memory and slices:
-                return memory * RECORDED_MEMORY_SLICES // len(slices)
+                return memory * RECORDED_MEMORY_SLICES // slices
         return 0
-
-    def _capacity_bytes(self, d: _NvidiaDevice, name: str) -> int:
-        value = d.capacity.get(name)
-        # v1alpha3 wrote bare quantities; v1beta1 and later {value: <quantity>}.
-        quantity = _get(value, "value") if isinstance(value, Mapping) else value
-        if quantity is None:
-            return 0
-        where = f"{d.slice.label}: {d.slice.where()}"
-        return _quantity(Cursor(where, f"{d.prefix}.capacity.{name}.value", quantity))
 
     def _mig_profiles_seen(self, devices: list[_NvidiaDevice], gpu_memory: int) -> tuple[MigProfile, ...]:
         """A model without a known MIG table: its profiles as far as the slice's MIG devices show them."""
         seen: dict[str, tuple[int, int, set[int]]] = {}
         for d in (d for d in devices if d.kind == "mig"):
-            profile = _attr(d.attributes, "profile")
+            profile = d.attribute("profile")
             if not profile or d.parsed.placement_start is None or d.parsed.gi_profile_id is None:
                 continue  # the checks of the device itself say what is wrong
-            slices = len(_memory_slices(d.capacity))
-            memory = self._capacity_bytes(d, "memory")
+            slices = d.memory_slices()
+            memory = d.capacity("memory")
             if not slices and memory and gpu_memory:
                 slices = max(1, round(memory * RECORDED_MEMORY_SLICES / gpu_memory))
             seen.setdefault(profile, (d.parsed.gi_profile_id, slices or 1, set()))[2].add(d.parsed.placement_start)
@@ -434,22 +446,20 @@ class _DumpBuilder:
             self._nvidia_device(device)
 
     def _nvidia_device(self, d: _NvidiaDevice) -> None:
-        s, path, prefix, name, kind, parsed, attrs = (
-            d.slice, d.path, d.prefix, d.name, d.kind, d.parsed, d.attributes
-        )
+        s, path, prefix, name, parsed = d.slice, d.path, d.prefix, d.name, d.parsed
         self.nvidia_devices.add(name)
         if parsed.minor >= MAX_GPUS:
             raise s.error(
                 f"{path}.name", f"GPU minor {parsed.minor}: the simulator has at most {MAX_GPUS} GPUs"
             )
-        if kind == "gpu":
-            uuid = _attr(attrs, "uuid")
+        if d.kind == "gpu":
+            uuid = d.attribute("uuid")
             if not uuid:
                 raise s.error(f"{prefix}.attributes.uuid", f"required for the gpu device {name!r}")
             self._gpu(parsed.minor, uuid, f"{s.where()} {path}", s, f"{prefix}.attributes.uuid")
             return
-        parent = _attr(attrs, "parentUUID")
-        profile = _attr(attrs, "profile")
+        parent = d.attribute("parentUUID")
+        profile = d.attribute("profile")
         if not parent:
             raise s.error(f"{prefix}.attributes.parentUUID", f"required for the MIG device {name!r}")
         if not profile:
@@ -473,16 +483,9 @@ class _DumpBuilder:
         if parsed.placement_start not in mp.starts:
             raise s.error(f"{path}.name", f"{profile} cannot start at memory slice {parsed.placement_start}")
         gpu = self._gpu(parsed.minor, parent, f"{s.where()} {path}", s, f"{prefix}.attributes.parentUUID")
-        uuid = _attr(attrs, "uuid")
+        uuid = d.attribute("uuid")
         if not uuid:
-            self.abstract_mig[name] = (
-                parsed.minor,
-                profile,
-                mp.gi_profile_id,
-                parsed.placement_start,
-                s,
-                path,
-            )
+            self.abstract_mig[name] = (parsed.minor, profile, mp.gi_profile_id, parsed.placement_start)
             return
         entry = {"profile": profile, "placement_start": parsed.placement_start, "uuid": uuid}
         gpu.mig[(mp.gi_profile_id, parsed.placement_start)] = entry
@@ -510,80 +513,72 @@ class _DumpBuilder:
 
     # -- claims -------------------------------------------------------------------------------------
 
-    def _claims(self) -> dict[tuple[str, str], tuple[dict[str, Any], _Obj]]:
-        out: dict[tuple[str, str], tuple[dict[str, Any], _Obj]] = {}
+    def _claims(self) -> _Found:
+        out: _Found = {}
         owners: dict[tuple[str, str], tuple[str, str]] = {}
-        for obj in (o for o in self.objects if o.kind == "ResourceClaim"):
-            claim = self._claim(obj, owners)
+        for c in self.objects.claims:
+            claim = self._claim(c, owners)
             if claim is not None:
-                out[(obj.namespace, obj.name)] = (claim, obj)
-        for claim, obj in out.values():
+                out[(c.obj.namespace, c.obj.name)] = (claim, c)
+        for claim, c in out.values():
             # With DynamicMIG a GPU is either allocated whole or partitioned, never both.
             for device in (d for r in claim["requests"] for d in r["devices"]):
                 parsed = parse_nvidia_device_name(device) if claim["driver"] == NVIDIA_DRIVER else None
                 if parsed is not None and not parsed.is_mig and self.gpus[parsed.minor].mig:
-                    raise obj.error(
+                    raise c.obj.error(
                         "status.allocation.devices.results",
                         f"{device!r} is allocated whole while MIG devices of it exist or are allocated",
                     )
         return out
 
-    def _claim(self, obj: _Obj, owners: dict[tuple[str, str], tuple[str, str]]) -> dict[str, Any] | None:
-        results = _get(obj.raw, "status", "allocation", "devices", "results")
-        if results is not None and not isinstance(results, list):
-            raise obj.error("status.allocation.devices.results", "expected a list")
-        local: list[tuple[int, Mapping[str, Any]]] = []
-        for i, r in enumerate(results or ()):
-            field = f"status.allocation.devices.results[{i}]"
-            if not isinstance(r, Mapping):
-                raise obj.error(field, "expected a mapping")
-            for key in ("request", "driver", "pool", "device"):
-                if not isinstance(r.get(key), str) or not r[key]:
+    def _claim(self, c: _Claim, owners: dict[tuple[str, str], tuple[str, str]]) -> dict[str, Any] | None:
+        obj = c.obj
+        local: list[model.AllocationResult] = []
+        for r in c.info.results:
+            field = f"status.allocation.devices.results[device={r.device}]"
+            for key, value in (("request", r.request), ("driver", r.driver), ("pool", r.pool)):
+                if not value:
                     raise obj.error(f"{field}.{key}", "required")
-            if (r["driver"], r["pool"]) in self.pools:
-                local.append((i, r))
+            if (r.driver, r.pool) in self.pools:
+                local.append(r)
         if not local:
             return None  # allocated elsewhere, or not allocated: not this node's business
         # The scenario has one driver per claim; NVIDIA's devices are the ones with metrics.
-        drivers = [r["driver"] for _, r in local]
+        drivers = [r.driver for r in local]
         driver = NVIDIA_DRIVER if NVIDIA_DRIVER in drivers else drivers[0]
-        local = [(i, r) for i, r in local if r["driver"] == driver]
-        admin = any(r.get("adminAccess") is True for _, r in local)
+        local = [r for r in local if r.driver == driver]
+        admin = any(r.admin_access for r in local)
         requests: dict[str, dict[str, Any]] = {}
-        for i, r in local:
-            field = f"status.allocation.devices.results[{i}]"
-            device = r["device"]
+        for r in local:
+            field = f"status.allocation.devices.results[device={r.device}].device"
             if driver == NVIDIA_DRIVER:
-                self._check_nvidia_result(obj, f"{field}.device", device)
-            if not admin and not r.get("shareID"):
-                other = owners.setdefault((driver, device), (obj.namespace, obj.name))
+                self._check_nvidia_result(obj, field, r.device)
+            if not admin and not r.share_id:
+                other = owners.setdefault((driver, r.device), (obj.namespace, obj.name))
                 if other != (obj.namespace, obj.name):
-                    raise obj.error(
-                        f"{field}.device", f"{device!r} is also allocated to claim {'/'.join(other)}"
-                    )
-            main, _, sub = r["request"].partition("/")
-            request = requests.setdefault(main, self._request(obj, main, sub))
-            if device not in request["devices"]:
-                request["devices"].append(device)
+                    raise obj.error(field, f"{r.device!r} is also allocated to claim {'/'.join(other)}")
+            main, _, sub = r.request.partition("/")
+            request = requests.setdefault(main, self._request(c, main, sub))
+            if r.device not in request["devices"]:
+                request["devices"].append(r.device)
         claim: dict[str, Any] = {
             "namespace": obj.namespace,
             "name": obj.name,
             "driver": driver,
-            "pool": local[0][1]["pool"],
+            "pool": local[0].pool,
             "admin_access": admin,
             "requests": list(requests.values()),
         }
-        uid = _get(obj.raw, "metadata", "uid")
-        if isinstance(uid, str) and uid:
-            claim["uid"] = uid
-        status = self._device_status(obj, driver, {d for r in requests.values() for d in r["devices"]})
+        if c.info.uid:
+            claim["uid"] = c.info.uid
+        status = self._device_status(c, driver, {d for r in requests.values() for d in r["devices"]})
         if status:
             claim["device_status"] = status
         return claim
 
     def _check_nvidia_result(self, obj: _Obj, field: str, device: str) -> None:
         if device in self.abstract_mig:
-            minor, profile, _, start, _, _ = self.abstract_mig[device]
+            minor, profile, _, start = self.abstract_mig[device]
             gpu = self.gpus[minor]
             mp = self.profile.mig_profile(profile)
             assert mp is not None
@@ -595,253 +590,110 @@ class _DumpBuilder:
                 field, f"{device!r} is not a device of the {NVIDIA_DRIVER} slices of node {self.node}"
             )
 
-    def _request(self, obj: _Obj, main: str, sub: str) -> dict[str, Any]:
-        spec = next(
-            (
-                r
-                for r in _list(_get(obj.raw, "spec", "devices", "requests"))
-                if isinstance(r, Mapping) and r.get("name") == main
-            ),
-            None,
-        )
+    def _request(self, c: _Claim, main: str, sub: str) -> dict[str, Any]:
+        spec = next((r for r in c.requests if r.name == main), model.DeviceRequest(main))
         request: dict[str, Any] = {"name": main, "devices": []}
         if sub:
-            subs = [
-                s for s in _list(_get(spec, "firstAvailable")) if isinstance(s, Mapping) and s.get("name")
-            ]
-            if not any(s["name"] == sub for s in subs):
-                subs.append({"name": sub})
+            subs = list(spec.first_available)
+            if not any(s.name == sub for s in subs):
+                subs.append(model.DeviceSubRequest(sub))
             request["first_available"] = [
-                {
-                    "name": s["name"],
-                    **(
-                        {"device_class": s["deviceClassName"]}
-                        if isinstance(s.get("deviceClassName"), str) and s["deviceClassName"]
-                        else {}
-                    ),
-                }
-                for s in subs[:8]
+                {"name": s.name, **({"device_class": s.device_class} if s.device_class else {})} for s in subs[:8]
             ]
             request["allocated"] = sub
             return request
-        exact = _get(spec, "exactly") if obj.version != "v1beta1" else spec
-        device_class = _get(exact, "deviceClassName")
-        if isinstance(device_class, str) and device_class:
-            request["device_class"] = device_class
-        if _get(exact, "allocationMode") == "All":
+        if spec.device_class:
+            request["device_class"] = spec.device_class
+        if spec.all_devices:
             request["all"] = True
         return request
 
-    def _device_status(self, obj: _Obj, driver: str, devices: set[str]) -> list[dict[str, Any]]:
+    def _device_status(self, c: _Claim, driver: str, devices: set[str]) -> list[dict[str, Any]]:
         out = []
-        for i, entry in enumerate(_list(_get(obj.raw, "status", "devices"))):
-            if not isinstance(entry, Mapping):
+        for entry in c.info.devices:
+            if entry.driver != driver or entry.device not in devices:
                 continue
-            field = f"status.devices[{i}]"
-            if (
-                _text(obj, entry.get("driver"), f"{field}.driver") != driver
-                or _text(obj, entry.get("device"), f"{field}.device") not in devices
-            ):
-                continue
-            conditions = []
-            for j, c in enumerate(_list(entry.get("conditions"))):
-                field = f"status.devices[{i}].conditions[{j}]"
-                if not isinstance(c, Mapping) or not isinstance(c.get("type"), str):
-                    raise obj.error(f"{field}.type", "required")
-                if c.get("status") not in ("True", "False", "Unknown"):
-                    raise obj.error(f"{field}.status", f"{c.get('status')!r} is not True, False or Unknown")
-                condition = {"type": c["type"], "status": c["status"]}
-                if isinstance(c.get("reason"), str) and c["reason"]:
-                    condition["reason"] = c["reason"]
-                if isinstance(c.get("message"), str) and c["message"]:
-                    condition["message"] = c["message"]
-                conditions.append(condition)
+            conditions = [
+                {"type": x.type, "status": x.status, **({"reason": x.reason} if x.reason else {})}
+                for x in entry.conditions
+            ]
             if conditions:
-                out.append({"device": entry["device"], "conditions": conditions[:8]})
+                out.append({"device": entry.device, "conditions": conditions[:8]})
         return out
 
     # -- pods ---------------------------------------------------------------------------------------
 
-    def _pods(self, claims: Mapping[tuple[str, str], tuple[dict[str, Any], _Obj]]) -> list[dict[str, Any]]:
+    def _pods(self, claims: _Found) -> list[dict[str, Any]]:
         pods: list[dict[str, Any]] = []
-        present: set[tuple[str, str]] = set()
-        for obj in (o for o in self.objects if o.kind == "Pod"):
-            present.add((obj.namespace, obj.name))
-            if (
-                _get(obj.raw, "spec", "nodeName") != self.node
-                or _get(obj.raw, "status", "phase") in _FINISHED
-            ):
-                continue
-            pods.append(self._pod(obj, claims))
+        present = {(p.obj.namespace, p.obj.name) for p in self.objects.pods}
+        for p in self.objects.pods:
+            if p.node_name == self.node and not p.info.terminal:
+                pods.append(self._pod(p, claims))
         pods.extend(self._reserved_only_pods(claims, present))
         return pods
 
-    def _pod(
-        self, obj: _Obj, claims: Mapping[tuple[str, str], tuple[dict[str, Any], _Obj]]
-    ) -> dict[str, Any]:
-        by_pod_name = self._pod_claim_names(obj)
-        statuses = {
-            _text(obj, s.get("name"), f"status.containerStatuses[{i}].name"): s
-            for i, s in enumerate(_list(_get(obj.raw, "status", "containerStatuses")))
-            if isinstance(s, Mapping)
-        }
+    def _pod(self, p: _Pod, claims: _Found) -> dict[str, Any]:
         containers = []
-        containers_raw = _list(_get(obj.raw, "spec", "containers"))
-        if not containers_raw:
-            raise obj.error("spec.containers", "a pod needs at least one container")
-        for i, c in enumerate(containers_raw):
-            if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
-                raise obj.error(f"spec.containers[{i}].name", "required")
-            container: dict[str, Any] = {"name": c["name"]}
-            status = statuses.get(c["name"]) or {}
-            status_field = f"status.containerStatuses[name={c['name']}]"
-            if isinstance(status.get("containerID"), str) and status["containerID"]:
-                container["container_id"] = status["containerID"]
-            refs = self._container_claims(obj, c, by_pod_name, claims)
+        for c in p.info.containers:
+            container: dict[str, Any] = {"name": c.name}
+            if c.container_id:
+                container["container_id"] = c.container_id
+            refs = self._container_claims(p, c, claims)
             if refs:
                 container["claims"] = refs
-                health = self._health(obj, status_field, status, refs, claims)
+                health = self._health(p, c, refs, claims)
                 if health:
                     container["device_health"] = health
             containers.append(container)
-        pod: dict[str, Any] = {"namespace": obj.namespace, "name": obj.name, "containers": containers}
-        uid = _get(obj.raw, "metadata", "uid")
-        if isinstance(uid, str) and uid:
-            pod["uid"] = uid
+        pod: dict[str, Any] = {"namespace": p.obj.namespace, "name": p.obj.name, "containers": containers}
+        if p.info.uid:
+            pod["uid"] = p.info.uid
         return pod
 
-    def _pod_claim_names(self, obj: _Obj) -> dict[str, str]:
-        """Pod-level claim name → ResourceClaim name (``""``: no claim is needed or known yet)."""
-        generated = {
-            _text(obj, s.get("name"), f"status.resourceClaimStatuses[{i}].name"): _text(
-                obj, s.get("resourceClaimName"), f"status.resourceClaimStatuses[{i}].resourceClaimName"
-            )
-            for i, s in enumerate(_list(_get(obj.raw, "status", "resourceClaimStatuses")))
-            if isinstance(s, Mapping)
-        }
-        out = {}
-        for i, ref in enumerate(_list(_get(obj.raw, "spec", "resourceClaims"))):
-            if not isinstance(ref, Mapping) or not isinstance(ref.get("name"), str):
-                raise obj.error(f"spec.resourceClaims[{i}].name", "required")
-            direct = ref.get("resourceClaimName")
-            out[ref["name"]] = (
-                direct if isinstance(direct, str) and direct else generated.get(ref["name"], "")
-            )
-        return out
-
-    def _container_claims(
-        self,
-        obj: _Obj,
-        c: Mapping[str, Any],
-        by_pod_name: Mapping[str, str],
-        claims: Mapping[tuple[str, str], tuple[dict[str, Any], _Obj]],
-    ) -> list[Any]:
+    def _container_claims(self, p: _Pod, c: model.ContainerInfo, claims: _Found) -> list[Any]:
         refs: list[Any] = []
         seen: set[str] = set()
-        for ref in _list(_get(c, "resources", "claims")):
-            if not isinstance(ref, Mapping):
-                continue
-            name = by_pod_name.get(str(ref.get("name")), "")
-            found = claims.get((obj.namespace, name))
-            if found is None or name in seen:
+        for use in c.claims:
+            found = claims.get((p.obj.namespace, use.claim))
+            if not use.claim or found is None or use.claim in seen:
                 continue  # not allocated on this node (or not at all), or named twice
-            seen.add(name)
-            request = ref.get("request")
-            if isinstance(request, str) and any(r["name"] == request for r in found[0]["requests"]):
-                refs.append({"claim": name, "request": request})
+            seen.add(use.claim)
+            if use.request and any(r["name"] == use.request for r in found[0]["requests"]):
+                refs.append({"claim": use.claim, "request": use.request})
             else:
-                refs.append(name)
+                refs.append(use.claim)
         return refs
 
-    def _health(
-        self,
-        obj: _Obj,
-        field: str,
-        status: Mapping[str, Any],
-        refs: list[Any],
-        claims: Mapping[tuple[str, str], Any],
-    ) -> dict[str, str]:
+    def _health(self, p: _Pod, c: model.ContainerInfo, refs: list[Any], claims: _Found) -> dict[str, str]:
         mine = set()
         for ref in refs:
-            claim = claims[(obj.namespace, ref if isinstance(ref, str) else ref["claim"])][0]
+            claim = claims[(p.obj.namespace, ref if isinstance(ref, str) else ref["claim"])][0]
             request = "" if isinstance(ref, str) else ref["request"]
             mine |= {
-                f"{claim['driver']}/{claim['pool']}/{d}"
+                (claim["driver"], claim["pool"], d)
                 for r in claim["requests"]
                 if not request or r["name"] == request
                 for d in r["devices"]
             }
-        out = {}
-        for i, entry in enumerate(_list(status.get("allocatedResourcesStatus"))):
-            for j, res in enumerate(_list(_get(entry, "resources"))):
-                where = f"{field}.allocatedResourcesStatus[{i}].resources[{j}]"
-                rid = _text(obj, _get(res, "resourceID"), f"{where}.resourceID")
-                health = _text(obj, _get(res, "health"), f"{where}.health")
-                if rid in mine and health in DEVICE_HEALTH:
-                    out[rid.rsplit("/", 1)[1]] = health
-        return out
+        # Devices the kubelet named by their triplet; a CDI-named one (``cdi_id``) is not resolved here.
+        return {h.device: h.health for h in c.health
+                if not h.cdi_id and (h.driver, h.pool, h.device) in mine and h.health in DEVICE_HEALTH}
 
-    def _reserved_only_pods(
-        self, claims: Mapping[tuple[str, str], tuple[dict[str, Any], _Obj]], present: set[tuple[str, str]]
-    ) -> list[dict[str, Any]]:
+    def _reserved_only_pods(self, claims: _Found, present: set[tuple[str, str]]) -> list[dict[str, Any]]:
         # Pods missing from the dump: the claim's reservedFor still names them (and their UIDs).
         missing: dict[tuple[str, str], dict[str, Any]] = {}
-        for (ns, name), (_, obj) in claims.items():
-            for i, ref in enumerate(_list(_get(obj.raw, "status", "reservedFor"))):
-                if not isinstance(ref, Mapping) or ref.get("resource") != "pods" or ref.get("apiGroup"):
-                    continue
-                pod_name = ref.get("name")
-                if not isinstance(pod_name, str) or not pod_name:
-                    raise obj.error(f"status.reservedFor[{i}].name", "required")
-                if (ns, pod_name) in present:
+        for (ns, name), (_, c) in claims.items():
+            for ref in c.info.reserved_for:
+                if ref.resource != "pods" or ref.api_group or not ref.name or (ns, ref.name) in present:
                     continue
                 pod = missing.setdefault(
-                    (ns, pod_name),
-                    {
-                        "namespace": ns,
-                        "name": pod_name,
-                        "containers": [{"name": UNKNOWN_CONTAINER, "claims": []}],
-                    },
+                    (ns, ref.name),
+                    {"namespace": ns, "name": ref.name, "containers": [{"name": UNKNOWN_CONTAINER, "claims": []}]},
                 )
-                if isinstance(ref.get("uid"), str) and ref["uid"]:
-                    pod.setdefault("uid", ref["uid"])
+                if ref.uid:
+                    pod.setdefault("uid", ref.uid)
                 pod["containers"][0]["claims"].append(name)
         return list(missing.values())
-
-
-def _text(obj: _Obj, value: Any, field: str) -> str:
-    """A string field of ``obj``; ``""`` where it is missing or null, an error naming it for any other type.
-
-    Values used as keys or looked up in sets must be checked first: a mapping or a list
-    there would be a ``TypeError``, not a message.
-    """
-    if value is None or isinstance(value, str):
-        return value or ""
-    raise obj.error(field, f"expected a string, got {_type_name(value)}")
-
-
-def _type_name(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return f"{type(value).__name__} {value!r}"[:60]
-
-
-def _attr(attrs: Mapping[str, Any], name: str, kind: str = "string") -> str:
-    """A string attribute's value; NVIDIA's own attributes may also be written with its domain."""
-    value = attrs.get(name) or attrs.get(f"{NVIDIA_DRIVER}/{name}")
-    text = _get(value, kind)
-    return text if isinstance(text, str) else ""
-
-
-def _version(attrs: Mapping[str, Any], name: str) -> str:
-    return _attr(attrs, name, "version")
-
-
-def _memory_slices(capacity: Mapping[str, Any]) -> list[str]:
-    """The ``memorySlice<i>`` capacities of a static MIG device: one per memory slice it occupies."""
-    return [k for k in capacity if isinstance(k, str) and _MEMORY_SLICE.fullmatch(k)]
 
 
 def _nvml_driver_version(semver: str) -> str:

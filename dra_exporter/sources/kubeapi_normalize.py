@@ -27,7 +27,7 @@ from typing import Any, Final
 from kubernetes.utils.quantity import parse_quantity
 
 from .. import model
-from ..dra_versions import SUPPORTED_VERSIONS, device_fields
+from ..dra_versions import SUPPORTED_VERSIONS, device_fields, exact_request
 
 __all__ = ["SUPPORTED_VERSIONS"]  # the exporter's sources read the versions from here
 _ATTRIBUTE_SCALARS: Final = ("string", "int", "bool", "version")
@@ -234,6 +234,19 @@ def claim_from_dict(obj: Mapping[str, Any], version: str) -> model.ClaimInfo:
                 network=_network(d.get("networkData")))
             for d in map(_map_of, _list(status, "devices")) if _str(d, "device")),
     )
+
+
+def claim_requests(obj: Mapping[str, Any], version: str) -> tuple[model.DeviceRequest, ...]:
+    """A ResourceClaim's ``spec.devices.requests``, in order (named ones only)."""
+    out = []
+    for r in map(_map_of, _list(_map(_map(obj, "spec"), "devices"), "requests")):
+        exactly = exact_request(r, version)
+        out.append(model.DeviceRequest(
+            name=_str(r, "name"), device_class=_str(exactly, "deviceClassName"),
+            all_devices=_str(exactly, "allocationMode") == "All",
+            first_available=tuple(model.DeviceSubRequest(_str(s, "name"), _str(s, "deviceClassName"))
+                                  for s in map(_map_of, _list(r, "firstAvailable")) if _str(s, "name"))))
+    return tuple(r for r in out if r.name)
 
 
 def _tolerations(raw: Sequence[Any]) -> tuple[model.DeviceToleration, ...]:
