@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from dra_exporter import model
 from dra_exporter.dra_versions import GROUP
 from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
 
@@ -38,7 +39,6 @@ from .scenario import (
     MigDevice,
     Pod,
     Scenario,
-    Taint,
     cdi_devices,
     derived_uuid,
     unit_hash,
@@ -244,7 +244,7 @@ def _q(value: int | str) -> JSON:
     return {"value": str(value)}
 
 
-def _taints(taints: Iterable[Taint]) -> list[JSON]:
+def _taints(taints: Iterable[model.DeviceTaint]) -> list[JSON]:
     out = []
     for t in taints:
         taint: JSON = {"key": t.key, "effect": t.effect, "timeAdded": timestamp(0)}
@@ -300,7 +300,7 @@ def mig_device(
     start: int,
     *,
     uuid: str = "",
-    taints: Iterable[Taint] = (),
+    taints: Iterable[model.DeviceTaint] = (),
     name: str = "",
 ) -> JSON:
     """A MIG device as NVIDIA's driver publishes it; no ``uuid`` for a DynamicMIG placement.
@@ -538,9 +538,9 @@ def _device_statuses(claim: Claim, t: float) -> list[JSON]:
     for status in claim.device_status:
         conditions = [
             {
-                "type": c.type,
-                "status": c.status,
-                "reason": c.reason,
+                "type": c.condition.type,
+                "status": c.condition.status,
+                "reason": c.condition.reason,
                 "message": c.message,
                 "lastTransitionTime": timestamp(c.at),
             }

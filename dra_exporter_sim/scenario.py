@@ -72,16 +72,6 @@ class Curve:
 
 
 @dataclass(frozen=True, slots=True)
-class Taint:
-    """A device taint as a DRA driver publishes it in its ResourceSlice (KEP-5055)."""
-
-    key: str
-    value: str
-    effect: str
-    """``NoSchedule``, ``NoExecute`` or ``None``."""
-
-
-@dataclass(frozen=True, slots=True)
 class MigDevice:
     profile: str
     gi_profile_id: int
@@ -93,7 +83,7 @@ class MigDevice:
     uuid: str
     memory_total: int
     memory_reserved: int
-    taints: tuple[Taint, ...] = ()
+    taints: tuple[model.DeviceTaint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +93,7 @@ class Gpu:
     uuid: str
     pci_bus_id: str
     mig: tuple[MigDevice, ...] = ()
-    taints: tuple[Taint, ...] = ()
+    taints: tuple[model.DeviceTaint, ...] = ()
 
     @property
     def minor(self) -> int:
@@ -144,12 +134,11 @@ class ClaimRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceCondition:
-    """A condition a driver writes into a claim's ``status.devices[]``, from simulated time ``at``."""
+class TimedCondition:
+    """A condition the simulated driver writes into a claim's ``status.devices[]`` from simulated
+    time ``at``, with its ``message`` (free text the exporter does not read)."""
 
-    type: str
-    status: str
-    reason: str
+    condition: model.DeviceCondition
     message: str = ""
     at: float = 0.0
 
@@ -157,7 +146,7 @@ class DeviceCondition:
 @dataclass(frozen=True, slots=True)
 class DeviceStatus:
     device: str
-    conditions: tuple[DeviceCondition, ...]
+    conditions: tuple[TimedCondition, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +187,7 @@ class SliceDevice:
     """Attribute name → typed value as in the API (``{"string": "x"}``, ``{"int": 3}``…)."""
     capacity: Mapping[str, str] = field(default_factory=dict, hash=False)
     """Capacity name → quantity string."""
-    taints: tuple[Taint, ...] = ()
+    taints: tuple[model.DeviceTaint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

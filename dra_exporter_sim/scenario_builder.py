@@ -53,7 +53,6 @@ from .scenario import (
     ClaimRequest,
     Container,
     Curve,
-    DeviceCondition,
     DeviceStatus,
     DriverSlice,
     Fault,
@@ -68,7 +67,7 @@ from .scenario import (
     ScenarioError,
     SliceDevice,
     SubRequest,
-    Taint,
+    TimedCondition,
     claim_use,
     derived_uuid,
     digest,
@@ -490,19 +489,20 @@ class _Builder:
         if device not in devices:
             raise cur.key("device").error(f"{device!r} is not a device of this claim "
                                           f"({', '.join(devices)})")
-        conditions: list[DeviceCondition] = []
+        conditions: list[TimedCondition] = []
         for _, c in cur.key("conditions").items():
             c.mapping(("type", "status"), ("reason", "message", "at"))
             ctype = c.key("type").str(pattern=_CONDITION_TYPE, what="condition type")
-            if any(x.type == ctype for x in conditions):
+            if any(x.condition.type == ctype for x in conditions):
                 raise c.key("type").error(f"condition {ctype!r} is listed twice")
             status = c.key("status").value
             if isinstance(status, bool):  # YAML reads an unquoted True as a boolean
                 status = "True" if status else "False"
             if status not in CONDITION_STATUS:
                 raise c.key("status").error(f"{status!r} is not one of {', '.join(CONDITION_STATUS)}")
-            conditions.append(DeviceCondition(
-                ctype, status, c.key("reason").str(default=ctype, pattern=_REASON, what="reason (CamelCase)"),
+            conditions.append(TimedCondition(
+                model.DeviceCondition(ctype, status, c.key("reason").str(default=ctype, pattern=_REASON,
+                                                                         what="reason (CamelCase)")),
                 "" if c.key("message").value == "" else c.key("message").str(default=""),
                 c.key("at").number(default=0.0, minimum=0)))
         if len(conditions) > 8:
@@ -867,8 +867,8 @@ _FAULT_PARAMS: Final[Mapping[str, _FaultParams]] = {
 }
 
 
-def _taints(cur: Cursor) -> tuple[Taint, ...]:
-    out: list[Taint] = []
+def _taints(cur: Cursor) -> tuple[model.DeviceTaint, ...]:
+    out: list[model.DeviceTaint] = []
     for _, t in cur.items():
         t.mapping(("key", "effect"), ("value",))
         key = t.key("key").str(pattern=_QUALIFIED_NAME, what="taint key")
@@ -881,7 +881,7 @@ def _taints(cur: Cursor) -> tuple[Taint, ...]:
         value = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         if len(value) > 63:
             raise t.key("value").error("at most 63 characters")
-        out.append(Taint(key, value, effect))
+        out.append(model.DeviceTaint(key, value, effect))
     if len(out) > 16:
         raise cur.error("at most 16 taints per device")
     return tuple(out)

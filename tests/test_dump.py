@@ -97,7 +97,7 @@ def test_claims_on_the_node_and_their_requests(version: str) -> None:
     example = claims[("demo", "example-claim")]
     assert (example.driver, example.pool, example.devices) == ("gpu.example.com", NODE, ("gpu-0",))
     (status,) = claims[("ml", "train")].device_status
-    assert (status.device, status.conditions[0].type, status.conditions[0].status) == (
+    assert (status.device, status.conditions[0].condition.type, status.conditions[0].condition.status) == (
         "gpu-1",
         "Ready",
         "True",
