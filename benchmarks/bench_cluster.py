@@ -40,7 +40,7 @@ def _rss_mib() -> float:
 
 def generate(nodes: int) -> list[dict[str, Any]]:
     """The cluster's objects (see the module docstring)."""
-    from dra_exporter.sim.cluster import DEVICE_CLASSES
+    from dra_exporter_sim.cluster import DEVICE_CLASSES
 
     objects: list[dict[str, Any]] = [dict(c) for c in DEVICE_CLASSES]
     common = {"productName": {"string": "NVIDIA H100 80GB HBM3"}, "brand": {"string": "Nvidia"},
@@ -93,9 +93,9 @@ def generate(nodes: int) -> list[dict[str, Any]]:
 
 
 def _serve(nodes: int, ready: Any, stop: Any) -> None:
-    from dra_exporter.sim.apiserver import SimulatedApiServer
-    from dra_exporter.sim.clock import SimClock
-    from dra_exporter.sim.cluster import cluster_scenario
+    from dra_exporter_sim.apiserver import SimulatedApiServer
+    from dra_exporter_sim.clock import SimClock
+    from dra_exporter_sim.cluster import cluster_scenario
 
     scenario = cluster_scenario(tuple(generate(nodes)), f"bench-{nodes}")
     with SimulatedApiServer(scenario, SimClock(0.0, frozen=True), taint_rule_versions=("v1",)) as server:

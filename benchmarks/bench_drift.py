@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from dra_exporter import runtime
 from dra_exporter.config import Settings
-from dra_exporter.sim.scenario import load_scenario
+from dra_exporter_sim import load_scenario
 
 from .common import MB, Check, Config, Result, rss_bytes
 

@@ -73,9 +73,9 @@ def _per_scrape(scenario_name: str, listen: str) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from dra_exporter.join import JoinInput, join
-    from dra_exporter.sim.clock import SimClock
-    from dra_exporter.sim.fake_nvml import FakeNvml
-    from dra_exporter.sim.scenario import load_scenario
+    from dra_exporter_sim.clock import SimClock
+    from dra_exporter_sim.fake_nvml import FakeNvml
+    from dra_exporter_sim import load_scenario
     from dra_exporter.sources.nvml import NvmlSource
 
     scenario = load_scenario(scenario_name)

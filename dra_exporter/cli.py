@@ -144,8 +144,9 @@ def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from dra_exporter_sim import ScenarioError
+
         from .showback import ShowbackError
-        from .sim.scenario import ScenarioError
         from .sinks.http import ListenAddressError
         from .sinks.otlp import OtlpConfigError
         from .sinks.webconfig import WebConfigError

@@ -61,9 +61,7 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
     wall_clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     if settings.simulate is not None:
-        from .sim.clock import SimClock
-        from .sim.node import SimulatedNode
-        from .sim.scenario import load_scenario
+        from dra_exporter_sim import SimClock, SimulatedNode, load_scenario
 
         # --node-name picks the node of a cluster dump; an ordinary scenario names its own.
         scenario = load_scenario(settings.simulate, settings.node_name or None)

@@ -84,7 +84,7 @@ def require_module(name: str, pip_name: str) -> ModuleType:
 
 def fault_scenario(directory: Path) -> Path:
     """The demo node with XIDs a few seconds in (on a whole GPU and on a MIG device)."""
-    from dra_exporter.sim import scenario as sim_scenario
+    from dra_exporter_sim import scenario as sim_scenario
 
     demo = yaml.safe_load((Path(sim_scenario.__file__).parent / "scenarios" / "demo.yaml").read_text())
     demo["faults"] = [

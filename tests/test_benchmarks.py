@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from prometheus_client.utils import floatToGoString
 
 from dra_exporter import catalog, model
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.fake_nvml import FakeNvml
-from dra_exporter.sim.scenario import load_scenario
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.fake_nvml import FakeNvml
+from dra_exporter_sim import load_scenario
 from dra_exporter.sinks import exposition
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,10 +16,10 @@ from simnode import eventually
 
 from dra_exporter import catalog as cat
 from dra_exporter.cluster.capacity import Capacity
-from dra_exporter.sim.apiserver import GONE_410, SimulatedApiServer
-from dra_exporter.sim.clock import FIXED_EPOCH, SimClock
-from dra_exporter.sim.cluster import builtin_cluster, cluster_scenario, load_cluster_dump
-from dra_exporter.sim.scenario import ScenarioError
+from dra_exporter_sim.apiserver import GONE_410, SimulatedApiServer
+from dra_exporter_sim.clock import FIXED_EPOCH, SimClock
+from dra_exporter_sim.cluster import builtin_cluster, cluster_scenario, load_cluster_dump
+from dra_exporter_sim.scenario import ScenarioError
 from dra_exporter.sources.kubeapi import Timeouts
 from dra_exporter.sources.kubeapi_cluster import ClusterSource
 

@@ -19,9 +19,9 @@ import yaml
 from simnode import device_labels, eventually, labels_of, simulated, source_up
 
 from dra_exporter import catalog as cat
-from dra_exporter.sim.apiserver import GONE, GONE_410, SimulatedApiServer
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.scenario import parse_scenario
+from dra_exporter_sim.apiserver import GONE, GONE_410, SimulatedApiServer
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.scenario_builder import parse_scenario
 from dra_exporter.sources.kubeapi import KubeApiSource, Timeouts
 
 DUMPS = Path(__file__).resolve().parent / "dumps"

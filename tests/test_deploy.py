@@ -456,7 +456,7 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # .dockerignore lets through exactly these; the build must not need anything else.
     ignore = (REPO / ".dockerignore").read_text().split()
     allowed = [line[1:].rstrip("/") for line in ignore if line.startswith("!")]
-    assert sorted(allowed) == ["README.md", "dra_exporter", "pyproject.toml"]
+    assert sorted(allowed) == ["README.md", "dra_exporter", "dra_exporter_sim", "pyproject.toml"]
     context.mkdir()
     for name in allowed:
         source = REPO / name

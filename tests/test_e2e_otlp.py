@@ -12,7 +12,7 @@ import pytest
 from otlp_receiver import GrpcReceiver, HttpReceiver, Received, running
 from simnode import ATTRIBUTION
 
-from dra_exporter.sim.scenario import load_scenario
+from dra_exporter_sim import load_scenario
 
 
 @pytest.fixture(params=["grpc", "http/protobuf"])

@@ -49,8 +49,9 @@ from dra_exporter.model import (
     PodResourcesSnapshot,
     Reading,
 )
-from dra_exporter.sim.kubelet import SimulatedKubelet
-from dra_exporter.sim.scenario import ScenarioError, load_scenario
+from dra_exporter_sim.kubelet import SimulatedKubelet
+from dra_exporter_sim import load_scenario
+from dra_exporter_sim.scenario import ScenarioError
 from dra_exporter.sinks.prometheus import render
 from dra_exporter.sinks.webconfig import WebConfigError, load_web_config
 from dra_exporter.sources.podresources import MAX_ANSWER_BYTES, MAX_PODS

@@ -20,10 +20,10 @@ import yaml
 from simnode import eventually
 
 from dra_exporter.agent import SourceRunner
-from dra_exporter.sim.apiserver import GONE, GONE_410, WATCH_DROP, SimulatedApiServer
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.k8s_objects import cluster_objects
-from dra_exporter.sim.scenario import parse_scenario
+from dra_exporter_sim.apiserver import GONE, GONE_410, WATCH_DROP, SimulatedApiServer
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.k8s_objects import cluster_objects
+from dra_exporter_sim.scenario_builder import parse_scenario
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.kubeapi import (
     NO_ACCESS,

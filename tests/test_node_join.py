@@ -7,7 +7,7 @@ from simnode import ATTRIBUTION, device_labels, eventually, labels_of, simulated
 
 from dra_exporter import catalog as cat
 from dra_exporter.model import ClaimDevice, ClaimUse, ContainerAllocation, PodAllocation, PodResourcesSnapshot
-from dra_exporter.sim.kubelet import SimulatedKubelet
+from dra_exporter_sim.kubelet import SimulatedKubelet
 
 
 def attribution(labels: dict[str, str]) -> tuple[str, str, str, str]:

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from dra_exporter import model
 from dra_exporter.proto import api_pb2, api_pb2_grpc
-from dra_exporter.sim.kubelet import SimulatedKubelet
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.podresources import (
     MAX_ANSWER_BYTES,
@@ -29,9 +28,9 @@ from dra_exporter.sources.podresources import (
     MAX_PODS,
     PodResourcesSource,
     _decode,
-    response_from_snapshot,
     snapshot_from_response,
 )
+from dra_exporter_sim.kubelet import SimulatedKubelet, response_from_snapshot
 
 NV = "gpu.nvidia.com"
 NODE = "node-a"

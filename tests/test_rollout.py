@@ -25,11 +25,11 @@ from dra_exporter.model import (
     PodAllocation,
     PodResourcesSnapshot,
 )
-from dra_exporter.sim import k8s_objects as ko
-from dra_exporter.sim.scenario import load_scenario
+from dra_exporter_sim import k8s_objects as ko
+from dra_exporter_sim import load_scenario
 from dra_exporter.sources.podresources import _ClaimGapBridge
 
-DEMO = Path(__file__).resolve().parents[1] / "dra_exporter" / "sim" / "scenarios" / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[1] / "dra_exporter_sim" / "scenarios" / "demo.yaml"
 ROLLOUT_AT, ROLLOUT_UNTIL = 100.0, 106.0
 ATTRIBUTION = ("namespace", "pod", "pod_uid", "container", "claim", "request")
 

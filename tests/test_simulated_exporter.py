@@ -128,9 +128,9 @@ def test_xid_events_become_counters_in_serve_mode() -> None:
 def test_one_gpu_lost_on_the_8_gpu_demo_node_costs_only_that_gpu(tmp_path: Path) -> None:
     """DESIGN §6 on the realistic node: GPU 3 (part of the 4-GPU training claim) falls off the bus
     at t=70 and comes back at t=90; the other 7 GPUs and 9 MIG devices never miss a value."""
-    import dra_exporter.sim
+    import dra_exporter_sim
 
-    demo = Path(dra_exporter.sim.__file__).parent / "scenarios" / "demo.yaml"
+    demo = Path(dra_exporter_sim.__file__).parent / "scenarios" / "demo.yaml"
     scenario = tmp_path / "demo-lost.yaml"
     scenario.write_text(demo.read_text().replace(
         "faults:\n", "faults:\n  - {kind: gpu_lost, gpu: 3, at: 70, until: 90}\n", 1))

@@ -187,7 +187,7 @@ def _empty() -> Any:
 
 
 def test_churn_scenario_is_valid_and_pods_really_come_and_go() -> None:
-    from dra_exporter.sim.scenario import parse_scenario
+    from dra_exporter_sim.scenario_builder import parse_scenario
 
     scenario = parse_scenario(churn_scenario(3), "churn")
     before = {p.name for p in scenario.pod_allocations_at(CHURN_START - 1).pods}

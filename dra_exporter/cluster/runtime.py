@@ -89,9 +89,7 @@ def _build(settings: ClusterSettings, publish: bool, closers: list[Callable[[], 
     client_factory = None
     kubeconfig = settings.kubeconfig
     if settings.simulate is not None and not kubeconfig:
-        from ..sim.apiserver import SimulatedApiServer
-        from ..sim.clock import FIXED_EPOCH, SimClock
-        from ..sim.cluster import load_cluster
+        from dra_exporter_sim import FIXED_EPOCH, SimClock, SimulatedApiServer, load_cluster
 
         clock = SimClock(0.0)
         apiserver = SimulatedApiServer(load_cluster(settings.simulate), clock, taint_rule_versions=("v1",)).start()

@@ -65,6 +65,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from .. import model
+from ..dra_versions import GROUP
 from . import SourceError
 from . import kubeapi_http as http
 from .kubeapi_normalize import (
@@ -83,7 +84,6 @@ from .kubeapi_normalize import (
 )
 
 SOURCE: Final = "kubeapi"
-GROUP: Final = "resource.k8s.io"
 NO_ACCESS: Final = ("kubeapi: no API server access (no in-cluster service account, no kubeconfig): "
                     "node-local attribution only")
 RBAC_HINT: Final = "the exporter needs get/list/watch on resourceslices, resourceclaims and pods"

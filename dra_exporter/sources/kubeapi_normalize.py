@@ -7,7 +7,8 @@ what ``kubectl get -o json`` prints) in, frozen records out; no client, no I/O, 
 resource.k8s.io differs between the versions the exporter reads (reference: dra-api.md §2.2-2.3):
 
 * ``v1`` and ``v1beta2`` put device fields on the device (``devices[].attributes``); ``v1beta1``
-  (and the older ``v1alpha3``) nest them under ``devices[].basic``;
+  (and the older ``v1alpha3``) nest them under ``devices[].basic`` (``dra_versions``, the one
+  place that knows how the versions' shapes differ);
 * capacities are ``{value: <quantity>}`` (``v1alpha3``: a bare quantity) — both are accepted;
 * an attribute is a union of ``int``/``bool``/``string``/``version`` (1.36 adds list forms);
 * ``nodeName``/``allNodes`` are pointers in v1beta2/v1 (absent when unset) and plain values in
@@ -27,11 +28,9 @@ from typing import Any, Final
 from kubernetes.utils.quantity import parse_quantity
 
 from .. import model
+from ..dra_versions import SUPPORTED_VERSIONS, device_fields, exact_request
 
-#: The resource.k8s.io versions this exporter reads, most preferred first.
-SUPPORTED_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
-#: Versions whose devices keep their fields under ``basic``.
-_NESTED_VERSIONS: Final = frozenset({"v1beta1", "v1alpha3"})
+__all__ = ["SUPPORTED_VERSIONS"]  # the exporter's sources read the versions from here
 _ATTRIBUTE_SCALARS: Final = ("string", "int", "bool", "version")
 _ATTRIBUTE_LISTS: Final = ("strings", "ints", "bools", "versions")
 _CLAIM_STATUS_PREFIX: Final = "claim:"
@@ -100,7 +99,7 @@ def _requirements(raw: Sequence[Any]) -> tuple[model.NodeSelectorRequirement, ..
 
 def _device(raw: Any, driver: str, version: str, per_device: bool = False) -> model.SliceDevice:
     dev = _map_of(raw)
-    body = _map(dev, "basic") if version in _NESTED_VERSIONS else dev
+    body = device_fields(dev, version)
     attributes = _map(body, "attributes")
     return model.SliceDevice(
         name=_str(dev, "name"),
@@ -271,10 +270,8 @@ def claim_requests(devices: Mapping[str, Any], version: str) -> tuple[model.Devi
         subrequests = _list(req, "firstAvailable")
         if subrequests:
             out += [_request(f"{name}/{_str(sub, 'name')}", sub) for sub in map(_map_of, subrequests)]
-        elif version in _NESTED_VERSIONS or "exactly" not in req:
-            out.append(_request(name, req))
         else:
-            out.append(_request(name, _map(req, "exactly")))
+            out.append(_request(name, exact_request(req, version)))
     return tuple(out)
 
 

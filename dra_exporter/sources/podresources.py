@@ -22,8 +22,9 @@ Reliability rules, from how a real kubelet behaves:
   that driver's devices: a container that is still listed keeps the claims it had for up to
   ``CLAIM_GAP_GRACE_S`` (``_ClaimGapBridge``), so attribution does not flap.
 
-``snapshot_from_response`` / ``response_from_snapshot`` are the pure conversions (the second
-one serves the simulated kubelet). gRPC is imported here and nowhere in the pure core.
+``snapshot_from_response`` is the pure decoding (its inverse, which only the simulated kubelet
+needs, is ``dra_exporter_sim.kubelet.response_from_snapshot``). gRPC is imported here and
+nowhere in the pure core.
 """
 
 from __future__ import annotations
@@ -413,48 +414,3 @@ def _add_claims(acc: _ContainerAcc, dynamic_resources: Iterable[api_pb2.DynamicR
             share = res.share_id if res.HasField("share_id") else ""
             key = (res.driver_name, res.pool_name, res.device_name, share)
             devices.setdefault(key, set()).update(cdi.name for cdi in res.cdi_devices)
-
-
-def response_from_snapshot(snap: model.PodResourcesSnapshot) -> api_pb2.ListPodResourcesResponse:
-    """The ``List`` answer a kubelet would give for ``snap`` (pure; order kept as given).
-
-    ``share_id`` is set only when non-empty, as a kubelet does for devices that are not
-    shares of consumable capacity.
-    """
-    return api_pb2.ListPodResourcesResponse(pod_resources=[pod_resources_message(pod) for pod in snap.pods])
-
-
-def pod_resources_message(pod: model.PodAllocation) -> api_pb2.PodResources:
-    """One pod as a ``PodResources`` message (used for ``List`` and ``Get`` answers)."""
-    return api_pb2.PodResources(
-        name=pod.name,
-        namespace=pod.namespace,
-        containers=[
-            api_pb2.ContainerResources(
-                name=ctr.name,
-                devices=[
-                    api_pb2.ContainerDevices(resource_name=p.resource_name, device_ids=list(p.device_ids))
-                    for p in ctr.plugin_devices
-                ],
-                dynamic_resources=[_dynamic_resource(claim) for claim in ctr.claims],
-            )
-            for ctr in pod.containers
-        ],
-    )
-
-
-def _dynamic_resource(claim: model.ClaimUse) -> api_pb2.DynamicResource:
-    resources = []
-    for dev in claim.devices:
-        res = api_pb2.ClaimResource(
-            cdi_devices=[api_pb2.CDIDevice(name=name) for name in dev.cdi_devices],
-            driver_name=dev.driver,
-            pool_name=dev.pool,
-            device_name=dev.device,
-        )
-        if dev.share_id:
-            res.share_id = dev.share_id
-        resources.append(res)
-    return api_pb2.DynamicResource(
-        claim_name=claim.name, claim_namespace=claim.namespace, claim_resources=resources
-    )

@@ -53,10 +53,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
+from dra_exporter.dra_versions import GROUP, convert
+from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
+
 from . import k8s_objects
 from .clock import SimClock
-from .k8s_objects import GROUP, JSON
-from ..sources.kubeapi_normalize import TAINT_RULE_VERSIONS
+from .k8s_objects import JSON
 from .scenario import API_VERSIONS, APISERVER_FAULTS, Scenario
 
 GONE: Final = "apiserver_gone"
@@ -835,7 +837,7 @@ class _Request:
         return self.field_filter(obj) and self.label_filter(obj)
 
     def present(self, obj: Mapping[str, Any]) -> JSON:
-        out = k8s_objects.convert(obj, self.version) if self.resource.group else dict(obj)
+        out = convert(obj, self.version) if self.resource.group else dict(obj)
         out["apiVersion"] = self.api_version
         out["kind"] = self.resource.kind
         return out

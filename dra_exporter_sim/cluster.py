@@ -21,11 +21,14 @@ import os
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ..resolve import NVIDIA_DRIVER
-from ..sources.kubeapi_normalize import TAINT_RULE_VERSIONS
+from dra_exporter.resolve import NVIDIA_DRIVER
+from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
+
 from . import k8s_objects
 from .k8s_objects import GROUP, JSON, timestamp
-from .scenario import API_VERSIONS, Scenario, ScenarioError, load_scenario, read_documents
+from .loader import load_scenario
+from .scenario import API_VERSIONS, Scenario, ScenarioError
+from .scenario_builder import read_documents
 
 BUILTIN: Final = "cluster"
 EXAMPLE_DRIVER: Final = "gpu.example.com"
