@@ -147,11 +147,12 @@ def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
         from .sim.scenario import ScenarioError
         from .sinks.http import ListenAddressError
         from .sinks.otlp import OtlpConfigError
+        from .sinks.tls import TlsError
         from .sinks.webconfig import WebConfigError
 
         try:
             return f(*args, **kwargs)
-        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError, WebConfigError) as exc:
+        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError, WebConfigError, TlsError) as exc:
             click.echo(f"dra-exporter: error: {exc}", err=True)
             sys.exit(2)
 

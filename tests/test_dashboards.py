@@ -17,8 +17,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from deploy_tools import REPO, chart_exporter_env, fault_scenario, require_tool, running_exporter
-from promharness import PromServer, free_port, start_prometheus
+from deploy_tools import REPO
+from promharness import PromServer
 
 from dra_exporter import catalog as cat
 
@@ -138,23 +138,6 @@ def test_queries_use_only_catalogue_metrics() -> None:
 
 
 # --- live checks against the real Prometheus --------------------------------------------------
-
-
-@pytest.fixture(scope="module", params=["native", "dcgm"])
-def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
-    """Every panel must work under every naming the chart offers (``dcgm`` keeps what they read)."""
-    binary = require_tool("prometheus", "apt-get install -y prometheus")
-    workdir = tmp_path_factory.mktemp(f"dashboards-{request.param}")
-    env = chart_exporter_env({"naming": request.param})
-    with running_exporter(fault_scenario(workdir), free_port(), env=env) as port:
-        server = start_prometheus(binary, workdir / "prometheus", [f"127.0.0.1:{port}"], "1s")
-        try:
-            # Enough scrapes for rate() over $__rate_interval, and the scenario's XIDs have landed.
-            server.wait_for("count_over_time(dra_gpu_up[1m]) >= 6", timeout=90)
-            server.wait_for(f"count({cat.GPU_XID_ERRORS}) >= 2", timeout=60)
-            yield server
-        finally:
-            server.stop()
 
 
 def run(prom: PromServer, target: dict[str, Any], expr: str) -> list[dict[str, Any]]:

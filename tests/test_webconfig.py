@@ -26,14 +26,9 @@ from simnode import eventually
 
 from dra_exporter import catalog, model
 from dra_exporter.sinks.prometheus import PrometheusSink
-from dra_exporter.sinks.webconfig import (
-    BasicAuth,
-    TlsContexts,
-    TlsSettings,
-    WebConfig,
-    WebConfigError,
-    load_web_config,
-)
+from dra_exporter.sinks.basicauth import BasicAuth
+from dra_exporter.sinks.tls import TlsContexts, TlsSettings
+from dra_exporter.sinks.webconfig import WebConfig, WebConfigError, load_web_config
 
 PASSWORD = "correct horse battery staple"
 WRONG = "hunter2-but-wrong"
