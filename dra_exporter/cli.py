@@ -19,6 +19,7 @@ import click
 
 from . import __version__
 from .boundedio import require_regular_file
+from .sources import registry
 from .config import (
     DEFAULT_CLAIM_REFRESH,
     DEFAULT_INTERVAL,
@@ -86,10 +87,35 @@ procfs_option = _opt(
     "--procfs", default=None, metavar="PATH",
     help="The host's /proc, to find the pod of each GPU process [default: /proc; the exporter needs "
          "hostPID: true]. With --simulate it replaces the simulated /proc.")
+
+
+def _source_switches() -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """``--source-<name>/--no-source-<name>`` for every source a flag may turn off, from the
+    registry (as node_exporter's ``--[no-]collector.<name>``), each also read from
+    ``DRA_EXPORTER_SOURCE_<NAME>``; a source's ``aliases`` keep older spellings working
+    (``--no-kubeapi``, ``DRA_EXPORTER_KUBEAPI``)."""
+    switches = []
+    for spec in registry.sources():
+        if not spec.switchable:
+            continue
+        names = [f"source-{spec.name}", *spec.aliases]
+        switches.append(click.option(
+            *(f"--{n}/--no-{n}" for n in names), _source_param(spec.name), default=spec.enabled_by_default,
+            show_default=True, envvar=[_env(n) for n in names], show_envvar=True, help=spec.help))
+    return switches
+
+
+def _source_param(name: str) -> str:
+    return f"source_{name}"
+
+
+def _sources(kw: dict[str, Any]) -> frozenset[str]:
+    """The enabled sources, from the switches (popped from ``kw``)."""
+    return registry.enabled({spec.name: kw.pop(_source_param(spec.name))
+                             for spec in registry.sources() if spec.switchable})
+
+
 kubeapi_options = [
-    _opt("--kubeapi/--no-kubeapi", default=True, show_default=True,
-         help="Read ResourceSlices, ResourceClaims and Pods from the API server (request names, pod UIDs, "
-              "admin access, slice devices, taints, health). Off: node-local attribution only."),
     _opt("--kubeconfig", default=None, metavar="PATH",
          type=click.Path(exists=True, dir_okay=False, readable=True), callback=_regular_file,
          help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
@@ -113,7 +139,8 @@ log_level_option = _opt("--log-level", type=click.Choice(["debug", "info", "warn
 
 def _common(f: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([simulate_option, kubelet_socket_option, interval_option, node_name_option,
-                            procfs_option, *kubeapi_options, *pod_options, log_level_option]):
+                            procfs_option, *_source_switches(), *kubeapi_options, *pod_options,
+                            log_level_option]):
         f = option(f)
     return f
 
@@ -129,7 +156,7 @@ def _settings(listen: str = DEFAULT_LISTEN, **kw: Any) -> Settings:
             node_name=kw["node_name"] or os.environ.get("NODE_NAME") or "",
             simulate=kw["simulate"],
             kubelet_socket=kw["kubelet_socket"],
-            kubeapi=kw["kubeapi"],
+            sources=_sources(kw),
             procfs=kw["procfs"],
             kubeconfig=kw["kubeconfig"],
             claim_refresh=kw["claim_refresh"],

@@ -69,7 +69,7 @@ def test_readme_usage_names_every_flag_and_every_source() -> None:
 
     from dra_exporter import cli
     from dra_exporter.sinks import otlp
-    from dra_exporter.sources import kubeapi, nvml, podresources, procs
+    from dra_exporter.sources import registry
 
     text = README.read_text()
     usage = text.split("## Usage", 1)[1].split("```", 2)[1]
@@ -80,8 +80,9 @@ def test_readme_usage_names_every_flag_and_every_source() -> None:
             # An on/off pair (--kubeapi/--no-kubeapi) is named by the side that is not the default.
             flags = [o for o in (*param.opts, *param.secondary_opts) if o.startswith("--") and o != "--help"]
             assert not flags or any(f in usage for f in flags), f"{name}: {flags}"
-    sources = {nvml.NvmlSource.name, podresources.PodResourcesSource.name, procs.ProcsSource.name,
-               kubeapi.SOURCE, otlp.SOURCE}
+    # Every registered source (a new one must be documented, alerted on and in the runbook), and the push.
+    sources = {spec.name for spec in registry.sources()} | {otlp.SOURCE}
+    assert sources >= {"nvml", "podresources", "procs", "kubeapi", "otlp"}
     rules = (README.parent / "deploy" / "prometheus-rules.yaml").read_text()
     runbook = (README.parent / "docs" / "operating.md").read_text().split("### Runbook: DraExporterSourceDown")[1]
     for source in sources:

@@ -66,7 +66,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import model
 from ..backoff import Backoff
-from . import SourceError
+from . import Source, SourceError
 from . import kubeapi_http as http
 from .kubeapi_normalize import (
     SUPPORTED_VERSIONS,
@@ -404,7 +404,7 @@ class _CachedClaim:
     """When it is fetched again (``monotonic`` time)."""
 
 
-class KubeApiSource:
+class KubeApiSource(Source[model.ClusterSnapshot]):
     """The cluster view of one node: see the module docstring for what it asks and how often."""
 
     name = SOURCE

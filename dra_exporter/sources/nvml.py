@@ -33,7 +33,7 @@ from typing import Any, Final, NoReturn
 from .. import catalog as cat
 from ..backoff import Backoff
 from ..model import DeviceSample, GpuDevice, Labels, NvmlSnapshot, ProcessSample, Reading
-from . import SourceError
+from . import Source, SourceError
 from .nvml_events import EventWatcher, XidCounter, XidTally
 from .nvml_gpm import GpmReader, gpm_supported
 
@@ -378,7 +378,7 @@ def _mig_order(mig: _Mig) -> tuple[int, int, int, str]:
     return (start, d.gi_id or 0, d.ci_id or 0, d.uuid)
 
 
-class NvmlSource:
+class NvmlSource(Source[NvmlSnapshot]):
     """Reads NVML once per ``collect()``; see the module docstring for the contract."""
 
     name = "nvml"

@@ -44,7 +44,7 @@ from google.protobuf.message import DecodeError
 from .. import model
 from ..backoff import Backoff
 from ..proto import api_pb2
-from . import SourceError
+from . import Source, SourceError
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
@@ -80,7 +80,7 @@ class AnswerOverLimitError(SourceError):
     """A ``List`` answer over ``MAX_PODS``, ``MAX_CONTAINERS`` or ``MAX_DEVICES``."""
 
 
-class PodResourcesSource:
+class PodResourcesSource(Source[model.PodResourcesSnapshot]):
     """Reads pod → container → claims/devices from the kubelet, one ``List`` per ``collect``."""
 
     name = "podresources"
