@@ -111,6 +111,7 @@ def test_dcgm_naming_keeps_every_native_family_the_rules_and_dashboards_read() -
     assert cat.DCGM_KEPT_FOR_KIT == kit_native_families() & sources, "keep only what the kit reads"
 
 
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 def test_expressions_evaluate_on_the_simulated_node(prom: PromServer) -> None:
     results = {name: prom.query(rule["expr"]) for name, rule in alerts().items()}  # raises on a bad expr

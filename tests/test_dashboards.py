@@ -149,6 +149,7 @@ def run(prom: PromServer, target: dict[str, Any], expr: str) -> list[dict[str, A
     return prom.query(expr)
 
 
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 @pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS.glob("*.json")))
 def test_every_panel_query_returns_data(prom: PromServer, name: str) -> None:
@@ -162,6 +163,7 @@ def test_every_panel_query_returns_data(prom: PromServer, name: str) -> None:
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 @pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS.glob("*.json")))
 def test_variables_list_values_and_every_query_accepts_a_selection(prom: PromServer, name: str) -> None:
@@ -184,6 +186,7 @@ def test_variables_list_values_and_every_query_accepts_a_selection(prom: PromSer
         run(prom, target, substitute(target["expr"], chosen))  # raises on a PromQL error
 
 
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 def test_overview_counts_match_the_demo_node(prom: PromServer) -> None:
     dash = load_dashboards()["dra-overview.json"]

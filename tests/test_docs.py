@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 from dra_exporter.catalog import CATALOG, DCGM_CATALOG, dcgm_markdown_table, markdown_table
@@ -59,9 +60,18 @@ def test_ci_runs_the_tests_the_way_the_readme_says() -> None:
     ci = (README.parent / ".ci" / "run").read_text()
     _, test = _readme_commands()
     venv, install, pytest_run = (part.strip() for part in test.split("&&"))
-    assert venv in ci and pytest_run in ci
+    assert venv in ci
     assert install.replace("pip install", "pip install --quiet") in ci
     assert "apt-get install -y prometheus" in ci
+    # The README's command leaves the slow tests out (pyproject's addopts); CI runs it with every test.
+    addopts = tomllib.loads((README.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert '-m "not slow"' in addopts
+    ci_runs = [line.strip() for line in ci.splitlines() if line.strip().startswith(pytest_run)]
+    assert ci_runs == [f'{pytest_run} -m ""'], ci_runs
+    assert "-m slow" in README.read_text(), "the README says how to run the slow tests"
+    # Lint and types, with the project's own settings.
+    assert ".venv/bin/ruff check --config pyproject.toml dra_exporter tests benchmarks" in ci
+    assert "\n.venv/bin/mypy\n" in ci
 
 
 def test_readme_usage_names_every_flag_and_every_source() -> None:

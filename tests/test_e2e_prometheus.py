@@ -16,7 +16,7 @@ from dra_exporter.sim.clock import SimClock
 from dra_exporter.sim.fake_nvml import FakeNvml
 from dra_exporter.sim.scenario import load_scenario
 
-pytestmark = pytest.mark.prometheus
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]  # ~6 s each: a real Prometheus queried over time
 
 
 @pytest.fixture(scope="module")
