@@ -13,13 +13,12 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from . import __version__
 from .boundedio import require_regular_file
-from .sources import registry
 from .config import (
     DEFAULT_CLAIM_REFRESH,
     DEFAULT_INTERVAL,
@@ -29,6 +28,10 @@ from .config import (
     check_stall_timeout,
     parse_self_pod,
 )
+from .sources import registry
+
+if TYPE_CHECKING:
+    from .sinks.otlp import OtlpSettings, Protocol
 
 ENV_PREFIX = "DRA_EXPORTER"
 
@@ -94,7 +97,7 @@ def _source_switches() -> list[Callable[[Callable[..., Any]], Callable[..., Any]
     registry (as node_exporter's ``--[no-]collector.<name>``), each also read from
     ``DRA_EXPORTER_SOURCE_<NAME>``; a source's ``aliases`` keep older spellings working
     (``--no-kubeapi``, ``DRA_EXPORTER_KUBEAPI``)."""
-    switches = []
+    switches: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = []
     for spec in registry.sources():
         if not spec.switchable:
             continue
@@ -221,7 +224,7 @@ def _otlp_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _otlp_settings(kw: dict[str, Any]) -> Any:
+def _otlp_settings(kw: dict[str, Any]) -> OtlpSettings | None:
     """OtlpSettings from the --otlp-* flags (popped from ``kw``), or None when no push is asked for."""
     from .sinks.otlp import OtlpConfigError, OtlpSettings, parse_header
 
@@ -235,7 +238,8 @@ def _otlp_settings(kw: dict[str, Any]) -> Any:
     try:
         return OtlpSettings(
             endpoint=flags["otlp_endpoint"] or "",  # "" lets the SDK read OTEL_EXPORTER_OTLP_*
-            protocol=protocol, interval=flags["otlp_interval"], timeout=flags["otlp_timeout"],
+            # An environment variable may say anything: OtlpSettings checks it (OtlpConfigError).
+            protocol=cast("Protocol", protocol), interval=flags["otlp_interval"], timeout=flags["otlp_timeout"],
             headers=tuple(parse_header(h) for h in flags["otlp_headers"]),
             insecure=flags["otlp_insecure"], certificate_file=flags["otlp_certificate"],
             client_certificate_file=flags["otlp_client_certificate"],

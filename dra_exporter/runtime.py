@@ -11,15 +11,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .agent import Agent, SourceRunner, latest_snapshots
+from .agent import Agent, Sink, SourceRunner, latest_snapshots
 from .config import DEFAULT_KUBELET_SOCKET, Settings
 from .model import Frame
 from .sources import registry
 from .sources.procs import DEFAULT_PROCFS
 from .sources.registry import Role, SourceContext
+
+if TYPE_CHECKING:
+    from .sim.node import SimulatedNode
+    from .sinks.prometheus import PrometheusSink
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +35,8 @@ SNAPSHOT_SIM_TIME = 60.0
 @dataclass
 class Runtime:
     agent: Agent
-    sim: Any = None
-    prometheus: Any = None
+    sim: SimulatedNode | None = None
+    prometheus: PrometheusSink | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -58,7 +62,7 @@ def build(settings: Settings, *, sim_time: float | None = None, publish: bool = 
 
 def _build(settings: Settings, sim_time: float | None, publish: bool,
            closers: list[Callable[[], None]]) -> Runtime:
-    sim = None
+    sim: SimulatedNode | None = None
     wall_clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     if settings.simulate is not None:
@@ -77,7 +81,8 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
         # On a simulated node, timestamps, backoffs and rate integrals follow simulated time.
         wall_clock, monotonic = sim.wall_clock, clock.now
         nvml: Any = sim.nvml
-        kubelet_socket = sim.kubelet.socket_path if sim.kubelet else settings.kubelet_socket
+        kubelet_socket = sim.kubelet.socket_path if sim.kubelet else (settings.kubelet_socket or
+                                                                      DEFAULT_KUBELET_SOCKET)
     else:
         import pynvml
 
@@ -89,7 +94,7 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
         kubeconfig=settings.kubeconfig, claim_refresh=settings.claim_refresh,
         procfs=settings.procfs or (sim.procfs.root if sim is not None and sim.procfs else DEFAULT_PROCFS),
         wall_clock=wall_clock, monotonic=monotonic))
-    sinks: list[Any] = []
+    sinks: list[Sink] = []
     prometheus = None
     if publish and settings.otlp is not None:
         from .sinks.otlp import OtlpSink
@@ -119,7 +124,7 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
 class RenamingSink:
     """Publishes each frame to ``inner`` under a ``--naming`` other than native (``dra_exporter.naming``)."""
 
-    def __init__(self, inner: Any, naming: str, hostname: str) -> None:
+    def __init__(self, inner: Sink, naming: str, hostname: str) -> None:
         from .naming import XidMemory
 
         self.inner, self.naming, self.hostname = inner, naming, hostname
@@ -131,7 +136,7 @@ class RenamingSink:
         self.inner.publish(apply(frame, self.naming, hostname=self.hostname, xid=self._xid))
 
 
-def node_name(settings: Settings, sim: Any) -> str:
+def node_name(settings: Settings, sim: SimulatedNode | None) -> str:
     """The simulated scenario's node (which --node-name chose for a dump), else --node-name
     (or $NODE_NAME), else the hostname."""
     if sim is not None:
@@ -139,7 +144,8 @@ def node_name(settings: Settings, sim: Any) -> str:
     return settings.node_name or socket.gethostname()
 
 
-def _source_runners(settings: Settings, sim: Any, ctx: SourceContext) -> dict[Role, list[SourceRunner[Any]]]:
+def _source_runners(settings: Settings, sim: SimulatedNode | None,
+                    ctx: SourceContext) -> dict[Role, list[SourceRunner[Any]]]:
     """A runner for every enabled source (``settings.sources``; the primary always), in registry
     order, by role. The agent closes them when it stops."""
     built: list[SourceRunner[Any]] = []
@@ -157,7 +163,7 @@ def _source_runners(settings: Settings, sim: Any, ctx: SourceContext) -> dict[Ro
     return by_role
 
 
-def _kube_access(settings: Settings, sim: Any) -> dict[str, Any]:
+def _kube_access(settings: Settings, sim: SimulatedNode | None) -> dict[str, Any]:
     """How the API server source reaches the API server: ``SourceContext`` fields.
 
     A kubeconfig the operator named must work: a broken one is a start-up error, not a source
@@ -177,7 +183,7 @@ def _kube_access(settings: Settings, sim: Any) -> dict[str, Any]:
     return {}
 
 
-def _self_pod(settings: Settings, sim: Any) -> tuple[str, str] | None:
+def _self_pod(settings: Settings, sim: SimulatedNode | None) -> tuple[str, str] | None:
     if settings.self_pod:
         return settings.self_pod
     if sim is not None and sim.scenario.exporter_pod:

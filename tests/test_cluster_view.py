@@ -398,5 +398,6 @@ def test_doctor_checks_discovery_version_and_access(scenario_files: dict[str, st
     unreachable = Settings(simulate=scenario_files["v1"], kubeconfig=_unreachable_kubeconfig(tmp_path / "k"))
     (finding,) = [f for f in doctor.run(unreachable) if f.check == "apiserver"]
     assert (finding.level, finding.message) == ("FAIL", "API server unreachable (cannot connect)")
-    (off,) = [f for f in doctor.run(Settings(simulate=scenario_files["v1"], sources=without("kubeapi"))) if f.check == "apiserver"]
+    node_local = Settings(simulate=scenario_files["v1"], sources=without("kubeapi"))
+    (off,) = [f for f in doctor.run(node_local) if f.check == "apiserver"]
     assert off.level == "WARN" and "--no-kubeapi" in off.message

@@ -63,7 +63,8 @@ def expected_device_values() -> tuple[dict[str, float], dict[str, float]]:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, m)
             except nvml.NVMLError:
                 continue
-            used[nvml.nvmlDeviceGetUUID(mig)] = float(nvml.nvmlDeviceGetMemoryInfo(mig, version=nvml.nvmlMemory_v2).used)
+            memory = nvml.nvmlDeviceGetMemoryInfo(mig, version=nvml.nvmlMemory_v2)
+            used[nvml.nvmlDeviceGetUUID(mig)] = float(memory.used)
     return used, util
 
 

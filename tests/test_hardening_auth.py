@@ -27,8 +27,8 @@ from certs import Pki, make_pki
 from simnode import eventually
 
 from dra_exporter import catalog, model
-from dra_exporter.sinks.prometheus import PrometheusSink
 from dra_exporter.sinks.basicauth import AuthVerdict, BasicAuth, client_key
+from dra_exporter.sinks.prometheus import PrometheusSink
 from dra_exporter.sinks.tls import build_ssl_context
 from dra_exporter.sinks.webconfig import WebConfig, WebConfigError, load_web_config
 

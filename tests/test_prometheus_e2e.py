@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from promharness import PromServer
 
 from dra_exporter import catalog, model
 from dra_exporter.sinks.prometheus import PrometheusSink
-from promharness import PromServer
 
 pytestmark = pytest.mark.prometheus
 

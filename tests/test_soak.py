@@ -177,7 +177,8 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
         pods = GENERATIONS * (len(WHOLE + MIG) + 3)
         print(f"\nsoak: {GENERATIONS} generations, {pods} pod lives, {churn_end:.0f} simulated s; "
               f"series {len(baseline)} -> peak {peak} -> {len(final)}; "
-              f"RSS {rss_start >> 20} MiB at the start, {rss_warm >> 20} MiB after warm-up -> {rss_end >> 20} MiB at the end; "
+              f"RSS {rss_start >> 20} MiB at the start, {rss_warm >> 20} MiB after warm-up "
+              f"-> {rss_end >> 20} MiB at the end; "
               f"threads {threads_start} -> {threads_end}; fds {fds_start} -> {fds_end}")
 
 

@@ -131,7 +131,8 @@ def _ssl_reason(e: ssl.SSLError) -> str:
     return {"key values mismatch": "the key does not belong to the certificate",
             "no start line": "not a PEM file",
             "pem lib": "not a PEM certificate and key",
-            "no certificate or crl found": "no PEM certificate in it"}.get(reason, reason or "OpenSSL could not load it")
+            "no certificate or crl found": "no PEM certificate in it",
+            }.get(reason, reason or "OpenSSL could not load it")
 
 
 def peer_san_allowed(peer_cert: Mapping[str, Any] | None, allowed: tuple[str, ...]) -> bool:

@@ -48,6 +48,7 @@ not used because it discovers every group of the cluster and caches discovery in
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -546,9 +547,9 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
         for version in (v for v in TAINT_RULE_VERSIONS if v in self.served):
             self.requests["discover"] += 1
             what = f"discover {GROUP}/{version}"
-            client = self._client
-            body = _json(_request(what, lambda v=version: http.get(  # type: ignore[misc]
-                client, f"{http.GROUP_PATH}/{v}", timeout=self._timeouts.request)), what)
+            get = functools.partial(http.get, self._client, f"{http.GROUP_PATH}/{version}",
+                                    timeout=self._timeouts.request)
+            body = _json(_request(what, get), what)
             if "devicetaintrules" in resource_names(body):
                 return version
         return None
