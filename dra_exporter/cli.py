@@ -13,7 +13,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -28,6 +28,10 @@ from .config import (
     check_stall_timeout,
     parse_self_pod,
 )
+from .sources import registry
+
+if TYPE_CHECKING:
+    from .sinks.otlp import OtlpSettings, Protocol
 
 ENV_PREFIX = "DRA_EXPORTER"
 
@@ -86,10 +90,35 @@ procfs_option = _opt(
     "--procfs", default=None, metavar="PATH",
     help="The host's /proc, to find the pod of each GPU process [default: /proc; the exporter needs "
          "hostPID: true]. With --simulate it replaces the simulated /proc.")
+
+
+def _source_switches() -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """``--source-<name>/--no-source-<name>`` for every source a flag may turn off, from the
+    registry (as node_exporter's ``--[no-]collector.<name>``), each also read from
+    ``DRA_EXPORTER_SOURCE_<NAME>``; a source's ``aliases`` keep older spellings working
+    (``--no-kubeapi``, ``DRA_EXPORTER_KUBEAPI``)."""
+    switches: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = []
+    for spec in registry.sources():
+        if not spec.switchable:
+            continue
+        names = [f"source-{spec.name}", *spec.aliases]
+        switches.append(click.option(
+            *(f"--{n}/--no-{n}" for n in names), _source_param(spec.name), default=spec.enabled_by_default,
+            show_default=True, envvar=[_env(n) for n in names], show_envvar=True, help=spec.help))
+    return switches
+
+
+def _source_param(name: str) -> str:
+    return f"source_{name}"
+
+
+def _sources(kw: dict[str, Any]) -> frozenset[str]:
+    """The enabled sources, from the switches (popped from ``kw``)."""
+    return registry.enabled({spec.name: kw.pop(_source_param(spec.name))
+                             for spec in registry.sources() if spec.switchable})
+
+
 kubeapi_options = [
-    _opt("--kubeapi/--no-kubeapi", default=True, show_default=True,
-         help="Read ResourceSlices, ResourceClaims and Pods from the API server (request names, pod UIDs, "
-              "admin access, slice devices, taints, health). Off: node-local attribution only."),
     _opt("--kubeconfig", default=None, metavar="PATH",
          type=click.Path(exists=True, dir_okay=False, readable=True), callback=_regular_file,
          help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
@@ -113,7 +142,8 @@ log_level_option = _opt("--log-level", type=click.Choice(["debug", "info", "warn
 
 def _common(f: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([simulate_option, kubelet_socket_option, interval_option, node_name_option,
-                            procfs_option, *kubeapi_options, *pod_options, log_level_option]):
+                            procfs_option, *_source_switches(), *kubeapi_options, *pod_options,
+                            log_level_option]):
         f = option(f)
     return f
 
@@ -129,7 +159,7 @@ def _settings(listen: str = DEFAULT_LISTEN, **kw: Any) -> Settings:
             node_name=kw["node_name"] or os.environ.get("NODE_NAME") or "",
             simulate=kw["simulate"],
             kubelet_socket=kw["kubelet_socket"],
-            kubeapi=kw["kubeapi"],
+            sources=_sources(kw),
             procfs=kw["procfs"],
             kubeconfig=kw["kubeconfig"],
             claim_refresh=kw["claim_refresh"],
@@ -149,11 +179,12 @@ def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
         from .showback import ShowbackError
         from .sinks.http import ListenAddressError
         from .sinks.otlp import OtlpConfigError
+        from .sinks.tls import TlsError
         from .sinks.webconfig import WebConfigError
 
         try:
             return f(*args, **kwargs)
-        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError, WebConfigError,
+        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError, WebConfigError, TlsError,
                 ShowbackError) as exc:
             click.echo(f"dra-exporter: error: {exc}", err=True)
             sys.exit(2)
@@ -196,7 +227,7 @@ def _otlp_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _otlp_settings(kw: dict[str, Any]) -> Any:
+def _otlp_settings(kw: dict[str, Any]) -> OtlpSettings | None:
     """OtlpSettings from the --otlp-* flags (popped from ``kw``), or None when no push is asked for."""
     from .sinks.otlp import OtlpConfigError, OtlpSettings, parse_header
 
@@ -210,7 +241,8 @@ def _otlp_settings(kw: dict[str, Any]) -> Any:
     try:
         return OtlpSettings(
             endpoint=flags["otlp_endpoint"] or "",  # "" lets the SDK read OTEL_EXPORTER_OTLP_*
-            protocol=protocol, interval=flags["otlp_interval"], timeout=flags["otlp_timeout"],
+            # An environment variable may say anything: OtlpSettings checks it (OtlpConfigError).
+            protocol=cast("Protocol", protocol), interval=flags["otlp_interval"], timeout=flags["otlp_timeout"],
             headers=tuple(parse_header(h) for h in flags["otlp_headers"]),
             insecure=flags["otlp_insecure"], certificate_file=flags["otlp_certificate"],
             client_certificate_file=flags["otlp_client_certificate"],

@@ -23,6 +23,7 @@ from dra_exporter_sim.apiserver import GONE, GONE_410, SimulatedApiServer
 from dra_exporter_sim.clock import SimClock
 from dra_exporter_sim.scenario_builder import parse_scenario
 from dra_exporter.sources.kubeapi import KubeApiSource, Timeouts
+from dra_exporter.sources.registry import without
 
 DUMPS = Path(__file__).resolve().parent / "dumps"
 VERSIONS = ("v1", "v1beta2", "v1beta1")
@@ -174,7 +175,7 @@ def test_the_cluster_view_in_every_api_version(version: str, scenario_files: dic
 
 
 def test_node_local_join_without_the_api_server(scenario_files: dict[str, str]) -> None:
-    with simulated(scenario_files["v1"], kubeapi=False) as rt:
+    with simulated(scenario_files["v1"], sources=without("kubeapi")) as rt:
         frame = rt.agent.cycle(collect_side=True)
         by_uuid = device_labels(frame)
         uuid = rt.sim.scenario.nvml_uuid
@@ -397,5 +398,6 @@ def test_doctor_checks_discovery_version_and_access(scenario_files: dict[str, st
     unreachable = Settings(simulate=scenario_files["v1"], kubeconfig=_unreachable_kubeconfig(tmp_path / "k"))
     (finding,) = [f for f in doctor.run(unreachable) if f.check == "apiserver"]
     assert (finding.level, finding.message) == ("FAIL", "API server unreachable (cannot connect)")
-    (off,) = [f for f in doctor.run(Settings(simulate=scenario_files["v1"], kubeapi=False)) if f.check == "apiserver"]
+    node_local = Settings(simulate=scenario_files["v1"], sources=without("kubeapi"))
+    (off,) = [f for f in doctor.run(node_local) if f.check == "apiserver"]
     assert off.level == "WARN" and "--no-kubeapi" in off.message

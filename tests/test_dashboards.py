@@ -17,9 +17,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from deploy_tools import (REPO, chart_exporter_env, fault_scenario, recording_rules_every, require_tool,
-                          running_exporter)
-from promharness import PromServer, free_port, start_prometheus
+from deploy_tools import REPO
+from promharness import PromServer
 
 from dra_exporter import catalog as cat
 from dra_exporter import showback
@@ -152,25 +151,6 @@ def test_queries_use_only_catalogue_metrics() -> None:
 # --- live checks against the real Prometheus --------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["native", "dcgm"])
-def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
-    """Every panel must work under every naming the chart offers (``dcgm`` keeps what they read)."""
-    binary = require_tool("prometheus", "apt-get install -y prometheus")
-    workdir = tmp_path_factory.mktemp(f"dashboards-{request.param}")
-    env = chart_exporter_env({"naming": request.param})
-    with running_exporter(fault_scenario(workdir), free_port(), env=env) as port:
-        server = start_prometheus(binary, workdir / "prometheus", [f"127.0.0.1:{port}"], "1s",
-                                  rule_files=[recording_rules_every("1s", workdir)])
-        try:
-            # Enough scrapes for rate() over $__rate_interval, and the scenario's XIDs have landed.
-            server.wait_for("count_over_time(dra_gpu_up[1m]) >= 6", timeout=90)
-            server.wait_for(f"count_over_time({showback.HELD_NAMESPACE}[1m]) >= 3", timeout=60)
-            server.wait_for(f"count({cat.GPU_XID_ERRORS}) >= 2", timeout=60)
-            yield server
-        finally:
-            server.stop()
-
-
 def run(prom: PromServer, target: dict[str, Any], expr: str) -> list[dict[str, Any]]:
     if target["range"]:
         end = time.time()
@@ -180,6 +160,7 @@ def run(prom: PromServer, target: dict[str, Any], expr: str) -> list[dict[str, A
     return prom.query(expr)
 
 
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 @pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS.glob("*.json")))
 def test_every_panel_query_returns_data(prom: PromServer, name: str) -> None:
@@ -194,6 +175,7 @@ def test_every_panel_query_returns_data(prom: PromServer, name: str) -> None:
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 @pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS.glob("*.json")))
 def test_variables_list_values_and_every_query_accepts_a_selection(prom: PromServer, name: str) -> None:
@@ -216,6 +198,7 @@ def test_variables_list_values_and_every_query_accepts_a_selection(prom: PromSer
         run(prom, target, substitute(target["expr"], chosen))  # raises on a PromQL error
 
 
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 def test_overview_counts_match_the_demo_node(prom: PromServer) -> None:
     dash = load_dashboards()["dra-overview.json"]

@@ -88,6 +88,7 @@ def test_push_carries_semantic_names_units_attributes_and_values(receiver) -> No
     assert found["hw.gpu.utilization"].unit == "1"  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # ~9 s per protocol: the collector goes away and comes back
 def test_collector_outage_never_crashes_and_data_flows_again(receiver) -> None:  # type: ignore[no-untyped-def]
     proc = serve(receiver)
     try:

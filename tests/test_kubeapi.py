@@ -431,7 +431,8 @@ def newer_cluster(taint_rule_versions: tuple[str, ...]) -> SimulatedApiServer:
         pods.append(pod)
     rack = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "rack", "operator": "In", "values": ["r1"]}]}]}
     extra = [
-        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": "drain-gpu-1", "uid": "r1"},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+         "metadata": {"name": "drain-gpu-1", "uid": "r1"},
          "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "device": "gpu-1"},
                   "taint": {"key": "example.com/drain", "value": "now", "effect": "NoExecute"}}},
         nic_slice("fabric", allNodes=True, devices=[{"name": "fabric-0"}]),

@@ -289,7 +289,8 @@ def test_a_not_supported_field_is_dropped_from_the_batch(make_source: Make) -> N
 def test_init_failure_backs_off_then_recovers(make_source: Make, clock: FakeClock) -> None:
     nvml = ReplayNvml()
     nvml.init_failures = 3
-    source = make_source(nvml, init_backoff=(1.0, 3.0))
+    # random 0.5 is the middle of the jitter range (factor 1): the exact doubling sequence.
+    source = make_source(nvml, init_backoff=(1.0, 3.0), random=lambda: 0.5)
 
     with pytest.raises(SourceError, match=r"^nvml: init failed: Driver Not Loaded.*; retrying in 1s$"):
         source.collect()
@@ -317,6 +318,19 @@ def test_init_failure_backs_off_then_recovers(make_source: Make, clock: FakeCloc
     assert [d.up for d in snapshot.devices] == [True]
     source.collect()
     assert nvml.calls["nvmlInit"] == 4  # a working NVML is not initialised again
+
+
+def test_init_retries_are_jittered(make_source: Make, clock: FakeClock) -> None:
+    # The nodes of a driver rollout fail together; ±20 % keeps them from retrying in step.
+    nvml = ReplayNvml()
+    nvml.init_failures = 2
+    source = make_source(nvml, init_backoff=(1.0, 60.0), random=lambda: 0.0)
+    with pytest.raises(SourceError, match=r"retrying in 0\.8s$"):
+        source.collect()
+    clock.now += 0.8
+    with pytest.raises(SourceError, match=r"retrying in 1\.6s$"):
+        source.collect()
+    assert source.init_attempts == 2
 
 
 def test_init_failure_tells_the_operator_what_to_check(make_source: Make) -> None:

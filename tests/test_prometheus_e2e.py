@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from promharness import PromServer
 
 from dra_exporter import catalog, model
 from dra_exporter.sinks.prometheus import PrometheusSink
-from promharness import PromServer
 
 pytestmark = pytest.mark.prometheus
 
@@ -54,6 +54,7 @@ def by_uuid(result: list[dict]) -> dict[str, dict]:
     return {series["metric"]["uuid"]: series for series in result}
 
 
+@pytest.mark.slow  # ~7 s: a real Prometheus starts and scrapes
 def test_prometheus_scrapes_values_and_labels(sink: PrometheusSink,
                                               prometheus: Callable[..., PromServer]) -> None:
     server = prometheus([f"127.0.0.1:{sink.port}"])

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
+from promharness import promtool_check_metrics
 
 from dra_exporter import catalog, model
 from dra_exporter.sinks import prometheus as prometheus_sink
@@ -25,7 +26,6 @@ from dra_exporter.sinks.prometheus import (
     UnknownMetricError,
     render,
 )
-from promharness import promtool_check_metrics
 
 OPENMETRICS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
                       "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")

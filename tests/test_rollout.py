@@ -28,6 +28,7 @@ from dra_exporter.model import (
 from dra_exporter_sim import k8s_objects as ko
 from dra_exporter_sim import load_scenario
 from dra_exporter.sources.podresources import _ClaimGapBridge
+from dra_exporter.sources.registry import default_enabled, without
 
 DEMO = Path(__file__).resolve().parents[1] / "dra_exporter_sim" / "scenarios" / "demo.yaml"
 ROLLOUT_AT, ROLLOUT_UNTIL = 100.0, 106.0
@@ -77,7 +78,8 @@ def test_device_info_and_attribution_stay_continuous_through_a_driver_rollout(tm
     # With the API server the pods' claims attribute the devices whatever the kubelet says; node-local
     # (--no-kubeapi) only the kubelet's answer does, and its gap must be bridged.
     frames = []
-    with simulated(str(rollout_scenario(tmp_path)), sim_time=ROLLOUT_AT - 4, kubeapi=kubeapi) as rt:
+    with simulated(str(rollout_scenario(tmp_path)), sim_time=ROLLOUT_AT - 4,
+                   sources=default_enabled() if kubeapi else without("kubeapi")) as rt:
         for _ in range(16):  # t = 96 .. 111: before, during and after the rollout, frame by frame
             frames.append(rt.agent.cycle(collect_side=True))
             rt.sim.clock.advance(1.0)

@@ -27,6 +27,7 @@ from simnode import eventually, scrape, simulated, source_up
 
 from dra_exporter import catalog as cat
 from dra_exporter.model import Frame
+from dra_exporter.sources.registry import without
 
 GENERATIONS = int(os.environ.get("DRA_EXPORTER_SOAK_GENERATIONS", "120"))
 PERIOD = 30.0   # simulated seconds per generation of pods
@@ -107,7 +108,7 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
     path.write_text(yaml.safe_dump(churn_scenario(GENERATIONS), sort_keys=False))
     churn_end = CHURN_START + GENERATIONS * PERIOD
     # Node-local: the kubelet's view is what churns here (the cluster view has its own tests).
-    with simulated(str(path), sim_time=0.0, http=True, kubeapi=False) as rt:
+    with simulated(str(path), sim_time=0.0, http=True, sources=without("kubeapi")) as rt:
         clock, agent, scenario = rt.sim.clock, rt.agent, rt.sim.scenario
 
         def kubelet_fault() -> bool:
@@ -176,7 +177,8 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
         pods = GENERATIONS * (len(WHOLE + MIG) + 3)
         print(f"\nsoak: {GENERATIONS} generations, {pods} pod lives, {churn_end:.0f} simulated s; "
               f"series {len(baseline)} -> peak {peak} -> {len(final)}; "
-              f"RSS {rss_start >> 20} MiB at the start, {rss_warm >> 20} MiB after warm-up -> {rss_end >> 20} MiB at the end; "
+              f"RSS {rss_start >> 20} MiB at the start, {rss_warm >> 20} MiB after warm-up "
+              f"-> {rss_end >> 20} MiB at the end; "
               f"threads {threads_start} -> {threads_end}; fds {fds_start} -> {fds_end}")
 
 

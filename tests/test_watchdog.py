@@ -39,6 +39,7 @@ from dra_exporter_sim import load_scenario
 from dra_exporter_sim.scenario_builder import parse_scenario
 from dra_exporter.sinks.prometheus import PrometheusSink
 from dra_exporter.sources.procs import ProcsSource
+from dra_exporter.sources.registry import without
 
 STALL = 30.0
 GRACE = 30.0
@@ -390,7 +391,7 @@ def test_a_simulated_nvml_hang_fails_the_probes_reports_nvml_down_and_recovers(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="dra_exporter.agent")
     settings = Settings(listen="127.0.0.1:0", simulate=str(SCENARIOS / "nvml_hang.yaml"), interval=0.1,
-                        kubeapi=False, stall_timeout=1.0)
+                        sources=without("kubeapi"), stall_timeout=1.0)
     # The simulated clock stands at t=10 until the test moves it; the watchdog counts real seconds.
     rt = runtime.build(settings, sim_time=10.0, publish=True)
     try:

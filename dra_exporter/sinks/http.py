@@ -69,7 +69,9 @@ from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
 from ..model import LoopHealth
-from .webconfig import AuthVerdict, BasicAuth, TlsContexts, WebConfig, peer_san_allowed
+from .basicauth import AuthVerdict, BasicAuth
+from .tls import TlsContexts, peer_san_allowed
+from .webconfig import WebConfig
 
 METRICS_PATH = "/metrics"
 #: Paths served without basic auth (kubelet probes cannot send credentials).

@@ -51,7 +51,7 @@ def render_table(frame: Frame) -> str:
             lbl["container"] or "-", lbl["claim"] or "-",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def _short(uuid: str) -> str:

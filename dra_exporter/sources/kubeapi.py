@@ -48,6 +48,7 @@ not used because it discovers every group of the cluster and caches discovery in
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -65,8 +66,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from .. import model
+from ..backoff import Backoff
 from ..dra_versions import GROUP
-from . import SourceError
+from . import Source, SourceError
 from . import kubeapi_http as http
 from .kubeapi_normalize import (
     SUPPORTED_VERSIONS,
@@ -219,7 +221,7 @@ class Timeouts:
     watch: tuple[int, int] = (300, 600)
     """Each watch asks the server to end it after a random number of seconds in this range."""
     backoff: tuple[float, float] = (1.0, 60.0)
-    """Initial and maximum wait after a failure (doubling in between)."""
+    """Initial and maximum wait after a failure (doubling in between, ±20 % jitter: ``backoff.Backoff``)."""
 
 
 class _Reflector(Generic[T]):
@@ -312,8 +314,7 @@ class _Reflector(Generic[T]):
         self._thread.start()
 
     def _run(self, stop: threading.Event) -> None:
-        initial, maximum = self._timeouts.backoff
-        delay = initial
+        backoff = Backoff(*self._timeouts.backoff, random=random.random)
         short = 0
         while not stop.is_set():
             started = time.monotonic()
@@ -329,20 +330,19 @@ class _Reflector(Generic[T]):
                 short = 0
                 self.error = str(exc)
                 self._on_update()
-                stop.wait(delay * random.uniform(0.8, 1.2))
-                delay = min(maximum, delay * 2)
+                stop.wait(backoff.failed())
                 continue
             except Exception as exc:
                 short = 0
                 self.error = f"kubeapi: watching {self.kind} failed: {type(exc).__name__}: {exc}"
                 logging.getLogger(__name__).debug("watch %s failed", self.kind, exc_info=True)
-                stop.wait(delay)
-                delay = min(maximum, delay * 2)
+                stop.wait(backoff.failed())
                 continue
             if stop.is_set():
                 return
             if time.monotonic() - started >= HEALTHY_WATCH_S:
-                short, delay = 0, initial  # a watch that lived: the next one starts at once
+                short = 0  # a watch that lived: the next one starts at once
+                backoff.succeeded()
                 continue
             # Ended (cut, or 410) right after it started: a server or proxy that does this to every
             # watch must not get a request storm. Wait, as after a failure.
@@ -352,8 +352,7 @@ class _Reflector(Generic[T]):
                 self.error = (f"kubeapi: watching {self.kind}: the API server {why} "
                               f"({short} times in a row); retrying with backoff")
                 self._on_update()
-            stop.wait(delay * random.uniform(0.8, 1.2))
-            delay = min(maximum, delay * 2)
+            stop.wait(backoff.failed())
 
     def _watch_once(self, stop: threading.Event) -> None:
         low, high = self._timeouts.watch
@@ -430,7 +429,7 @@ class _CachedClaim:
     """When it is fetched again (``monotonic`` time)."""
 
 
-class KubeApiSource:
+class KubeApiSource(Source[model.ClusterSnapshot]):
     """The cluster view of one node: see the module docstring for what it asks and how often."""
 
     name = SOURCE
@@ -471,15 +470,14 @@ class KubeApiSource:
         self._revision = 0
         self._revision_lock = threading.Lock()
         self._snapshot: tuple[int, model.ClusterSnapshot] | None = None
-        self._failures = 0
-        self._retry_at = 0.0
+        self._backoff = Backoff(*timeouts.backoff, monotonic=monotonic)
         self._last_error = ""
 
     # --- public ---------------------------------------------------------------------------------
 
     def collect(self) -> model.ClusterSnapshot:
         with self._lock:
-            if self._monotonic() < self._retry_at:
+            if self._backoff.remaining():
                 raise SourceError(self._last_error)
             try:
                 self._start()
@@ -489,7 +487,8 @@ class KubeApiSource:
             except SourceError as exc:
                 self._fail(str(exc))
                 raise
-            self._failures, self._last_error = 0, ""
+            self._backoff.succeeded()
+            self._last_error = ""
             return self._build_snapshot()
 
     def close(self) -> None:
@@ -572,9 +571,9 @@ class KubeApiSource:
         for version in (v for v in TAINT_RULE_VERSIONS if v in self.served):
             self.requests["discover"] += 1
             what = f"discover {GROUP}/{version}"
-            client = self._client
-            body = _json(_request(what, lambda v=version: http.get(  # type: ignore[misc]
-                client, f"{http.GROUP_PATH}/{v}", timeout=self._timeouts.request)), what)
+            get = functools.partial(http.get, self._client, f"{http.GROUP_PATH}/{version}",
+                                    timeout=self._timeouts.request)
+            body = _json(_request(what, get), what)
             if "devicetaintrules" in resource_names(body):
                 return version
         return None
@@ -708,9 +707,7 @@ class KubeApiSource:
         return snapshot
 
     def _fail(self, message: str) -> None:
-        self._failures += 1
-        initial, maximum = self._timeouts.backoff
-        self._retry_at = self._monotonic() + min(maximum, initial * 2 ** (self._failures - 1))
+        self._backoff.failed()
         self._last_error = message
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random as _random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,8 +31,9 @@ from functools import partial
 from typing import Any, Final, NoReturn
 
 from .. import catalog as cat
+from ..backoff import Backoff
 from ..model import DeviceSample, GpuDevice, Labels, NvmlSnapshot, ProcessSample, Reading
-from . import SourceError
+from . import Source, SourceError
 from .nvml_events import EventWatcher, XidCounter, XidTally
 from .nvml_gpm import GpmReader, gpm_supported
 
@@ -376,7 +378,7 @@ def _mig_order(mig: _Mig) -> tuple[int, int, int, str]:
     return (start, d.gi_id or 0, d.ci_id or 0, d.uuid)
 
 
-class NvmlSource:
+class NvmlSource(Source[NvmlSnapshot]):
     """Reads NVML once per ``collect()``; see the module docstring for the contract."""
 
     name = "nvml"
@@ -384,18 +386,18 @@ class NvmlSource:
     def __init__(self, nvml: Any, *, wall_clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
                  init_backoff: tuple[float, float] = (1.0, 60.0), events: bool = True,
-                 event_poll_ms: int = 500, logger: logging.Logger | None = None) -> None:
-        first, cap = init_backoff
-        if not 0 < first <= cap:
-            raise ValueError("init_backoff must be (first, max) seconds with 0 < first <= max, "
-                             f"got {init_backoff!r}")
+                 event_poll_ms: int = 500, logger: logging.Logger | None = None,
+                 random: Callable[[], float] = _random.random) -> None:
+        try:
+            self._backoff = Backoff(*init_backoff, monotonic=monotonic, random=random)
+        except ValueError as exc:
+            raise ValueError(f"init_backoff: {exc}") from None
         if event_poll_ms <= 0:
             raise ValueError("event_poll_ms must be a positive number of milliseconds, "
                              f"got {event_poll_ms!r}")
         self._nvml = nvml
         self._wall_clock = wall_clock
         self._monotonic = monotonic
-        self._backoff = (float(first), float(cap))
         self._events = events
         self._event_poll_ms = event_poll_ms
         self._log = logger or logging.getLogger(__name__)
@@ -407,8 +409,6 @@ class NvmlSource:
         self._ready = False
         self._closed = False
         self._attempts = 0
-        self._failures = 0
-        self._retry_at = -math.inf
         self._init_error = ""
         self._driver = ""
         self._nvml_version = ""
@@ -472,16 +472,14 @@ class NvmlSource:
             raise SourceError("nvml: the source is closed")
         if self._ready:
             return
-        now = self._monotonic()
-        if now < self._retry_at:
-            wait = _seconds(self._retry_at - now)
-            raise SourceError(f"nvml: init failed: {self._init_error}; retrying in {wait}s")
+        if wait := self._backoff.remaining():
+            raise SourceError(f"nvml: init failed: {self._init_error}; retrying in {_seconds(wait)}s")
         nvml = self._nvml
         self._attempts += 1
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as err:
-            self._init_failed(err, now)
+            self._init_failed(err)
         try:
             self._start_session()
         except nvml.NVMLError as err:
@@ -489,27 +487,23 @@ class NvmlSource:
                 nvml.nvmlShutdown()
             except nvml.NVMLError:
                 pass
-            self._init_failed(err, now)
-        if self._failures:
-            self._log.info("nvml: initialised after %d failed attempts", self._failures)
+            self._init_failed(err)
+        if self._backoff.failures:
+            self._log.info("nvml: initialised after %d failed attempts", self._backoff.failures)
         self._log.info("nvml: %d GPU(s), driver %s, NVML %s", len(self._gpus) + len(self._missing),
                        self._driver, self._nvml_version)
         self._ready = True
-        self._failures = 0
-        self._retry_at = -math.inf
+        self._backoff.succeeded()
 
-    def _init_failed(self, err: Exception, now: float) -> NoReturn:
-        first, cap = self._backoff
-        delay = min(cap, first * 2.0 ** self._failures)
-        self._failures += 1
-        self._retry_at = now + delay
+    def _init_failed(self, err: Exception) -> NoReturn:
+        delay = self._backoff.failed()
         reason = str(err)
         for const, hint in _INIT_HINTS.items():
             if getattr(err, "value", None) == getattr(self._nvml, const, object()):
                 reason = f"{reason} ({hint})"
         self._init_error = reason
         message = f"nvml: init failed: {reason}; retrying in {_seconds(delay)}s"
-        if self._failures == 1:
+        if self._backoff.failures == 1:
             self._log.warning("%s", message)  # later failures repeat it: the agent reports them
         raise SourceError(message) from None
 
