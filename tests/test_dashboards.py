@@ -151,7 +151,7 @@ def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         try:
             # Enough scrapes for rate() over $__rate_interval, and the scenario's XIDs have landed.
             server.wait_for("count_over_time(dra_gpu_up[1m]) >= 6", timeout=90)
-            server.wait_for(f"count({cat.GPU_XID_ERRORS}) >= 2", timeout=60)
+            server.wait_for(f"count({cat.GPU_XID_ERRORS.name}) >= 2", timeout=60)
             yield server
         finally:
             server.stop()

@@ -78,7 +78,7 @@ def join_inputs(draw: st.DrawFn) -> JoinInput:
                                   gi_id=1, ci_id=0, gi_profile_id=19, placement_start=0, placement_size=1,
                                   mig_mode=""))
     samples = tuple(DeviceSample(dev, up=draw(st.booleans()),
-                                 readings=(Reading(cat.GPU_MEMORY_USED, draw(st.floats(0, 2**50))),))
+                                 readings=(Reading(cat.GPU_MEMORY_USED.name, draw(st.floats(0, 2**50))),))
                     for dev in gpus)
     # Claims name real devices (gpu-<minor>) or anything at all; attribution labels then carry
     # the hostile namespace, pod, container and claim names.
@@ -153,7 +153,7 @@ def test_hostile_names_from_every_source_render_valid_and_round_trip(promtool: s
         ok, output = promtool_check_metrics(promtool, render(merged, openmetrics=openmetrics))
         assert ok, output[:2000]
     # The batch really held the hostile values (the check is not vacuous).
-    pods = {dict(labels).get("pod") for labels in expected_series(merged).get(cat.CLAIM_CONSUMER_INFO, set())}
+    pods = {dict(labels).get("pod") for labels in expected_series(merged).get(cat.CLAIM_CONSUMER_INFO.name, set())}
     assert {"new\nline", 'say "hi"', "back\\slash"} & pods
 
 
