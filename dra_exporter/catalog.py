@@ -143,9 +143,12 @@ class MetricSpec:
         """This family's label pairs, in its order, from values given by name.
 
         Raises ``LabelError`` when a declared label is missing or an unknown one is given."""
-        if len(values) == len(self.labels):
+        names = self.labels
+        if tuple(values) == names:  # given in the family's order, as the join does: the fast path
+            return tuple(values.items())
+        if len(values) == len(names):
             try:
-                return tuple([(name, values[name]) for name in self.labels])
+                return tuple([(name, values[name]) for name in names])
             except KeyError:
                 pass
         raise self._mismatch(values)
@@ -170,9 +173,12 @@ class MetricSpec:
         Checks ``extra``'s names against the family (cheap: it runs for every reading of every
         device each cycle); raises ``LabelError`` on a difference."""
         own = self.extra_labels
-        if own is None or len(extra) != len(own) or (extra and tuple([k for k, _ in extra]) != own):
-            raise self._mismatch(dict(device) | dict(extra))
-        return device + extra
+        if not extra:
+            if own == ():
+                return device
+        elif own is not None and len(extra) == len(own) and tuple([k for k, _ in extra]) == own:
+            return device + extra
+        raise self._mismatch(dict(device) | dict(extra))
 
     def check(self, labels: Labels) -> Labels:
         """``labels`` if their names are this family's, in its order; else ``LabelError``."""
@@ -527,10 +533,11 @@ DCGM_KEPT_FOR_KIT: Final[frozenset[str]] = frozenset(spec.name for spec in (
 ))
 #: dcgm-exporter default counters with no native source, and why (README, naming.py).
 DCGM_LEFT_OUT: Final[tuple[tuple[str, str], ...]] = (
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "no native source: NVML's GPU utilisation samples kernels, GPM's SM "
-     "activity is not the graphics engine; use DCGM_FI_DEV_GPU_UTIL or DCGM_FI_PROF_SM_ACTIVE"),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES / _RX_BYTES", "DCGM's are gauge rates; the native counter "
-     f"{GPU_PCIE_BYTES.name}{{direction}} stays, use rate() on it"),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", ("no native source: NVML's GPU utilisation samples kernels, GPM's SM "
+                                       "activity is not the graphics engine; use DCGM_FI_DEV_GPU_UTIL or "
+                                       "DCGM_FI_PROF_SM_ACTIVE")),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES / _RX_BYTES", (f"DCGM's are gauge rates; the native counter "
+                                                f"{GPU_PCIE_BYTES.name}{{direction}} stays, use rate() on it")),
     ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU only; not read"),
 )
 

@@ -345,8 +345,10 @@ def _device_families(out: _Builder, sample: DeviceSample, attribution: dict[str,
     out.add_device(cat.GPU_UP, base, (), 1 if sample.up else 0)
     if sample.up:
         out.add_device(cat.GPU_PROCESSES, base, (), processes)
-    for reading in sample.readings:
-        out.add_device(_FAMILIES[reading.metric], base, reading.labels, reading.value)
+    samples = out.samples
+    for reading in sample.readings:  # the hot loop: ~30 readings per device, every cycle
+        labels = _FAMILIES[reading.metric].device_series(base, reading.labels)
+        samples[reading.metric].append(Sample(labels, reading.value))
 
 
 def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Resolver, view: _View) -> None:
