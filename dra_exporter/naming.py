@@ -3,8 +3,8 @@
 Contract (pure: Frame in, Frame out, no I/O):
 
 - ``native`` returns the frame unchanged.
-- ``dcgm`` adds one DCGM family per ``catalog.DCGM_CATALOG`` entry and drops the native families
-  they are computed from (``DcgmSpec.source``) except those the shipped alerts and dashboards read
+- ``dcgm`` adds one DCGM family per DCGM form of the catalogue (``catalog.DCGM_CATALOG``) and drops
+  the native families they are computed from except those the shipped alerts and dashboards read
   (``catalog.DCGM_KEPT_FOR_KIT``: they must keep working under every naming); every other native
   family — DRA claims and devices, per-container shares, ECC, throttling, PCIe bytes, self-metrics,
   ``dra_gpu_info``/``dra_gpu_up`` — stays under its native name, so nothing the exporter knows is lost.
@@ -38,7 +38,7 @@ Naming = Literal["native", "dcgm", "both"]
 NAMINGS: Final[tuple[str, ...]] = ("native", "dcgm", "both")
 
 #: Native families the ``dcgm`` naming replaces by their DCGM counterpart.
-REPLACED: Final[frozenset[str]] = frozenset(d.source for d in cat.DCGM_CATALOG) - cat.DCGM_KEPT_FOR_KIT
+REPLACED: Final[frozenset[str]] = frozenset(source.name for source, _ in cat.DCGM_CATALOG) - cat.DCGM_KEPT_FOR_KIT
 
 
 @dataclass
@@ -77,17 +77,17 @@ def dcgm_families(frame: Frame, *, hostname: str, xid: XidMemory | None = None) 
     """The DCGM families of ``frame`` (only those with samples)."""
     labeller = _Labeller.of(frame, hostname)
     out: list[Family] = []
-    for spec in cat.DCGM_CATALOG:
-        if spec.name == cat.DCGM_XID_ERRORS:
+    for source, form in cat.DCGM_CATALOG:
+        if form is cat.DCGM_XID_ERRORS:
             samples = _xid_samples(frame, labeller, xid or XidMemory())
         else:
-            samples = _converted(frame.family(spec.source), spec, labeller)
+            samples = _converted(frame.family(source.name), form, labeller)
         if samples:
-            out.append(Family(spec.name, samples))
+            out.append(Family(form.name, samples))
     return tuple(out)
 
 
-def _converted(family: Family | None, spec: cat.DcgmSpec, labeller: _Labeller) -> tuple[Sample, ...]:
+def _converted(family: Family | None, spec: cat.DcgmForm, labeller: _Labeller) -> tuple[Sample, ...]:
     if family is None:
         return ()
     totals: dict[Labels, float] = defaultdict(float)
@@ -102,9 +102,9 @@ def _converted(family: Family | None, spec: cat.DcgmSpec, labeller: _Labeller) -
 
 def _xid_samples(frame: Frame, labeller: _Labeller, memory: XidMemory) -> tuple[Sample, ...]:
     """One series per device (every ``dra_gpu_up`` series): its last XID code, 0 when none."""
-    up = frame.family(cat.GPU_UP)
+    up = frame.family(cat.GPU_UP.name)
     counts: dict[str, dict[str, float]] = defaultdict(dict)
-    errors = frame.family(cat.GPU_XID_ERRORS)
+    errors = frame.family(cat.GPU_XID_ERRORS.name)
     for sample in errors.samples if errors else ():
         native = dict(sample.labels)
         counts[native.get("uuid", "")][native.get("xid", "")] = sample.value
@@ -166,13 +166,13 @@ class _Labeller:
 
 
 def _identity(frame: Frame) -> dict[str, dict[str, str]]:
-    info = frame.family(cat.GPU_INFO)
+    info = frame.family(cat.GPU_INFO.name)
     return {d["uuid"]: d for d in (dict(s.labels) for s in _samples(info)) if d.get("uuid")}
 
 
 def _allocations(frame: Frame) -> dict[tuple[str, str, str], tuple[str, str, str]]:
     out: dict[tuple[str, str, str], tuple[str, str, str]] = {}
-    for sample in _samples(frame.family(cat.CLAIM_ALLOCATION_INFO)):
+    for sample in _samples(frame.family(cat.CLAIM_ALLOCATION_INFO.name)):
         d = dict(sample.labels)
         if d.get("uuid"):
             out[(d.get("namespace", ""), d.get("claim", ""), d["uuid"])] = (

@@ -69,16 +69,16 @@ def _without(labels: Sequence[str]) -> str:
 def _share_expr() -> str:
     # PromQL cannot turn a label into a number, so each slice count has its own branch.
     info = f"max {_without(_INFO_ONLY)}"
-    branches = [f'{info} ({cat.GPU_INFO}{{profile=""}})']
-    branches += [f'{n} / {COMPUTE_SLICES} * {info} ({cat.GPU_INFO}{{profile=~"{n}[cg]\\\\..+"}})'
+    branches = [f'{info} ({cat.GPU_INFO.name}{{profile=""}})']
+    branches += [f'{n} / {COMPUTE_SLICES} * {info} ({cat.GPU_INFO.name}{{profile=~"{n}[cg]\\\\..+"}})'
                  for n in range(1, COMPUTE_SLICES + 1)]
     return "\n  or\n".join(branches)
 
 
-_HELD_BY = f'{cat.GPU_UP}{{claim!=""}}'
-_BUSY_BY = (f'{cat.GPU_UTILIZATION}{{claim!="", profile=""}}\n'
-            f'  or\n  {cat.GPU_SM_ACTIVE}{{claim!="", profile!=""}}')
-_PODS = f"group without (instance, job, container, pod_uid) ({cat.CLAIM_CONSUMER_INFO})"
+_HELD_BY = f'{cat.GPU_UP.name}{{claim!=""}}'
+_BUSY_BY = (f'{cat.GPU_UTILIZATION.name}{{claim!="", profile=""}}\n'
+            f'  or\n  {cat.GPU_SM_ACTIVE.name}{{claim!="", profile!=""}}')
+_PODS = f"group without (instance, job, container, pod_uid) ({cat.CLAIM_CONSUMER_INFO.name})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +111,7 @@ RULES: Final[tuple[Rule, ...]] = (
          "Per-pod view: a claim's GPU-equivalents split evenly between the pods that use it."),
     Rule(BUSY_POD,
          f"sum without (instance, job, uuid, container, pod_uid) (\n"
-         f"  {cat.CONTAINER_GPU_SM_UTILIZATION}\n  * on (instance, uuid) group_left {SHARE}\n)",
+         f"  {cat.CONTAINER_GPU_SM_UTILIZATION.name}\n  * on (instance, uuid) group_left {SHARE}\n)",
          "Per-pod view: GPU-equivalents the processes of each pod keep busy (NVML per-process SM use)."),
 )
 BY_RECORD: Final = {r.record: r for r in RULES}
@@ -160,7 +160,7 @@ class Queries:
     busy: str
     devices: str
     """Each claimed device with its share (instant, at the end): the idle list's devices."""
-    pods: str = f"group by (namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO})"
+    pods: str = f"group by (namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO.name})"
     probe: str = SHARE
     """A recorded series that exists wherever the rules run."""
 

@@ -79,7 +79,7 @@ def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             # (the alerts') have landed.
             server.wait_for("count_over_time(dra_gpu_up[1m]) >= 6", timeout=90)
             server.wait_for(f"count_over_time({showback.HELD_NAMESPACE}[1m]) >= 3", timeout=60)
-            server.wait_for(f"count({cat.GPU_XID_ERRORS}) >= 2", timeout=60)
+            server.wait_for(f"count({cat.GPU_XID_ERRORS.name}) >= 2", timeout=60)
             yield server
         finally:
             server.stop()

@@ -107,7 +107,7 @@ def test_critical_and_other_xids_split_the_codes_between_two_alerts() -> None:
 
 def test_dcgm_naming_keeps_every_native_family_the_rules_and_dashboards_read() -> None:
     assert not kit_native_families() & naming.REPLACED, "alerts or panels would go dark under --naming dcgm"
-    sources = {d.source for d in cat.DCGM_CATALOG}
+    sources = {source.name for source, _ in cat.DCGM_CATALOG}
     assert cat.DCGM_KEPT_FOR_KIT == kit_native_families() & sources, "keep only what the kit reads"
 
 

@@ -87,7 +87,7 @@ def _device_frame(pods: list[str], value: float) -> model.Frame:
         return tuple((name, {"uuid": f"GPU-{i}", "pod": pod}.get(name, "")) for name in catalog.DEVICE_LABELS)
 
     samples = tuple(model.Sample(labels(i, pod), value) for i, pod in enumerate(pods))
-    return model.Frame((model.Family(catalog.GPU_UTILIZATION, samples),))
+    return model.Frame((model.Family(catalog.GPU_UTILIZATION.name, samples),))
 
 
 def test_each_new_frame_is_rendered_afresh() -> None:

@@ -105,7 +105,7 @@ def values(frame: Frame, family: str, *keys: str) -> dict[tuple[str, ...], float
 
 
 def fits(frame: Frame) -> dict[str, float]:
-    return {p: v for (p,), v in values(frame, cat.CLUSTER_PARTITIONS_FIT, "profile").items()}
+    return {p: v for (p,), v in values(frame, cat.CLUSTER_PARTITIONS_FIT.name, "profile").items()}
 
 
 NOW = 1767225600.0 + 600  # 2026-01-01T00:10:00Z
@@ -136,11 +136,11 @@ def test_partitions_that_still_fit_per_gpu_and_profile(gpu: dict[str, Any], prod
     claims = [claim(f"c{i}", (NVIDIA, "node-a", d)) for i, d in enumerate(allocated)]
     frame = Capacity().frame(state(nvidia_partitionable("node-a", gpu, product), claims), NOW)
     assert fits(frame) == expected
-    devices = values(frame, cat.CLUSTER_DEVICES, "profile", "state")
+    devices = values(frame, cat.CLUSTER_DEVICES.name, "profile", "state")
     assert sum(v for (_, st), v in devices.items() if st == "allocated") == len(allocated)
     # Every device is counted once, in one state.
     assert sum(devices.values()) == 1 + sum(len(p[4]) for p in gpu["profiles"])
-    assert {dict(s.labels)["model"] for s in frame.family(cat.CLUSTER_DEVICES).samples} == {product}
+    assert {dict(s.labels)["model"] for s in frame.family(cat.CLUSTER_DEVICES.name).samples} == {product}
 
 
 def test_admin_access_results_take_no_device_and_no_counters() -> None:
@@ -153,10 +153,10 @@ def test_missing_counter_slice_blocks_the_partitions_and_marks_the_pool_incomple
     device_slice_only = nvidia_partitionable("node-a", A100_40GB, "A100")[1:]
     frame = Capacity().frame(state(device_slice_only), NOW)
     assert set(fits(frame).values()) == {0.0}
-    assert {st for (st,) in values(frame, cat.CLUSTER_DEVICES, "state")} == {"blocked"}
-    assert values(frame, cat.CLUSTER_POOL_COMPLETE, "pool") == {("node-a",): 0.0}
-    assert values(frame, cat.CLUSTER_POOL_SLICES, "generation") == {("current",): 1.0, ("older",): 0.0}
-    assert values(frame, cat.CLUSTER_POOL_SLICES_EXPECTED, "pool") == {("node-a",): 2.0}
+    assert {st for (st,) in values(frame, cat.CLUSTER_DEVICES.name, "state")} == {"blocked"}
+    assert values(frame, cat.CLUSTER_POOL_COMPLETE.name, "pool") == {("node-a",): 0.0}
+    assert values(frame, cat.CLUSTER_POOL_SLICES.name, "generation") == {("current",): 1.0, ("older",): 0.0}
+    assert values(frame, cat.CLUSTER_POOL_SLICES_EXPECTED.name, "pool") == {("node-a",): 2.0}
 
 
 # --- the dra-example-driver ------------------------------------------------------------------------------------
@@ -192,10 +192,10 @@ def example_partitioned(node: str) -> list[dict[str, Any]]:
 def test_example_driver_whole_gpus_by_state() -> None:
     claims = [claim("a", (EXAMPLE, "kind-worker", "gpu-0")), claim("b", (EXAMPLE, "kind-worker", "gpu-5"))]
     frame = Capacity().frame(state([example_slice("kind-worker")], claims), NOW)
-    assert values(frame, cat.CLUSTER_DEVICES, "driver", "node", "model", "state") == {
+    assert values(frame, cat.CLUSTER_DEVICES.name, "driver", "node", "model", "state") == {
         (EXAMPLE, "kind-worker", "LATEST-GPU-MODEL", "allocated"): 2.0,
         (EXAMPLE, "kind-worker", "LATEST-GPU-MODEL", "free"): 6.0}
-    assert frame.family(cat.CLUSTER_PARTITIONS_FIT) is None  # no shared counters: no partitions
+    assert frame.family(cat.CLUSTER_PARTITIONS_FIT.name) is None  # no shared counters: no partitions
 
 
 def test_example_driver_partitions_fit_by_what_they_consume() -> None:
@@ -215,20 +215,20 @@ def test_taints_from_the_slice_and_from_rules_keep_devices_from_new_claims() -> 
         "deviceSelector": {"driver": EXAMPLE, "pool": "n1", "device": "gpu-2"},
         "taint": {"key": "broken", "value": "xid-79", "effect": "NoExecute"}}}]
     frame = Capacity().frame(state([sl], rules=rules), NOW)
-    assert values(frame, cat.CLUSTER_DEVICES, "state") == {("tainted",): 2.0, ("free",): 2.0}
-    assert values(frame, cat.CLUSTER_TAINT_RULE_DEVICES, "rule", "device", "effect") == {
+    assert values(frame, cat.CLUSTER_DEVICES.name, "state") == {("tainted",): 2.0, ("free",): 2.0}
+    assert values(frame, cat.CLUSTER_TAINT_RULE_DEVICES.name, "rule", "device", "effect") == {
         ("drain-gpu-2", "gpu-2", "NoExecute"): 1.0}
 
 
 def test_older_generation_left_over_makes_the_pool_incomplete_and_is_not_counted() -> None:
     frame = Capacity().frame(state([example_slice("n1", 8, generation=1), example_slice("n1", 4, generation=2)]),
                              NOW)
-    assert values(frame, cat.CLUSTER_DEVICES, "state") == {("free",): 4.0}
-    assert values(frame, cat.CLUSTER_POOL_SLICES, "generation") == {("current",): 1.0, ("older",): 1.0}
-    assert values(frame, cat.CLUSTER_POOL_COMPLETE, "pool") == {("n1",): 0.0}
+    assert values(frame, cat.CLUSTER_DEVICES.name, "state") == {("free",): 4.0}
+    assert values(frame, cat.CLUSTER_POOL_SLICES.name, "generation") == {("current",): 1.0, ("older",): 1.0}
+    assert values(frame, cat.CLUSTER_POOL_COMPLETE.name, "pool") == {("n1",): 0.0}
     complete = Capacity().frame(state([example_slice("n1", 4, generation=2)]), NOW)
-    assert values(complete, cat.CLUSTER_POOL_COMPLETE, "pool") == {("n1",): 1.0}
-    assert values(complete, cat.CLUSTER_POOL_INFO, "node", "placement") == {("n1", "node"): 1.0}
+    assert values(complete, cat.CLUSTER_POOL_COMPLETE.name, "pool") == {("n1",): 1.0}
+    assert values(complete, cat.CLUSTER_POOL_INFO.name, "node", "placement") == {("n1", "node"): 1.0}
 
 
 # --- claims --------------------------------------------------------------------------------------------------------
@@ -244,13 +244,13 @@ def test_claim_states_and_the_age_of_pending_claims_by_request() -> None:
             {"name": "small", "deviceClassName": "mig.nvidia.com"}]}]),
     ]
     frame = Capacity().frame(state([example_slice("n1")], claims), NOW)
-    assert values(frame, cat.CLUSTER_CLAIMS, "namespace", "state") == {
+    assert values(frame, cat.CLUSTER_CLAIMS.name, "namespace", "state") == {
         ("ml", "pending"): 1.0, ("ml", "allocated"): 1.0, ("ml", "reserved"): 1.0,
         ("web", "pending"): 1.0, ("web", "allocated"): 0.0, ("web", "reserved"): 0.0}
-    assert values(frame, cat.CLUSTER_CLAIM_PENDING, "claim", "device_class", "request") == {
+    assert values(frame, cat.CLUSTER_CLAIM_PENDING.name, "claim", "device_class", "request") == {
         ("waiting", "mig.nvidia.com", "gpu"): 300.0,
         ("either", "gpu.nvidia.com", "gpu/big"): 600.0, ("either", "mig.nvidia.com", "gpu/small"): 600.0}
-    assert values(frame, cat.CLUSTER_CLAIM_UNRESERVED, "claim") == {("held",): 1.0}
+    assert values(frame, cat.CLUSTER_CLAIM_UNRESERVED.name, "claim") == {("held",): 1.0}
 
 
 def test_v1beta1_claim_requests_are_read_too() -> None:
@@ -279,7 +279,7 @@ NVIDIA_CLASSES = [
 def test_device_classes_count_matching_devices_by_state() -> None:
     claims = [claim("a", (NVIDIA, "node-a", "gpu-0-mig-3g20gb-9-0"))]
     frame = Capacity().frame(state(nvidia_partitionable("node-a", A100_40GB, "A100"), claims, NVIDIA_CLASSES), NOW)
-    got = values(frame, cat.CLUSTER_CLASS_DEVICES, "device_class", "state")
+    got = values(frame, cat.CLUSTER_CLASS_DEVICES.name, "device_class", "state")
     assert {k: v for k, v in got.items() if v} == {
         # The whole GPU: blocked by the 3g partition.
         ("gpu.nvidia.com", "blocked"): 1.0,
@@ -289,7 +289,7 @@ def test_device_classes_count_matching_devices_by_state() -> None:
         ("mig-3g-or-bigger", "blocked"): 2.0,
         ("new-driver", "allocated"): 1.0, ("new-driver", "free"): 5.0, ("new-driver", "blocked"): 9.0,
     }
-    assert values(frame, cat.CLUSTER_CLASS_EVALUABLE, "device_class") == {
+    assert values(frame, cat.CLUSTER_CLASS_EVALUABLE.name, "device_class") == {
         (c["metadata"]["name"],): 1.0 for c in NVIDIA_CLASSES}
 
 
@@ -298,17 +298,17 @@ def test_a_class_the_library_cannot_evaluate_is_reported_not_a_crash() -> None:
                device_class("unknown-function", "device.attributes['gpu.example.com'].model.frobnicate()"),
                device_class("ok", f"device.driver == '{EXAMPLE}'")]
     frame = Capacity().frame(state([example_slice("n1", 2)], classes=classes), NOW)
-    assert values(frame, cat.CLUSTER_CLASS_EVALUABLE, "device_class") == {
+    assert values(frame, cat.CLUSTER_CLASS_EVALUABLE.name, "device_class") == {
         ("broken-syntax",): 0.0, ("unknown-function",): 0.0, ("ok",): 1.0}
-    assert values(frame, cat.CLUSTER_CLASS_DEVICES, "device_class", "state")[("ok", "free")] == 2.0
-    assert not {c for (c, _) in values(frame, cat.CLUSTER_CLASS_DEVICES, "device_class", "state")} - {"ok"}
+    assert values(frame, cat.CLUSTER_CLASS_DEVICES.name, "device_class", "state")[("ok", "free")] == 2.0
+    assert not {c for (c, _) in values(frame, cat.CLUSTER_CLASS_DEVICES.name, "device_class", "state")} - {"ok"}
 
 
 def test_a_device_without_the_attribute_a_class_reads_fails_that_class_for_the_device() -> None:
     classes = [device_class("needs-profile", f"device.attributes['{EXAMPLE}'].profile == '1g'")]
     frame = Capacity().frame(state([example_slice("n1", 3)], classes=classes), NOW)
-    assert values(frame, cat.CLUSTER_CLASS_ERRORS, "device_class") == {("needs-profile",): 3.0}
-    assert values(frame, cat.CLUSTER_CLASS_DEVICES, "device_class", "state")[("needs-profile", "free")] == 0.0
+    assert values(frame, cat.CLUSTER_CLASS_ERRORS.name, "device_class") == {("needs-profile",): 3.0}
+    assert values(frame, cat.CLUSTER_CLASS_DEVICES.name, "device_class", "state")[("needs-profile", "free")] == 0.0
 
 
 def test_typed_attributes_compare_as_cel_values() -> None:
@@ -316,7 +316,7 @@ def test_typed_attributes_compare_as_cel_values() -> None:
                device_class("big-memory", f"device.capacity['{EXAMPLE}'].memory.isGreaterThan(quantity('64Gi'))"),
                device_class("v1", f"device.attributes['{EXAMPLE}'].driverVersion.major() == 1")]
     frame = Capacity().frame(state([example_slice("n1", 4)], classes=classes), NOW)
-    got = values(frame, cat.CLUSTER_CLASS_DEVICES, "device_class", "state")
+    got = values(frame, cat.CLUSTER_CLASS_DEVICES.name, "device_class", "state")
     assert (got[("low-index", "free")], got[("big-memory", "free")], got[("v1", "free")]) == (2.0, 4.0, 4.0)
 
 
@@ -327,4 +327,4 @@ def test_the_same_state_gives_the_same_frame_and_changes_are_seen() -> None:
     first = capacity.frame(state(slices, classes=classes), NOW)
     assert capacity.frame(state(slices, classes=classes), NOW) == first
     later = capacity.frame(state(slices, [claim("a", (EXAMPLE, "n1", "gpu-3"))], classes), NOW)
-    assert values(later, cat.CLUSTER_CLASS_DEVICES, "device_class", "state")[("all", "allocated")] == 1.0
+    assert values(later, cat.CLUSTER_CLASS_DEVICES.name, "device_class", "state")[("all", "allocated")] == 1.0

@@ -94,12 +94,12 @@ def test_the_builtin_cluster_serves_every_family_it_promises() -> None:
         frame = Capacity().frame(src.collect(), FIXED_EPOCH)
     names = {f.name for f in frame.families}
     assert {s.name for s in cat.CATALOG if s.name.startswith("dra_cluster_")} <= names
-    pending = {dict(s.labels)["claim"]: s.value for s in frame.family(cat.CLUSTER_CLAIM_PENDING).samples}
+    pending = {dict(s.labels)["claim"]: s.value for s in frame.family(cat.CLUSTER_CLAIM_PENDING.name).samples}
     assert pending == {"tpu-job": 2700.0, "tpu-job-2": 600.0, "mig-either": 1200.0}
-    tpu = {dict(s.labels)["state"]: s.value for s in frame.family(cat.CLUSTER_CLASS_DEVICES).samples
+    tpu = {dict(s.labels)["state"]: s.value for s in frame.family(cat.CLUSTER_CLASS_DEVICES.name).samples
            if dict(s.labels)["device_class"] == "tpu.example.com"}
     assert set(tpu.values()) == {0.0}, "pending claims whose class nothing matches"
-    incomplete = {dict(s.labels)["pool"] for s in frame.family(cat.CLUSTER_POOL_COMPLETE).samples if not s.value}
+    incomplete = {dict(s.labels)["pool"] for s in frame.family(cat.CLUSTER_POOL_COMPLETE.name).samples if not s.value}
     assert incomplete == {"sim-example-2"}
 
 

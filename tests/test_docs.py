@@ -35,10 +35,10 @@ def test_readme_dcgm_table_matches_the_catalogue() -> None:
 
 
 def test_dcgm_names_are_dcgms_raw_field_names() -> None:
-    for d in DCGM_CATALOG:
+    for source, d in DCGM_CATALOG:
         assert d.name.startswith(("DCGM_FI_DEV_", "DCGM_FI_PROF_")) and d.name.isupper(), d.name
         assert not d.name.endswith("_total"), d.name
-        assert d.source in {s.name for s in CATALOG}, d.source
+        assert source in CATALOG, source.name
 
 
 def _readme_commands() -> list[str]:

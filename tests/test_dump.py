@@ -543,19 +543,19 @@ def test_an_a100_dump_replays_as_an_a100_not_an_h200() -> None:
     assert [(m.profile, m.placement_start, m.memory_total) for m in s.gpus[1].mig] == [
         ("3g.20gb", 0, 20 << 30), ("1g.5gb", 6, 5 << 30)]
     frame = replay("a100.yaml", "a100-node")
-    info = {d["uuid"]: d for d in series(frame, cat.GPU_INFO)}
+    info = {d["uuid"]: d for d in series(frame, cat.GPU_INFO.name)}
     assert {d["model"] for d in info.values()} == {"NVIDIA A100-SXM4-40GB"}
     assert info["GPU-a1000000-0000-4000-8000-000000000000"]["pci_bus_id"] == "00000000:07:00.0"
     assert {d["driver_version"] for d in info.values()} == {"550.54.15"}
-    assert not series(frame, cat.GPU_SM_ACTIVE)  # no GPM series on an A100
-    claimed = {d["uuid"]: d["claim"] for d in series(frame, cat.GPU_MEMORY_TOTAL)}
+    assert not series(frame, cat.GPU_SM_ACTIVE.name)  # no GPM series on an A100
+    claimed = {d["uuid"]: d["claim"] for d in series(frame, cat.GPU_MEMORY_TOTAL.name)}
     assert claimed["MIG-a1000000-0000-4000-8000-000000000110"] == "notebook-mig"
 
 
 def test_an_h200_dump_keeps_gpm_and_its_slices_identity() -> None:
     frame = replay("v1.yaml", NODE)
-    assert series(frame, cat.GPU_SM_ACTIVE)  # Hopper has GPM
-    info = {d["gpu"]: d for d in series(frame, cat.GPU_INFO) if not d["parent_uuid"]}
+    assert series(frame, cat.GPU_SM_ACTIVE.name)  # Hopper has GPM
+    info = {d["gpu"]: d for d in series(frame, cat.GPU_INFO.name) if not d["parent_uuid"]}
     assert info["1"]["pci_bus_id"] == "00000000:2A:00.0" and info["1"]["model"] == "NVIDIA H200"
     assert info["1"]["driver_version"] == "580.159.04"  # the slice's semver 580.159.4, as NVML writes it
 
@@ -572,25 +572,25 @@ def test_a_dump_of_the_example_driver_replays_with_nvml_absent() -> None:
     s = load_scenario(DUMPS / "example-driver.yaml", "example-node")
     assert s.gpus == () and [f.kind for f in s.faults] == ["init_failure"]
     frame = replay("example-driver.yaml", "example-node")
-    assert values_of(frame, cat.SOURCE_UP, "source")["nvml"] == 0  # as on a node without NVIDIA's driver
-    assert values_of(frame, cat.SOURCE_UP, "source")["kubeapi"] == 1
-    assert not series(frame, cat.GPU_UP)  # no NVML series for another driver's devices
-    assert {d["device"] for d in series(frame, cat.DEVICE_INFO)} == {"gpu-0", "gpu-1", "gpu-2", "gpu-3"}
-    assert {(d["claim"], d["device"], d["driver"]) for d in series(frame, cat.CLAIM_ALLOCATION_INFO)} == {
+    assert values_of(frame, cat.SOURCE_UP.name, "source")["nvml"] == 0  # as on a node without NVIDIA's driver
+    assert values_of(frame, cat.SOURCE_UP.name, "source")["kubeapi"] == 1
+    assert not series(frame, cat.GPU_UP.name)  # no NVML series for another driver's devices
+    assert {d["device"] for d in series(frame, cat.DEVICE_INFO.name)} == {"gpu-0", "gpu-1", "gpu-2", "gpu-3"}
+    assert {(d["claim"], d["device"], d["driver"]) for d in series(frame, cat.CLAIM_ALLOCATION_INFO.name)} == {
         ("two-gpus", "gpu-0", "gpu.example.com"), ("two-gpus", "gpu-1", "gpu.example.com")}
-    assert {(d["claim"], d["pod"], d["container"]) for d in series(frame, cat.CLAIM_CONSUMER_INFO)} == {
+    assert {(d["claim"], d["pod"], d["container"]) for d in series(frame, cat.CLAIM_CONSUMER_INFO.name)} == {
         ("two-gpus", "pod0", "ctr0")}
-    assert {(d["device"], d["key"], d["effect"]) for d in series(frame, cat.DEVICE_TAINT)} == {
+    assert {(d["device"], d["key"], d["effect"]) for d in series(frame, cat.DEVICE_TAINT.name)} == {
         ("gpu-3", "example.com/unhealthy", "NoSchedule")}
-    assert {(d["device"], d["health"]) for d in series(frame, cat.DEVICE_HEALTH)} == {
+    assert {(d["device"], d["health"]) for d in series(frame, cat.DEVICE_HEALTH.name)} == {
         ("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")}
 
 
 def test_a_nic_only_node_replays_too() -> None:
     frame = replay("example-driver.yaml", "nic-node")
-    assert values_of(frame, cat.SOURCE_UP, "source")["nvml"] == 0
-    assert [(d["driver"], d["device"]) for d in series(frame, cat.DEVICE_INFO)] == [("dra.net", "eth1")]
-    assert [(d["claim"], d["pod"]) for d in series(frame, cat.CLAIM_CONSUMER_INFO)] == [("nic", "router-0")]
+    assert values_of(frame, cat.SOURCE_UP.name, "source")["nvml"] == 0
+    assert [(d["driver"], d["device"]) for d in series(frame, cat.DEVICE_INFO.name)] == [("dra.net", "eth1")]
+    assert [(d["claim"], d["pod"]) for d in series(frame, cat.CLAIM_CONSUMER_INFO.name)] == [("nic", "router-0")]
 
 
 def test_a_node_with_gpus_of_two_models_is_refused_naming_both() -> None:

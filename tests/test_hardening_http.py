@@ -29,7 +29,7 @@ BIG_LINE = b"X-Flood: " + b"a" * 65_000 + b"\r\n"
 
 
 def small_frame() -> model.Frame:
-    spec = catalog.spec(catalog.GPU_MEMORY_USED)
+    spec = catalog.GPU_MEMORY_USED
     return model.Frame((model.Family(spec.name, (model.Sample(tuple((lbl, "v") for lbl in spec.labels), 1.0),)),))
 
 

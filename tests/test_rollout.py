@@ -64,12 +64,12 @@ def test_the_simulated_rollout_republishes_the_pool_with_the_generation_bumped(t
 
 
 def _device_info(frame: Frame) -> list[tuple[tuple[str, str], ...]]:
-    fam = frame.family(cat.DEVICE_INFO)
+    fam = frame.family(cat.DEVICE_INFO.name)
     return sorted(s.labels for s in fam.samples) if fam else []
 
 
 def _attribution(frame: Frame) -> dict[str, tuple[str, ...]]:
-    return {d["uuid"]: tuple(d[k] for k in ATTRIBUTION) for d in labels_of(frame, cat.GPU_UP)}
+    return {d["uuid"]: tuple(d[k] for k in ATTRIBUTION) for d in labels_of(frame, cat.GPU_UP.name)}
 
 
 @pytest.mark.parametrize("kubeapi", [True, False], ids=["with-api-server", "node-local"])

@@ -61,7 +61,7 @@ def test_inlining_leaves_no_recorded_series_in_the_raw_queries() -> None:
     raw = showback.queries(recorded=False)
     for expr in (raw.held, raw.busy, raw.devices):
         assert not re.search(r"[a-z_]+:[a-z_]+:[a-z_]+", expr), expr
-        assert cat.GPU_INFO in expr and cat.GPU_UP in expr or cat.GPU_UTILIZATION in expr
+        assert cat.GPU_INFO.name in expr and cat.GPU_UP.name in expr or cat.GPU_UTILIZATION.name in expr
 
 
 # --- durations and windows --------------------------------------------------------------------
@@ -259,7 +259,7 @@ WINDOW = ["--start", "1000000", "--end", "1003600", "--step", "60s", "--format",
 
 def test_without_rules_the_report_says_so_and_asks_the_raw_series(fake: tuple[str, Any]) -> None:
     url, handler = fake
-    handler.answers = {cat.GPU_UP: [({"namespace": "ml", "claim": "t", "model": "m"},
+    handler.answers = {cat.GPU_UP.name: [({"namespace": "ml", "claim": "t", "model": "m"},
                                      [[1000000 + 60 * i, "1"] for i in range(60)])]}
     result = run_report("--prometheus", url, *WINDOW)
     assert result.returncode == 0, result.stderr
@@ -278,7 +278,7 @@ def test_with_rules_the_report_reads_the_recorded_series(fake: tuple[str, Any]) 
     result = run_report("--prometheus", url, *WINDOW)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert json.loads(result.stdout)["claims"][0]["gpu_hours_held"] == 0.5
-    assert all(cat.GPU_INFO not in q for path, q, _ in handler.seen if path.endswith("query_range"))
+    assert all(cat.GPU_INFO.name not in q for path, q, _ in handler.seen if path.endswith("query_range"))
 
 
 def test_bearer_token_and_basic_auth_are_sent(fake: tuple[str, Any], tmp_path: Path) -> None:

@@ -146,7 +146,7 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
             clock.advance(STEP)
             frame = cycle()
             peak = max(peak, len(series(frame)))
-            seen_pods |= {dict(s.labels)["pod"] for s in (frame.family(cat.CLAIM_CONSUMER_INFO) or _empty()).samples}
+            seen_pods |= {dict(s.labels)["pod"] for s in (frame.family(cat.CLAIM_CONSUMER_INFO.name) or _empty()).samples}
             if rss_warm is None and clock.now() >= warm_up_end:
                 gc.collect()
                 rss_warm = rss_bytes()
@@ -165,7 +165,7 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
 
     # The lost GPU's XID 79 is a counter since start: it rightly stays. Nothing else may differ.
     xid = {(name, labels) for name, labels in final - baseline
-           if name in (cat.GPU_XID_ERRORS, cat.GPU_LAST_XID) and dict(labels)["uuid"] == lost_gpu}
+           if name in (cat.GPU_XID_ERRORS.name, cat.GPU_LAST_XID.name) and dict(labels)["uuid"] == lost_gpu}
     assert final - baseline - xid == set(), sorted(final - baseline - xid)[:5]
     assert baseline - final == set(), sorted(baseline - final)[:5]
     assert final_lines == baseline_lines + len(xid)
@@ -185,7 +185,7 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
 def _empty() -> Any:
     from dra_exporter.model import Family
 
-    return Family(cat.CLAIM_CONSUMER_INFO, ())
+    return Family(cat.CLAIM_CONSUMER_INFO.name, ())
 
 
 def test_churn_scenario_is_valid_and_pods_really_come_and_go() -> None:

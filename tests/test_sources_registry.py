@@ -61,8 +61,8 @@ def test_the_runtime_builds_the_enabled_sources_and_the_frame_reports_those(off:
         frame = rt.agent.cycle(collect_side=True)
         built = {r.name for r in rt.agent.runners}
         assert built == {"nvml", "podresources", "kubeapi", "procs"} - off
-        up = frame.family(cat.SOURCE_UP)
+        up = frame.family(cat.SOURCE_UP.name)
         assert up is not None and {dict(s.labels)["source"] for s in up.samples} == built
-        pods = {dict(s.labels)["pod"] for s in frame.family(cat.GPU_UP).samples}  # type: ignore[union-attr]
+        pods = {dict(s.labels)["pod"] for s in frame.family(cat.GPU_UP.name).samples}  # type: ignore[union-attr]
         # Attribution comes from the kubelet or the API server; with neither, no device has a pod.
         assert (pods == {""}) is (off >= {"podresources", "kubeapi"})

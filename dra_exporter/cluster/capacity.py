@@ -67,12 +67,12 @@ class _Device:
 class _Builder:
     samples: dict[str, dict[Labels, float]] = field(default_factory=lambda: defaultdict(dict))
 
-    def set(self, name: str, labels: Labels, value: float) -> None:
-        self.samples[name][labels] = float(value)
+    def set(self, spec: cat.MetricSpec, labels: Labels, value: float) -> None:
+        self.samples[spec.name][spec.check(labels)] = float(value)
 
-    def add(self, name: str, labels: Labels, value: float = 1.0) -> None:
-        family = self.samples[name]
-        family[labels] = family.get(labels, 0.0) + value
+    def add(self, spec: cat.MetricSpec, labels: Labels, value: float = 1.0) -> None:
+        family = self.samples[spec.name]
+        family[spec.check(labels)] = family.get(labels, 0.0) + value
 
     def families(self) -> list[Family]:
         return [Family(spec.name, tuple(Sample(labels, v) for labels, v in sorted(found.items())))

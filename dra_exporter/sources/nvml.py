@@ -60,26 +60,32 @@ _REASONS: Final = (
 
 @dataclass(frozen=True, slots=True)
 class _FieldSpec:
-    metric: str
+    """What one NVML field value becomes: a reading of ``family`` with these own labels."""
+
+    family: cat.MetricSpec
     labels: Labels = ()
+    """The family's own labels (``catalog.MetricSpec.extra``: checked against the family)."""
     scale: float = 1.0
-    counter: bool = False
-    """A counter: when NVML reports it as a 32-bit value it wraps, and is unwrapped here."""
+
+    @property
+    def counter(self) -> bool:
+        """A counter: when NVML reports it as a 32-bit value it wraps, and is unwrapped here."""
+        return self.family.kind == "counter"
 
 
 #: The field-value families, by NVML constant name; all fetched in one call per device.
 _FIELDS: Final = (
-    ("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", _FieldSpec(cat.GPU_ENERGY, (), 1e-3, True)),  # mJ
+    ("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", _FieldSpec(cat.GPU_ENERGY, scale=1e-3)),  # mJ
     ("NVML_FI_DEV_MEMORY_TEMP", _FieldSpec(cat.GPU_MEMORY_TEMPERATURE)),
-    ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", _FieldSpec(cat.GPU_PCIE_BYTES, (("direction", "tx"),), counter=True)),
-    ("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", _FieldSpec(cat.GPU_PCIE_BYTES, (("direction", "rx"),), counter=True)),
-    ("NVML_FI_DEV_PCIE_REPLAY_COUNTER", _FieldSpec(cat.GPU_PCIE_REPLAYS, counter=True)),
-    ("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", _FieldSpec(cat.GPU_ECC_ERRORS, (("type", "corrected"),), counter=True)),
-    ("NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
-     _FieldSpec(cat.GPU_ECC_ERRORS, (("type", "uncorrected"),), counter=True)),
-    ("NVML_FI_DEV_REMAPPED_COR", _FieldSpec(cat.GPU_REMAPPED_ROWS, (("type", "correctable"),), counter=True)),
+    ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", _FieldSpec(cat.GPU_PCIE_BYTES, cat.GPU_PCIE_BYTES.extra(direction="tx"))),
+    ("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", _FieldSpec(cat.GPU_PCIE_BYTES, cat.GPU_PCIE_BYTES.extra(direction="rx"))),
+    ("NVML_FI_DEV_PCIE_REPLAY_COUNTER", _FieldSpec(cat.GPU_PCIE_REPLAYS)),
+    ("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", _FieldSpec(cat.GPU_ECC_ERRORS, cat.GPU_ECC_ERRORS.extra(type="corrected"))),
+    ("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", _FieldSpec(cat.GPU_ECC_ERRORS, cat.GPU_ECC_ERRORS.extra(type="uncorrected"))),
+    ("NVML_FI_DEV_REMAPPED_COR",
+     _FieldSpec(cat.GPU_REMAPPED_ROWS, cat.GPU_REMAPPED_ROWS.extra(type="correctable"))),
     ("NVML_FI_DEV_REMAPPED_UNC",
-     _FieldSpec(cat.GPU_REMAPPED_ROWS, (("type", "uncorrectable"),), counter=True)),
+     _FieldSpec(cat.GPU_REMAPPED_ROWS, cat.GPU_REMAPPED_ROWS.extra(type="uncorrectable"))),
     ("NVML_FI_DEV_REMAPPED_PENDING", _FieldSpec(cat.GPU_ROW_REMAP_PENDING)),
     ("NVML_FI_DEV_REMAPPED_FAILURE", _FieldSpec(cat.GPU_ROW_REMAP_FAILURE)),
 )
@@ -169,24 +175,24 @@ class _DeviceReader:
         self._fields = {int(getattr(nvml, const)): spec for const, spec in _FIELDS if hasattr(nvml, const)}
         self.field_ids: tuple[int, ...] = tuple(self._fields)
         self._reasons = tuple(
-            (int(bit), (("reason", label),)) for suffix, label in _REASONS
+            (int(bit), cat.GPU_CLOCK_EVENT.extra(reason=label)) for suffix, label in _REASONS
             if (bit := getattr(nvml, f"nvmlClocksEventReason{suffix}",
                                getattr(nvml, f"nvmlClocksThrottleReason{suffix}", None))) is not None)
         plan: list[tuple[str, str, Callable[..., list[Reading]]]] = [
             ("memory", "nvmlDeviceGetMemoryInfo", self._memory),
             ("utilization", "nvmlDeviceGetUtilizationRates", self._utilization),
             ("encoder", "nvmlDeviceGetEncoderUtilization",
-             partial(self._codec, "nvmlDeviceGetEncoderUtilization", cat.GPU_ENCODER_UTILIZATION)),
+             partial(self._codec, "nvmlDeviceGetEncoderUtilization", cat.GPU_ENCODER_UTILIZATION.name)),
             ("decoder", "nvmlDeviceGetDecoderUtilization",
-             partial(self._codec, "nvmlDeviceGetDecoderUtilization", cat.GPU_DECODER_UTILIZATION)),
+             partial(self._codec, "nvmlDeviceGetDecoderUtilization", cat.GPU_DECODER_UTILIZATION.name)),
             ("power", "nvmlDeviceGetPowerUsage",
-             partial(self._milli, "nvmlDeviceGetPowerUsage", cat.GPU_POWER)),
+             partial(self._milli, "nvmlDeviceGetPowerUsage", cat.GPU_POWER.name)),
             ("power_limit", "nvmlDeviceGetEnforcedPowerLimit",
-             partial(self._milli, "nvmlDeviceGetEnforcedPowerLimit", cat.GPU_POWER_LIMIT)),
+             partial(self._milli, "nvmlDeviceGetEnforcedPowerLimit", cat.GPU_POWER_LIMIT.name)),
             ("temperature", "nvmlDeviceGetTemperature", self._temperature),
         ]
         plan += [(f"clock_{label}", "nvmlDeviceGetClockInfo",
-                  partial(self._clock, int(getattr(nvml, const)), (("clock", label),)))
+                  partial(self._clock, int(getattr(nvml, const)), cat.GPU_CLOCK.extra(clock=label)))
                  for const, label in _CLOCKS if hasattr(nvml, const)]
         plan += [("clock_events", "nvmlDeviceGetCurrentClocksEventReasons", self._clock_events),
                  ("fields", "nvmlDeviceGetFieldValues", self._field_values)]
@@ -276,18 +282,18 @@ class _DeviceReader:
                 state.unsupported.add("memory_v2")  # drivers before R510: fall back to v1
         if info is None:
             info = nvml.nvmlDeviceGetMemoryInfo(handle)
-        out = [Reading(cat.GPU_MEMORY_USED, float(info.used)),
-               Reading(cat.GPU_MEMORY_FREE, float(info.free)),
-               Reading(cat.GPU_MEMORY_TOTAL, float(info.total))]
+        out = [Reading(cat.GPU_MEMORY_USED.name, float(info.used)),
+               Reading(cat.GPU_MEMORY_FREE.name, float(info.free)),
+               Reading(cat.GPU_MEMORY_TOTAL.name, float(info.total))]
         reserved = getattr(info, "reserved", None)
         if reserved is not None:
-            out.append(Reading(cat.GPU_MEMORY_RESERVED, float(reserved)))
+            out.append(Reading(cat.GPU_MEMORY_RESERVED.name, float(reserved)))
         return out
 
     def _utilization(self, handle: Any, _state: _DeviceState) -> list[Reading]:
         rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
-        return [Reading(cat.GPU_UTILIZATION, rates.gpu / 100.0),
-                Reading(cat.GPU_MEMORY_UTILIZATION, rates.memory / 100.0)]
+        return [Reading(cat.GPU_UTILIZATION.name, rates.gpu / 100.0),
+                Reading(cat.GPU_MEMORY_UTILIZATION.name, rates.memory / 100.0)]
 
     def _codec(self, function: str, metric: str, handle: Any, _state: _DeviceState) -> list[Reading]:
         percent, _period_us = getattr(self._nvml, function)(handle)
@@ -298,14 +304,14 @@ class _DeviceReader:
 
     def _temperature(self, handle: Any, _state: _DeviceState) -> list[Reading]:
         celsius = self._nvml.nvmlDeviceGetTemperature(handle, self._temperature_gpu)
-        return [Reading(cat.GPU_TEMPERATURE, float(celsius))]
+        return [Reading(cat.GPU_TEMPERATURE.name, float(celsius))]
 
     def _clock(self, clock: int, labels: Labels, handle: Any, _state: _DeviceState) -> list[Reading]:
-        return [Reading(cat.GPU_CLOCK, self._nvml.nvmlDeviceGetClockInfo(handle, clock) * 1e6, labels)]  # MHz
+        return [Reading(cat.GPU_CLOCK.name, self._nvml.nvmlDeviceGetClockInfo(handle, clock) * 1e6, labels)]  # MHz
 
     def _clock_events(self, handle: Any, _state: _DeviceState) -> list[Reading]:
         bits = int(self._nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
-        return [Reading(cat.GPU_CLOCK_EVENT, 1.0 if bits & bit else 0.0, labels)
+        return [Reading(cat.GPU_CLOCK_EVENT.name, 1.0 if bits & bit else 0.0, labels)
                 for bit, labels in self._reasons]
 
     def _field_values(self, handle: Any, state: _DeviceState) -> list[Reading]:
@@ -326,7 +332,7 @@ class _DeviceReader:
             raw = getattr(value.value, member)
             if spec.counter and int(value.valueType) == self._uint:
                 raw = _unwrap32(state.wraps, field_id, int(raw))
-            out.append(Reading(spec.metric, float(raw) * spec.scale, spec.labels))
+            out.append(Reading(spec.family.name, float(raw) * spec.scale, spec.labels))
         if dropped:
             state.field_ids = [fid for fid in state.field_ids if fid not in dropped]
         return out
@@ -367,9 +373,9 @@ def _xid_readings(uuid: str, xids: dict[str, XidTally]) -> tuple[Reading, ...]:
     tally = xids.get(uuid)
     if tally is None:
         return ()
-    counts = tuple(Reading(cat.GPU_XID_ERRORS, float(count), (("xid", str(code)),))
+    counts = tuple(Reading(cat.GPU_XID_ERRORS.name, float(count), cat.GPU_XID_ERRORS.extra(xid=str(code)))
                    for code, count in tally.counts)
-    return counts + (Reading(cat.GPU_LAST_XID, tally.last_timestamp),)
+    return counts + (Reading(cat.GPU_LAST_XID.name, tally.last_timestamp),)
 
 
 def _mig_order(mig: _Mig) -> tuple[int, int, int, str]:
