@@ -11,6 +11,7 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY dra_exporter ./dra_exporter
+COPY dra_exporter_sim ./dra_exporter_sim
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 # --- runtime: the wheel and its dependencies in a venv, nothing else ---------------------------

@@ -31,9 +31,9 @@ from typing import Any
 from dra_exporter import __version__
 from dra_exporter.join import JoinInput, join
 from dra_exporter.model import SourceHealth
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.fake_nvml import FakeNvml
-from dra_exporter.sim.scenario import load_scenario
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.fake_nvml import FakeNvml
+from dra_exporter_sim import load_scenario
 from dra_exporter.sinks.exposition import Renderer
 from dra_exporter.sources.nvml import NvmlSource
 from dra_exporter.sources.podresources import PodResourcesSource
@@ -50,7 +50,7 @@ STAGES = ("nvml", "podresources", "join", "render_text", "render_openmetrics")
 
 
 def _kubelet_process(scenario_name: str, at: float, socket_path: str, ready: Any, stop: Any) -> None:
-    from dra_exporter.sim.kubelet import SimulatedKubelet
+    from dra_exporter_sim.kubelet import SimulatedKubelet
 
     scenario = load_scenario(scenario_name)
     snapshot = scenario.pod_allocations_at(at)

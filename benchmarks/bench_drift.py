@@ -21,7 +21,8 @@ from typing import Any, Final
 
 from dra_exporter import runtime
 from dra_exporter.config import Settings
-from dra_exporter.sim.scenario import load_scenario
+from dra_exporter.sources import registry
+from dra_exporter_sim import load_scenario
 
 from .common import MB, Check, Config, Result, rss_bytes
 
@@ -48,7 +49,8 @@ def measure(scenario: str, cycles: int, warmup: int, step: float, kubeapi: bool)
     Meant to run in a fresh process (``run`` spawns one per variant), so that no variant
     inherits another's heap.
     """
-    rt = runtime.build(Settings(listen="127.0.0.1:0", simulate=scenario, kubeapi=kubeapi), sim_time=0.0,
+    sources = registry.default_enabled() if kubeapi else registry.without("kubeapi")
+    rt = runtime.build(Settings(listen="127.0.0.1:0", simulate=scenario, sources=sources), sim_time=0.0,
                        publish=True)
     try:
         clock = rt.sim.clock

@@ -66,7 +66,8 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(scrapes=100, baseline_scrapes=10, paced_scrapes=5, cycles=10, serve_seconds=10.0, serve_warmup_seconds=2.0,
+        return cls(scrapes=100, baseline_scrapes=10, paced_scrapes=5, cycles=10, serve_seconds=10.0,
+                   serve_warmup_seconds=2.0,
                    scrape_interval_seconds=5.0, drift_cycles=1_000, drift_warmup_cycles=200, gc_cycles=100,
                    apiserver_step_seconds=60.0, apiserver_polls=10)
 

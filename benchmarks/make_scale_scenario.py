@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-OUTPUT: Final = Path(__file__).resolve().parents[1] / "dra_exporter" / "sim" / "scenarios" / "scale.yaml"
+OUTPUT: Final = Path(__file__).resolve().parents[1] / "dra_exporter_sim" / "scenarios" / "scale.yaml"
 
 GPUS: Final = 8
 SLICES: Final = 7  # 1g.18gb instances per H200

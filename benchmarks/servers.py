@@ -1,11 +1,14 @@
 """The servers the benchmarks start as child processes (so a scraper never shares their GIL).
 
-``python -m benchmarks.servers exporter [--renderer reference] [--gzip-on-scrape] -- ARGS``
+``python -m benchmarks.servers exporter [--renderer reference] [--gzip-on-scrape] [--nagle] [--unbounded-heads] -- ARGS``
     dra-exporter's own command line (``ARGS`` as for ``dra-exporter``); with
     ``--renderer reference`` the sink renders with prometheus_client instead of
     ``sinks.exposition``: the exporter as it was before this renderer. With
     ``--gzip-on-scrape`` the sink never compresses ahead at publish time: the first scrape
-    of each frame that wants gzip compresses it, as before ``GZIP_AHEAD_S``.
+    of each frame that wants gzip compresses it, as before ``GZIP_AHEAD_S``. With ``--nagle``
+    accepted sockets keep Nagle's algorithm on (no ``TCP_NODELAY``), as before issue 13; with
+    ``--unbounded-heads`` a request head is bounded only by the stdlib's 100 lines of 64 KiB,
+    as before ``MAX_HEAD_BYTES`` and the shared head budget.
 ``python -m benchmarks.servers frozen --simulate SCENARIO --listen HOST:PORT``
     dra-exporter's runtime on a stopped simulated clock and without its collection loop: two
     cycles, then the sink serves that frame until stopped. Scraping it measures the HTTP
@@ -28,9 +31,15 @@ from dra_exporter.sinks.http import parse_listen
 from .baseline import PerScrapeCollector, render_reference
 
 
-def _exporter(renderer: str, gzip_on_scrape: bool, args: list[str]) -> None:
+def _exporter(renderer: str, gzip_on_scrape: bool, nagle: bool, unbounded_heads: bool, args: list[str]) -> None:
     from dra_exporter import cli
-    from dra_exporter.sinks import prometheus
+    from dra_exporter.sinks import http, prometheus
+
+    if nagle:
+        http._disable_nagle = lambda sock: None  # type: ignore[assignment]  # looked up per connection
+    if unbounded_heads:
+        # Read per line and per server start: 100 header lines of 64 KiB and a request line.
+        http.MAX_HEAD_BYTES = http.HEAD_ALLOWANCE_BYTES = http.SHARED_HEAD_BYTES = 102 << 16  # type: ignore[misc]
 
     if renderer == "reference":
         prometheus.render = render_reference  # type: ignore[assignment]  # publish() looks it up per call
@@ -64,9 +73,9 @@ def _per_scrape(scenario_name: str, listen: str) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from dra_exporter.join import JoinInput, join
-    from dra_exporter.sim.clock import SimClock
-    from dra_exporter.sim.fake_nvml import FakeNvml
-    from dra_exporter.sim.scenario import load_scenario
+    from dra_exporter_sim.clock import SimClock
+    from dra_exporter_sim.fake_nvml import FakeNvml
+    from dra_exporter_sim import load_scenario
     from dra_exporter.sources.nvml import NvmlSource
 
     scenario = load_scenario(scenario_name)
@@ -95,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     exporter = sub.add_parser("exporter", help="dra-exporter's command line")
     exporter.add_argument("--renderer", choices=("exposition", "reference"), default="exposition")
     exporter.add_argument("--gzip-on-scrape", action="store_true")
+    exporter.add_argument("--nagle", action="store_true")
+    exporter.add_argument("--unbounded-heads", action="store_true")
     exporter.add_argument("args", nargs=argparse.REMAINDER)
     for kind, text in (("frozen", "dra-exporter serving one frame, no collection loop"),
                        ("per-scrape", "the per-scrape prometheus_client baseline")):
@@ -103,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         simulated.add_argument("--listen", default="127.0.0.1:9402")
     ns = parser.parse_args(argv)
     if ns.kind == "exporter":
-        _exporter(ns.renderer, ns.gzip_on_scrape, [a for a in ns.args if a != "--"])
+        _exporter(ns.renderer, ns.gzip_on_scrape, ns.nagle, ns.unbounded_heads, [a for a in ns.args if a != "--"])
     elif ns.kind == "frozen":
         _frozen(ns.simulate, ns.listen)
     else:

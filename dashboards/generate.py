@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dra_exporter import catalog as cat
+from dra_exporter import showback as sb
 
 HERE = Path(__file__).resolve().parent
 NODE_LABEL = "instance"
@@ -76,7 +77,7 @@ def busy(*matchers: str) -> str:
     NVML reports no utilisation rates for MIG devices; GPM does. ``or`` keeps one series per
     device because the two families carry the same labels.
     """
-    return f"({cat.GPU_UTILIZATION}{sel(*matchers)} or {cat.GPU_SM_ACTIVE}{sel(*matchers, MIG)})"
+    return f"({cat.GPU_UTILIZATION.name}{sel(*matchers)} or {cat.GPU_SM_ACTIVE.name}{sel(*matchers, MIG)})"
 
 
 def activity(*matchers: str) -> str:
@@ -84,12 +85,12 @@ def activity(*matchers: str) -> str:
     activity (MIG), else the processes on a MIG device (GPUs without GPM: A100). At or above
     ``IDLE_RATIO`` a device is in use; the three carry the same labels, so ``or`` keeps one each.
     """
-    return (f"({cat.GPU_UTILIZATION}{sel(*matchers)} or {cat.GPU_SM_ACTIVE}{sel(*matchers, MIG)} "
-            f"or {cat.GPU_PROCESSES}{sel(*matchers, MIG)})")
+    return (f"({cat.GPU_UTILIZATION.name}{sel(*matchers)} or {cat.GPU_SM_ACTIVE.name}{sel(*matchers, MIG)} "
+            f"or {cat.GPU_PROCESSES.name}{sel(*matchers, MIG)})")
 
 
 # Whole GPUs and MIG devices a claim can hold: a MIG-enabled GPU is only a parent.
-ALLOCATABLE = f"unless on (uuid) {cat.GPU_INFO}{{{eq('mig_mode', 'enabled')}}}"
+ALLOCATABLE = f"unless on (uuid) {cat.GPU_INFO.name}{{{eq('mig_mode', 'enabled')}}}"
 
 
 def or_zero(expr: str) -> str:
@@ -142,8 +143,10 @@ class Variable:
     name: str
     label: str
     query: str
-    """``label_values(<selector>, <label>)``, evaluated by Grafana's Prometheus data source."""
+    """``label_values(<selector>, <label>)``, evaluated by Grafana's Prometheus data source; for a
+    ``textbox``, its default value."""
     multi: bool = True
+    kind: Literal["query", "textbox"] = "query"
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,9 @@ def _panel_json(panel: Panel, pid: int, pos: dict[str, int]) -> dict[str, Any]:
 
 
 def _variable_json(var: Variable) -> dict[str, Any]:
+    if var.kind == "textbox":
+        return {"name": var.name, "label": var.label, "type": "textbox", "query": var.query,
+                "current": {"text": var.query, "value": var.query}, "options": [], "hide": 0}
     return {
         "name": var.name,
         "label": var.label,
@@ -369,28 +375,28 @@ def render(dash: Dashboard) -> str:
 
 # --- the dashboards ---------------------------------------------------------------------------
 
-NODE_VAR = Variable("node", "Node", f"label_values({cat.GPU_INFO}, {NODE_LABEL})")
-GPU_VAR = Variable("gpu", "GPU", f"label_values({cat.GPU_INFO}{sel()}, gpu)")
+NODE_VAR = Variable("node", "Node", f"label_values({cat.GPU_INFO.name}, {NODE_LABEL})")
+GPU_VAR = Variable("gpu", "GPU", f"label_values({cat.GPU_INFO.name}{sel()}, gpu)")
 DEV = (rx("gpu", "$gpu"),)
 DEVICE_LEGEND = "{{instance}} GPU {{gpu}} {{profile}} {{claim}}"
 
 
 def overview() -> Dashboard:
-    allocated = f"count({cat.GPU_UP}{sel(CLAIMED)})"
-    unallocated = f"count({cat.GPU_UP}{sel(UNCLAIMED)} {ALLOCATABLE})"
+    allocated = f"count({cat.GPU_UP.name}{sel(CLAIMED)})"
+    unallocated = f"count({cat.GPU_UP.name}{sel(UNCLAIMED)} {ALLOCATABLE})"
     # The alert's notion of busy (activity()), over its window.
     idle = (
-        f"count((max_over_time({cat.GPU_UTILIZATION}{sel(CLAIMED)}[{IDLE_WINDOW}]) or "
-        f"max_over_time({cat.GPU_SM_ACTIVE}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}]) or "
-        f"max_over_time({cat.GPU_PROCESSES}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}])) < {IDLE_RATIO})"
+        f"count((max_over_time({cat.GPU_UTILIZATION.name}{sel(CLAIMED)}[{IDLE_WINDOW}]) or "
+        f"max_over_time({cat.GPU_SM_ACTIVE.name}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}]) or "
+        f"max_over_time({cat.GPU_PROCESSES.name}{sel(CLAIMED, MIG)}[{IDLE_WINDOW}])) < {IDLE_RATIO})"
     )
     fleet = Row(
         "Fleet",
         (
-            stat("GPUs", f"count({cat.GPU_INFO}{sel(WHOLE)})", "Physical GPUs on the selected nodes."),
+            stat("GPUs", f"count({cat.GPU_INFO.name}{sel(WHOLE)})", "Physical GPUs on the selected nodes."),
             stat(
                 "MIG devices",
-                or_zero(f"count({cat.GPU_INFO}{sel(MIG)})"),
+                or_zero(f"count({cat.GPU_INFO.name}{sel(MIG)})"),
                 "MIG devices (partitions) on the selected nodes.",
             ),
             stat(
@@ -411,7 +417,7 @@ def overview() -> Dashboard:
             ),
             stat(
                 "Devices down",
-                or_zero(f"count({cat.GPU_UP}{sel()} == 0)"),
+                or_zero(f"count({cat.GPU_UP.name}{sel()} == 0)"),
                 "Devices the last collection could not read (GPU lost, NVML error).",
                 thresholds=RED_FROM_ONE,
             ),
@@ -435,7 +441,7 @@ def overview() -> Dashboard:
                 "timeseries",
                 (
                     t(f"avg({busy(CLAIMED)})", "allocated"),
-                    t(f"avg({cat.GPU_UTILIZATION}{sel(UNCLAIMED)} {ALLOCATABLE})", "unallocated whole GPUs"),
+                    t(f"avg({cat.GPU_UTILIZATION.name}{sel(UNCLAIMED)} {ALLOCATABLE})", "unallocated whole GPUs"),
                 ),
                 "Mean utilisation of allocated devices (MIG devices through GPM SM activity) and of whole GPUs "
                 "nobody holds.",
@@ -455,7 +461,7 @@ def overview() -> Dashboard:
                 "bargauge",
                 (
                     now(
-                        f"topk(10, sum by (namespace, claim) ({cat.GPU_MEMORY_USED}{sel(CLAIMED)}))", BY_CLAIM
+                        f"topk(10, sum by (namespace, claim) ({cat.GPU_MEMORY_USED.name}{sel(CLAIMED)}))", BY_CLAIM
                     ),
                 ),
                 "Device memory in use on the devices of each claim.",
@@ -464,14 +470,14 @@ def overview() -> Dashboard:
             Panel(
                 "Top claims by power",
                 "bargauge",
-                (now(f"topk(10, sum by (namespace, claim) ({cat.GPU_POWER}{sel(CLAIMED)}))", BY_CLAIM),),
+                (now(f"topk(10, sum by (namespace, claim) ({cat.GPU_POWER.name}{sel(CLAIMED)}))", BY_CLAIM),),
                 "Board power of the whole GPUs each claim holds (NVML reports no power per MIG device).",
                 "watt",
             ),
             Panel(
                 "Power by node",
                 "timeseries",
-                (t(f"sum by ({NODE_LABEL}) ({cat.GPU_POWER}{sel()})", f"{{{{{NODE_LABEL}}}}}"),),
+                (t(f"sum by ({NODE_LABEL}) ({cat.GPU_POWER.name}{sel()})", f"{{{{{NODE_LABEL}}}}}"),),
                 "Board power of all GPUs of each node.",
                 "watt",
             ),
@@ -485,7 +491,7 @@ def overview() -> Dashboard:
                 "timeseries",
                 (
                     t(
-                        f"sum by ({NODE_LABEL}, xid) (increase({cat.GPU_XID_ERRORS}{sel()}[1h]))",
+                        f"sum by ({NODE_LABEL}, xid) (increase({cat.GPU_XID_ERRORS.name}{sel()}[1h]))",
                         f"{{{{{NODE_LABEL}}}}} XID {{{{xid}}}}",
                     ),
                 ),
@@ -495,7 +501,7 @@ def overview() -> Dashboard:
             Panel(
                 "Exporter sources",
                 "table",
-                (tab(f"{cat.SOURCE_UP}{sel()}"),),
+                (tab(f"{cat.SOURCE_UP.name}{sel()}"),),
                 "Whether each exporter's sources (nvml, podresources, kubeapi, otlp) collected successfully (1).",
                 columns=(NODE_LABEL, "source"),
                 width=12,
@@ -516,16 +522,16 @@ def claims() -> Dashboard:
     namespace = Variable(
         "namespace",
         "Namespace",
-        f"label_values({cat.CLAIM_ALLOCATION_INFO}{sel(eq('admin_access', 'false'))}, namespace)",
+        f"label_values({cat.CLAIM_ALLOCATION_INFO.name}{sel(eq('admin_access', 'false'))}, namespace)",
     )
     claim = Variable(
         "claim",
         "Claim",
-        f"label_values({cat.CLAIM_ALLOCATION_INFO}"
+        f"label_values({cat.CLAIM_ALLOCATION_INFO.name}"
         f"{sel(eq('admin_access', 'false'), rx('namespace', '$namespace'))}, claim)",
     )
     c = (rx("namespace", "$namespace"), rx("claim", "$claim"), CLAIMED)
-    allocations = f"{cat.CLAIM_ALLOCATION_INFO}{sel(eq('admin_access', 'false'), *c)}"
+    allocations = f"{cat.CLAIM_ALLOCATION_INFO.name}{sel(eq('admin_access', 'false'), *c)}"
     by_ns = "{{namespace}}"
     per_namespace = Row(
         "Per namespace",
@@ -533,7 +539,7 @@ def claims() -> Dashboard:
             Panel(
                 "Devices by namespace",
                 "bargauge",
-                (now(f"count by (namespace) ({cat.GPU_UP}{sel(*c)})", by_ns),),
+                (now(f"count by (namespace) ({cat.GPU_UP.name}{sel(*c)})", by_ns),),
                 "Whole GPUs and MIG devices each namespace's claims hold.",
                 width=8,
             ),
@@ -549,7 +555,7 @@ def claims() -> Dashboard:
             Panel(
                 "Memory used by namespace",
                 "timeseries",
-                (t(f"sum by (namespace) ({cat.GPU_MEMORY_USED}{sel(*c)})", by_ns),),
+                (t(f"sum by (namespace) ({cat.GPU_MEMORY_USED.name}{sel(*c)})", by_ns),),
                 "Device memory in use on each namespace's devices.",
                 "bytes",
                 width=8,
@@ -572,8 +578,8 @@ def claims() -> Dashboard:
                 "timeseries",
                 (
                     t(
-                        f"sum by (namespace, claim) ({cat.GPU_MEMORY_USED}{sel(*c)}) / "
-                        f"sum by (namespace, claim) ({cat.GPU_MEMORY_TOTAL}{sel(*c)})",
+                        f"sum by (namespace, claim) ({cat.GPU_MEMORY_USED.name}{sel(*c)}) / "
+                        f"sum by (namespace, claim) ({cat.GPU_MEMORY_TOTAL.name}{sel(*c)})",
                         BY_CLAIM,
                     ),
                 ),
@@ -584,7 +590,7 @@ def claims() -> Dashboard:
             Panel(
                 "Tensor core activity by claim",
                 "timeseries",
-                (t(f"avg by (namespace, claim) ({cat.GPU_TENSOR_ACTIVE}{sel(*c)})", BY_CLAIM),),
+                (t(f"avg by (namespace, claim) ({cat.GPU_TENSOR_ACTIVE.name}{sel(*c)})", BY_CLAIM),),
                 "GPM: fraction of cycles a tensor pipe was active (Hopper and newer).",
                 "percentunit",
                 max=1,
@@ -594,7 +600,7 @@ def claims() -> Dashboard:
                 "timeseries",
                 (
                     t(
-                        f"sum by (namespace, claim) (rate({cat.GPU_ENERGY}{sel(*c)}[$__rate_interval]))",
+                        f"sum by (namespace, claim) (rate({cat.GPU_ENERGY.name}{sel(*c)}[$__rate_interval]))",
                         BY_CLAIM,
                     ),
                 ),
@@ -607,7 +613,7 @@ def claims() -> Dashboard:
                 (
                     tab(f"count by ({NODE_LABEL}, namespace, claim) ({allocations})"),
                     tab(f"count by ({NODE_LABEL}, namespace, claim) "
-                        f"(group by ({NODE_LABEL}, namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO}{sel(*c)}))"),
+                        f"(group by ({NODE_LABEL}, namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO.name}{sel(*c)}))"),
                     tab(f"time() - max by ({NODE_LABEL}, namespace, claim) ("
                         f"max_over_time((timestamp(max by ({NODE_LABEL}, namespace, claim) ({activity(*c)}) "
                         f">= {IDLE_RATIO}))[$__range:$__interval]) "
@@ -628,7 +634,7 @@ def claims() -> Dashboard:
             Panel(
                 "Devices of each claim",
                 "table",
-                (tab(f"{cat.CLAIM_ALLOCATION_INFO}{sel(eq('admin_access', 'false'), *c)}"),),
+                (tab(f"{cat.CLAIM_ALLOCATION_INFO.name}{sel(eq('admin_access', 'false'), *c)}"),),
                 "Every device allocated to the selected claims.",
                 columns=(NODE_LABEL, "namespace", "claim", "request", "driver", "pool", "device", "uuid"),
                 width=24,
@@ -636,7 +642,7 @@ def claims() -> Dashboard:
             Panel(
                 "Pods using each claim",
                 "table",
-                (tab(f"{cat.CLAIM_CONSUMER_INFO}{sel(*c)}"),),
+                (tab(f"{cat.CLAIM_CONSUMER_INFO.name}{sel(*c)}"),),
                 "Consumers: every pod (and container) that references a claim. A claim with several pods "
                 'shares its devices; its device series carry pod="".',
                 columns=(NODE_LABEL, "namespace", "claim", "pod", "container"),
@@ -645,7 +651,7 @@ def claims() -> Dashboard:
             Panel(
                 "Monitoring (admin-access) claims",
                 "table",
-                (tab(f"{cat.CLAIM_ALLOCATION_INFO}{sel(eq('admin_access', 'true'))}"),),
+                (tab(f"{cat.CLAIM_ALLOCATION_INFO.name}{sel(eq('admin_access', 'true'))}"),),
                 "Admin-access claims, such as the exporter's own: they see devices but never count as use.",
                 columns=(NODE_LABEL, "namespace", "claim", "device", "uuid"),
                 width=12,
@@ -670,7 +676,7 @@ def node() -> Dashboard:
             Panel(
                 "Devices",
                 "table",
-                (tab(f"{cat.GPU_INFO}{sel(*d)}"),),
+                (tab(f"{cat.GPU_INFO.name}{sel(*d)}"),),
                 "Every GPU and MIG device NVML reports, with its identity.",
                 columns=(
                     NODE_LABEL,
@@ -690,7 +696,7 @@ def node() -> Dashboard:
             Panel(
                 "Who holds each device",
                 "table",
-                (tab(f"{cat.GPU_UP}{sel(*d)}"),),
+                (tab(f"{cat.GPU_UP.name}{sel(*d)}"),),
                 'Attribution of each device (empty: unallocated, or pod="" when several pods share it); '
                 "Value is 1 when the device was read, 0 when it is down.",
                 columns=(NODE_LABEL, "gpu", "profile", "uuid", "namespace", "pod", "container", "claim"),
@@ -704,7 +710,7 @@ def node() -> Dashboard:
             Panel(
                 "GPU utilisation",
                 "timeseries",
-                (t(f"{cat.GPU_UTILIZATION}{sel(*d)}", DEVICE_LEGEND),),
+                (t(f"{cat.GPU_UTILIZATION.name}{sel(*d)}", DEVICE_LEGEND),),
                 "NVML utilisation of whole GPUs (not reported for MIG devices).",
                 "percentunit",
                 max=1,
@@ -712,7 +718,7 @@ def node() -> Dashboard:
             Panel(
                 "SM active (GPM)",
                 "timeseries",
-                (t(f"{cat.GPU_SM_ACTIVE}{sel(*d)}", DEVICE_LEGEND),),
+                (t(f"{cat.GPU_SM_ACTIVE.name}{sel(*d)}", DEVICE_LEGEND),),
                 "Fraction of SM cycles with a warp resident, for GPUs and MIG devices.",
                 "percentunit",
                 max=1,
@@ -720,7 +726,7 @@ def node() -> Dashboard:
             Panel(
                 "Memory used",
                 "timeseries",
-                (t(f"{cat.GPU_MEMORY_USED}{sel(*d)}", DEVICE_LEGEND),),
+                (t(f"{cat.GPU_MEMORY_USED.name}{sel(*d)}", DEVICE_LEGEND),),
                 "Device memory in use.",
                 "bytes",
             ),
@@ -728,8 +734,8 @@ def node() -> Dashboard:
                 "Tensor and DRAM activity (GPM)",
                 "timeseries",
                 (
-                    t(f"{cat.GPU_TENSOR_ACTIVE}{sel(*d)}", "tensor " + DEVICE_LEGEND),
-                    t(f"{cat.GPU_DRAM_ACTIVE}{sel(*d)}", "dram " + DEVICE_LEGEND),
+                    t(f"{cat.GPU_TENSOR_ACTIVE.name}{sel(*d)}", "tensor " + DEVICE_LEGEND),
+                    t(f"{cat.GPU_DRAM_ACTIVE.name}{sel(*d)}", "dram " + DEVICE_LEGEND),
                 ),
                 "Tensor pipe activity and DRAM bandwidth use.",
                 "percentunit",
@@ -744,8 +750,8 @@ def node() -> Dashboard:
                 "Power",
                 "timeseries",
                 (
-                    t(f"{cat.GPU_POWER}{sel(*d)}", "GPU {{gpu}}"),
-                    t(f"{cat.GPU_POWER_LIMIT}{sel(*d)}", "GPU {{gpu}} limit"),
+                    t(f"{cat.GPU_POWER.name}{sel(*d)}", "GPU {{gpu}}"),
+                    t(f"{cat.GPU_POWER_LIMIT.name}{sel(*d)}", "GPU {{gpu}} limit"),
                 ),
                 "Board power draw and the enforced limit.",
                 "watt",
@@ -754,8 +760,8 @@ def node() -> Dashboard:
                 "Temperature",
                 "timeseries",
                 (
-                    t(f"{cat.GPU_TEMPERATURE}{sel(*d)}", "GPU {{gpu}}"),
-                    t(f"{cat.GPU_MEMORY_TEMPERATURE}{sel(*d)}", "GPU {{gpu}} memory"),
+                    t(f"{cat.GPU_TEMPERATURE.name}{sel(*d)}", "GPU {{gpu}}"),
+                    t(f"{cat.GPU_MEMORY_TEMPERATURE.name}{sel(*d)}", "GPU {{gpu}} memory"),
                 ),
                 "Die and HBM temperature.",
                 "celsius",
@@ -763,7 +769,7 @@ def node() -> Dashboard:
             Panel(
                 "Clocks",
                 "timeseries",
-                (t(f"{cat.GPU_CLOCK}{sel(*d, rx('clock', 'sm|memory'))}", "GPU {{gpu}} {{clock}}"),),
+                (t(f"{cat.GPU_CLOCK.name}{sel(*d, rx('clock', 'sm|memory'))}", "GPU {{gpu}} {{clock}}"),),
                 "SM and memory clocks.",
                 "hertz",
             ),
@@ -772,7 +778,7 @@ def node() -> Dashboard:
                 "timeseries",
                 (
                     t(
-                        f"sum by (reason) ({cat.GPU_CLOCK_EVENT}{sel(*d, ne('reason', 'gpu_idle'))})",
+                        f"sum by (reason) ({cat.GPU_CLOCK_EVENT.name}{sel(*d, ne('reason', 'gpu_idle'))})",
                         "{{reason}}",
                     ),
                 ),
@@ -782,7 +788,7 @@ def node() -> Dashboard:
             Panel(
                 "Clock event reasons active now",
                 "table",
-                (tab(f"{cat.GPU_CLOCK_EVENT}{sel(*d)} == 1"),),
+                (tab(f"{cat.GPU_CLOCK_EVENT.name}{sel(*d)} == 1"),),
                 "Every clock event reason (throttling) active at the end of the range.",
                 columns=(NODE_LABEL, "gpu", "uuid", "reason"),
                 width=24,
@@ -794,44 +800,44 @@ def node() -> Dashboard:
         (
             stat(
                 "Devices down",
-                or_zero(f"count({cat.GPU_UP}{sel(*d)} == 0)"),
+                or_zero(f"count({cat.GPU_UP.name}{sel(*d)} == 0)"),
                 "Devices the last collection could not read.",
                 thresholds=RED_FROM_ONE,
             ),
             stat(
                 "Uncorrected ECC errors",
-                f"sum({cat.GPU_ECC_ERRORS}{sel(*d, eq('type', 'uncorrected'))})",
+                f"sum({cat.GPU_ECC_ERRORS.name}{sel(*d, eq('type', 'uncorrected'))})",
                 "Volatile uncorrected ECC errors since the driver loaded.",
                 thresholds=RED_FROM_ONE,
             ),
             stat(
                 "Rows remapped (uncorrectable)",
-                f"sum({cat.GPU_REMAPPED_ROWS}{sel(*d, eq('type', 'uncorrectable'))})",
+                f"sum({cat.GPU_REMAPPED_ROWS.name}{sel(*d, eq('type', 'uncorrectable'))})",
                 "Memory rows remapped because of uncorrectable errors.",
                 thresholds=((1, "orange"),),
             ),
             stat(
                 "Row remap pending",
-                f"sum({cat.GPU_ROW_REMAP_PENDING}{sel(*d)})",
+                f"sum({cat.GPU_ROW_REMAP_PENDING.name}{sel(*d)})",
                 "GPUs waiting for a reset to finish a row remap.",
                 thresholds=((1, "orange"),),
             ),
             stat(
                 "Row remap failed",
-                f"sum({cat.GPU_ROW_REMAP_FAILURE}{sel(*d)})",
+                f"sum({cat.GPU_ROW_REMAP_FAILURE.name}{sel(*d)})",
                 "GPUs where a row remap failed: replace or service the GPU.",
                 thresholds=RED_FROM_ONE,
             ),
             stat(
                 "XID errors in range",
-                or_zero(f"sum(increase({cat.GPU_XID_ERRORS}{sel(*d)}[$__range]))"),
+                or_zero(f"sum(increase({cat.GPU_XID_ERRORS.name}{sel(*d)}[$__range]))"),
                 "XID errors counted over the dashboard's time range.",
                 thresholds=RED_FROM_ONE,
             ),
             Panel(
                 "XID errors",
                 "table",
-                (tab(f"{cat.GPU_XID_ERRORS}{sel(*d)}"),),
+                (tab(f"{cat.GPU_XID_ERRORS.name}{sel(*d)}"),),
                 "XID errors this exporter has seen since it started, by device and code.",
                 columns=(NODE_LABEL, "gpu", "profile", "uuid", "xid", "claim"),
                 width=12,
@@ -839,7 +845,7 @@ def node() -> Dashboard:
             Panel(
                 "Last XID",
                 "table",
-                (tab(f"{cat.GPU_LAST_XID}{sel(*d)} * 1000"),),
+                (tab(f"{cat.GPU_LAST_XID.name}{sel(*d)} * 1000"),),
                 "When each device last reported an XID.",
                 "dateTimeAsIso",
                 columns=(NODE_LABEL, "gpu", "profile", "uuid"),
@@ -850,7 +856,7 @@ def node() -> Dashboard:
                 "timeseries",
                 (
                     t(
-                        f"sum by ({NODE_LABEL}, gpu, type) (increase({cat.GPU_ECC_ERRORS}{sel(*d)}[$__rate_interval]))",
+                        f"sum by ({NODE_LABEL}, gpu, type) (increase({cat.GPU_ECC_ERRORS.name}{sel(*d)}[$__rate_interval]))",
                         "GPU {{gpu}} {{type}}",
                     ),
                 ),
@@ -859,7 +865,7 @@ def node() -> Dashboard:
             Panel(
                 "PCIe replays",
                 "timeseries",
-                (t(f"increase({cat.GPU_PCIE_REPLAYS}{sel(*d)}[$__rate_interval])", "GPU {{gpu}}"),),
+                (t(f"increase({cat.GPU_PCIE_REPLAYS.name}{sel(*d)}[$__rate_interval])", "GPU {{gpu}}"),),
                 "PCIe replays per interval: a rising count points at a bad link or riser.",
             ),
         ),
@@ -870,7 +876,7 @@ def node() -> Dashboard:
             Panel(
                 "PCIe throughput",
                 "timeseries",
-                (t(f"rate({cat.GPU_PCIE_BYTES}{sel(*d)}[$__rate_interval])", "GPU {{gpu}} {{direction}}"),),
+                (t(f"rate({cat.GPU_PCIE_BYTES.name}{sel(*d)}[$__rate_interval])", "GPU {{gpu}} {{direction}}"),),
                 "Bytes per second over PCIe.",
                 "Bps",
             ),
@@ -879,7 +885,7 @@ def node() -> Dashboard:
                 "timeseries",
                 (
                     t(
-                        f"rate({cat.GPU_NVLINK_BYTES}{sel(*d)}[$__rate_interval])",
+                        f"rate({cat.GPU_NVLINK_BYTES.name}{sel(*d)}[$__rate_interval])",
                         DEVICE_LEGEND + " {{direction}}",
                     ),
                 ),
@@ -891,7 +897,7 @@ def node() -> Dashboard:
                 "bargauge",
                 (
                     now(
-                        f"sum by ({NODE_LABEL}, gpu) (increase({cat.GPU_ENERGY}{sel(*d)}[$__range]))",
+                        f"sum by ({NODE_LABEL}, gpu) (increase({cat.GPU_ENERGY.name}{sel(*d)}[$__range]))",
                         f"{{{{{NODE_LABEL}}}}} GPU {{{{gpu}}}}",
                     ),
                 ),
@@ -906,7 +912,7 @@ def node() -> Dashboard:
             Panel(
                 "Collection duration",
                 "timeseries",
-                (t(f"{cat.COLLECT_DURATION}{sel()}", "{{instance}} {{source}}"),),
+                (t(f"{cat.COLLECT_DURATION.name}{sel()}", "{{instance}} {{source}}"),),
                 "Seconds each source's last collection took.",
                 "s",
                 width=8,
@@ -914,14 +920,14 @@ def node() -> Dashboard:
             Panel(
                 "Collection errors",
                 "timeseries",
-                (t(f"increase({cat.COLLECT_ERRORS}{sel()}[$__rate_interval])", "{{instance}} {{source}}"),),
+                (t(f"increase({cat.COLLECT_ERRORS.name}{sel()}[$__rate_interval])", "{{instance}} {{source}}"),),
                 "Failed collections per interval.",
                 width=8,
             ),
             Panel(
                 "Data age",
                 "timeseries",
-                (t(f"time() - {cat.LAST_SUCCESS}{sel()}", "{{instance}} {{source}}"),),
+                (t(f"time() - {cat.LAST_SUCCESS.name}{sel()}", "{{instance}} {{source}}"),),
                 "Seconds since each source last succeeded.",
                 "s",
                 width=8,
@@ -934,7 +940,7 @@ def node() -> Dashboard:
             Panel(
                 "Devices the node's ResourceSlices publish",
                 "table",
-                (tab(f"{cat.DEVICE_INFO}{sel()}"),),
+                (tab(f"{cat.DEVICE_INFO.name}{sel()}"),),
                 "Every slice device of the node, allocated or not, with its UUID and type.",
                 columns=(NODE_LABEL, "driver", "pool", "device", "type", "profile", "uuid"),
                 width=24,
@@ -942,7 +948,7 @@ def node() -> Dashboard:
             Panel(
                 "Device taints",
                 "table",
-                (tab(f"{cat.DEVICE_TAINT}{sel()}"),),
+                (tab(f"{cat.DEVICE_TAINT.name}{sel()}"),),
                 "Taints on slice devices (ResourceSlice or DeviceTaintRule): NoSchedule keeps new claims "
                 "away, NoExecute evicts.",
                 columns=(NODE_LABEL, "driver", "pool", "device", "key", "value", "effect"),
@@ -970,7 +976,7 @@ def sharing() -> Dashboard:
             Panel(
                 "MIG devices and who holds them",
                 "table",
-                (tab(f"{cat.GPU_UP}{sel(*mig)}"),),
+                (tab(f"{cat.GPU_UP.name}{sel(*mig)}"),),
                 "Every MIG device with its claim and pod (empty: free).",
                 columns=(NODE_LABEL, "gpu", "profile", "uuid", "namespace", "pod", "container", "claim"),
                 width=24,
@@ -978,14 +984,14 @@ def sharing() -> Dashboard:
             Panel(
                 "MIG devices by profile",
                 "bargauge",
-                (now(f"count by (profile) ({cat.GPU_INFO}{sel(*mig)})", "{{profile}}"),),
+                (now(f"count by (profile) ({cat.GPU_INFO.name}{sel(*mig)})", "{{profile}}"),),
                 "MIG devices of each profile on the selected GPUs.",
                 width=8,
             ),
             Panel(
                 "Allocated MIG devices by profile",
                 "bargauge",
-                (now(f"count by (profile) ({cat.GPU_UP}{sel(*mig, CLAIMED)})", "{{profile}}"),),
+                (now(f"count by (profile) ({cat.GPU_UP.name}{sel(*mig, CLAIMED)})", "{{profile}}"),),
                 "MIG devices of each profile that a claim holds.",
                 width=8,
             ),
@@ -994,7 +1000,7 @@ def sharing() -> Dashboard:
                 "bargauge",
                 (
                     now(
-                        f"{cat.GPU_MEMORY_USED}{sel(*mig)} / {cat.GPU_MEMORY_TOTAL}{sel(*mig)}", DEVICE_LEGEND
+                        f"{cat.GPU_MEMORY_USED.name}{sel(*mig)} / {cat.GPU_MEMORY_TOTAL.name}{sel(*mig)}", DEVICE_LEGEND
                     ),
                 ),
                 "Fraction of each MIG device's memory in use.",
@@ -1005,7 +1011,7 @@ def sharing() -> Dashboard:
             Panel(
                 "MIG SM active (GPM)",
                 "timeseries",
-                (t(f"{cat.GPU_SM_ACTIVE}{sel(*mig)}", DEVICE_LEGEND),),
+                (t(f"{cat.GPU_SM_ACTIVE.name}{sel(*mig)}", DEVICE_LEGEND),),
                 "How busy each MIG device's SMs are.",
                 "percentunit",
                 max=1,
@@ -1013,7 +1019,7 @@ def sharing() -> Dashboard:
             Panel(
                 "MIG memory used over time",
                 "timeseries",
-                (t(f"{cat.GPU_MEMORY_USED}{sel(*mig)}", DEVICE_LEGEND),),
+                (t(f"{cat.GPU_MEMORY_USED.name}{sel(*mig)}", DEVICE_LEGEND),),
                 "Device memory in use on each MIG device.",
                 "bytes",
             ),
@@ -1025,7 +1031,7 @@ def sharing() -> Dashboard:
             Panel(
                 "Claims used by several pods",
                 "table",
-                (tab(f"count by (namespace, claim) ({cat.CLAIM_CONSUMER_INFO}{sel()}) > 1"),),
+                (tab(f"count by (namespace, claim) ({cat.CLAIM_CONSUMER_INFO.name}{sel()}) > 1"),),
                 "Claims whose devices several pods share (Value: how many pods).",
                 columns=("namespace", "claim"),
                 width=8,
@@ -1035,8 +1041,8 @@ def sharing() -> Dashboard:
                 "table",
                 (
                     tab(
-                        f"{cat.CLAIM_CONSUMER_INFO}{sel()} and on (namespace, claim) "
-                        f"(count by (namespace, claim) ({cat.CLAIM_CONSUMER_INFO}{sel()}) > 1)"
+                        f"{cat.CLAIM_CONSUMER_INFO.name}{sel()} and on (namespace, claim) "
+                        f"(count by (namespace, claim) ({cat.CLAIM_CONSUMER_INFO.name}{sel()}) > 1)"
                     ),
                 ),
                 "Every pod and container of the shared claims.",
@@ -1054,7 +1060,7 @@ def sharing() -> Dashboard:
             Panel(
                 "Shared devices: memory used",
                 "timeseries",
-                (t(f"{cat.GPU_MEMORY_USED}{sel(*shared)}", DEVICE_LEGEND),),
+                (t(f"{cat.GPU_MEMORY_USED.name}{sel(*shared)}", DEVICE_LEGEND),),
                 "Device memory in use on shared devices (all their pods together).",
                 "bytes",
             ),
@@ -1071,7 +1077,7 @@ def sharing() -> Dashboard:
             ),
         ),
     )
-    on_gpu = f"and on ({NODE_LABEL}, uuid) {cat.GPU_INFO}{sel(*d)}"
+    on_gpu = f"and on ({NODE_LABEL}, uuid) {cat.GPU_INFO.name}{sel(*d)}"
     container_legend = "{{namespace}}/{{pod}}/{{container}} {{uuid}}"
     containers = Row(
         "Per-container shares",
@@ -1079,7 +1085,7 @@ def sharing() -> Dashboard:
             Panel(
                 "Memory used per container",
                 "timeseries",
-                (t(f"{cat.CONTAINER_GPU_MEMORY_USED}{sel()} {on_gpu}", container_legend),),
+                (t(f"{cat.CONTAINER_GPU_MEMORY_USED.name}{sel()} {on_gpu}", container_legend),),
                 "Device memory of each container's GPU processes, per device (NVML per-process memory, "
                 "PIDs mapped to containers through /proc; needs hostPID).",
                 "bytes",
@@ -1087,7 +1093,7 @@ def sharing() -> Dashboard:
             Panel(
                 "SM utilisation per container",
                 "timeseries",
-                (t(f"{cat.CONTAINER_GPU_SM_UTILIZATION}{sel()} {on_gpu}", container_legend),),
+                (t(f"{cat.CONTAINER_GPU_SM_UTILIZATION.name}{sel()} {on_gpu}", container_legend),),
                 "Each container's share of the device's SMs; the shares of one device add up to at most "
                 "its utilisation.",
                 "percentunit",
@@ -1096,7 +1102,7 @@ def sharing() -> Dashboard:
             Panel(
                 "Containers on GPUs now",
                 "table",
-                (tab(f"{cat.CONTAINER_GPU_MEMORY_USED}{sel()} {on_gpu}"),),
+                (tab(f"{cat.CONTAINER_GPU_MEMORY_USED.name}{sel()} {on_gpu}"),),
                 "Every container with GPU processes, its device and claim (Value: memory used, bytes).",
                 columns=(NODE_LABEL, "uuid", "namespace", "pod", "container", "claim"),
                 width=24,
@@ -1117,12 +1123,12 @@ def compute_domain() -> Dashboard:
     """NVIDIA ComputeDomains (multi-node NVLink): readiness, members, IMEX channel holders, the GPUs
     serving each domain and their NVLink traffic. Each member's agent reports the whole domain,
     so domain and member queries aggregate the agents away (max)."""
-    cd = f"max by (namespace, compute_domain, uid, allocation_mode, num_nodes) ({cat.COMPUTE_DOMAIN_INFO}{sel()})"
-    ready = f"max by (namespace, compute_domain) ({cat.COMPUTE_DOMAIN_READY}{sel()})"
-    members = f"max by (namespace, compute_domain, node, clique, index) ({cat.COMPUTE_DOMAIN_NODE_READY}{sel()})"
-    gpus = f"max by (uuid, compute_domain) ({cat.COMPUTE_DOMAIN_GPU_INFO}{sel()})"
-    nvlink = (f"rate({cat.GPU_NVLINK_LINK_BYTES}{sel()}[$__rate_interval]) * on (uuid) group_left (compute_domain) "
-              f"{gpus}")
+    cd = f"max by (namespace, compute_domain, uid, allocation_mode, num_nodes) ({cat.COMPUTE_DOMAIN_INFO.name}{sel()})"
+    ready = f"max by (namespace, compute_domain) ({cat.COMPUTE_DOMAIN_READY.name}{sel()})"
+    members = f"max by (namespace, compute_domain, node, clique, index) ({cat.COMPUTE_DOMAIN_NODE_READY.name}{sel()})"
+    gpus = f"max by (uuid, compute_domain) ({cat.COMPUTE_DOMAIN_GPU_INFO.name}{sel()})"
+    nvlink = (f"rate({cat.GPU_NVLINK_LINK_BYTES.name}{sel()}[$__rate_interval]) * on (uuid) "
+              f"group_left (compute_domain) {gpus}")
     domains = Row(
         "Domains",
         (
@@ -1131,10 +1137,10 @@ def compute_domain() -> Dashboard:
             stat("Not Ready", f"count({ready} == 0) or vector(0)", "ComputeDomains whose status is not Ready.",
                  width=6, thresholds=((0, "green"), (1, "red"))),
             stat("Member nodes NotReady",
-                 f"count(max by (namespace, compute_domain, node) ({cat.COMPUTE_DOMAIN_NODE_READY}{sel()}) == 0) "
+                 f"count(max by (namespace, compute_domain, node) ({cat.COMPUTE_DOMAIN_NODE_READY.name}{sel()}) == 0) "
                  "or vector(0)", "Member nodes whose IMEX daemon is NotReady, over all domains.",
                  width=6, thresholds=((0, "green"), (1, "red"))),
-            stat("IMEX channels held", f"count({cat.COMPUTE_DOMAIN_CHANNEL_INFO}{sel()}) or vector(0)",
+            stat("IMEX channels held", f"count({cat.COMPUTE_DOMAIN_CHANNEL_INFO.name}{sel()}) or vector(0)",
                  "Pods holding an IMEX channel of a domain.", width=6),
             Panel("ComputeDomains", "table", (tab(cd), tab(ready)),
                   "Each domain, its channel allocation mode and numNodes (Value #B: Ready 1 / NotReady 0).",
@@ -1158,10 +1164,10 @@ def compute_domain() -> Dashboard:
     traffic = Row(
         "IMEX channels, GPUs and NVLink",
         (
-            Panel("IMEX channel holders", "table", (tab(f"{cat.COMPUTE_DOMAIN_CHANNEL_INFO}{sel()}"),),
+            Panel("IMEX channel holders", "table", (tab(f"{cat.COMPUTE_DOMAIN_CHANNEL_INFO.name}{sel()}"),),
                   "Pods holding an IMEX channel of a domain, with their claim and channel device.",
                   columns=(NODE_LABEL, "namespace", "pod", "claim", "compute_domain", "device"), width=12),
-            Panel("GPUs serving each domain", "table", (tab(f"{cat.COMPUTE_DOMAIN_GPU_INFO}{sel()}"),),
+            Panel("GPUs serving each domain", "table", (tab(f"{cat.COMPUTE_DOMAIN_GPU_INFO.name}{sel()}"),),
                   "The GPUs allocated to the pods of each domain.",
                   columns=(NODE_LABEL, "compute_domain", "namespace", "pod", "gpu", "uuid"), width=12),
             Panel("NVLink throughput per domain", "timeseries",
@@ -1176,20 +1182,22 @@ def compute_domain() -> Dashboard:
                   (t(f"sum by ({NODE_LABEL}, gpu, compute_domain) ({nvlink})", "{{instance}} GPU {{gpu}}"),),
                   "Each domain GPU's NVLink traffic.", "Bps", width=12),
             Panel("NVLink links down (domain GPUs)", "table",
-                  (tab(f"{cat.GPU_NVLINK_LINK_UP}{sel()} * on (uuid) group_left (compute_domain) {gpus} == 0"),),
+                  (tab(f"{cat.GPU_NVLINK_LINK_UP.name}{sel()} * on (uuid) group_left (compute_domain) {gpus} == 0"),),
                   "Links of the domains' GPUs that are not active (Value: 0).",
                   columns=(NODE_LABEL, "compute_domain", "gpu", "link", "uuid"), width=12),
             Panel("NVLink errors and recoveries per link", "timeseries",
-                  (t(f"sum by ({NODE_LABEL}, gpu, link) (rate({cat.GPU_NVLINK_LINK_ERRORS}{sel()}[$__rate_interval]))",
+                  (t(f"sum by ({NODE_LABEL}, gpu, link) "
+                     f"(rate({cat.GPU_NVLINK_LINK_ERRORS.name}{sel()}[$__rate_interval]))",
                      "{{instance}} GPU {{gpu}} link {{link}}"),),
                   "Errors per second on each link (every error type summed).", width=12),
             Panel("Fabric health of the domains' GPUs", "table",
-                  (tab(f"{cat.GPU_FABRIC_HEALTH_SUMMARY}{sel()} * on (uuid) group_left (compute_domain) {gpus} == 1"),),
+                  (tab(f"{cat.GPU_FABRIC_HEALTH_SUMMARY.name}{sel()} * on (uuid) group_left (compute_domain) "
+                       f"{gpus} == 1"),),
                   "The NVML fabric health summary of each GPU serving a domain.",
                   columns=(NODE_LABEL, "compute_domain", "gpu", "summary", "uuid"), width=12),
             Panel("Utilisation of the domain's GPUs", "timeseries",
-                  (t(f"avg by (compute_domain) ({cat.GPU_UTILIZATION}{sel()} * on (uuid) group_left (compute_domain) "
-                     f"{gpus})", "{{compute_domain}}"),),
+                  (t(f"avg by (compute_domain) ({cat.GPU_UTILIZATION.name}{sel()} * on (uuid) "
+                     f"group_left (compute_domain) {gpus})", "{{compute_domain}}"),),
                   "Mean NVML utilisation of the GPUs serving each domain.", "percentunit", width=12, max=1),
         ),
     )
@@ -1204,8 +1212,76 @@ def compute_domain() -> Dashboard:
     )
 
 
+def showback() -> Dashboard:
+    """Cluster-wide GPU-hours on the recording rules (deploy/recording-rules.yaml): no node picker,
+    since a namespace's claims span nodes; the rules have already summed the nodes."""
+    ns = rx("namespace", "$namespace")
+    held_ns, busy_ns = f"{sb.HELD_NAMESPACE}{{{ns}}}", f"{sb.BUSY_NAMESPACE}{{{ns}}}"
+    held_claim, busy_claim = f"{sb.HELD_CLAIM}{{{ns}}}", f"{sb.BUSY_CLAIM}{{{ns}}}"
+    # Recorded every RULE_INTERVAL: the sum of a range's samples times the interval is GPU-time.
+    hours_per_sample = sb.parse_duration(sb.RULE_INTERVAL) / 3600
+
+    def hours(expr: str, by: str = "") -> str:
+        grouping = f" by ({by})" if by else ""
+        return f"sum{grouping} (sum_over_time({expr}[$__range])) * {hours_per_sample:g}"
+
+    price = Variable("price", "Price per GPU-hour", "1", kind="textbox")
+    totals = Row(
+        "In the dashboard's time range",
+        (
+            stat("GPU-hours held", hours(held_ns), "Whole GPUs count 1 an hour, a MIG device its share of "
+                 "its GPU (compute slices / 7); a claim shared by several pods counts once.", width=6),
+            stat("GPU-hours busy", hours(busy_ns), "Held GPU-hours weighted by utilisation (GPM SM activity "
+                 "for MIG devices).", width=6),
+            stat("Idle share", f"1 - ({hours(busy_ns)}) / ({hours(held_ns)})",
+                 "Share of the held GPU-hours nobody used.", unit="percentunit", width=6),
+            stat("Cost", f"({hours(held_ns)}) * $price", "GPU-hours held times the price variable.", width=6),
+        ),
+    )
+    over_time = Row(
+        "Held vs busy by namespace",
+        (
+            Panel("GPU-equivalents held", "timeseries", (t(held_ns, "{{namespace}}"),),
+                  "GPUs each namespace's claims hold, MIG devices by their share."),
+            Panel("GPU-equivalents busy", "timeseries", (t(busy_ns, "{{namespace}}"),),
+                  "How much of what each namespace holds is busy."),
+            Panel("GPU-hours held by namespace", "bargauge",
+                  (now(f"sort_desc({hours(held_ns, 'namespace')})", "{{namespace}}"),),
+                  "GPU-hours held over the time range.", width=8),
+            Panel("Idle share by namespace", "bargauge",
+                  (now(f"sort_desc(1 - ({hours(busy_ns, 'namespace')}) / ({hours(held_ns, 'namespace')}))",
+                       "{{namespace}}"),),
+                  "Share of each namespace's GPU-hours nobody used.", "percentunit", width=8, max=1),
+            Panel("Cost by namespace", "bargauge",
+                  (now(f"sort_desc(({hours(held_ns, 'namespace')}) * $price)", "{{namespace}}"),),
+                  "GPU-hours held times the price variable.", width=8),
+        ),
+    )
+    idle = Row(
+        "Claims",
+        (
+            Panel("Top idle claims", "bargauge",
+                  (now(f"topk(10, 1 - ({hours(busy_claim, 'namespace, claim')}) / "
+                       f"({hours(held_claim, 'namespace, claim')}))", BY_CLAIM),),
+                  "Claims with the largest share of their GPU-hours unused over the range. `dra-exporter report` "
+                  "says since when each idle claim has been idle.", "percentunit", max=1),
+            Panel("Top claims by cost", "bargauge",
+                  (now(f"topk(10, ({hours(held_claim, 'namespace, claim')}) * $price)", BY_CLAIM),),
+                  "GPU-hours each claim held times the price variable."),
+        ),
+    )
+    return Dashboard(
+        "dra-exporter-showback",
+        "dra-showback.json",
+        "DRA GPUs / Showback",
+        "GPU-hours held and busy per namespace and claim, idle claims and cost, from the recording rules.",
+        (Variable("namespace", "Namespace", f"label_values({sb.HELD_NAMESPACE}, namespace)"), price),
+        (totals, over_time, idle),
+    )
+
+
 def dashboards() -> tuple[Dashboard, ...]:
-    return (overview(), claims(), node(), sharing(), compute_domain())
+    return (overview(), claims(), node(), sharing(), compute_domain(), showback())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,33 +21,20 @@ import math
 import platform
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from . import __version__
 from .config import default_stall_timeout
 from .join import JoinInput, join
-from .model import (
-    ClusterSnapshot,
-    Frame,
-    LoopHealth,
-    NvmlSnapshot,
-    PodResourcesSnapshot,
-    ProcessOwnersSnapshot,
-    SourceHealth,
-)
+from .model import Frame, LoopHealth, SourceHealth
 from .resolve import Resolver
+from .sources import Snapshots, Source
 
 log = logging.getLogger(__name__)
 
-
-class Source(Protocol):
-    name: str
-
-    def collect(self) -> Any: ...
-
-    def close(self) -> None: ...
+T = TypeVar("T")
 
 
 class Sink(Protocol):
@@ -60,23 +47,29 @@ class ReportingSink(Sink, Protocol):
     def health(self) -> SourceHealth: ...
 
 
-class SourceRunner:
+class SourceRunner(Generic[T]):
     """Collects one source, times it and tracks its health.
 
     ``keep_last_good``: after a failure keep serving the last good snapshot (kubelet,
     API server: attribution that is a few seconds old beats none) instead of dropping it
     (NVML: stale device values would be misleading).
+
+    ``place`` puts the snapshot into the join's ``Snapshots`` (``sources.registry`` gives
+    each source's); without it only the source's health reaches the frame.
     """
 
-    def __init__(self, source: Source, *, keep_last_good: bool, wall_clock: Callable[[], float] = time.time,
+    def __init__(self, source: Source[T], *, keep_last_good: bool,
+                 place: Callable[[Snapshots, T], Snapshots] | None = None,
+                 wall_clock: Callable[[], float] = time.time,
                  interval: float = 1.0, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.source = source
         self.keep_last_good = keep_last_good
+        self.place = place
         self.interval = interval
         self._wall_clock = wall_clock
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._snapshot: Any = None
+        self._snapshot: T | None = None
         self._health = SourceHealth(source.name, up=False)
         self._collecting_since: float | None = None
         self._thread: threading.Thread | None = None
@@ -88,9 +81,13 @@ class SourceRunner:
     def name(self) -> str:
         return self.source.name
 
-    def latest(self) -> tuple[Any, SourceHealth]:
+    def latest(self) -> tuple[T | None, SourceHealth]:
         with self._lock:
             return self._snapshot, self._health
+
+    def placed(self, snapshots: Snapshots, snapshot: T | None) -> Snapshots:
+        """``snapshots`` with ``snapshot`` (this source's) in its place; unchanged for None."""
+        return snapshots if snapshot is None or self.place is None else self.place(snapshots, snapshot)
 
     def collecting_for(self) -> float | None:
         """Seconds the collection in progress has been running (``monotonic``), None when idle."""
@@ -155,11 +152,11 @@ class Agent:
     ``monotonic``; see the module docstring.
     """
 
-    def __init__(self, primary: SourceRunner, side: Sequence[SourceRunner], sinks: Sequence[Sink], *,
+    def __init__(self, primary: SourceRunner[Any], side: Sequence[SourceRunner[Any]], sinks: Sequence[Sink], *,
                  interval: float = 1.0, self_pod: tuple[str, str] | None = None,
                  wall_clock: Callable[[], float] = time.time,
                  resolvers: Callable[[], Sequence[Resolver]] = tuple,
-                 followers: Sequence[SourceRunner] = (), stall_after: float | None = None,
+                 followers: Sequence[SourceRunner[Any]] = (), stall_after: float | None = None,
                  liveness_grace: float | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.primary = primary
         self.side = tuple(side)
@@ -264,7 +261,8 @@ class Agent:
         finally:
             self._publish_lock.release()
 
-    def _log_stall(self, finished_at: float, stalled: float, stuck: tuple[SourceRunner, float] | None) -> None:
+    def _log_stall(self, finished_at: float, stalled: float,
+                   stuck: tuple[SourceRunner[Any], float] | None) -> None:
         with self._stall_lock:
             if self._stall_logged is not None or self._finished_at != finished_at:
                 return  # logged already, or a cycle has just finished
@@ -296,32 +294,33 @@ class Agent:
             except Exception:  # noqa: BLE001 - the watchdog must outlive whatever it watches
                 log.exception("the cycle watchdog failed; trying again next tick")
 
+    @property
+    def runners(self) -> tuple[SourceRunner[Any], ...]:
+        """Every source's runner: the primary, its followers, the side sources."""
+        return (self.primary, *self.followers, *self.side)
+
     def _join_input(self, down: Mapping[str, float | None] = MappingProxyType({})) -> JoinInput:
         """The latest snapshot and health of every source; those in ``down`` are reported down
         (with the seconds their collection has been running, if it is stuck), without their
         snapshot unless they keep the last good one. Error counts stay: a hang is no failed
         collection yet, and a counter must not go back down when the cycle comes back."""
-        snapshots: dict[str, Any] = {}
+        snapshots = Snapshots()
         health = []
-        for runner in (self.primary, *self.followers, *self.side):
+        for runner in self.runners:
             snapshot, h = runner.latest()
             if runner.name in down:
                 snapshot = snapshot if runner.keep_last_good else None
                 running = down[runner.name]
                 h = SourceHealth(h.source, False, h.duration_seconds if running is None else running,
                                  h.errors_total, h.last_success_timestamp)
-            snapshots[runner.name] = snapshot
+            snapshots = runner.placed(snapshots, snapshot)
             health.append(h)
         health.extend(sink.health() for sink in self.sinks if hasattr(sink, "health"))
-        nvml = snapshots.get("nvml")
-        pods = snapshots.get("podresources")
-        cluster = snapshots.get("kubeapi")
-        owners = snapshots.get("procs")
         return JoinInput(
-            owners=owners if isinstance(owners, ProcessOwnersSnapshot) else None,
-            nvml=nvml if isinstance(nvml, NvmlSnapshot) else None,
-            pods=pods if isinstance(pods, PodResourcesSnapshot) else None,
-            cluster=cluster if isinstance(cluster, ClusterSnapshot) else None,
+            owners=snapshots.owners,
+            nvml=snapshots.nvml,
+            pods=snapshots.pods,
+            cluster=snapshots.cluster,
             health=tuple(sorted(health, key=lambda h: h.source)),
             self_pod=self.self_pod,
             resolvers=tuple(self._resolvers()),
@@ -388,8 +387,16 @@ class Agent:
             self._watchdog.join(timeout)
         for runner in self.side:
             runner.join(timeout)
-        for runner in (self.primary, *self.followers, *self.side):
+        for runner in self.runners:
             try:
                 runner.source.close()
             except Exception:  # noqa: BLE001 - shutting down anyway
                 log.debug("closing %s failed", runner.name, exc_info=True)
+
+
+def latest_snapshots(runners: Iterable[SourceRunner[Any]]) -> Snapshots:
+    """The latest snapshot of each of ``runners``, each in its place."""
+    snapshots = Snapshots()
+    for runner in runners:
+        snapshots = runner.placed(snapshots, runner.latest()[0])
+    return snapshots

@@ -1,16 +1,34 @@
-"""The metric catalogue: every family the exporter publishes, described once.
+"""The metric catalogue: every family the exporter publishes, each defined once.
 
-Sinks, docs and tests read this table; no other module spells a metric name as
-a literal except through these constants. Label tuples are the full, ordered
-label set of each family's series (the join builds labels in this order).
+A family is one ``MetricSpec`` constant (``GPU_UP``, ``CLAIM_CONSUMER_INFO``, …) that holds all
+there is to know about it: native name, type, unit, help, its labels in order, how it is pushed
+over OTLP (``OtlpForm``), the dcgm-exporter families made from it (``DcgmForm``) and its
+stability. Everything else is derived from these constants:
+
+- the join fills a family's labels by name through the spec (``series``, ``extra``,
+  ``device_series``), which refuses a missing or an unknown label, so a frame's label sets are
+  the catalogue's, in its order;
+- the sources name the family of each NVML reading by its spec constant;
+- the Prometheus renderer takes HELP and TYPE from here, the OTLP mapping its instruments and
+  attributes, ``naming`` the dcgm-exporter families, the README its tables.
+
+No other module spells a metric name, an OTLP name or a DCGM name as a literal.
+
+Stability (kube-state-metrics' levels): ``stable`` families are the metric contract of DESIGN §4
+— renamed or relabelled only with a deprecation; new labels may be added. Every other family is
+``experimental``. HELP texts do not carry the level: the exposition stays as it is.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Final, Literal
 
+from .model import Labels
+
 Kind = Literal["gauge", "counter"]
+Stability = Literal["stable", "experimental"]
 
 #: Identity of a device series: the NVML UUID, the physical GPU's index, MIG partition.
 DEVICE_ID_LABELS: Final = ("uuid", "gpu", "profile", "parent_uuid")
@@ -22,319 +40,677 @@ DEVICE_LABELS: Final = DEVICE_ID_LABELS + ATTRIBUTION_LABELS
 #: A whole GPU's identity alone, for what does not change with who holds it (link and fabric identity).
 GPU_ID_LABELS: Final = ("uuid", "gpu")
 CONTAINER_LABELS: Final = ("uuid", "namespace", "pod", "pod_uid", "container", "claim")
+_SOURCE: Final = ("source",)
+
+#: Prometheus label -> OTel attribute, where a semantic convention (or DESIGN §4) names one; any
+#: other label ``x`` is pushed as ``dra.x`` (``gpu`` -> ``dra.gpu``).
+OTEL_ATTRIBUTES: Final[dict[str, str]] = {
+    "uuid": "hw.id",
+    "parent_uuid": "hw.parent",
+    "model": "hw.model",
+    "namespace": "k8s.namespace.name",
+    "pod": "k8s.pod.name",
+    "pod_uid": "k8s.pod.uid",
+    "container": "k8s.container.name",
+    "claim": "k8s.resourceclaim.name",
+    "claim_uid": "k8s.resourceclaim.uid",
+    "request": "k8s.resourceclaim.request",
+    "driver": "dra.driver",
+    "pool": "dra.pool",
+    "device": "dra.device",
+    "direction": "network.io.direction",
+    "type": "error.type",
+}
+#: Label values the semantic conventions spell differently.
+OTEL_VALUES: Final[dict[str, dict[str, str]]] = {"direction": {"rx": "receive", "tx": "transmit"}}
+
+
+def attribute_name(label: str) -> str:
+    """The OTel attribute for a Prometheus label: the convention's name, else ``dra.<label>``."""
+    return OTEL_ATTRIBUTES.get(label) or f"dra.{label}"
+
+
+class LabelError(ValueError):
+    """A series built with a label its family does not declare, or without one it does."""
+
+
+@dataclass(frozen=True, slots=True)
+class OtlpForm:
+    """How a family is pushed over OTLP, following the OpenTelemetry semantic conventions.
+
+    Families sharing a ``name`` become one OTLP metric, told apart by ``constant`` attributes;
+    the labels become attributes through ``OTEL_ATTRIBUTES``."""
+
+    name: str
+    unit: str
+    scale: float = 1.0
+    """Factor from the native value to the OTel unit (ratio → ``1`` stays 1.0)."""
+    updown: bool = False
+    """The convention makes it an UpDownCounter (a non-monotonic sum), not a gauge."""
+    constant: tuple[tuple[str, str], ...] = ()
+    """Attributes on every point, telling apart families that share one OTLP name."""
+    stateset: tuple[str, str] | None = None
+    """``(state if 1, state if 0)``: one point per state, valued 1 or 0 (``hw.status``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmForm:
+    """One dcgm-exporter default counter made from the family it is declared on (``--naming dcgm``)."""
+
+    name: str
+    """The raw DCGM field name: upper case, no unit suffix, no ``_total``."""
+    dcgm_kind: Kind
+    """The type dcgm-exporter declares. Exposed as ``gauge`` whatever it is: a counter's samples
+    must end in ``_total`` (always in OpenMetrics, and in this renderer), which would rename them."""
+    help: str
+    scale: float = 1.0
+    """Factor from the native unit to DCGM's (bytes → MiB, Hz → MHz, J → mJ, ratio → %)."""
+    select: tuple[tuple[str, str], ...] = ()
+    """Native label values a sample must have (``clock=sm``); these labels are then dropped."""
+    sum_over: str = ""
+    """A native label summed away (NVLink ``direction``): one DCGM series per device."""
+    unit: str = ""
+    """DCGM's unit, for the README table."""
+    replaces: bool = True
+    """Whether ``--naming dcgm`` drops the native family for it; False where the DCGM form says less
+    (a sum over links, a clique id without its cluster): the native detail then stays."""
 
 
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
+    """One metric family, and the one place its label set is checked."""
+
     name: str
     """Native Prometheus name; counters include ``_total``."""
     kind: Kind
     help: str
-    labels: tuple[str, ...]
-    otel_name: str = ""
-    """OpenTelemetry instrument name; ``""`` when the family is not pushed over OTLP."""
-    otel_unit: str = ""
-    otel_scale: float = 1.0
-    """Factor from the native value to the OTel unit (ratio → ``1`` stays 1.0)."""
+    labels: tuple[str, ...] = DEVICE_LABELS
+    """The full, ordered label set of every series of the family."""
+    _: KW_ONLY
+    unit: str = ""
+    """Prometheus base unit, the name's suffix (``bytes``, ``ratio``); ``""`` for counts and info."""
+    otlp: OtlpForm | None = None
+    """None when the family is not pushed over OTLP."""
+    dcgm: tuple[DcgmForm, ...] = ()
+    stability: Stability = "experimental"
+    gpu_identity: bool = False
+    """A whole GPU's family whose series start with ``GPU_ID_LABELS`` alone, not with the device's
+    attribution (NVLink link and fabric identity: who holds the GPU does not change them). NVML
+    readings of it carry its own labels after those, as for a device family."""
+    extra_labels: tuple[str, ...] | None = field(init=False, repr=False, compare=False)
+    """For a device family (``DEVICE_LABELS`` first, or ``GPU_ID_LABELS`` for a ``gpu_identity``
+    one), its own labels after them; else None."""
+
+    def __post_init__(self) -> None:
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"{self.name}: a label is declared twice in {self.labels}")
+        if self.gpu_identity:
+            if self.labels[:len(GPU_ID_LABELS)] != GPU_ID_LABELS:
+                raise ValueError(f"{self.name}: a GPU identity family starts with {GPU_ID_LABELS}")
+            object.__setattr__(self, "extra_labels", self.labels[len(GPU_ID_LABELS):])
+            return
+        device = self.labels[:len(DEVICE_LABELS)] == DEVICE_LABELS
+        object.__setattr__(self, "extra_labels", self.labels[len(DEVICE_LABELS):] if device else None)
+
+    # -- label builders: the join and the sources make every label set through these --------------
+
+    def series(self, /, **values: str) -> Labels:
+        """This family's label pairs, in its order, from values given by name.
+
+        Raises ``LabelError`` when a declared label is missing or an unknown one is given."""
+        names = self.labels
+        if tuple(values) == names:  # given in the family's order, as the join does: the fast path
+            return tuple(values.items())
+        if len(values) == len(names):
+            try:
+                return tuple([(name, values[name]) for name in names])
+            except KeyError:
+                pass
+        raise self._mismatch(values)
+
+    def extra(self, /, **values: str) -> Labels:
+        """A device family's own labels (those after ``DEVICE_LABELS``: ``clock``, ``direction``),
+        as an NVML reading carries them; ``LabelError`` as ``series``."""
+        own = self.extra_labels
+        if own is None:
+            raise LabelError(f"{self.name} is not a device family; build its labels with series()")
+        if len(values) == len(own):
+            try:
+                return tuple([(name, values[name]) for name in own])
+            except KeyError:
+                pass
+        raise self._mismatch(values, own)
+
+    def device_series(self, device: Labels, extra: Labels) -> Labels:
+        """A device family's labels: ``device`` (the ``DEVICE_LABELS`` pairs, from
+        ``device_labels``) followed by the family's own ``extra`` pairs (from ``extra``).
+
+        Checks ``extra``'s names against the family (cheap: it runs for every reading of every
+        device each cycle); raises ``LabelError`` on a difference. A ``gpu_identity`` family keeps
+        only the ``GPU_ID_LABELS`` pairs of ``device``."""
+        own = self.extra_labels
+        if self.gpu_identity:
+            device = device[:len(GPU_ID_LABELS)]
+        if not extra:
+            if own == ():
+                return device
+        elif own is not None and len(extra) == len(own) and tuple([k for k, _ in extra]) == own:
+            return device + extra
+        raise self._mismatch(dict(device) | dict(extra))
+
+    def check(self, labels: Labels) -> Labels:
+        """``labels`` if their names are this family's, in its order; else ``LabelError``."""
+        if tuple([k for k, _ in labels]) != self.labels:
+            raise LabelError(f"{self.name}: labels {[k for k, _ in labels]} are not its labels "
+                             f"{list(self.labels)} in that order")
+        return labels
+
+    def _mismatch(self, given: Iterable[str], wanted: tuple[str, ...] | None = None) -> LabelError:
+        wanted = self.labels if wanted is None else wanted
+        given = set(given)
+        missing = [n for n in wanted if n not in given]
+        unknown = sorted(given - set(wanted))
+        return LabelError(f"{self.name}: missing label(s) {missing}, unknown label(s) {unknown}; "
+                          f"it has {list(wanted)}")
+
+    # -- derived forms ---------------------------------------------------------------------------
+
+    @property
+    def is_device(self) -> bool:
+        """A device family: its series start with ``DEVICE_LABELS`` (identity, then attribution), or
+        with ``GPU_ID_LABELS`` for a ``gpu_identity`` family."""
+        return self.extra_labels is not None
+
+    @property
+    def otel_attributes(self) -> tuple[str, ...]:
+        """The OTel attribute of each label, in label order."""
+        return tuple(attribute_name(label) for label in self.labels)
 
 
-def _spec(name: str, kind: Kind, help: str, labels: tuple[str, ...] = DEVICE_LABELS,
-          otel_name: str = "", otel_unit: str = "") -> MetricSpec:
-    return MetricSpec(name, kind, help, labels, otel_name, otel_unit)
+def device_labels(*, uuid: str, gpu: str, profile: str, parent_uuid: str, namespace: str, pod: str,
+                  pod_uid: str, container: str, claim: str, request: str) -> Labels:
+    """The ``DEVICE_LABELS`` pairs every device family starts with (see ``device_series``)."""
+    return (("uuid", uuid), ("gpu", gpu), ("profile", profile), ("parent_uuid", parent_uuid),
+            ("namespace", namespace), ("pod", pod), ("pod_uid", pod_uid), ("container", container),
+            ("claim", claim), ("request", request))
+
+
+_MIB: Final = 1.0 / (1 << 20)
+_STABLE: Final[Stability] = "stable"
 
 
 # --- device families (NVML) -----------------------------------------------------------------
-GPU_INFO: Final = "dra_gpu_info"
-GPU_UP: Final = "dra_gpu_up"
-GPU_UTILIZATION: Final = "dra_gpu_utilization_ratio"
-GPU_MEMORY_UTILIZATION: Final = "dra_gpu_memory_utilization_ratio"
-GPU_ENCODER_UTILIZATION: Final = "dra_gpu_encoder_utilization_ratio"
-GPU_DECODER_UTILIZATION: Final = "dra_gpu_decoder_utilization_ratio"
-GPU_MEMORY_USED: Final = "dra_gpu_memory_used_bytes"
-GPU_MEMORY_FREE: Final = "dra_gpu_memory_free_bytes"
-GPU_MEMORY_TOTAL: Final = "dra_gpu_memory_total_bytes"
-GPU_MEMORY_RESERVED: Final = "dra_gpu_memory_reserved_bytes"
-GPU_POWER: Final = "dra_gpu_power_watts"
-GPU_POWER_LIMIT: Final = "dra_gpu_power_limit_watts"
-GPU_ENERGY: Final = "dra_gpu_energy_joules_total"
-GPU_TEMPERATURE: Final = "dra_gpu_temperature_celsius"
-GPU_MEMORY_TEMPERATURE: Final = "dra_gpu_memory_temperature_celsius"
-GPU_CLOCK: Final = "dra_gpu_clock_hertz"
-GPU_CLOCK_EVENT: Final = "dra_gpu_clock_event_active"
-GPU_PCIE_BYTES: Final = "dra_gpu_pcie_bytes_total"
-GPU_PCIE_REPLAYS: Final = "dra_gpu_pcie_replays_total"
-GPU_ECC_ERRORS: Final = "dra_gpu_ecc_errors_total"
-GPU_REMAPPED_ROWS: Final = "dra_gpu_remapped_rows_total"
-GPU_ROW_REMAP_PENDING: Final = "dra_gpu_row_remap_pending"
-GPU_ROW_REMAP_FAILURE: Final = "dra_gpu_row_remap_failure"
-GPU_XID_ERRORS: Final = "dra_gpu_xid_errors_total"
-GPU_LAST_XID: Final = "dra_gpu_last_xid_timestamp_seconds"
-GPU_SM_ACTIVE: Final = "dra_gpu_sm_active_ratio"
-GPU_SM_OCCUPANCY: Final = "dra_gpu_sm_occupancy_ratio"
-GPU_TENSOR_ACTIVE: Final = "dra_gpu_tensor_active_ratio"
-GPU_DRAM_ACTIVE: Final = "dra_gpu_dram_active_ratio"
-GPU_FP64_ACTIVE: Final = "dra_gpu_fp64_active_ratio"
-GPU_FP32_ACTIVE: Final = "dra_gpu_fp32_active_ratio"
-GPU_FP16_ACTIVE: Final = "dra_gpu_fp16_active_ratio"
-GPU_NVLINK_BYTES: Final = "dra_gpu_nvlink_bytes_total"
-GPU_NVLINK_LINK_UP: Final = "dra_gpu_nvlink_link_up"
-GPU_NVLINK_LINK_INFO: Final = "dra_gpu_nvlink_link_info"
-GPU_NVLINK_LINK_SPEED: Final = "dra_gpu_nvlink_link_speed_bytes_per_second"
-GPU_NVLINK_LINK_BYTES: Final = "dra_gpu_nvlink_link_bytes_total"
-GPU_NVLINK_LINK_ERRORS: Final = "dra_gpu_nvlink_link_errors_total"
-GPU_NVLINK_LINK_RECOVERIES: Final = "dra_gpu_nvlink_link_recovery_events_total"
-GPU_FABRIC_INFO: Final = "dra_gpu_fabric_info"
-GPU_FABRIC_STATE: Final = "dra_gpu_fabric_state"
-GPU_FABRIC_REGISTERED: Final = "dra_gpu_fabric_registered"
-GPU_FABRIC_HEALTH_SUMMARY: Final = "dra_gpu_fabric_health_summary"
-GPU_FABRIC_HEALTH_PROBLEM: Final = "dra_gpu_fabric_health_problem"
-GPU_PROCESSES: Final = "dra_gpu_processes"
+
+GPU_INFO: Final = MetricSpec(
+    "dra_gpu_info", "gauge", "NVML identity of a GPU or MIG device; value is always 1.",
+    ("uuid", "gpu", "model", "pci_bus_id", "driver_version", "profile", "parent_uuid", "mig_mode",
+     "gpu_instance_id", "compute_instance_id", "minor"), stability=_STABLE)
+GPU_UP: Final = MetricSpec(
+    "dra_gpu_up", "gauge", "Whether the last cycle read this device without an NVML error (1) or not (0).",
+    otlp=OtlpForm("hw.status", "1", updown=True, stateset=("ok", "failed")), stability=_STABLE)
+GPU_UTILIZATION: Final = MetricSpec(
+    "dra_gpu_utilization_ratio", "gauge",
+    "Fraction of the last sample period during which a kernel ran on the GPU.", unit="ratio",
+    otlp=OtlpForm("hw.gpu.utilization", "1", constant=(("hw.gpu.task", "general"),)),
+    dcgm=(DcgmForm("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", 100.0, unit="%"),),
+    stability=_STABLE)
+GPU_MEMORY_UTILIZATION: Final = MetricSpec(
+    "dra_gpu_memory_utilization_ratio", "gauge",
+    "Fraction of the last sample period during which device memory was read or written.", unit="ratio",
+    otlp=OtlpForm("hw.gpu.memory.activity", "1"),
+    dcgm=(DcgmForm("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", 100.0, unit="%"),),
+    stability=_STABLE)
+GPU_ENCODER_UTILIZATION: Final = MetricSpec(
+    "dra_gpu_encoder_utilization_ratio", "gauge", "Fraction of time the video encoder was busy.", unit="ratio",
+    otlp=OtlpForm("hw.gpu.utilization", "1", constant=(("hw.gpu.task", "encoder"),)),
+    dcgm=(DcgmForm("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", 100.0, unit="%"),))
+GPU_DECODER_UTILIZATION: Final = MetricSpec(
+    "dra_gpu_decoder_utilization_ratio", "gauge", "Fraction of time the video decoder was busy.", unit="ratio",
+    otlp=OtlpForm("hw.gpu.utilization", "1", constant=(("hw.gpu.task", "decoder"),)),
+    dcgm=(DcgmForm("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", 100.0, unit="%"),))
+GPU_MEMORY_USED: Final = MetricSpec(
+    "dra_gpu_memory_used_bytes", "gauge", "Device memory in use, in bytes.", unit="bytes",
+    otlp=OtlpForm("hw.gpu.memory.usage", "By", updown=True),
+    dcgm=(DcgmForm("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", _MIB, unit="MiB"),),
+    stability=_STABLE)
+GPU_MEMORY_FREE: Final = MetricSpec(
+    "dra_gpu_memory_free_bytes", "gauge", "Device memory free, in bytes.", unit="bytes",
+    otlp=OtlpForm("hw.gpu.memory.free", "By", updown=True),
+    dcgm=(DcgmForm("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", _MIB, unit="MiB"),),
+    stability=_STABLE)
+GPU_MEMORY_TOTAL: Final = MetricSpec(
+    "dra_gpu_memory_total_bytes", "gauge", "Device memory size, in bytes.", unit="bytes",
+    otlp=OtlpForm("hw.gpu.memory.limit", "By", updown=True), stability=_STABLE)
+GPU_MEMORY_RESERVED: Final = MetricSpec(
+    "dra_gpu_memory_reserved_bytes", "gauge", "Device memory reserved by the driver and firmware, in bytes.",
+    unit="bytes", otlp=OtlpForm("hw.gpu.memory.reserved", "By", updown=True),
+    dcgm=(DcgmForm("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", _MIB,
+                   unit="MiB"),),
+    stability=_STABLE)
+GPU_POWER: Final = MetricSpec(
+    "dra_gpu_power_watts", "gauge", "Power draw of the whole board, in watts.", unit="watts",
+    otlp=OtlpForm("hw.power", "W"),
+    dcgm=(DcgmForm("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", unit="W"),), stability=_STABLE)
+GPU_POWER_LIMIT: Final = MetricSpec(
+    "dra_gpu_power_limit_watts", "gauge", "Enforced power limit, in watts.", unit="watts",
+    otlp=OtlpForm("hw.power.limit", "W"), stability=_STABLE)
+GPU_ENERGY: Final = MetricSpec(
+    "dra_gpu_energy_joules_total", "counter", "Energy used since the driver was loaded, in joules.",
+    unit="joules", otlp=OtlpForm("hw.energy", "J"),
+    dcgm=(DcgmForm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+                   "Total energy consumption since boot (in mJ).", 1e3, unit="mJ"),),
+    stability=_STABLE)
+GPU_TEMPERATURE: Final = MetricSpec(
+    "dra_gpu_temperature_celsius", "gauge", "GPU die temperature, in degrees Celsius.", unit="celsius",
+    otlp=OtlpForm("hw.temperature", "Cel", constant=(("hw.sensor_location", "gpu"),)),
+    dcgm=(DcgmForm("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", unit="C"),), stability=_STABLE)
+GPU_MEMORY_TEMPERATURE: Final = MetricSpec(
+    "dra_gpu_memory_temperature_celsius", "gauge", "HBM temperature, in degrees Celsius.", unit="celsius",
+    otlp=OtlpForm("hw.temperature", "Cel", constant=(("hw.sensor_location", "memory"),)),
+    dcgm=(DcgmForm("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", unit="C"),),
+    stability=_STABLE)
+GPU_CLOCK: Final = MetricSpec(
+    "dra_gpu_clock_hertz", "gauge", "Current clock frequency, in hertz.", DEVICE_LABELS + ("clock",),
+    unit="hertz", otlp=OtlpForm("hw.gpu.clock.frequency", "Hz"),
+    dcgm=(DcgmForm("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", 1e-6, (("clock", "sm"),),
+                   unit="MHz"),
+          DcgmForm("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", 1e-6,
+                   (("clock", "memory"),), unit="MHz")),
+    stability=_STABLE)
+GPU_CLOCK_EVENT: Final = MetricSpec(
+    "dra_gpu_clock_event_active", "gauge", "Whether a clock event reason (throttling) is active now (1) or not (0).",
+    DEVICE_LABELS + ("reason",), otlp=OtlpForm("hw.gpu.clock.event.active", "1"), stability=_STABLE)
+GPU_PCIE_BYTES: Final = MetricSpec(
+    "dra_gpu_pcie_bytes_total", "counter", "Bytes moved over PCIe since the driver was loaded.",
+    DEVICE_LABELS + ("direction",), unit="bytes", otlp=OtlpForm("hw.gpu.io", "By"), stability=_STABLE)
+GPU_PCIE_REPLAYS: Final = MetricSpec(
+    "dra_gpu_pcie_replays_total", "counter", "PCIe replays since the driver was loaded.",
+    otlp=OtlpForm("hw.gpu.pcie.replays", "{replay}"),
+    dcgm=(DcgmForm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),),
+    stability=_STABLE)
+GPU_ECC_ERRORS: Final = MetricSpec(
+    "dra_gpu_ecc_errors_total", "counter", "ECC errors since the driver was loaded (volatile counters).",
+    DEVICE_LABELS + ("type",), otlp=OtlpForm("hw.errors", "{error}"), stability=_STABLE)
+GPU_REMAPPED_ROWS: Final = MetricSpec(
+    "dra_gpu_remapped_rows_total", "counter", "Memory rows remapped because of ECC errors.",
+    DEVICE_LABELS + ("type",), otlp=OtlpForm("hw.gpu.memory.remapped_rows", "{row}"),
+    dcgm=(DcgmForm("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+                   "Number of remapped rows for uncorrectable errors", select=(("type", "uncorrectable"),)),
+          DcgmForm("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
+                   "Number of remapped rows for correctable errors", select=(("type", "correctable"),))),
+    stability=_STABLE)
+GPU_ROW_REMAP_PENDING: Final = MetricSpec(
+    "dra_gpu_row_remap_pending", "gauge", "Whether a row remap waits for the next GPU reset (1) or not (0).",
+    otlp=OtlpForm("hw.gpu.memory.row_remap.pending", "1"))
+GPU_ROW_REMAP_FAILURE: Final = MetricSpec(
+    "dra_gpu_row_remap_failure", "gauge", "Whether a row remap has failed (1) or not (0).",
+    otlp=OtlpForm("hw.gpu.memory.row_remap.failed", "1"),
+    dcgm=(DcgmForm("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
+                   unit="0/1"),))
+#: Built by ``naming`` from the XID counters rather than converted sample by sample.
+DCGM_XID_ERRORS: Final = DcgmForm("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
+                                  unit="XID code")
+GPU_XID_ERRORS: Final = MetricSpec(
+    "dra_gpu_xid_errors_total", "counter", "XID errors seen by this exporter since it started, by XID code.",
+    DEVICE_LABELS + ("xid",), otlp=OtlpForm("hw.errors", "{error}", constant=(("error.type", "xid"),)),
+    dcgm=(DCGM_XID_ERRORS,), stability=_STABLE)
+GPU_LAST_XID: Final = MetricSpec(
+    "dra_gpu_last_xid_timestamp_seconds", "gauge", "Unix time of the last XID error seen on this device.",
+    unit="seconds", otlp=OtlpForm("hw.gpu.xid.last_time", "s"), stability=_STABLE)
+GPU_SM_ACTIVE: Final = MetricSpec(
+    "dra_gpu_sm_active_ratio", "gauge", "GPM: fraction of SM cycles with at least one warp resident.",
+    unit="ratio", otlp=OtlpForm("hw.gpu.sm.active", "1"),
+    dcgm=(DcgmForm("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.",
+                   unit="ratio"),),
+    stability=_STABLE)
+GPU_SM_OCCUPANCY: Final = MetricSpec(
+    "dra_gpu_sm_occupancy_ratio", "gauge", "GPM: resident warps as a fraction of the SM maximum.",
+    unit="ratio", otlp=OtlpForm("hw.gpu.sm.occupancy", "1"),
+    dcgm=(DcgmForm("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "The ratio of number of warps resident on an SM.",
+                   unit="ratio"),),
+    stability=_STABLE)
+GPU_TENSOR_ACTIVE: Final = MetricSpec(
+    "dra_gpu_tensor_active_ratio", "gauge", "GPM: fraction of cycles any tensor pipe was active.",
+    unit="ratio", otlp=OtlpForm("hw.gpu.tensor.active", "1"),
+    dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+                   unit="ratio"),),
+    stability=_STABLE)
+GPU_DRAM_ACTIVE: Final = MetricSpec(
+    "dra_gpu_dram_active_ratio", "gauge", "GPM: fraction of peak DRAM bandwidth used.",
+    unit="ratio", otlp=OtlpForm("hw.gpu.dram.active", "1"),
+    dcgm=(DcgmForm("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
+                   "Ratio of cycles the device memory interface is active sending or receiving data.",
+                   unit="ratio"),),
+    stability=_STABLE)
+GPU_FP64_ACTIVE: Final = MetricSpec(
+    "dra_gpu_fp64_active_ratio", "gauge", "GPM: fraction of cycles the FP64 pipe was active.",
+    unit="ratio", otlp=OtlpForm("hw.gpu.fp64.active", "1"),
+    dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "gauge", "Ratio of cycles the fp64 pipes are active.",
+                   unit="ratio"),),
+    stability=_STABLE)
+GPU_FP32_ACTIVE: Final = MetricSpec(
+    "dra_gpu_fp32_active_ratio", "gauge", "GPM: fraction of cycles the FP32 pipe was active.",
+    unit="ratio", otlp=OtlpForm("hw.gpu.fp32.active", "1"),
+    dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "gauge", "Ratio of cycles the fp32 pipes are active.",
+                   unit="ratio"),),
+    stability=_STABLE)
+GPU_FP16_ACTIVE: Final = MetricSpec(
+    "dra_gpu_fp16_active_ratio", "gauge", "GPM: fraction of cycles the FP16 pipe was active.",
+    unit="ratio", otlp=OtlpForm("hw.gpu.fp16.active", "1"),
+    dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "gauge", "Ratio of cycles the fp16 pipes are active.",
+                   unit="ratio"),),
+    stability=_STABLE)
+GPU_NVLINK_BYTES: Final = MetricSpec(
+    "dra_gpu_nvlink_bytes_total", "counter", "Bytes moved over NVLink since this exporter started (from GPM rates).",
+    DEVICE_LABELS + ("direction",), unit="bytes", otlp=OtlpForm("hw.gpu.nvlink.io", "By"),
+    dcgm=(DcgmForm("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
+                   "Total number of NVLink bandwidth counters for all lanes.", sum_over="direction",
+                   unit="bytes, rx + tx, since the exporter started"),),
+    stability=_STABLE)
+
+# NVLink per link and the NVLink fabric: whole GPUs only (MIG devices own no links). Where NVML has
+# per-link data counters (GPU_NVLINK_LINK_BYTES), GPU_NVLINK_BYTES is their sum, counted since the
+# driver loaded, not GPM's integral; rate() reads both alike. Its help text stays as it was so the
+# demo's golden exposition does not change.
+
+GPU_NVLINK_LINK_UP: Final = MetricSpec(
+    "dra_gpu_nvlink_link_up", "gauge",
+    "Whether an NVLink of a GPU is up (1: active, or asleep in a low-power state) or not (0).",
+    DEVICE_LABELS + ("link",), otlp=OtlpForm("dra.gpu.nvlink.link.up", "1"))
+GPU_NVLINK_LINK_INFO: Final = MetricSpec(
+    "dra_gpu_nvlink_link_info", "gauge",
+    "An NVLink of a GPU: its NVLink version and the kind of device at its far end (gpu, switch, ...; "
+    "\"\" where NVML does not say); value is always 1.", GPU_ID_LABELS + ("link", "version", "remote_type"),
+    gpu_identity=True)
+GPU_NVLINK_LINK_SPEED: Final = MetricSpec(
+    "dra_gpu_nvlink_link_speed_bytes_per_second", "gauge",
+    "Speed of an NVLink per direction, in bytes per second (0 while down).", GPU_ID_LABELS + ("link",),
+    unit="bytes_per_second", otlp=OtlpForm("dra.gpu.nvlink.link.speed", "By/s"), gpu_identity=True)
+GPU_NVLINK_LINK_BYTES: Final = MetricSpec(
+    "dra_gpu_nvlink_link_bytes_total", "counter",
+    "Data bytes (payload, without protocol overhead) moved over one NVLink since the driver was loaded.",
+    DEVICE_LABELS + ("link", "direction"), unit="bytes", otlp=OtlpForm("dra.gpu.nvlink.link.io", "By"))
+#: dcgm-exporter ships these commented out in default-counters.csv: sums over the links, so the
+#: per-link family stays beside them.
+_NVLINK_ERROR_TOTALS: Final = tuple(
+    DcgmForm(f"DCGM_FI_DEV_NVLINK_{kind.upper()}_ERROR_COUNT_TOTAL", "counter",
+             f"Total number of NVLink {what} errors.", select=(("type", kind),), sum_over="link", replaces=False)
+    for kind, what in (("crc_flit", "flow-control CRC"), ("crc_data", "data CRC"), ("replay", "retries"),
+                       ("recovery", "recovery")))
+GPU_NVLINK_LINK_ERRORS: Final = MetricSpec(
+    "dra_gpu_nvlink_link_errors_total", "counter",
+    "NVLink errors of one link since the driver was loaded, by type: crc_flit, crc_data, replay, "
+    "recovery, ecc_data up to Hopper; malformed_packet, buffer_overrun, rcv, rcv_remote, rcv_general, "
+    "local_link_integrity, xmit_discards, effective, symbol on Blackwell (NVLink5).",
+    DEVICE_LABELS + ("link", "type"), otlp=OtlpForm("dra.gpu.nvlink.link.errors", "{error}"),
+    dcgm=_NVLINK_ERROR_TOTALS)
+GPU_NVLINK_LINK_RECOVERIES: Final = MetricSpec(
+    "dra_gpu_nvlink_link_recovery_events_total", "counter",
+    "Link recovery events of one NVLink since the driver was loaded, successful or failed (Blackwell).",
+    DEVICE_LABELS + ("link", "result"), otlp=OtlpForm("dra.gpu.nvlink.link.recoveries", "{event}"))
+# Opt-in DCGM fields (no shipped CSV has them), built by ``naming`` from the state sets and the info
+# labels; they say less than the native families (a number for a state, a clique id without its
+# cluster), which stay.
+DCGM_FABRIC_STATUS: Final = DcgmForm(
+    "DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "gauge", "Fabric Manager status of the GPU (0 not supported, "
+    "1 not started, 2 in progress, 3 success, 4 failure).", unit="dcgmFabricManagerStatus_t", replaces=False)
+DCGM_FABRIC_CLIQUE_ID: Final = DcgmForm(
+    "DCGM_FI_DEV_FABRIC_CLIQUE_ID", "gauge", "Fabric clique ID of the GPU.",
+    unit="clique id, once registration completed", replaces=False)
+DCGM_FABRIC_HEALTH_SUMMARY: Final = DcgmForm(
+    "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY", "gauge", "Fabric health summary of the GPU (0 not supported, "
+    "1 healthy, 2 unhealthy, 3 limited capacity).", unit="NVML summary", replaces=False)
+#: ``DCGM_FI_DEV_FABRIC_MANAGER_STATUS`` (DCGM's ``dcgmFabricManagerStatus_t``) per native fabric state;
+#: ``completed`` is Success (3) when registered, Failure (4) when not.
+DCGM_FABRIC_STATUS_VALUES: Final = {"not_supported": 0.0, "not_started": 1.0, "in_progress": 2.0}
+#: ``DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY``: NVML's summary values.
+DCGM_FABRIC_SUMMARY_VALUES: Final = {"not_supported": 0.0, "healthy": 1.0, "unhealthy": 2.0,
+                                     "limited_capacity": 3.0}
+GPU_FABRIC_INFO: Final = MetricSpec(
+    "dra_gpu_fabric_info", "gauge",
+    "The NVLink fabric a GPU is registered in: clique is <cluster_uuid>.<clique_id> as GPU Feature "
+    "Discovery writes it, \"\" unless the GPU is in a multi-node clique (HGX boards: NVLink within the "
+    "node only); value is always 1.", GPU_ID_LABELS + ("clique", "cluster_uuid", "clique_id"),
+    dcgm=(DCGM_FABRIC_CLIQUE_ID,), gpu_identity=True)
+GPU_FABRIC_STATE: Final = MetricSpec(
+    "dra_gpu_fabric_state", "gauge",
+    "Fabric registration state of a GPU, one series per state (not_supported, not_started, in_progress, "
+    "completed): 1 for the current one, 0 for the others.", GPU_ID_LABELS + ("state",),
+    dcgm=(DCGM_FABRIC_STATUS,), gpu_identity=True)
+GPU_FABRIC_REGISTERED: Final = MetricSpec(
+    "dra_gpu_fabric_registered", "gauge",
+    "Whether the GPU's fabric registration completed successfully (1) or not (0).", GPU_ID_LABELS,
+    otlp=OtlpForm("dra.gpu.fabric.registered", "1"), gpu_identity=True)
+GPU_FABRIC_HEALTH_SUMMARY: Final = MetricSpec(
+    # Not ``..._health_summary``: promtool's lint takes a ``_summary`` suffix for a summary's type.
+    "dra_gpu_fabric_health", "gauge",
+    "Fabric health summary of a GPU, one series per value (not_supported, healthy, unhealthy, "
+    "limited_capacity): 1 for the current one, 0 for the others.", GPU_ID_LABELS + ("summary",),
+    dcgm=(DCGM_FABRIC_HEALTH_SUMMARY,), gpu_identity=True)
+GPU_FABRIC_HEALTH_PROBLEM: Final = MetricSpec(
+    "dra_gpu_fabric_health_problem", "gauge",
+    "Whether a fabric health-mask field reports a problem (1) or not (0): degraded_bw, route_recovery, "
+    "route_unhealthy, access_timeout_recovery, incorrect_configuration, partition_assigned (1: none "
+    "assigned), gfm_state (1: disconnected); only the fields the GPU reports.", GPU_ID_LABELS + ("field",),
+    otlp=OtlpForm("dra.gpu.fabric.health.problem", "1"), gpu_identity=True)
+# The one activity signal NVML gives for MIG devices of GPUs without GPM (A100): the idle
+# alert needs it per device, whether or not the processes' pods can be found.
+GPU_PROCESSES: Final = MetricSpec(
+    "dra_gpu_processes", "gauge", "Compute and graphics processes NVML lists on this device in the last cycle.",
+    otlp=OtlpForm("dra.gpu.processes", "{process}"))
 
 # --- per-container families (NVML processes + cgroups) -------------------------------------
-CONTAINER_GPU_MEMORY_USED: Final = "dra_container_gpu_memory_used_bytes"
-CONTAINER_GPU_SM_UTILIZATION: Final = "dra_container_gpu_sm_utilization_ratio"
+
+CONTAINER_GPU_MEMORY_USED: Final = MetricSpec(
+    "dra_container_gpu_memory_used_bytes", "gauge",
+    "Device memory used by the processes of one container on one device, in bytes.", CONTAINER_LABELS,
+    unit="bytes", otlp=OtlpForm("dra.container.gpu.memory.usage", "By", updown=True), stability=_STABLE)
+CONTAINER_GPU_SM_UTILIZATION: Final = MetricSpec(
+    "dra_container_gpu_sm_utilization_ratio", "gauge",
+    "SM utilisation of the processes of one container on one device (0-1).", CONTAINER_LABELS,
+    unit="ratio", otlp=OtlpForm("dra.container.gpu.utilization", "1"), stability=_STABLE)
 
 # --- DRA identity families ------------------------------------------------------------------
-CLAIM_ALLOCATION_INFO: Final = "dra_claim_allocation_info"
-CLAIM_CONSUMER_INFO: Final = "dra_claim_consumer_info"
-CLAIM_DEVICE_CONDITION: Final = "dra_claim_device_condition"
-CLAIM_DEVICE_TOLERATION: Final = "dra_claim_device_toleration"
-CLAIM_CONSUMED_CAPACITY: Final = "dra_claim_consumed_capacity"
-CLAIM_DEVICE_NETWORK: Final = "dra_claim_device_network_info"
+
+CLAIM_ALLOCATION_INFO: Final = MetricSpec(
+    "dra_claim_allocation_info", "gauge", "A device allocated to a ResourceClaim on this node; value is always 1.",
+    ("namespace", "claim", "claim_uid", "request", "driver", "pool", "device", "uuid", "admin_access"),
+    otlp=OtlpForm("dra.claim.allocation", "1"), stability=_STABLE)
+CLAIM_CONSUMER_INFO: Final = MetricSpec(
+    "dra_claim_consumer_info", "gauge",
+    "A pod (and container) that uses a ResourceClaim on this node; value is always 1.",
+    ("namespace", "claim", "pod", "pod_uid", "container"), otlp=OtlpForm("dra.claim.consumer", "1"),
+    stability=_STABLE)
+# An info family: no OTLP form (its ``type`` label would become ``error.type``).
+CLAIM_DEVICE_CONDITION: Final = MetricSpec(
+    "dra_claim_device_condition", "gauge",
+    "A condition the driver reports on a claim's device (status.devices); value is always 1.",
+    ("namespace", "claim", "driver", "pool", "device", "type", "status"), stability=_STABLE)
+CLAIM_DEVICE_TOLERATION: Final = MetricSpec(
+    "dra_claim_device_toleration", "gauge",
+    "A device taint a claim's allocation tolerates (allocation results' tolerations; key=\"\" with "
+    "operator=\"Exists\": every taint); value is always 1.",
+    ("namespace", "claim", "request", "driver", "pool", "device", "key", "operator", "value", "effect"),
+    otlp=OtlpForm("dra.claim.device.toleration", "1"))
+CLAIM_CONSUMED_CAPACITY: Final = MetricSpec(
+    "dra_claim_consumed_capacity", "gauge",
+    "What a claim's allocation takes of a device that allows several (consumable capacity: "
+    "consumedCapacity of the allocation result, share_id its shareID), in the capacity's base unit.",
+    ("namespace", "claim", "request", "driver", "pool", "device", "share_id", "capacity"),
+    otlp=OtlpForm("dra.claim.consumed_capacity", "1"))
+CLAIM_DEVICE_NETWORK: Final = MetricSpec(
+    "dra_claim_device_network_info", "gauge",
+    "How a claim's network device appears in the pod, as its driver reports it (status.devices "
+    "networkData; ips comma-joined); value is always 1.",
+    ("namespace", "claim", "driver", "pool", "device", "interface", "hardware_address", "ips"))
 
 # --- ResourceSlice families (API server) ----------------------------------------------------
-DEVICE_INFO: Final = "dra_device_info"
-DEVICE_TAINT: Final = "dra_device_taint"
-DEVICE_HEALTH: Final = "dra_device_health"
-DEVICE_SHARED_CAPACITY: Final = "dra_device_shared_capacity"
-DEVICE_SHARED_CONSUMPTION: Final = "dra_device_shared_consumption"
+
+DEVICE_INFO: Final = MetricSpec(
+    "dra_device_info", "gauge", "A device a ResourceSlice publishes for this node, allocated or not; value is always 1.",
+    ("node", "driver", "pool", "device", "uuid", "type", "profile", "parent_uuid", "model"), stability=_STABLE)
+DEVICE_TAINT: Final = MetricSpec(
+    "dra_device_taint", "gauge",
+    "A taint on a device of this node: from its ResourceSlice (rule=\"\") or from the DeviceTaintRule "
+    "named by rule; value is always 1.",
+    ("driver", "pool", "device", "key", "value", "effect", "rule"), otlp=OtlpForm("dra.device.taint", "1"),
+    stability=_STABLE)
+DEVICE_HEALTH: Final = MetricSpec(
+    "dra_device_health", "gauge",
+    "Health of a DRA device as the kubelet reports it for a container (allocatedResourcesStatus); "
+    "value is always 1.",
+    ("namespace", "pod", "container", "claim", "request", "driver", "pool", "device", "health"),
+    otlp=OtlpForm("dra.device.health", "1"))
+DEVICE_SHARED_CAPACITY: Final = MetricSpec(
+    "dra_device_shared_capacity", "gauge",
+    "Capacity of a shared counter of partitionable devices (ResourceSlice sharedCounters), "
+    "in the counter's base unit (bytes for memory).",
+    ("driver", "pool", "counter_set", "counter"), otlp=OtlpForm("dra.device.shared.capacity", "1"))
+DEVICE_SHARED_CONSUMPTION: Final = MetricSpec(
+    "dra_device_shared_consumption", "gauge",
+    "What an allocated device takes from a shared counter (ResourceSlice consumesCounters), "
+    "in the counter's base unit; sum by counter set to compare with the capacity.",
+    ("driver", "pool", "device", "counter_set", "counter"), otlp=OtlpForm("dra.device.shared.consumption", "1"))
 
 # --- ComputeDomain families (API server, resource.nvidia.com) -------------------------------
-COMPUTE_DOMAIN_INFO: Final = "dra_compute_domain_info"
-COMPUTE_DOMAIN_READY: Final = "dra_compute_domain_ready"
-COMPUTE_DOMAIN_NODE_READY: Final = "dra_compute_domain_node_ready"
-COMPUTE_DOMAIN_CHANNEL_INFO: Final = "dra_compute_domain_channel_info"
-COMPUTE_DOMAIN_GPU_INFO: Final = "dra_compute_domain_gpu_info"
+
+COMPUTE_DOMAIN_INFO: Final = MetricSpec(
+    "dra_compute_domain_info", "gauge",
+    "A ComputeDomain (resource.nvidia.com) that this node's claims hold an IMEX channel or daemon of; "
+    "value is always 1.", ("namespace", "compute_domain", "uid", "allocation_mode", "num_nodes"))
+COMPUTE_DOMAIN_READY: Final = MetricSpec(
+    "dra_compute_domain_ready", "gauge",
+    "Whether the ComputeDomain's status is Ready (1) or not (0, also while it has no status).",
+    ("namespace", "compute_domain"), otlp=OtlpForm("dra.compute_domain.ready", "1"))
+COMPUTE_DOMAIN_NODE_READY: Final = MetricSpec(
+    "dra_compute_domain_node_ready", "gauge",
+    "Whether a member node of the ComputeDomain is Ready (1) or not (0): every node of its status "
+    "(else of its ComputeDomainCliques), so each member's agent shows all of them; use max by "
+    "(namespace, compute_domain, node).", ("namespace", "compute_domain", "node", "clique", "index"),
+    otlp=OtlpForm("dra.compute_domain.node.ready", "1"))
+COMPUTE_DOMAIN_CHANNEL_INFO: Final = MetricSpec(
+    "dra_compute_domain_channel_info", "gauge",
+    "A pod on this node holding an IMEX channel of the ComputeDomain (its claim's "
+    "ComputeDomainChannelConfig); value is always 1.", ("namespace", "claim", "pod", "compute_domain", "device"))
+COMPUTE_DOMAIN_GPU_INFO: Final = MetricSpec(
+    "dra_compute_domain_gpu_info", "gauge",
+    "A GPU of this node allocated to a pod that holds an IMEX channel of the ComputeDomain; join "
+    "on uuid to sum NVLink traffic per domain; value is always 1.",
+    ("uuid", "gpu", "namespace", "pod", "compute_domain"))
+
+# --- cluster mode (``dra-exporter cluster``: the API server, cluster-wide) -------------------------
+# Not pushed over OTLP: the cluster mode publishes on its /metrics only.
+
+CLUSTER_DEVICES: Final = MetricSpec(
+    "dra_cluster_devices", "gauge",
+    "Devices of the cluster's ResourceSlices (newest pool generation) by state: allocated (to a claim, "
+    "admin access aside), tainted (not allocated, a NoSchedule/NoExecute taint), blocked (not allocated, "
+    "its shared counters no longer fit) or free.",
+    ("driver", "pool", "node", "type", "model", "profile", "state"))
+CLUSTER_PARTITIONS_FIT: Final = MetricSpec(
+    "dra_cluster_partitions_fit", "gauge",
+    "Partitions of a partitionable device (a counter set: one GPU) that could still be allocated, by "
+    "profile: free devices whose consumesCounters fit what allocated devices left of the counter set "
+    "(the scheduler's arithmetic; each counted on its own, not all at once).",
+    ("driver", "pool", "node", "counter_set", "profile"))
+CLUSTER_CLAIMS: Final = MetricSpec(
+    "dra_cluster_claims", "gauge",
+    "ResourceClaims by state: pending (not allocated), allocated (but reserved by no pod) or reserved.",
+    ("namespace", "state"))
+CLUSTER_CLAIM_PENDING: Final = MetricSpec(
+    "dra_cluster_claim_pending_seconds", "gauge",
+    "Seconds since a ResourceClaim that is not allocated yet was created; one series per request "
+    "(and subrequest), only for pending claims.", ("namespace", "claim", "device_class", "request"),
+    unit="seconds")
+CLUSTER_CLAIM_UNRESERVED: Final = MetricSpec(
+    "dra_cluster_claim_unreserved_devices", "gauge",
+    "Devices allocated to a ResourceClaim that no pod reserves (held, unused); only for such claims.",
+    ("namespace", "claim"))
+CLUSTER_CLASS_DEVICES: Final = MetricSpec(
+    "dra_cluster_class_devices", "gauge",
+    "Devices that match a DeviceClass's CEL selectors, by state (as dra_cluster_devices).",
+    ("device_class", "state"))
+CLUSTER_CLASS_EVALUABLE: Final = MetricSpec(
+    "dra_cluster_class_selectors_evaluable", "gauge",
+    "Whether the exporter could evaluate a DeviceClass's CEL selectors (1) or not (0: its capacity is "
+    "not reported).", ("device_class",))
+CLUSTER_CLASS_ERRORS: Final = MetricSpec(
+    "dra_cluster_class_selector_errors", "gauge",
+    "Devices for which a DeviceClass's CEL selectors failed (a missing attribute, a type error); the "
+    "scheduler does not allocate them for the class either.", ("device_class",))
+CLUSTER_POOL_INFO: Final = MetricSpec(
+    "dra_cluster_pool_info", "gauge",
+    "A resource pool and where its devices are: placement is node, all-nodes, node-selector, per-device "
+    "or counters-only (node is empty but for node); value is always 1.",
+    ("driver", "pool", "node", "placement"))
+CLUSTER_POOL_SLICES: Final = MetricSpec(
+    "dra_cluster_pool_slices", "gauge",
+    "ResourceSlices of a pool seen, of its newest generation (generation=\"current\") and of older ones "
+    "still published (\"older\": the pool is being replaced).", ("driver", "pool", "generation"))
+CLUSTER_POOL_SLICES_EXPECTED: Final = MetricSpec(
+    "dra_cluster_pool_slices_expected", "gauge",
+    "resourceSliceCount of a pool's newest generation: the slices the pool is complete with.",
+    ("driver", "pool"))
+CLUSTER_POOL_COMPLETE: Final = MetricSpec(
+    "dra_cluster_pool_complete", "gauge",
+    "Whether every slice of a pool's newest generation is published and no older one is left (1) or not "
+    "(0): until then the scheduler sees part of the pool.", ("driver", "pool"))
+CLUSTER_TAINT_RULE_DEVICES: Final = MetricSpec(
+    "dra_cluster_taint_rule_devices", "gauge",
+    "Devices a DeviceTaintRule taints now (0 when its selector matches none, or uses the 1.33-1.34 CEL "
+    "selectors, which are not applied).", ("rule", "driver", "pool", "device", "key", "value", "effect"))
+CLUSTER_OBJECTS: Final = MetricSpec(
+    "dra_cluster_objects", "gauge", "DRA objects the cluster mode holds, by kind.", ("kind",))
 
 # --- self-metrics ---------------------------------------------------------------------------
-SOURCE_UP: Final = "dra_exporter_source_up"
-COLLECT_DURATION: Final = "dra_exporter_collect_duration_seconds"
-COLLECT_ERRORS: Final = "dra_exporter_collect_errors_total"
-LAST_SUCCESS: Final = "dra_exporter_last_success_timestamp_seconds"
-BUILD_INFO: Final = "dra_exporter_build_info"
-UNATTRIBUTED_PROCESSES: Final = "dra_exporter_unattributed_gpu_processes"
 
-_SOURCE = ("source",)
+SOURCE_UP: Final = MetricSpec(
+    "dra_exporter_source_up", "gauge", "Whether the source's last collection succeeded (1) or not (0).", _SOURCE,
+    otlp=OtlpForm("dra.exporter.source.up", "1"), stability=_STABLE)
+COLLECT_DURATION: Final = MetricSpec(
+    "dra_exporter_collect_duration_seconds", "gauge", "Seconds the source's last collection took.", _SOURCE,
+    unit="seconds", otlp=OtlpForm("dra.exporter.collect.duration", "s"), stability=_STABLE)
+COLLECT_ERRORS: Final = MetricSpec(
+    "dra_exporter_collect_errors_total", "counter", "Failed collections of the source since start.", _SOURCE,
+    otlp=OtlpForm("dra.exporter.collect.errors", "{error}"), stability=_STABLE)
+LAST_SUCCESS: Final = MetricSpec(
+    "dra_exporter_last_success_timestamp_seconds", "gauge", "Unix time of the source's last successful collection.",
+    _SOURCE, unit="seconds", otlp=OtlpForm("dra.exporter.source.last_success_time", "s"), stability=_STABLE)
+BUILD_INFO: Final = MetricSpec(
+    "dra_exporter_build_info", "gauge", "Version of dra-exporter; value is always 1.", ("version", "python_version"),
+    stability=_STABLE)
+UNATTRIBUTED_PROCESSES: Final = MetricSpec(
+    "dra_exporter_unattributed_gpu_processes", "gauge",
+    "GPU processes of the last cycle whose pod could not be found (no host PID namespace, or not in a "
+    "container); they count in device totals but in no container series.", (),
+    otlp=OtlpForm("dra.exporter.unattributed_processes", "{process}"))
 
+#: Every native family, in the order frames (and the exposition) list them.
 CATALOG: Final[tuple[MetricSpec, ...]] = (
-    _spec(GPU_INFO, "gauge", "NVML identity of a GPU or MIG device; value is always 1.",
-          ("uuid", "gpu", "model", "pci_bus_id", "driver_version", "profile", "parent_uuid",
-           "mig_mode", "gpu_instance_id", "compute_instance_id", "minor")),
-    _spec(GPU_UP, "gauge", "Whether the last cycle read this device without an NVML error (1) or not (0).",
-          otel_name="hw.status", otel_unit="1"),
-    _spec(GPU_UTILIZATION, "gauge", "Fraction of the last sample period during which a kernel ran on the GPU.",
-          otel_name="hw.gpu.utilization", otel_unit="1"),
-    _spec(GPU_MEMORY_UTILIZATION, "gauge",
-          "Fraction of the last sample period during which device memory was read or written.",
-          otel_name="hw.gpu.memory.activity", otel_unit="1"),
-    _spec(GPU_ENCODER_UTILIZATION, "gauge", "Fraction of time the video encoder was busy.",
-          otel_name="hw.gpu.utilization", otel_unit="1"),
-    _spec(GPU_DECODER_UTILIZATION, "gauge", "Fraction of time the video decoder was busy.",
-          otel_name="hw.gpu.utilization", otel_unit="1"),
-    _spec(GPU_MEMORY_USED, "gauge", "Device memory in use, in bytes.",
-          otel_name="hw.gpu.memory.usage", otel_unit="By"),
-    _spec(GPU_MEMORY_FREE, "gauge", "Device memory free, in bytes.",
-          otel_name="hw.gpu.memory.free", otel_unit="By"),
-    _spec(GPU_MEMORY_TOTAL, "gauge", "Device memory size, in bytes.",
-          otel_name="hw.gpu.memory.limit", otel_unit="By"),
-    _spec(GPU_MEMORY_RESERVED, "gauge", "Device memory reserved by the driver and firmware, in bytes.",
-          otel_name="hw.gpu.memory.reserved", otel_unit="By"),
-    _spec(GPU_POWER, "gauge", "Power draw of the whole board, in watts.", otel_name="hw.power", otel_unit="W"),
-    _spec(GPU_POWER_LIMIT, "gauge", "Enforced power limit, in watts.",
-          otel_name="hw.power.limit", otel_unit="W"),
-    _spec(GPU_ENERGY, "counter", "Energy used since the driver was loaded, in joules.",
-          otel_name="hw.energy", otel_unit="J"),
-    _spec(GPU_TEMPERATURE, "gauge", "GPU die temperature, in degrees Celsius.",
-          otel_name="hw.temperature", otel_unit="Cel"),
-    _spec(GPU_MEMORY_TEMPERATURE, "gauge", "HBM temperature, in degrees Celsius.",
-          otel_name="hw.temperature", otel_unit="Cel"),
-    _spec(GPU_CLOCK, "gauge", "Current clock frequency, in hertz.", DEVICE_LABELS + ("clock",),
-          otel_name="hw.gpu.clock.frequency", otel_unit="Hz"),
-    _spec(GPU_CLOCK_EVENT, "gauge",
-          "Whether a clock event reason (throttling) is active now (1) or not (0).",
-          DEVICE_LABELS + ("reason",), otel_name="hw.gpu.clock.event.active", otel_unit="1"),
-    _spec(GPU_PCIE_BYTES, "counter", "Bytes moved over PCIe since the driver was loaded.",
-          DEVICE_LABELS + ("direction",), otel_name="hw.gpu.io", otel_unit="By"),
-    _spec(GPU_PCIE_REPLAYS, "counter", "PCIe replays since the driver was loaded.",
-          otel_name="hw.gpu.pcie.replays", otel_unit="{replay}"),
-    _spec(GPU_ECC_ERRORS, "counter", "ECC errors since the driver was loaded (volatile counters).",
-          DEVICE_LABELS + ("type",), otel_name="hw.errors", otel_unit="{error}"),
-    _spec(GPU_REMAPPED_ROWS, "counter", "Memory rows remapped because of ECC errors.",
-          DEVICE_LABELS + ("type",), otel_name="hw.gpu.memory.remapped_rows", otel_unit="{row}"),
-    _spec(GPU_ROW_REMAP_PENDING, "gauge", "Whether a row remap waits for the next GPU reset (1) or not (0).",
-          otel_name="hw.gpu.memory.row_remap.pending", otel_unit="1"),
-    _spec(GPU_ROW_REMAP_FAILURE, "gauge", "Whether a row remap has failed (1) or not (0).",
-          otel_name="hw.gpu.memory.row_remap.failed", otel_unit="1"),
-    _spec(GPU_XID_ERRORS, "counter", "XID errors seen by this exporter since it started, by XID code.",
-          DEVICE_LABELS + ("xid",), otel_name="hw.errors", otel_unit="{error}"),
-    _spec(GPU_LAST_XID, "gauge", "Unix time of the last XID error seen on this device.",
-          otel_name="hw.gpu.xid.last_time", otel_unit="s"),
-    _spec(GPU_SM_ACTIVE, "gauge", "GPM: fraction of SM cycles with at least one warp resident.",
-          otel_name="hw.gpu.sm.active", otel_unit="1"),
-    _spec(GPU_SM_OCCUPANCY, "gauge", "GPM: resident warps as a fraction of the SM maximum.",
-          otel_name="hw.gpu.sm.occupancy", otel_unit="1"),
-    _spec(GPU_TENSOR_ACTIVE, "gauge", "GPM: fraction of cycles any tensor pipe was active.",
-          otel_name="hw.gpu.tensor.active", otel_unit="1"),
-    _spec(GPU_DRAM_ACTIVE, "gauge", "GPM: fraction of peak DRAM bandwidth used.",
-          otel_name="hw.gpu.dram.active", otel_unit="1"),
-    _spec(GPU_FP64_ACTIVE, "gauge", "GPM: fraction of cycles the FP64 pipe was active.",
-          otel_name="hw.gpu.fp64.active", otel_unit="1"),
-    _spec(GPU_FP32_ACTIVE, "gauge", "GPM: fraction of cycles the FP32 pipe was active.",
-          otel_name="hw.gpu.fp32.active", otel_unit="1"),
-    _spec(GPU_FP16_ACTIVE, "gauge", "GPM: fraction of cycles the FP16 pipe was active.",
-          otel_name="hw.gpu.fp16.active", otel_unit="1"),
-    # Where NVML has per-link data counters (GPU_NVLINK_LINK_BYTES) this is their sum, counted since the
-    # driver loaded, not GPM's integral; rate() reads both alike. The help text stays as it was so the
-    # demo's golden exposition does not change (the lead decides when to reword it).
-    _spec(GPU_NVLINK_BYTES, "counter", "Bytes moved over NVLink since this exporter started (from GPM rates).",
-          DEVICE_LABELS + ("direction",), otel_name="hw.gpu.nvlink.io", otel_unit="By"),
-    # NVLink per link and the fabric: whole GPUs only (MIG devices own no links).
-    _spec(GPU_NVLINK_LINK_UP, "gauge",
-          "Whether an NVLink of a GPU is up (1: active, or asleep in a low-power state) or not (0).",
-          DEVICE_LABELS + ("link",), otel_name="dra.gpu.nvlink.link.up", otel_unit="1"),
-    _spec(GPU_NVLINK_LINK_INFO, "gauge",
-          "An NVLink of a GPU: its NVLink version and the kind of device at its far end (gpu, switch, ...; "
-          "\"\" where NVML does not say); value is always 1.", GPU_ID_LABELS + ("link", "version", "remote_type")),
-    _spec(GPU_NVLINK_LINK_SPEED, "gauge", "Speed of an NVLink per direction, in bytes per second (0 while down).",
-          GPU_ID_LABELS + ("link",), otel_name="dra.gpu.nvlink.link.speed", otel_unit="By/s"),
-    _spec(GPU_NVLINK_LINK_BYTES, "counter",
-          "Data bytes (payload, without protocol overhead) moved over one NVLink since the driver was loaded.",
-          DEVICE_LABELS + ("link", "direction"), otel_name="dra.gpu.nvlink.link.io", otel_unit="By"),
-    _spec(GPU_NVLINK_LINK_ERRORS, "counter",
-          "NVLink errors of one link since the driver was loaded, by type: crc_flit, crc_data, replay, "
-          "recovery, ecc_data up to Hopper; malformed_packet, buffer_overrun, rcv, rcv_remote, rcv_general, "
-          "local_link_integrity, xmit_discards, effective, symbol on Blackwell (NVLink5).",
-          DEVICE_LABELS + ("link", "type"), otel_name="dra.gpu.nvlink.link.errors", otel_unit="{error}"),
-    _spec(GPU_NVLINK_LINK_RECOVERIES, "counter",
-          "Link recovery events of one NVLink since the driver was loaded, successful or failed (Blackwell).",
-          DEVICE_LABELS + ("link", "result"), otel_name="dra.gpu.nvlink.link.recoveries", otel_unit="{event}"),
-    _spec(GPU_FABRIC_INFO, "gauge",
-          "The NVLink fabric a GPU is registered in: clique is <cluster_uuid>.<clique_id> as GPU Feature "
-          "Discovery writes it, \"\" unless the GPU is in a multi-node clique (HGX boards: NVLink within the "
-          "node only); value is always 1.", GPU_ID_LABELS + ("clique", "cluster_uuid", "clique_id")),
-    _spec(GPU_FABRIC_STATE, "gauge",
-          "Fabric registration state of a GPU, one series per state (not_supported, not_started, in_progress, "
-          "completed): 1 for the current one, 0 for the others.", GPU_ID_LABELS + ("state",)),
-    _spec(GPU_FABRIC_REGISTERED, "gauge",
-          "Whether the GPU's fabric registration completed successfully (1) or not (0).", GPU_ID_LABELS,
-          otel_name="dra.gpu.fabric.registered", otel_unit="1"),
-    _spec(GPU_FABRIC_HEALTH_SUMMARY, "gauge",
-          "Fabric health summary of a GPU, one series per value (not_supported, healthy, unhealthy, "
-          "limited_capacity): 1 for the current one, 0 for the others.", GPU_ID_LABELS + ("summary",)),
-    _spec(GPU_FABRIC_HEALTH_PROBLEM, "gauge",
-          "Whether a fabric health-mask field reports a problem (1) or not (0): degraded_bw, route_recovery, "
-          "route_unhealthy, access_timeout_recovery, incorrect_configuration, partition_assigned (1: none "
-          "assigned), gfm_state (1: disconnected); only the fields the GPU reports.", GPU_ID_LABELS + ("field",),
-          otel_name="dra.gpu.fabric.health.problem", otel_unit="1"),
-    # The one activity signal NVML gives for MIG devices of GPUs without GPM (A100): the idle
-    # alert needs it per device, whether or not the processes' pods can be found.
-    _spec(GPU_PROCESSES, "gauge",
-          "Compute and graphics processes NVML lists on this device in the last cycle.",
-          otel_name="dra.gpu.processes", otel_unit="{process}"),
-    _spec(CONTAINER_GPU_MEMORY_USED, "gauge",
-          "Device memory used by the processes of one container on one device, in bytes.", CONTAINER_LABELS,
-          otel_name="dra.container.gpu.memory.usage", otel_unit="By"),
-    _spec(CONTAINER_GPU_SM_UTILIZATION, "gauge",
-          "SM utilisation of the processes of one container on one device (0-1).", CONTAINER_LABELS,
-          otel_name="dra.container.gpu.utilization", otel_unit="1"),
-    _spec(CLAIM_ALLOCATION_INFO, "gauge",
-          "A device allocated to a ResourceClaim on this node; value is always 1.",
-          ("namespace", "claim", "claim_uid", "request", "driver", "pool", "device", "uuid", "admin_access"),
-          otel_name="dra.claim.allocation", otel_unit="1"),
-    _spec(CLAIM_CONSUMER_INFO, "gauge",
-          "A pod (and container) that uses a ResourceClaim on this node; value is always 1.",
-          ("namespace", "claim", "pod", "pod_uid", "container"),
-          otel_name="dra.claim.consumer", otel_unit="1"),
-    # An info family: no OTLP name (and its ``type`` label is no ``error.type``).
-    _spec(CLAIM_DEVICE_CONDITION, "gauge",
-          "A condition the driver reports on a claim's device (status.devices); value is always 1.",
-          ("namespace", "claim", "driver", "pool", "device", "type", "status")),
-    _spec(CLAIM_DEVICE_TOLERATION, "gauge",
-          "A device taint a claim's allocation tolerates (allocation results' tolerations; key=\"\" with "
-          "operator=\"Exists\": every taint); value is always 1.",
-          ("namespace", "claim", "request", "driver", "pool", "device", "key", "operator", "value", "effect"),
-          otel_name="dra.claim.device.toleration", otel_unit="1"),
-    _spec(CLAIM_CONSUMED_CAPACITY, "gauge",
-          "What a claim's allocation takes of a device that allows several (consumable capacity: "
-          "consumedCapacity of the allocation result, share_id its shareID), in the capacity's base unit.",
-          ("namespace", "claim", "request", "driver", "pool", "device", "share_id", "capacity"),
-          otel_name="dra.claim.consumed_capacity", otel_unit="1"),
-    _spec(CLAIM_DEVICE_NETWORK, "gauge",
-          "How a claim's network device appears in the pod, as its driver reports it (status.devices "
-          "networkData; ips comma-joined); value is always 1.",
-          ("namespace", "claim", "driver", "pool", "device", "interface", "hardware_address", "ips")),
-    _spec(DEVICE_INFO, "gauge",
-          "A device a ResourceSlice publishes for this node, allocated or not; value is always 1.",
-          ("node", "driver", "pool", "device", "uuid", "type", "profile", "parent_uuid", "model")),
-    _spec(DEVICE_TAINT, "gauge",
-          "A taint on a device of this node: from its ResourceSlice (rule=\"\") or from the DeviceTaintRule "
-          "named by rule; value is always 1.",
-          ("driver", "pool", "device", "key", "value", "effect", "rule"),
-          otel_name="dra.device.taint", otel_unit="1"),
-    _spec(DEVICE_HEALTH, "gauge",
-          "Health of a DRA device as the kubelet reports it for a container (allocatedResourcesStatus); "
-          "value is always 1.",
-          ("namespace", "pod", "container", "claim", "request", "driver", "pool", "device", "health"),
-          otel_name="dra.device.health", otel_unit="1"),
-    _spec(DEVICE_SHARED_CAPACITY, "gauge",
-          "Capacity of a shared counter of partitionable devices (ResourceSlice sharedCounters), "
-          "in the counter's base unit (bytes for memory).",
-          ("driver", "pool", "counter_set", "counter"),
-          otel_name="dra.device.shared.capacity", otel_unit="1"),
-    _spec(DEVICE_SHARED_CONSUMPTION, "gauge",
-          "What an allocated device takes from a shared counter (ResourceSlice consumesCounters), "
-          "in the counter's base unit; sum by counter set to compare with the capacity.",
-          ("driver", "pool", "device", "counter_set", "counter"),
-          otel_name="dra.device.shared.consumption", otel_unit="1"),
-    _spec(COMPUTE_DOMAIN_INFO, "gauge",
-          "A ComputeDomain (resource.nvidia.com) that this node's claims hold an IMEX channel or daemon of; "
-          "value is always 1.",
-          ("namespace", "compute_domain", "uid", "allocation_mode", "num_nodes")),
-    _spec(COMPUTE_DOMAIN_READY, "gauge",
-          "Whether the ComputeDomain's status is Ready (1) or not (0, also while it has no status).",
-          ("namespace", "compute_domain"), otel_name="dra.compute_domain.ready", otel_unit="1"),
-    _spec(COMPUTE_DOMAIN_NODE_READY, "gauge",
-          "Whether a member node of the ComputeDomain is Ready (1) or not (0): every node of its status "
-          "(else of its ComputeDomainCliques), so each member's agent shows all of them; use max by "
-          "(namespace, compute_domain, node).",
-          ("namespace", "compute_domain", "node", "clique", "index"),
-          otel_name="dra.compute_domain.node.ready", otel_unit="1"),
-    _spec(COMPUTE_DOMAIN_CHANNEL_INFO, "gauge",
-          "A pod on this node holding an IMEX channel of the ComputeDomain (its claim's "
-          "ComputeDomainChannelConfig); value is always 1.",
-          ("namespace", "claim", "pod", "compute_domain", "device")),
-    _spec(COMPUTE_DOMAIN_GPU_INFO, "gauge",
-          "A GPU of this node allocated to a pod that holds an IMEX channel of the ComputeDomain; join "
-          "on uuid to sum NVLink traffic per domain; value is always 1.",
-          ("uuid", "gpu", "namespace", "pod", "compute_domain")),
-    _spec(SOURCE_UP, "gauge", "Whether the source's last collection succeeded (1) or not (0).", _SOURCE,
-          otel_name="dra.exporter.source.up", otel_unit="1"),
-    _spec(COLLECT_DURATION, "gauge", "Seconds the source's last collection took.", _SOURCE,
-          otel_name="dra.exporter.collect.duration", otel_unit="s"),
-    _spec(COLLECT_ERRORS, "counter", "Failed collections of the source since start.", _SOURCE,
-          otel_name="dra.exporter.collect.errors", otel_unit="{error}"),
-    _spec(LAST_SUCCESS, "gauge", "Unix time of the source's last successful collection.", _SOURCE,
-          otel_name="dra.exporter.source.last_success_time", otel_unit="s"),
-    _spec(BUILD_INFO, "gauge", "Version of dra-exporter; value is always 1.", ("version", "python_version")),
-    _spec(UNATTRIBUTED_PROCESSES, "gauge",
-          "GPU processes of the last cycle whose pod could not be found (no host PID namespace, or not in a "
-          "container); they count in device totals but in no container series.", (),
-          otel_name="dra.exporter.unattributed_processes", otel_unit="{process}"),
+    GPU_INFO, GPU_UP, GPU_UTILIZATION, GPU_MEMORY_UTILIZATION, GPU_ENCODER_UTILIZATION, GPU_DECODER_UTILIZATION,
+    GPU_MEMORY_USED, GPU_MEMORY_FREE, GPU_MEMORY_TOTAL, GPU_MEMORY_RESERVED, GPU_POWER, GPU_POWER_LIMIT,
+    GPU_ENERGY, GPU_TEMPERATURE, GPU_MEMORY_TEMPERATURE, GPU_CLOCK, GPU_CLOCK_EVENT, GPU_PCIE_BYTES,
+    GPU_PCIE_REPLAYS, GPU_ECC_ERRORS, GPU_REMAPPED_ROWS, GPU_ROW_REMAP_PENDING, GPU_ROW_REMAP_FAILURE,
+    GPU_XID_ERRORS, GPU_LAST_XID, GPU_SM_ACTIVE, GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVE, GPU_DRAM_ACTIVE,
+    GPU_FP64_ACTIVE, GPU_FP32_ACTIVE, GPU_FP16_ACTIVE, GPU_NVLINK_BYTES,
+    GPU_NVLINK_LINK_UP, GPU_NVLINK_LINK_INFO, GPU_NVLINK_LINK_SPEED, GPU_NVLINK_LINK_BYTES, GPU_NVLINK_LINK_ERRORS,
+    GPU_NVLINK_LINK_RECOVERIES, GPU_FABRIC_INFO, GPU_FABRIC_STATE, GPU_FABRIC_REGISTERED, GPU_FABRIC_HEALTH_SUMMARY,
+    GPU_FABRIC_HEALTH_PROBLEM, GPU_PROCESSES,
+    CONTAINER_GPU_MEMORY_USED, CONTAINER_GPU_SM_UTILIZATION,
+    CLAIM_ALLOCATION_INFO, CLAIM_CONSUMER_INFO, CLAIM_DEVICE_CONDITION, CLAIM_DEVICE_TOLERATION,
+    CLAIM_CONSUMED_CAPACITY, CLAIM_DEVICE_NETWORK,
+    DEVICE_INFO, DEVICE_TAINT, DEVICE_HEALTH, DEVICE_SHARED_CAPACITY, DEVICE_SHARED_CONSUMPTION,
+    COMPUTE_DOMAIN_INFO, COMPUTE_DOMAIN_READY, COMPUTE_DOMAIN_NODE_READY, COMPUTE_DOMAIN_CHANNEL_INFO,
+    COMPUTE_DOMAIN_GPU_INFO,
+    CLUSTER_DEVICES, CLUSTER_PARTITIONS_FIT, CLUSTER_CLAIMS, CLUSTER_CLAIM_PENDING, CLUSTER_CLAIM_UNRESERVED,
+    CLUSTER_CLASS_DEVICES, CLUSTER_CLASS_EVALUABLE, CLUSTER_CLASS_ERRORS, CLUSTER_POOL_INFO, CLUSTER_POOL_SLICES,
+    CLUSTER_POOL_SLICES_EXPECTED, CLUSTER_POOL_COMPLETE, CLUSTER_TAINT_RULE_DEVICES, CLUSTER_OBJECTS,
+    SOURCE_UP, COLLECT_DURATION, COLLECT_ERRORS, LAST_SUCCESS, BUILD_INFO, UNATTRIBUTED_PROCESSES,
 )
 
 
 # --- dcgm-exporter names (``--naming dcgm|both``) ---------------------------------------------
-# A second table, apart from CATALOG: these families are a renaming of native ones for the
+# Derived from the families' ``dcgm`` forms. These are a renaming of native families for the
 # Prometheus endpoint only (``dra_exporter.naming`` builds them), so OTLP, the join and the
 # README's native table never treat them as metrics of their own.
 
@@ -346,141 +722,36 @@ DCGM_LABELS: Final = (
     "dra_driver_name", "dra_pool_name", "dra_device_name", "dra_mig_profile", "dra_mig_device_uuid",
 )
 
-
-@dataclass(frozen=True, slots=True)
-class DcgmSpec:
-    """One dcgm-exporter default counter and the native family it is computed from."""
-
-    name: str
-    """The raw DCGM field name: upper case, no unit suffix, no ``_total``."""
-    dcgm_kind: Kind
-    """The type dcgm-exporter declares. Exposed as ``gauge`` whatever it is: a counter's samples
-    must end in ``_total`` (always in OpenMetrics, and in this renderer), which would rename them."""
-    help: str
-    source: str
-    """Native family whose samples are converted (one DCGM series per native series)."""
-    scale: float = 1.0
-    """Factor from the native unit to DCGM's (bytes → MiB, Hz → MHz, J → mJ, ratio → %)."""
-    select: tuple[tuple[str, str], ...] = ()
-    """Native label values a sample must have (``clock=sm``); these labels are then dropped."""
-    sum_over: str = ""
-    """A native label summed away (NVLink ``direction``): one DCGM series per device."""
-    unit: str = ""
-    """DCGM's unit, for the README table."""
-    replaces: bool = True
-    """Whether ``--naming dcgm`` drops ``source`` for it; False where the DCGM form says less (a sum
-    over links, a clique id without its cluster): the native detail then stays."""
-
-
-_MIB = 1.0 / (1 << 20)
-
-DCGM_XID_ERRORS: Final = "DCGM_FI_DEV_XID_ERRORS"
-DCGM_FABRIC_STATUS: Final = "DCGM_FI_DEV_FABRIC_MANAGER_STATUS"
-DCGM_FABRIC_CLIQUE_ID: Final = "DCGM_FI_DEV_FABRIC_CLIQUE_ID"
-DCGM_FABRIC_HEALTH_SUMMARY: Final = "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY"
-#: ``DCGM_FI_DEV_FABRIC_MANAGER_STATUS`` (DCGM's ``dcgmFabricManagerStatus_t``) per native fabric state;
-#: ``completed`` is Success (3) when registered, Failure (4) when not.
-DCGM_FABRIC_STATUS_VALUES: Final = {"not_supported": 0.0, "not_started": 1.0, "in_progress": 2.0}
-#: ``DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY``: NVML's summary values.
-DCGM_FABRIC_SUMMARY_VALUES: Final = {"not_supported": 0.0, "healthy": 1.0, "unhealthy": 2.0,
-                                     "limited_capacity": 3.0}
-
-DCGM_CATALOG: Final[tuple[DcgmSpec, ...]] = (
-    DcgmSpec("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", GPU_CLOCK, 1e-6,
-             (("clock", "sm"),), unit="MHz"),
-    DcgmSpec("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", GPU_CLOCK, 1e-6,
-             (("clock", "memory"),), unit="MHz"),
-    DcgmSpec("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", GPU_MEMORY_TEMPERATURE, unit="C"),
-    DcgmSpec("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", GPU_TEMPERATURE, unit="C"),
-    DcgmSpec("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", GPU_POWER, unit="W"),
-    DcgmSpec("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ).",
-             GPU_ENERGY, 1e3, unit="mJ"),
-    DcgmSpec("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", GPU_PCIE_REPLAYS),
-    DcgmSpec("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", GPU_UTILIZATION, 100.0, unit="%"),
-    DcgmSpec("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", GPU_MEMORY_UTILIZATION, 100.0,
-             unit="%"),
-    DcgmSpec("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", GPU_ENCODER_UTILIZATION, 100.0,
-             unit="%"),
-    DcgmSpec("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", GPU_DECODER_UTILIZATION, 100.0,
-             unit="%"),
-    # Built by naming.py from the XID counters rather than converted sample by sample.
-    DcgmSpec(DCGM_XID_ERRORS, "gauge", "Value of the last XID error encountered.", GPU_XID_ERRORS,
-             unit="XID code"),
-    DcgmSpec("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", GPU_MEMORY_FREE, _MIB,
-             unit="MiB"),
-    DcgmSpec("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", GPU_MEMORY_USED, _MIB,
-             unit="MiB"),
-    DcgmSpec("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", GPU_MEMORY_RESERVED,
-             _MIB, unit="MiB"),
-    DcgmSpec("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
-             "Total number of NVLink bandwidth counters for all lanes.", GPU_NVLINK_BYTES,
-             sum_over="direction", unit="bytes, rx + tx, since the exporter started"),
-    # dcgm-exporter ships these commented out in default-counters.csv: sums over the links.
-    *(DcgmSpec(f"DCGM_FI_DEV_NVLINK_{kind.upper()}_ERROR_COUNT_TOTAL", "counter",
-               f"Total number of NVLink {what} errors.", GPU_NVLINK_LINK_ERRORS, select=(("type", kind),),
-               sum_over="link", replaces=False)
-      for kind, what in (("crc_flit", "flow-control CRC"), ("crc_data", "data CRC"), ("replay", "retries"),
-                         ("recovery", "recovery"))),
-    # Opt-in DCGM fields (no shipped CSV has them); built by naming.py from the state sets.
-    DcgmSpec(DCGM_FABRIC_STATUS, "gauge", "Fabric Manager status of the GPU (0 not supported, 1 not started, "
-             "2 in progress, 3 success, 4 failure).", GPU_FABRIC_STATE, unit="dcgmFabricManagerStatus_t",
-             replaces=False),
-    DcgmSpec(DCGM_FABRIC_CLIQUE_ID, "gauge", "Fabric clique ID of the GPU.", GPU_FABRIC_INFO,
-             unit="clique id, once registration completed", replaces=False),
-    DcgmSpec(DCGM_FABRIC_HEALTH_SUMMARY, "gauge", "Fabric health summary of the GPU (0 not supported, "
-             "1 healthy, 2 unhealthy, 3 limited capacity).", GPU_FABRIC_HEALTH_SUMMARY, unit="NVML summary",
-             replaces=False),
-    DcgmSpec("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
-             "Number of remapped rows for uncorrectable errors", GPU_REMAPPED_ROWS,
-             select=(("type", "uncorrectable"),)),
-    DcgmSpec("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
-             "Number of remapped rows for correctable errors", GPU_REMAPPED_ROWS,
-             select=(("type", "correctable"),)),
-    DcgmSpec("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
-             GPU_ROW_REMAP_FAILURE, unit="0/1"),
-    DcgmSpec("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
-             GPU_TENSOR_ACTIVE, unit="ratio"),
-    DcgmSpec("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
-             "Ratio of cycles the device memory interface is active sending or receiving data.",
-             GPU_DRAM_ACTIVE, unit="ratio"),
-    DcgmSpec("DCGM_FI_PROF_SM_ACTIVE", "gauge",
-             "The ratio of cycles an SM has at least 1 warp assigned.", GPU_SM_ACTIVE, unit="ratio"),
-    DcgmSpec("DCGM_FI_PROF_SM_OCCUPANCY", "gauge",
-             "The ratio of number of warps resident on an SM.", GPU_SM_OCCUPANCY, unit="ratio"),
-    DcgmSpec("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "gauge", "Ratio of cycles the fp64 pipes are active.",
-             GPU_FP64_ACTIVE, unit="ratio"),
-    DcgmSpec("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "gauge", "Ratio of cycles the fp32 pipes are active.",
-             GPU_FP32_ACTIVE, unit="ratio"),
-    DcgmSpec("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "gauge", "Ratio of cycles the fp16 pipes are active.",
-             GPU_FP16_ACTIVE, unit="ratio"),
-)
-DCGM_BY_NAME: Final[dict[str, DcgmSpec]] = {d.name: d for d in DCGM_CATALOG}
+#: Every DCGM family with the native family it is computed from (one DCGM series per native series).
+DCGM_CATALOG: Final[tuple[tuple[MetricSpec, DcgmForm], ...]] = tuple(
+    (spec, form) for spec in CATALOG for form in spec.dcgm)
 #: Native families that ``--naming dcgm`` keeps beside their DCGM counterpart because the shipped
 #: alert rules (deploy/prometheus-rules.yaml) or dashboards (dashboards/) read them: alerting and
 #: every panel work under every naming. tests/test_alerts.py and tests/test_dashboards.py keep
 #: this list equal to what the rules and dashboards use.
-DCGM_KEPT_FOR_KIT: Final[frozenset[str]] = frozenset({
+DCGM_KEPT_FOR_KIT: Final[frozenset[str]] = frozenset(spec.name for spec in (
     GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER, GPU_ENERGY, GPU_TEMPERATURE, GPU_MEMORY_TEMPERATURE,
     GPU_CLOCK, GPU_PCIE_REPLAYS, GPU_REMAPPED_ROWS, GPU_ROW_REMAP_FAILURE, GPU_XID_ERRORS, GPU_SM_ACTIVE,
     GPU_TENSOR_ACTIVE, GPU_DRAM_ACTIVE, GPU_NVLINK_BYTES,
-})
+))
 #: dcgm-exporter default counters with no native source, and why (README, naming.py).
 DCGM_LEFT_OUT: Final[tuple[tuple[str, str], ...]] = (
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "no native source: NVML's GPU utilisation samples kernels, GPM's SM "
-     "activity is not the graphics engine; use DCGM_FI_DEV_GPU_UTIL or DCGM_FI_PROF_SM_ACTIVE"),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES / _RX_BYTES", "DCGM's are gauge rates; the native counter "
-     "dra_gpu_pcie_bytes_total{direction} stays, use rate() on it"),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", ("no native source: NVML's GPU utilisation samples kernels, GPM's SM "
+                                       "activity is not the graphics engine; use DCGM_FI_DEV_GPU_UTIL or "
+                                       "DCGM_FI_PROF_SM_ACTIVE")),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES / _RX_BYTES", (f"DCGM's are gauge rates; the native counter "
+                                                f"{GPU_PCIE_BYTES.name}{{direction}} stays, use rate() on it")),
     ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU only; not read"),
 )
 
 
-def _exposed(d: DcgmSpec) -> MetricSpec:
-    # Labels: DCGM_LABELS; the XID family has no other. Exposed as a gauge (see DcgmSpec.dcgm_kind).
+def _exposed(d: DcgmForm) -> MetricSpec:
+    # Labels: DCGM_LABELS; the XID family has no other. Exposed as a gauge (see DcgmForm.dcgm_kind).
     return MetricSpec(d.name, "gauge", d.help if d.help.endswith(".") else d.help + ".", DCGM_LABELS)
 
 
 BY_NAME: Final[dict[str, MetricSpec]] = {spec.name: spec for spec in CATALOG} | {
-    d.name: _exposed(d) for d in DCGM_CATALOG}
+    d.name: _exposed(d) for _, d in DCGM_CATALOG}
 
 
 def spec(name: str) -> MetricSpec:
@@ -490,23 +761,24 @@ def spec(name: str) -> MetricSpec:
 
 def markdown_table() -> str:
     """The README's metrics table, generated so docs and code cannot drift."""
-    rows = ["| metric | type | labels | OTLP name | help |", "|---|---|---|---|---|"]
+    rows = ["| metric | type | unit | labels | OTLP name | stability | help |", "|---|---|---|---|---|---|---|"]
     for s in CATALOG:
-        otel = f"`{s.otel_name}` ({s.otel_unit})" if s.otel_name else ""
-        rows.append(f"| `{s.name}` | {s.kind} | {', '.join(s.labels)} | {otel} | {s.help} |")
+        otel = f"`{s.otlp.name}` ({s.otlp.unit})" if s.otlp else ""
+        rows.append(f"| `{s.name}` | {s.kind} | {s.unit} | {', '.join(s.labels)} | {otel} | {s.stability} "
+                    f"| {s.help} |")
     return "\n".join(rows)
 
 
 def dcgm_markdown_table() -> str:
     """The README's ``--naming dcgm`` table: each DCGM family, its unit and native source."""
     rows = ["| dcgm-exporter name | DCGM type | unit | from | help |", "|---|---|---|---|---|"]
-    for d in DCGM_CATALOG:
-        source = f"`{d.source}`" + "".join(f" {{{k}=\"{v}\"}}" for k, v in d.select)
+    for source, d in DCGM_CATALOG:
+        origin = f"`{source.name}`" + "".join(f" {{{k}=\"{v}\"}}" for k, v in d.select)
         if d.scale != 1.0:
-            source += f" × {d.scale:g}"
+            origin += f" × {d.scale:g}"
         if d.sum_over:
-            source += f", summed over `{d.sum_over}`"
-        rows.append(f"| `{d.name}` | {d.dcgm_kind} | {d.unit} | {source} | {d.help} |")
+            origin += f", summed over `{d.sum_over}`"
+        rows.append(f"| `{d.name}` | {d.dcgm_kind} | {d.unit} | {origin} | {d.help} |")
     for name, why in DCGM_LEFT_OUT:
         rows.append(f"| `{name}` | — | — | *not emitted* | {why} |")
     return "\n".join(rows)

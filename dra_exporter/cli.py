@@ -1,4 +1,4 @@
-"""Command line: ``dra-exporter serve | snapshot | doctor | demo | healthcheck``.
+"""Command line: ``dra-exporter serve | snapshot | doctor | demo | healthcheck | report | cluster``.
 
 Thin by design: parse flags (every flag also reads ``DRA_EXPORTER_<FLAG>``), build
 ``Settings``, hand over to ``runtime``. User errors exit with code 2 and one line.
@@ -13,7 +13,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -28,6 +28,10 @@ from .config import (
     check_stall_timeout,
     parse_self_pod,
 )
+from .sources import registry
+
+if TYPE_CHECKING:
+    from .sinks.otlp import OtlpSettings, Protocol
 
 ENV_PREFIX = "DRA_EXPORTER"
 
@@ -86,10 +90,35 @@ procfs_option = _opt(
     "--procfs", default=None, metavar="PATH",
     help="The host's /proc, to find the pod of each GPU process [default: /proc; the exporter needs "
          "hostPID: true]. With --simulate it replaces the simulated /proc.")
+
+
+def _source_switches() -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """``--source-<name>/--no-source-<name>`` for every source a flag may turn off, from the
+    registry (as node_exporter's ``--[no-]collector.<name>``), each also read from
+    ``DRA_EXPORTER_SOURCE_<NAME>``; a source's ``aliases`` keep older spellings working
+    (``--no-kubeapi``, ``DRA_EXPORTER_KUBEAPI``)."""
+    switches: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = []
+    for spec in registry.sources():
+        if not spec.switchable:
+            continue
+        names = [f"source-{spec.name}", *spec.aliases]
+        switches.append(click.option(
+            *(f"--{n}/--no-{n}" for n in names), _source_param(spec.name), default=spec.enabled_by_default,
+            show_default=True, envvar=[_env(n) for n in names], show_envvar=True, help=spec.help))
+    return switches
+
+
+def _source_param(name: str) -> str:
+    return f"source_{name}"
+
+
+def _sources(kw: dict[str, Any]) -> frozenset[str]:
+    """The enabled sources, from the switches (popped from ``kw``)."""
+    return registry.enabled({spec.name: kw.pop(_source_param(spec.name))
+                             for spec in registry.sources() if spec.switchable})
+
+
 kubeapi_options = [
-    _opt("--kubeapi/--no-kubeapi", default=True, show_default=True,
-         help="Read ResourceSlices, ResourceClaims and Pods from the API server (request names, pod UIDs, "
-              "admin access, slice devices, taints, health). Off: node-local attribution only."),
     _opt("--kubeconfig", default=None, metavar="PATH",
          type=click.Path(exists=True, dir_okay=False, readable=True), callback=_regular_file,
          help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
@@ -113,7 +142,8 @@ log_level_option = _opt("--log-level", type=click.Choice(["debug", "info", "warn
 
 def _common(f: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([simulate_option, kubelet_socket_option, interval_option, node_name_option,
-                            procfs_option, *kubeapi_options, *pod_options, log_level_option]):
+                            procfs_option, *_source_switches(), *kubeapi_options, *pod_options,
+                            log_level_option]):
         f = option(f)
     return f
 
@@ -129,7 +159,7 @@ def _settings(listen: str = DEFAULT_LISTEN, **kw: Any) -> Settings:
             node_name=kw["node_name"] or os.environ.get("NODE_NAME") or "",
             simulate=kw["simulate"],
             kubelet_socket=kw["kubelet_socket"],
-            kubeapi=kw["kubeapi"],
+            sources=_sources(kw),
             procfs=kw["procfs"],
             kubeconfig=kw["kubeconfig"],
             claim_refresh=kw["claim_refresh"],
@@ -144,14 +174,18 @@ def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from .sim.scenario import ScenarioError
+        from dra_exporter_sim import ScenarioError
+
+        from .showback import ShowbackError
         from .sinks.http import ListenAddressError
         from .sinks.otlp import OtlpConfigError
+        from .sinks.tls import TlsError
         from .sinks.webconfig import WebConfigError
 
         try:
             return f(*args, **kwargs)
-        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError, WebConfigError) as exc:
+        except (ScenarioError, ConfigError, ListenAddressError, OtlpConfigError, WebConfigError, TlsError,
+                ShowbackError) as exc:
             click.echo(f"dra-exporter: error: {exc}", err=True)
             sys.exit(2)
 
@@ -193,7 +227,7 @@ def _otlp_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _otlp_settings(kw: dict[str, Any]) -> Any:
+def _otlp_settings(kw: dict[str, Any]) -> OtlpSettings | None:
     """OtlpSettings from the --otlp-* flags (popped from ``kw``), or None when no push is asked for."""
     from .sinks.otlp import OtlpConfigError, OtlpSettings, parse_header
 
@@ -207,7 +241,8 @@ def _otlp_settings(kw: dict[str, Any]) -> Any:
     try:
         return OtlpSettings(
             endpoint=flags["otlp_endpoint"] or "",  # "" lets the SDK read OTEL_EXPORTER_OTLP_*
-            protocol=protocol, interval=flags["otlp_interval"], timeout=flags["otlp_timeout"],
+            # An environment variable may say anything: OtlpSettings checks it (OtlpConfigError).
+            protocol=cast("Protocol", protocol), interval=flags["otlp_interval"], timeout=flags["otlp_timeout"],
             headers=tuple(parse_header(h) for h in flags["otlp_headers"]),
             insecure=flags["otlp_insecure"], certificate_file=flags["otlp_certificate"],
             client_certificate_file=flags["otlp_client_certificate"],
@@ -311,9 +346,9 @@ def doctor(log_level: str, **kw: Any) -> None:
 @_user_errors
 def demo(scenario: str, base_port: int, host: str, interval: float) -> None:
     """Start an exporter per node of a simulated cluster and print their Prometheus scrape config."""
+    from dra_exporter_sim import load_scenario, node_names
+
     from . import demo as cluster_demo
-    from .sim.multinode import node_names
-    from .sim.scenario import load_scenario
 
     nodes = node_names(load_scenario(scenario))
     if base_port + len(nodes) - 1 > 65535:
@@ -335,6 +370,110 @@ def healthcheck(listen: str, web_config: str | None) -> None:
     if problem:
         click.echo(f"unhealthy: {problem}", err=True)
         sys.exit(1)
+
+
+@main.command()
+@_opt("--prometheus", required=True, metavar="URL",
+      help="Base URL of the Prometheus HTTP API (or Thanos, Mimir, VictoriaMetrics), e.g. http://prometheus:9090.")
+@_opt("--since", default=None, metavar="DURATION", help="Window ending at --end: 30m, 12h, 7d, 2w [default: 7d].")
+@_opt("--start", default=None, metavar="TIME", help="Window start: RFC 3339 or Unix seconds (instead of --since).")
+@_opt("--end", default=None, metavar="TIME", help="Window end: RFC 3339 or Unix seconds [default: now].")
+@_opt("--step", default=None, metavar="DURATION",
+      help="Resolution [default: 60s, the rules' interval; window/60 under an hour; coarser past 11000 points].")
+@_opt("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
+      help="Output format (csv: one row per claim).")
+@_opt("--price-per-gpu-hour", type=FiniteFloat(min=0), default=None, metavar="PRICE",
+      help="Price of one hour of a whole GPU (a MIG device pays its share); adds cost columns.")
+@_opt("--price-file", default=None, metavar="FILE",
+      help='Prices per GPU model, YAML or JSON: {"NVIDIA H200": 4.5, "default": 3.0}.')
+@_opt("--idle-below", type=FiniteFloat(min=0, max=1), default=0.01, show_default=True, metavar="RATIO",
+      help="A claim is idle while its busy share of what it holds stays below this.")
+@_opt("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle claims to list.")
+@_opt("--raw", is_flag=True, default=False,
+      help="Compute from the raw series even where the recording rules run (slower).")
+@_opt("--bearer-token-file", default=None, metavar="FILE", help="Send this file's token as a bearer token.")
+@_opt("--basic-auth-user", default=None, metavar="USER", help="Basic auth user (with --basic-auth-password-file).")
+@_opt("--basic-auth-password-file", default=None, metavar="FILE", help="Basic auth password file.")
+@_opt("--ca-file", default=None, metavar="FILE", help="CA bundle for the server's TLS certificate.")
+@_opt("--timeout", type=FiniteFloat(min=1), default=60.0, show_default=True, metavar="S",
+      help="Seconds one query may take.")
+@_user_errors
+def report(prometheus: str, since: str | None, start: str | None, end: str | None, step: str | None, fmt: str,
+           price_per_gpu_hour: float | None, price_file: str | None, idle_below: float, top: int, raw: bool,
+           bearer_token_file: str | None, basic_auth_user: str | None, basic_auth_password_file: str | None,
+           ca_file: str | None, timeout: float) -> None:
+    """GPU-hours held and busy per namespace and claim, idle claims and cost, from Prometheus."""
+    import time
+
+    from . import report as edge
+    from . import showback
+
+    if since and start:
+        raise click.UsageError("--since and --start both say where the window starts: give one")
+    if price_per_gpu_hour is not None and price_file:
+        raise click.UsageError("--price-per-gpu-hour and --price-file both set prices: give one")
+    if bool(basic_auth_user) != bool(basic_auth_password_file):
+        raise click.UsageError("--basic-auth-user and --basic-auth-password-file go together")
+    if bearer_token_file and basic_auth_user:
+        raise click.UsageError("--bearer-token-file and basic auth both authenticate: give one")
+    until = showback.parse_time(end) if end else time.time()
+    begin = showback.parse_time(start) if start else until - showback.parse_duration(since or "7d")
+    resolution = showback.parse_duration(step) if step else showback.default_step(until - begin)
+    prices = (edge.read_prices(price_file) if price_file else
+              showback.Prices(default=price_per_gpu_hour) if price_per_gpu_hour is not None else None)
+    client = edge.PrometheusClient(edge.Connection(
+        prometheus,
+        bearer_token=edge.read_secret(bearer_token_file, "--bearer-token-file") if bearer_token_file else None,
+        basic_auth=(basic_auth_user, edge.read_secret(basic_auth_password_file, "--basic-auth-password-file"))
+        if basic_auth_user and basic_auth_password_file else None,
+        ca_file=ca_file, timeout=timeout))
+    result = edge.run(client, start=begin, end=until, step=resolution, prices=prices, idle_below=idle_below,
+                      top=top, use_rules=not raw, warn=lambda note: click.echo(f"dra-exporter: note: {note}", err=True))
+    render = {"table": showback.render_table, "csv": showback.render_csv, "json": showback.render_json}[fmt]
+    click.echo(render(result), nl=fmt != "csv")
+
+
+@main.command()
+@_opt("--listen", default="0.0.0.0:9402", show_default=True, metavar="HOST:PORT",
+      help="Address for /metrics, /healthz and /readyz.")
+@_opt("--interval", type=FiniteFloat(min=1, max=3600), default=15.0, show_default=True,
+      help="Seconds between frames (the objects arrive by watch as they change).")
+@_opt("--kubeconfig", default=None, metavar="PATH", type=click.Path(exists=True, dir_okay=False, readable=True),
+      callback=_regular_file,
+      help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
+           "~/.kube/config]. With --simulate it replaces the simulated API server.")
+@_opt("--simulate", "simulate", is_flag=False, flag_value="cluster", default=None, metavar="[SCENARIO]",
+      help="Run on a simulated cluster: the built-in 'cluster', or a cluster dump (kubectl get resourceslices,"
+           "resourceclaims,deviceclasses,pods -A -o yaml).")
+@_opt("--web-config", default=None, metavar="FILE",
+      help="TLS, client certificates, basic auth and headers for the endpoint (exporter-toolkit format).")
+@_opt("--once", is_flag=True, default=False,
+      help="Print one frame (Prometheus text) and exit instead of serving.")
+@log_level_option
+@_user_errors
+def cluster(listen: str, interval: float, kubeconfig: str | None, simulate: str | None, web_config: str | None,
+            once: bool, log_level: str) -> None:
+    """The DRA state of the whole cluster: capacity, free devices, partitions that fit, pending claims,
+    pools, taint rules (one replica per cluster; reads the API server only)."""
+    from .cluster import runtime as cluster_runtime
+    from .sinks.http import ListenAddressError, parse_listen
+    from .sinks.webconfig import load_web_config
+
+    try:
+        parse_listen(listen)
+    except ListenAddressError as exc:
+        raise click.UsageError(str(exc)) from None
+    settings = cluster_runtime.ClusterSettings(
+        listen=listen, interval=interval, kubeconfig=kubeconfig, simulate=simulate,
+        web_config=load_web_config(web_config) if web_config else None)
+    if once:
+        from .sinks.prometheus import render
+
+        _logging("error" if log_level == "info" else log_level)
+        click.echo(render(cluster_runtime.snapshot(settings)).decode(), nl=False)
+        return
+    _logging(log_level)
+    cluster_runtime.serve(settings)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from .sources import registry
 
 if TYPE_CHECKING:
     from .sinks.otlp import OtlpSettings
@@ -55,8 +57,9 @@ class Settings:
     ``""``: the simulated scenario's node, else the hostname."""
     procfs: str | None = None
     """Where the host's /proc is (GPU PIDs → pods); None: /proc, or the simulated one under --simulate."""
-    kubeapi: bool = True
-    """Read the API server (slices, claims, pods); off with --no-kubeapi (node-local join only)."""
+    sources: frozenset[str] = field(default_factory=registry.default_enabled)
+    """The sources to read (``sources.registry``; NVML always): each one's ``--[no-]source-<name>``.
+    Without ``kubeapi`` (``--no-kubeapi``) the join is node-local."""
     claim_refresh: float = DEFAULT_CLAIM_REFRESH
     """Seconds after which a claim in use is fetched again for its status (device conditions):
     each claim costs the API server 3600 / claim_refresh GETs an hour."""
@@ -81,3 +84,8 @@ class Settings:
     naming: str = "native"
     """Metric names on the Prometheus endpoint: ``native``, ``dcgm`` (dcgm-exporter's names, units and
     labels) or ``both``; see ``dra_exporter.naming``. OTLP always uses the semantic names."""
+
+    @property
+    def kubeapi(self) -> bool:
+        """Whether the API server is read (slices, claims, pods)."""
+        return "kubeapi" in self.sources

@@ -24,10 +24,9 @@ class Finding:
 def run(settings: Settings) -> list[Finding]:
     sim = None
     if settings.simulate is not None:
+        from dra_exporter_sim import SimClock, SimulatedNode, load_scenario
+
         from .runtime import SNAPSHOT_SIM_TIME
-        from .sim.clock import SimClock
-        from .sim.node import SimulatedNode
-        from .sim.scenario import load_scenario
 
         scenario = load_scenario(settings.simulate, settings.node_name or None)
         sim = SimulatedNode(scenario, SimClock(SNAPSHOT_SIM_TIME, frozen=True),

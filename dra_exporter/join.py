@@ -99,14 +99,29 @@ class _Consumer:
     request: str
 
 
+#: Native families by name: a reading names its family by name (``Reading.metric``).
+_FAMILIES: dict[str, cat.MetricSpec] = {spec.name: spec for spec in cat.CATALOG}
+
+
 @dataclass(slots=True)
 class _Builder:
-    """Collects samples per family, then emits them in catalogue order, sorted."""
+    """Collects samples per family, then emits them in catalogue order, sorted.
+
+    Every label set is made by the family's spec (``series``, ``device_series``, ``check``), so a
+    label the family does not declare, or one it declares and the join forgot, is a
+    ``catalog.LabelError`` here rather than a series that differs from the catalogue."""
 
     samples: dict[str, list[Sample]] = field(default_factory=lambda: defaultdict(list))
 
-    def add(self, name: str, labels: Labels, value: float) -> None:
-        self.samples[name].append(Sample(labels, float(value)))
+    def add(self, spec: cat.MetricSpec, value: float, /, **labels: str) -> None:
+        self.samples[spec.name].append(Sample(spec.series(**labels), float(value)))
+
+    def add_labels(self, spec: cat.MetricSpec, labels: Labels, value: float) -> None:
+        """A sample whose label set was built beforehand (checked against ``spec`` here)."""
+        self.samples[spec.name].append(Sample(spec.check(labels), float(value)))
+
+    def add_device(self, spec: cat.MetricSpec, device: Labels, extra: Labels, value: float) -> None:
+        self.samples[spec.name].append(Sample(spec.device_series(device, extra), float(value)))
 
     def frame(self, timestamp: float) -> Frame:
         families = []
@@ -187,8 +202,8 @@ def join(inp: JoinInput) -> Frame:
     if cluster:
         _cluster_families(out, cluster, resolver)
         _health_families(out, cluster, pods, view)
-        for name, labels, value in domain_families(cluster, _gpu_holders(devices, consumers)):
-            out.add(name, labels, value)
+        for spec, labels, value in domain_families(cluster, _gpu_holders(devices, consumers)):
+            out.add_labels(spec, labels, value)
     if inp.nvml:
         processes = Counter(proc.uuid for proc in inp.nvml.processes)
         for sample in inp.nvml.devices:
@@ -295,22 +310,22 @@ def _claim_consumers(pod: PodAllocation, container: str, claim: ClaimUse, resolv
             yield uuid, _Consumer(pod.namespace, pod.name, pod_uid, container, claim.name, use[1])
 
 
-def _attribution(consumers: Iterable[_Consumer]) -> Labels:
+def _attribution(consumers: Iterable[_Consumer]) -> dict[str, str]:
     """Attribution labels for one device: a value only where every consumer agrees (rules 1-3)."""
     consumers = tuple(consumers)
     pods = {(c.namespace, c.pod) for c in consumers}
     claims = {c.claim for c in consumers}
     one = len(pods) == 1
     claim = _only(claims)
-    return (
-        ("namespace", _only({c.namespace for c in consumers})),
-        ("pod", _only({p for _, p in pods}) if one else ""),
-        ("pod_uid", _only({c.pod_uid for c in consumers}) if one else ""),
-        ("container", _only({c.container for c in consumers}) if one else ""),
-        ("claim", claim),
+    return {
+        "namespace": _only({c.namespace for c in consumers}),
+        "pod": _only({p for _, p in pods}) if one else "",
+        "pod_uid": _only({c.pod_uid for c in consumers}) if one else "",
+        "container": _only({c.container for c in consumers}) if one else "",
+        "claim": claim,
         # A request name means something only together with its claim.
-        ("request", _only({c.request for c in consumers}) if claim else ""),
-    )
+        "request": _only({c.request for c in consumers}) if claim else "",
+    }
 
 
 def _only(values: set[str]) -> str:
@@ -329,26 +344,25 @@ def _gpu_holders(devices: Sequence[GpuDevice], consumers: dict[str, set[_Consume
 # --- families -----------------------------------------------------------------------------------
 
 
-def _device_families(out: _Builder, sample: DeviceSample, attribution: Labels, processes: int) -> None:
+def _device_families(out: _Builder, sample: DeviceSample, attribution: dict[str, str], processes: int) -> None:
     dev = sample.device
-    out.add(cat.GPU_INFO, (
-        ("uuid", dev.uuid), ("gpu", str(dev.index)), ("model", dev.model), ("pci_bus_id", dev.pci_bus_id),
-        ("driver_version", dev.driver_version), ("profile", dev.profile), ("parent_uuid", dev.parent_uuid),
-        ("mig_mode", dev.mig_mode), ("gpu_instance_id", _opt(dev.gi_id)),
-        ("compute_instance_id", _opt(dev.ci_id)),
-        # /dev/nvidia<minor> and NVIDIA's DRA name gpu-<minor>: not always the NVML index.
-        ("minor", str(dev.minor)),
-    ), 1)
-    base = (("uuid", dev.uuid), ("gpu", str(dev.index)), ("profile", dev.profile),
-            ("parent_uuid", dev.parent_uuid), *attribution)
-    out.add(cat.GPU_UP, base, 1 if sample.up else 0)
+    out.add(cat.GPU_INFO, 1, uuid=dev.uuid, gpu=str(dev.index), model=dev.model, pci_bus_id=dev.pci_bus_id,
+            driver_version=dev.driver_version, profile=dev.profile, parent_uuid=dev.parent_uuid,
+            mig_mode=dev.mig_mode, gpu_instance_id=_opt(dev.gi_id), compute_instance_id=_opt(dev.ci_id),
+            # /dev/nvidia<minor> and NVIDIA's DRA name gpu-<minor>: not always the NVML index.
+            minor=str(dev.minor))
+    # Identity and attribution once per device; each family adds only its own labels to them.
+    base = cat.device_labels(uuid=dev.uuid, gpu=str(dev.index), profile=dev.profile,
+                             parent_uuid=dev.parent_uuid, **attribution)
+    out.add_device(cat.GPU_UP, base, (), 1 if sample.up else 0)
     if sample.up:
-        out.add(cat.GPU_PROCESSES, base, processes)
+        out.add_device(cat.GPU_PROCESSES, base, (), processes)
+    samples = out.samples
+    # The hot loop: ~30 readings per device, every cycle. Link and fabric identity (a
+    # ``gpu_identity`` family) keeps only the GPU's identity of ``base``: who holds it does not change it.
     for reading in sample.readings:
-        # Link and fabric identity (``GPU_ID_LABELS``) does not depend on who holds the GPU.
-        prefix = base if cat.spec(reading.metric).labels[:len(cat.DEVICE_LABELS)] == cat.DEVICE_LABELS \
-            else base[:len(cat.GPU_ID_LABELS)]
-        out.add(reading.metric, prefix + reading.labels, reading.value)
+        labels = _FAMILIES[reading.metric].device_series(base, reading.labels)
+        samples[reading.metric].append(Sample(labels, reading.value))
 
 
 def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Resolver, view: _View) -> None:
@@ -356,12 +370,10 @@ def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Reso
     results (real request names, admin access, UID); the others from the kubelet's view."""
     for known in view.claims.values():
         for r in known.results:
-            out.add(cat.CLAIM_ALLOCATION_INFO, (
-                ("namespace", known.namespace), ("claim", known.name), ("claim_uid", known.uid),
-                ("request", r.request), ("driver", r.driver), ("pool", r.pool), ("device", r.device),
-                ("uuid", resolver.resolve(r.driver, r.pool, r.device) or ""),
-                ("admin_access", "true" if r.admin_access else "false"),
-            ), 1)
+            out.add(cat.CLAIM_ALLOCATION_INFO, 1, namespace=known.namespace, claim=known.name, claim_uid=known.uid,
+                    request=r.request, driver=r.driver, pool=r.pool, device=r.device,
+                    uuid=resolver.resolve(r.driver, r.pool, r.device) or "",
+                    admin_access="true" if r.admin_access else "false")
     for pod in pods:
         for container in pod.containers:
             for claim in container.claims:
@@ -369,18 +381,13 @@ def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Reso
                 monitoring = view.monitoring_claim(pod, claim)
                 if info is None:
                     for dev in claim.devices:
-                        out.add(cat.CLAIM_ALLOCATION_INFO, (
-                            ("namespace", claim.namespace), ("claim", claim.name),
-                            ("claim_uid", _claim_uid_from_cdi(dev)), ("request", ""),
-                            ("driver", dev.driver), ("pool", dev.pool), ("device", dev.device),
-                            ("uuid", resolver.resolve(dev.driver, dev.pool, dev.device) or ""),
-                            ("admin_access", "true" if monitoring else "false"),
-                        ), 1)
+                        out.add(cat.CLAIM_ALLOCATION_INFO, 1, namespace=claim.namespace, claim=claim.name,
+                                claim_uid=_claim_uid_from_cdi(dev), request="", driver=dev.driver, pool=dev.pool,
+                                device=dev.device, uuid=resolver.resolve(dev.driver, dev.pool, dev.device) or "",
+                                admin_access="true" if monitoring else "false")
                 if not monitoring:
-                    out.add(cat.CLAIM_CONSUMER_INFO, (
-                        ("namespace", claim.namespace), ("claim", claim.name), ("pod", pod.name),
-                        ("pod_uid", view.pod_uid(pod.namespace, pod.name, info)), ("container", container.name),
-                    ), 1)
+                    out.add(cat.CLAIM_CONSUMER_INFO, 1, namespace=claim.namespace, claim=claim.name, pod=pod.name,
+                            pod_uid=view.pod_uid(pod.namespace, pod.name, info), container=container.name)
 
 
 def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolver) -> None:
@@ -394,46 +401,39 @@ def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolve
     for sl in cluster.slices:
         for cs in sl.shared_counters:
             for counter, value in cs.counters:
-                out.add(cat.DEVICE_SHARED_CAPACITY, (
-                    ("driver", sl.driver), ("pool", sl.pool), ("counter_set", cs.name), ("counter", counter)), value)
+                out.add(cat.DEVICE_SHARED_CAPACITY, value, driver=sl.driver, pool=sl.pool, counter_set=cs.name,
+                        counter=counter)
         for dev in sl.devices:
-            ident = (("driver", sl.driver), ("pool", sl.pool), ("device", dev.name))
-            out.add(cat.DEVICE_INFO, (
-                ("node", dev.node_name or sl.node_name or cluster.node), *ident,
-                ("uuid", resolver.resolve(sl.driver, sl.pool, dev.name) or ""),
-                ("type", dev.attribute(_ATTR_TYPE)), ("profile", dev.attribute(_ATTR_PROFILE)),
-                ("parent_uuid", dev.attribute(_ATTR_PARENT)),
-                ("model", next((m for a in _ATTR_MODELS if (m := dev.attribute(a))), "")),
-            ), 1)
+            ident = {"driver": sl.driver, "pool": sl.pool, "device": dev.name}
+            out.add(cat.DEVICE_INFO, 1, node=dev.node_name or sl.node_name or cluster.node, **ident,
+                    uuid=resolver.resolve(sl.driver, sl.pool, dev.name) or "", type=dev.attribute(_ATTR_TYPE),
+                    profile=dev.attribute(_ATTR_PROFILE), parent_uuid=dev.attribute(_ATTR_PARENT),
+                    model=next((m for a in _ATTR_MODELS if (m := dev.attribute(a))), ""))
             rules = ((rule.taint, rule.name) for rule in cluster.taint_rules
                      if rule.selects(sl.driver, sl.pool, dev.name))
             for taint, rule in (*((t, "") for t in dev.taints), *rules):
-                out.add(cat.DEVICE_TAINT, (
-                    *ident, ("key", taint.key), ("value", taint.value), ("effect", taint.effect),
-                    ("rule", rule)), 1)
+                out.add(cat.DEVICE_TAINT, 1, **ident, key=taint.key, value=taint.value, effect=taint.effect,
+                        rule=rule)
             for use in dev.consumes_counters if (sl.driver, sl.pool, dev.name) in allocated else ():
                 for counter, value in use.counters:
-                    out.add(cat.DEVICE_SHARED_CONSUMPTION, (
-                        *ident, ("counter_set", use.counter_set), ("counter", counter)), value)
+                    out.add(cat.DEVICE_SHARED_CONSUMPTION, value, **ident, counter_set=use.counter_set,
+                            counter=counter)
     for claim in cluster.claims:
-        who = (("namespace", claim.namespace), ("claim", claim.name))
+        who = {"namespace": claim.namespace, "claim": claim.name}
         for r in claim.results:
-            result = (*who, ("request", r.request), ("driver", r.driver), ("pool", r.pool), ("device", r.device))
+            result = {**who, "request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device}
             for tol in r.tolerations:
-                out.add(cat.CLAIM_DEVICE_TOLERATION, (
-                    *result, ("key", tol.key), ("operator", tol.operator), ("value", tol.value),
-                    ("effect", tol.effect)), 1)
+                out.add(cat.CLAIM_DEVICE_TOLERATION, 1, **result, key=tol.key, operator=tol.operator,
+                        value=tol.value, effect=tol.effect)
             for capacity, value in r.consumed_capacity:
-                out.add(cat.CLAIM_CONSUMED_CAPACITY, (*result, ("share_id", r.share_id), ("capacity", capacity)),
-                        value)
+                out.add(cat.CLAIM_CONSUMED_CAPACITY, value, **result, share_id=r.share_id, capacity=capacity)
         for status in claim.devices:
-            device = (*who, ("driver", status.driver), ("pool", status.pool), ("device", status.device))
+            device = {**who, "driver": status.driver, "pool": status.pool, "device": status.device}
             for cond in status.conditions:
-                out.add(cat.CLAIM_DEVICE_CONDITION, (*device, ("type", cond.type), ("status", cond.status)), 1)
+                out.add(cat.CLAIM_DEVICE_CONDITION, 1, **device, type=cond.type, status=cond.status)
             if (net := status.network) is not None:
-                out.add(cat.CLAIM_DEVICE_NETWORK, (
-                    *device, ("interface", net.interface_name), ("hardware_address", net.hardware_address),
-                    ("ips", ",".join(net.ips))), 1)
+                out.add(cat.CLAIM_DEVICE_NETWORK, 1, **device, interface=net.interface_name,
+                        hardware_address=net.hardware_address, ips=",".join(net.ips))
 
 
 def _health_families(out: _Builder, cluster: ClusterSnapshot, pods: Iterable[PodAllocation], view: _View) -> None:
@@ -448,10 +448,8 @@ def _health_families(out: _Builder, cluster: ClusterSnapshot, pods: Iterable[Pod
         for ctr in pod.containers:
             for h in ctr.health:
                 driver, pool, device = _health_device(pod.namespace, h, view, cdi_devices)
-                out.add(cat.DEVICE_HEALTH, (
-                    ("namespace", pod.namespace), ("pod", pod.name), ("container", ctr.name),
-                    ("claim", h.claim), ("request", h.request), ("driver", driver), ("pool", pool),
-                    ("device", device), ("health", h.health)), 1)
+                out.add(cat.DEVICE_HEALTH, 1, namespace=pod.namespace, pod=pod.name, container=ctr.name,
+                        claim=h.claim, request=h.request, driver=driver, pool=pool, device=device, health=h.health)
 
 
 def _cdi_owners(pods: Iterable[PodAllocation]) -> dict[tuple[str, str, str], ClaimDevice]:
@@ -507,10 +505,10 @@ def _container_families(out: _Builder, processes: Iterable[ProcessSample], owner
         if proc.sm_utilization_ratio is not None:
             sm[labels] += proc.sm_utilization_ratio
     for labels, value in memory.items():
-        out.add(cat.CONTAINER_GPU_MEMORY_USED, labels, value)
+        out.add_labels(cat.CONTAINER_GPU_MEMORY_USED, labels, value)
     for labels, value in sm.items():
-        out.add(cat.CONTAINER_GPU_SM_UTILIZATION, labels, min(value, 1.0))
-    out.add(cat.UNATTRIBUTED_PROCESSES, (), len(unattributed))
+        out.add_labels(cat.CONTAINER_GPU_SM_UTILIZATION, labels, min(value, 1.0))
+    out.add(cat.UNATTRIBUTED_PROCESSES, len(unattributed))
 
 
 def _container_labels(uuid: str, pod_uid: str, container_id: str, view: _View,
@@ -526,8 +524,9 @@ def _container_labels(uuid: str, pod_uid: str, container_id: str, view: _View,
             container = ctr.name
     claims = {c.claim for c in consumers if (c.namespace, c.pod) == (namespace, name) and c.claim
               and (not container or c.container == container)} if pod else set()
-    return (("uuid", uuid), ("namespace", namespace), ("pod", name), ("pod_uid", pod_uid),
-            ("container", container), ("claim", _only(claims)))
+    # Both container families have these labels; built once, they key the sums of both.
+    return cat.CONTAINER_GPU_MEMORY_USED.series(uuid=uuid, namespace=namespace, pod=name, pod_uid=pod_uid,
+                                                container=container, claim=_only(claims))
 
 
 def _claim_uid_from_cdi(dev: ClaimDevice) -> str:
@@ -545,12 +544,11 @@ def _claim_uid_from_cdi(dev: ClaimDevice) -> str:
 
 def _self_families(out: _Builder, inp: JoinInput) -> None:
     for h in inp.health:
-        src = (("source", h.source),)
-        out.add(cat.SOURCE_UP, src, 1 if h.up else 0)
-        out.add(cat.COLLECT_DURATION, src, h.duration_seconds)
-        out.add(cat.COLLECT_ERRORS, src, h.errors_total)
-        out.add(cat.LAST_SUCCESS, src, h.last_success_timestamp)
-    out.add(cat.BUILD_INFO, (("version", inp.version), ("python_version", inp.python_version)), 1)
+        out.add(cat.SOURCE_UP, 1 if h.up else 0, source=h.source)
+        out.add(cat.COLLECT_DURATION, h.duration_seconds, source=h.source)
+        out.add(cat.COLLECT_ERRORS, h.errors_total, source=h.source)
+        out.add(cat.LAST_SUCCESS, h.last_success_timestamp, source=h.source)
+    out.add(cat.BUILD_INFO, 1, version=inp.version, python_version=inp.python_version)
 
 
 def _opt(value: int | None) -> str:

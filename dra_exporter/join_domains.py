@@ -73,20 +73,22 @@ def node_ready(node: ComputeDomainNode) -> bool:
     return node.status == _READY or not node.status
 
 
-def domain_families(cluster: ClusterSnapshot,
-                    gpu_holders: Iterable[tuple[str, str, str, str]]) -> Iterator[tuple[str, Labels, float]]:
-    """(family, labels, value) of every ComputeDomain family. ``gpu_holders``: (uuid, gpu index,
-    namespace, pod) for each whole GPU of this node and each pod that holds it."""
+def domain_families(cluster: ClusterSnapshot, gpu_holders: Iterable[tuple[str, str, str, str]]
+                    ) -> Iterator[tuple[cat.MetricSpec, Labels, float]]:
+    """(family, labels, value) of every ComputeDomain family, the labels built by the family's
+    spec. ``gpu_holders``: (uuid, gpu index, namespace, pod) for each whole GPU of this node and
+    each pod that holds it."""
     names = {d.uid: d for d in cluster.compute_domains}
     for d in cluster.compute_domains:
-        ident = (("namespace", d.namespace), ("compute_domain", d.name))
-        yield cat.COMPUTE_DOMAIN_INFO, (*ident, ("uid", d.uid), ("allocation_mode", d.allocation_mode),
-                                        ("num_nodes", str(d.num_nodes))), 1
-        yield cat.COMPUTE_DOMAIN_READY, ident, 1 if d.status == _READY else 0
+        yield cat.COMPUTE_DOMAIN_INFO, cat.COMPUTE_DOMAIN_INFO.series(
+            namespace=d.namespace, compute_domain=d.name, uid=d.uid, allocation_mode=d.allocation_mode,
+            num_nodes=str(d.num_nodes)), 1
+        yield cat.COMPUTE_DOMAIN_READY, cat.COMPUTE_DOMAIN_READY.series(
+            namespace=d.namespace, compute_domain=d.name), 1 if d.status == _READY else 0
         for node in members(d, cluster):
-            yield cat.COMPUTE_DOMAIN_NODE_READY, (
-                *ident, ("node", node.name), ("clique", node.clique),
-                ("index", "" if node.index is None else str(node.index))), 1 if node_ready(node) else 0
+            yield cat.COMPUTE_DOMAIN_NODE_READY, cat.COMPUTE_DOMAIN_NODE_READY.series(
+                namespace=d.namespace, compute_domain=d.name, node=node.name, clique=node.clique,
+                index="" if node.index is None else str(node.index)), 1 if node_ready(node) else 0
     pods_of = _claim_pods(cluster)
     holders: dict[tuple[str, str], set[str]] = {}
     for use in domain_uses(cluster.claims):
@@ -96,13 +98,13 @@ def domain_families(cluster: ClusterSnapshot,
         name = domain.name if domain else ""  # the CRD not served (or not yet listed): still a holder
         for pod in pods_of.get((use.claim.namespace, use.claim.name), ()):
             holders.setdefault((use.claim.namespace, pod), set()).add(name)
-            yield cat.COMPUTE_DOMAIN_CHANNEL_INFO, (
-                ("namespace", use.claim.namespace), ("claim", use.claim.name), ("pod", pod),
-                ("compute_domain", name), ("device", use.device)), 1
+            yield cat.COMPUTE_DOMAIN_CHANNEL_INFO, cat.COMPUTE_DOMAIN_CHANNEL_INFO.series(
+                namespace=use.claim.namespace, claim=use.claim.name, pod=pod, compute_domain=name,
+                device=use.device), 1
     for uuid, gpu, namespace, pod in gpu_holders:
         for name in sorted(holders.get((namespace, pod), ())):
-            yield cat.COMPUTE_DOMAIN_GPU_INFO, (
-                ("uuid", uuid), ("gpu", gpu), ("namespace", namespace), ("pod", pod), ("compute_domain", name)), 1
+            yield cat.COMPUTE_DOMAIN_GPU_INFO, cat.COMPUTE_DOMAIN_GPU_INFO.series(
+                uuid=uuid, gpu=gpu, namespace=namespace, pod=pod, compute_domain=name), 1
 
 
 def _claim_pods(cluster: ClusterSnapshot) -> dict[tuple[str, str], tuple[str, ...]]:

@@ -259,6 +259,9 @@ class SliceDevice:
     domain (``gpu.nvidia.com/uuid`` → ``uuid``); other qualified keys keep theirs."""
     capacity: tuple[tuple[str, float], ...] = ()
     """Capacity values in base units (``80Gi`` → 85899345920.0), sorted by key."""
+    attribute_kinds: tuple[tuple[str, str], ...] = ()
+    """The union member of each attribute that is not a ``string`` (``int``, ``bool``, ``version``,
+    ``ints`` …), sorted by key: CEL selectors compare typed values (the cluster mode)."""
     consumes_counters: tuple[CounterConsumption, ...] = ()
     taints: tuple[DeviceTaint, ...] = ()
     node_name: str = ""
@@ -399,6 +402,17 @@ class ConsumerRef:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceRequestInfo:
+    """One request of a claim's spec, or one subrequest of a prioritized list (``main/sub``)."""
+
+    name: str
+    device_class: str
+    count: int = 1
+    all_devices: bool = False
+    """``allocationMode: All``."""
+
+
+@dataclass(frozen=True, slots=True)
 class OpaqueConfig:
     """One ``status.allocation.devices.config[]`` entry with ``opaque`` parameters: driver-defined
     JSON, of which only the top-level scalar fields are kept (``kind``, ``domainID``, …)."""
@@ -426,8 +440,16 @@ class ClaimInfo:
     """Empty while the claim is not allocated."""
     reserved_for: tuple[ConsumerRef, ...] = ()
     devices: tuple[ClaimDeviceStatus, ...] = ()
+    requests: tuple[DeviceRequestInfo, ...] = ()
+    """What the claim asks for (``spec.devices.requests``), one entry per request or subrequest."""
+    created: float = 0.0
+    """``metadata.creationTimestamp`` as Unix time; 0 when unknown."""
     configs: tuple[OpaqueConfig, ...] = ()
     """The allocation's opaque device configuration (NVIDIA's ``ComputeDomainChannelConfig``)."""
+
+    @property
+    def allocated(self) -> bool:
+        return bool(self.results)
 
     def results_for(self, driver: str, pool: str, device: str) -> tuple[AllocationResult, ...]:
         return tuple(r for r in self.results if (r.driver, r.pool, r.device) == (driver, pool, device))
@@ -578,6 +600,28 @@ class ClusterSnapshot:
             if (p.namespace, p.name) == (namespace, name):
                 return p
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClassInfo:
+    """A DeviceClass: the CEL selectors every device of the class must meet."""
+
+    name: str
+    selectors: tuple[str, ...] = ()
+    """``spec.selectors[].cel.expression``, in order (ANDed)."""
+    extended_resource_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """The API server's DRA objects of the whole cluster (the cluster mode): every slice (all
+    generations: completeness is judged on them), claim, DeviceClass and DeviceTaintRule."""
+
+    api_version: str = ""
+    slices: tuple[ResourceSliceInfo, ...] = ()
+    claims: tuple[ClaimInfo, ...] = ()
+    classes: tuple[DeviceClassInfo, ...] = ()
+    taint_rules: tuple[DeviceTaintRule, ...] = ()
 
 
 # --- /proc -------------------------------------------------------------------------------------

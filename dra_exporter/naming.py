@@ -3,8 +3,8 @@
 Contract (pure: Frame in, Frame out, no I/O):
 
 - ``native`` returns the frame unchanged.
-- ``dcgm`` adds one DCGM family per ``catalog.DCGM_CATALOG`` entry and drops the native families
-  they are computed from (``DcgmSpec.source``) except those the shipped alerts and dashboards read
+- ``dcgm`` adds one DCGM family per DCGM form of the catalogue (``catalog.DCGM_CATALOG``) and drops
+  the native families they are computed from except those the shipped alerts and dashboards read
   (``catalog.DCGM_KEPT_FOR_KIT``: they must keep working under every naming); every other native
   family — DRA claims and devices, per-container shares, ECC, throttling, PCIe bytes, self-metrics,
   ``dra_gpu_info``/``dra_gpu_up`` — stays under its native name, so nothing the exporter knows is lost.
@@ -20,7 +20,7 @@ has the full ``catalog.DCGM_LABELS`` set, ``""`` where dcgm-exporter leaves a la
 The fabric fields (``DCGM_FI_DEV_FABRIC_MANAGER_STATUS``, ``_CLIQUE_ID``, ``_HEALTH_SUMMARY``) are numbers
 where the native families are state sets and info labels: the current state's number, the clique id
 while the GPU is registered. The NVLink error totals sum the per-link counters; like those fabric
-fields they leave their native source in place (``DcgmSpec.replaces``): the DCGM form says less.
+fields they leave their native source in place (``DcgmForm.replaces``): the DCGM form says less.
 
 ``DCGM_FI_DEV_XID_ERRORS`` is dcgm's last-value gauge: per device, the code of the most recent XID
 (0 when none was seen). The native counters only say how often each code happened, so "most
@@ -43,7 +43,8 @@ Naming = Literal["native", "dcgm", "both"]
 NAMINGS: Final[tuple[str, ...]] = ("native", "dcgm", "both")
 
 #: Native families the ``dcgm`` naming replaces by their DCGM counterpart.
-REPLACED: Final[frozenset[str]] = frozenset(d.source for d in cat.DCGM_CATALOG if d.replaces) - cat.DCGM_KEPT_FOR_KIT
+REPLACED: Final[frozenset[str]] = frozenset(
+    source.name for source, form in cat.DCGM_CATALOG if form.replaces) - cat.DCGM_KEPT_FOR_KIT
 
 
 @dataclass
@@ -82,19 +83,19 @@ def dcgm_families(frame: Frame, *, hostname: str, xid: XidMemory | None = None) 
     """The DCGM families of ``frame`` (only those with samples)."""
     labeller = _Labeller.of(frame, hostname)
     out: list[Family] = []
-    for spec in cat.DCGM_CATALOG:
-        if spec.name == cat.DCGM_XID_ERRORS:
+    for source, form in cat.DCGM_CATALOG:
+        if form is cat.DCGM_XID_ERRORS:
             samples = _xid_samples(frame, labeller, xid or XidMemory())
-        elif spec.name in _FABRIC:
-            samples = _fabric_samples(frame, spec, labeller)
+        elif form in _FABRIC:
+            samples = _fabric_samples(frame, source, form, labeller)
         else:
-            samples = _converted(frame.family(spec.source), spec, labeller)
+            samples = _converted(frame.family(source.name), form, labeller)
         if samples:
-            out.append(Family(spec.name, samples))
+            out.append(Family(form.name, samples))
     return tuple(out)
 
 
-def _converted(family: Family | None, spec: cat.DcgmSpec, labeller: _Labeller) -> tuple[Sample, ...]:
+def _converted(family: Family | None, spec: cat.DcgmForm, labeller: _Labeller) -> tuple[Sample, ...]:
     if family is None:
         return ()
     totals: dict[Labels, float] = defaultdict(float)
@@ -107,15 +108,15 @@ def _converted(family: Family | None, spec: cat.DcgmSpec, labeller: _Labeller) -
     return tuple(Sample(labels, value) for labels, value in sorted(totals.items()))
 
 
-def _fabric_value(spec: cat.DcgmSpec, native: Mapping[str, str], value: float,
+def _fabric_value(form: cat.DcgmForm, native: Mapping[str, str], value: float,
                   registered: Mapping[str, float]) -> float | None:
     """The DCGM number one native fabric series stands for; None when it stands for none."""
-    if spec.name == cat.DCGM_FABRIC_CLIQUE_ID:
+    if form is cat.DCGM_FABRIC_CLIQUE_ID:
         clique_id = native.get("clique_id", "")
         return float(clique_id) if clique_id.isdigit() else None
     if value != 1.0:  # a state set: only the current state's series
         return None
-    if spec.name == cat.DCGM_FABRIC_HEALTH_SUMMARY:
+    if form is cat.DCGM_FABRIC_HEALTH_SUMMARY:
         return cat.DCGM_FABRIC_SUMMARY_VALUES.get(native.get("summary", ""))
     state = native.get("state", "")
     if state == "completed":
@@ -126,14 +127,16 @@ def _fabric_value(spec: cat.DcgmSpec, native: Mapping[str, str], value: float,
 _FABRIC: Final = frozenset({cat.DCGM_FABRIC_STATUS, cat.DCGM_FABRIC_CLIQUE_ID, cat.DCGM_FABRIC_HEALTH_SUMMARY})
 
 
-def _fabric_samples(frame: Frame, spec: cat.DcgmSpec, labeller: _Labeller) -> tuple[Sample, ...]:
+def _fabric_samples(frame: Frame, source: cat.MetricSpec, form: cat.DcgmForm,
+                    labeller: _Labeller) -> tuple[Sample, ...]:
     """DCGM's fabric fields are numbers where the native families are state sets and info labels."""
-    family = frame.family(spec.source)
-    registered = {dict(s.labels).get("uuid", ""): s.value for s in _samples(frame.family(cat.GPU_FABRIC_REGISTERED))}
+    family = frame.family(source.name)
+    registered = {dict(s.labels).get("uuid", ""): s.value
+                  for s in _samples(frame.family(cat.GPU_FABRIC_REGISTERED.name))}
     out = []
     for sample in _samples(family):
         native = dict(sample.labels)
-        number = _fabric_value(spec, native, sample.value, registered)
+        number = _fabric_value(form, native, sample.value, registered)
         if number is not None:
             out.append(Sample(labeller.labels(native), number))
     return tuple(sorted(out, key=lambda s: s.labels))
@@ -141,9 +144,9 @@ def _fabric_samples(frame: Frame, spec: cat.DcgmSpec, labeller: _Labeller) -> tu
 
 def _xid_samples(frame: Frame, labeller: _Labeller, memory: XidMemory) -> tuple[Sample, ...]:
     """One series per device (every ``dra_gpu_up`` series): its last XID code, 0 when none."""
-    up = frame.family(cat.GPU_UP)
+    up = frame.family(cat.GPU_UP.name)
     counts: dict[str, dict[str, float]] = defaultdict(dict)
-    errors = frame.family(cat.GPU_XID_ERRORS)
+    errors = frame.family(cat.GPU_XID_ERRORS.name)
     for sample in errors.samples if errors else ():
         native = dict(sample.labels)
         counts[native.get("uuid", "")][native.get("xid", "")] = sample.value
@@ -205,13 +208,13 @@ class _Labeller:
 
 
 def _identity(frame: Frame) -> dict[str, dict[str, str]]:
-    info = frame.family(cat.GPU_INFO)
+    info = frame.family(cat.GPU_INFO.name)
     return {d["uuid"]: d for d in (dict(s.labels) for s in _samples(info)) if d.get("uuid")}
 
 
 def _allocations(frame: Frame) -> dict[tuple[str, str, str], tuple[str, str, str]]:
     out: dict[tuple[str, str, str], tuple[str, str, str]] = {}
-    for sample in _samples(frame.family(cat.CLAIM_ALLOCATION_INFO)):
+    for sample in _samples(frame.family(cat.CLAIM_ALLOCATION_INFO.name)):
         d = dict(sample.labels)
         if d.get("uuid"):
             out[(d.get("namespace", ""), d.get("claim", ""), d["uuid"])] = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import signal
@@ -10,12 +11,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .agent import Agent, SourceRunner
+from .agent import Agent, Sink, SourceRunner, latest_snapshots
 from .config import DEFAULT_KUBELET_SOCKET, Settings
 from .model import Frame
+from .sources import registry
+from .sources.procs import DEFAULT_PROCFS
+from .sources.registry import Role, SourceContext
+
+if TYPE_CHECKING:
+    from dra_exporter_sim import SimulatedNode
+    from .sinks.prometheus import PrometheusSink
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +35,8 @@ SNAPSHOT_SIM_TIME = 60.0
 @dataclass
 class Runtime:
     agent: Agent
-    sim: Any = None
-    prometheus: Any = None
+    sim: SimulatedNode | None = None
+    prometheus: PrometheusSink | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -54,16 +62,11 @@ def build(settings: Settings, *, sim_time: float | None = None, publish: bool = 
 
 def _build(settings: Settings, sim_time: float | None, publish: bool,
            closers: list[Callable[[], None]]) -> Runtime:
-    from .sources.nvml import NvmlSource
-    from .sources.podresources import PodResourcesSource
-
-    sim = None
+    sim: SimulatedNode | None = None
     wall_clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     if settings.simulate is not None:
-        from .sim.clock import SimClock
-        from .sim.node import SimulatedNode
-        from .sim.scenario import load_scenario
+        from dra_exporter_sim import SimClock, SimulatedNode, load_scenario
 
         # --node-name picks the node of a cluster dump; an ordinary scenario names its own.
         scenario = load_scenario(settings.simulate, settings.node_name or None)
@@ -76,22 +79,20 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
         # On a simulated node, timestamps, backoffs and rate integrals follow simulated time.
         wall_clock, monotonic = sim.wall_clock, clock.now
         nvml: Any = sim.nvml
-        kubelet_socket = sim.kubelet.socket_path if sim.kubelet else settings.kubelet_socket
+        kubelet_socket = sim.kubelet.socket_path if sim.kubelet else (settings.kubelet_socket or
+                                                                      DEFAULT_KUBELET_SOCKET)
     else:
         import pynvml
 
         nvml = pynvml
         kubelet_socket = settings.kubelet_socket or DEFAULT_KUBELET_SOCKET
 
-    primary = SourceRunner(NvmlSource(nvml, wall_clock=wall_clock, monotonic=monotonic), keep_last_good=False,
-                           wall_clock=wall_clock, interval=settings.interval)
-    pods = SourceRunner(PodResourcesSource(kubelet_socket), keep_last_good=True, wall_clock=wall_clock,
-                        interval=settings.interval)
-    side = [pods]
-    if kubeapi := _kubeapi_source(settings, sim, pods):
-        # keep_last_good: during an API outage the last good cluster view beats none.
-        side.append(SourceRunner(kubeapi, keep_last_good=True, wall_clock=wall_clock, interval=settings.interval))
-    sinks: list[Any] = []
+    runners = _source_runners(settings, sim, SourceContext(
+        node_name=node_name(settings, sim), nvml=nvml, kubelet_socket=kubelet_socket,
+        kubeconfig=settings.kubeconfig, claim_refresh=settings.claim_refresh,
+        procfs=settings.procfs or (sim.procfs.root if sim is not None and sim.procfs else DEFAULT_PROCFS),
+        wall_clock=wall_clock, monotonic=monotonic))
+    sinks: list[Sink] = []
     prometheus = None
     if publish and settings.otlp is not None:
         from .sinks.otlp import OtlpSink
@@ -109,10 +110,10 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
         # Only the scrape endpoint is renamed: OTLP keeps the semantic names.
         sinks.append(prometheus if settings.naming == "native"
                      else RenamingSink(prometheus, settings.naming, node_name(settings, sim)))
-    followers = [SourceRunner(_procs_source(settings, sim, primary), keep_last_good=False, wall_clock=wall_clock,
-                              interval=settings.interval)]
-    agent = Agent(primary, side, sinks, interval=settings.interval, self_pod=_self_pod(settings, sim),
-                  wall_clock=wall_clock, followers=followers, stall_after=settings.stall_timeout)
+    (primary,) = runners[Role.PRIMARY]
+    agent = Agent(primary, runners[Role.SIDE], sinks, interval=settings.interval,
+                  self_pod=_self_pod(settings, sim), wall_clock=wall_clock, followers=runners[Role.FOLLOWER],
+                  stall_after=settings.stall_timeout)
     if prometheus is not None:
         prometheus.answer_probes_from(agent.health)
     return Runtime(agent, sim, prometheus, closers)
@@ -121,7 +122,7 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
 class RenamingSink:
     """Publishes each frame to ``inner`` under a ``--naming`` other than native (``dra_exporter.naming``)."""
 
-    def __init__(self, inner: Any, naming: str, hostname: str) -> None:
+    def __init__(self, inner: Sink, naming: str, hostname: str) -> None:
         from .naming import XidMemory
 
         self.inner, self.naming, self.hostname = inner, naming, hostname
@@ -133,7 +134,7 @@ class RenamingSink:
         self.inner.publish(apply(frame, self.naming, hostname=self.hostname, xid=self._xid))
 
 
-def node_name(settings: Settings, sim: Any) -> str:
+def node_name(settings: Settings, sim: SimulatedNode | None) -> str:
     """The simulated scenario's node (which --node-name chose for a dump), else --node-name
     (or $NODE_NAME), else the hostname."""
     if sim is not None:
@@ -141,56 +142,46 @@ def node_name(settings: Settings, sim: Any) -> str:
     return settings.node_name or socket.gethostname()
 
 
-def _kubeapi_source(settings: Settings, sim: Any, pods: SourceRunner) -> Any:
-    """The API server source, or None when turned off (--no-kubeapi).
+def _source_runners(settings: Settings, sim: SimulatedNode | None,
+                    ctx: SourceContext) -> dict[Role, list[SourceRunner[Any]]]:
+    """A runner for every enabled source (``settings.sources``; the primary always), in registry
+    order, by role. The agent closes them when it stops."""
+    built: list[SourceRunner[Any]] = []
+    ctx = dataclasses.replace(ctx, latest=lambda: latest_snapshots(built))
+    if settings.kubeapi:
+        ctx = dataclasses.replace(ctx, **_kube_access(settings, sim))
+    by_role: dict[Role, list[SourceRunner[Any]]] = {role: [] for role in Role}
+    for spec in registry.sources():
+        if spec.switchable and spec.name not in settings.sources:
+            continue
+        runner = SourceRunner(spec.factory(ctx), keep_last_good=spec.keep_last_good, place=spec.place,
+                              wall_clock=ctx.wall_clock, interval=settings.interval)
+        built.append(runner)
+        by_role[spec.role].append(runner)
+    return by_role
 
-    Without any API access it is still built: it then reports itself down once
-    (``dra_exporter_source_up{source="kubeapi"} 0``) and the join stays node-local.
-    """
-    if not settings.kubeapi:
-        return None
+
+def _kube_access(settings: Settings, sim: SimulatedNode | None) -> dict[str, Any]:
+    """How the API server source reaches the API server: ``SourceContext`` fields.
+
+    A kubeconfig the operator named must work: a broken one is a start-up error, not a source
+    outage. Without it: the simulated API server under --simulate, else in-cluster or $KUBECONFIG."""
     from .config import ConfigError
-    from .model import PodResourcesSnapshot
     from .sources import SourceError
-    from .sources.kubeapi import KubeApiSource, load_client
+    from .sources.kubeapi import load_client
 
-    kubeconfig = settings.kubeconfig
-    client_factory = None
-    if kubeconfig:
-        # A kubeconfig the operator named must work: a broken one is a start-up error, not a source outage.
+    if settings.kubeconfig:
         try:
-            api_client = load_client(kubeconfig)
+            api_client = load_client(settings.kubeconfig)
         except SourceError as exc:
             raise ConfigError(f"--kubeconfig: {exc}".replace("kubeapi: ", "")) from None
-        client_factory = lambda: api_client
-    elif sim is not None and sim.apiserver is not None:
-        kubeconfig = sim.apiserver.kubeconfig_path
-
-    def claim_hints() -> list[tuple[str, str]]:
-        # Claims the kubelet reports are fetched even before the pod watch has their pod.
-        snap, _ = pods.latest()
-        if not isinstance(snap, PodResourcesSnapshot):
-            return []
-        return [(c.namespace, c.name) for p in snap.pods for ctr in p.containers for c in ctr.claims]
-
-    return KubeApiSource(node_name(settings, sim), kubeconfig=kubeconfig, client_factory=client_factory,
-                         claim_hints=claim_hints, claim_refresh=settings.claim_refresh)
+        return {"kubeconfig": settings.kubeconfig, "kube_client": lambda: api_client}
+    if sim is not None and sim.apiserver is not None:
+        return {"kubeconfig": sim.apiserver.kubeconfig_path}
+    return {}
 
 
-def _procs_source(settings: Settings, sim: Any, nvml: SourceRunner) -> Any:
-    """GPU PIDs of the latest NVML snapshot → pods and containers, through the host's /proc."""
-    from .model import NvmlSnapshot
-    from .sources.procs import DEFAULT_PROCFS, ProcsSource
-
-    def gpu_pids() -> list[int]:
-        snap, _ = nvml.latest()
-        return [p.pid for p in snap.processes] if isinstance(snap, NvmlSnapshot) else []
-
-    procfs = settings.procfs or (sim.procfs.root if sim is not None and sim.procfs else DEFAULT_PROCFS)
-    return ProcsSource(gpu_pids, procfs)
-
-
-def _self_pod(settings: Settings, sim: Any) -> tuple[str, str] | None:
+def _self_pod(settings: Settings, sim: SimulatedNode | None) -> tuple[str, str] | None:
     if settings.self_pod:
         return settings.self_pod
     if sim is not None and sim.scenario.exporter_pod:

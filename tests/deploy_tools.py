@@ -11,8 +11,8 @@
   committed in ``deploy/manifests/``.
 
 ``python3 tests/deploy_tools.py`` rewrites ``deploy/manifests/dra-exporter.yaml`` and the
-chart's copies of ``deploy/prometheus-rules.yaml`` and ``dashboards/*.json`` after a change to
-the chart, the rules or the dashboards.
+chart's copies of ``deploy/prometheus-rules.yaml``, ``deploy/recording-rules.yaml`` and
+``dashboards/*.json`` after a change to the chart, the rules or the dashboards.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ RULES = REPO / "deploy" / "prometheus-rules.yaml"
 CHART_RULES = CHART / "files" / "prometheus-rules.yaml"
 CHART_DASHBOARDS = CHART / "files" / "dashboards"
 DASHBOARDS = REPO / "dashboards"
+RECORDING_RULES = REPO / "deploy" / "recording-rules.yaml"
+CHART_RECORDING_RULES = CHART / "files" / "recording-rules.yaml"
 MANIFESTS = REPO / "deploy" / "manifests" / "dra-exporter.yaml"
 RELEASE = "dra-exporter"
 NAMESPACE = "monitoring"
@@ -82,7 +84,7 @@ def require_module(name: str, pip_name: str) -> ModuleType:
 
 def fault_scenario(directory: Path) -> Path:
     """The demo node with XIDs a few seconds in (on a whole GPU and on a MIG device)."""
-    from dra_exporter.sim import scenario as sim_scenario
+    from dra_exporter_sim import scenario as sim_scenario
 
     demo = yaml.safe_load((Path(sim_scenario.__file__).parent / "scenarios" / "demo.yaml").read_text())
     demo["faults"] = [
@@ -169,6 +171,18 @@ def kit_native_families() -> set[str]:
     return set(re.findall(r"\bdra_[a-z0-9_]+", " ".join(texts)))
 
 
+def recording_rules_every(interval: str, directory: Path, groups: list[dict[str, Any]] | None = None) -> Path:
+    """``deploy/recording-rules.yaml`` (or the given groups of it) evaluated every ``interval``: the
+    shipped 1m leaves a test of a minute with one evaluation. Always the same file name, so
+    Prometheus gives the groups the same evaluation offset each time."""
+    chosen = groups or yaml.safe_load(RECORDING_RULES.read_text())["groups"]
+    for group in chosen:
+        group["interval"] = interval
+    path = directory / "recording-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": chosen}, sort_keys=False))
+    return path
+
+
 # --- the Helm chart ---------------------------------------------------------------------------
 
 
@@ -225,13 +239,15 @@ def manifests_text() -> str:
 def main() -> int:
     CHART_RULES.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RULES, CHART_RULES)
+    shutil.copyfile(RECORDING_RULES, CHART_RECORDING_RULES)
     shutil.rmtree(CHART_DASHBOARDS, ignore_errors=True)
     CHART_DASHBOARDS.mkdir(parents=True)
     for dashboard in sorted(DASHBOARDS.glob("*.json")):
         shutil.copyfile(dashboard, CHART_DASHBOARDS / dashboard.name)
     MANIFESTS.parent.mkdir(parents=True, exist_ok=True)
     MANIFESTS.write_text(manifests_text())
-    print(f"wrote {CHART_RULES.relative_to(REPO)}, {CHART_DASHBOARDS.relative_to(REPO)}/ and "
+    print(f"wrote {CHART_RULES.relative_to(REPO)}, {CHART_RECORDING_RULES.relative_to(REPO)}, "
+          f"{CHART_DASHBOARDS.relative_to(REPO)}/ and "
           f"{MANIFESTS.relative_to(REPO)}")
     return 0
 

@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,11 +53,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _config(targets: list[str], scrape_interval: str) -> str:
+def _config(targets: list[str], scrape_interval: str, rule_files: Sequence[Path] = ()) -> str:
     # JSON is valid YAML and needs no dependency or quoting rules of our own.
     return json.dumps({
         "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval,
                    "evaluation_interval": scrape_interval},
+        "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [{"job_name": "dra-exporter", "static_configs": [{"targets": targets}]}],
     }, indent=2)
 
@@ -146,19 +147,24 @@ def _wait_ready(server: PromServer, timeout: float) -> bool:
 
 
 def start_prometheus(binary: str, workdir: Path, targets: list[str],
-                     scrape_interval: str = "1s") -> PromServer:
-    """Run Prometheus scraping ``targets`` (``host:port``, path /metrics) and wait until ready."""
+                     scrape_interval: str = "1s", *, rule_files: Sequence[Path] = (),
+                     tsdb: Path | None = None, extra_args: Sequence[str] = ()) -> PromServer:
+    """Run Prometheus scraping ``targets`` (``host:port``, path /metrics) and wait until ready.
+
+    ``rule_files`` are loaded (evaluated every ``scrape_interval`` unless a group sets its own);
+    ``tsdb`` keeps the data in a given folder (e.g. backfilled blocks) instead of a fresh one.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "prometheus.yml"
-    config.write_text(_config(targets, scrape_interval))
+    config.write_text(_config(targets, scrape_interval, rule_files))
     last_log = ""
     for attempt in range(_START_ATTEMPTS):
         port = free_port()
         log_path = workdir / f"prometheus-{attempt}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / f'tsdb-{attempt}'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                [binary, f"--config.file={config}", f"--storage.tsdb.path={tsdb or workdir / f'tsdb-{attempt}'}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *extra_args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
         server = PromServer(f"http://127.0.0.1:{port}", process, log_path)
         try:

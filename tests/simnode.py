@@ -42,11 +42,11 @@ def values_of(frame: Frame, name: str, key: str = "uuid") -> dict[str, float]:
 
 def device_labels(frame: Frame) -> dict[str, dict[str, str]]:
     """uuid → labels of its dra_gpu_up series (identity + attribution)."""
-    return {lbl["uuid"]: lbl for lbl in labels_of(frame, cat.GPU_UP)}
+    return {lbl["uuid"]: lbl for lbl in labels_of(frame, cat.GPU_UP.name)}
 
 
 def source_up(frame: Frame, source: str) -> float:
-    return values_of(frame, cat.SOURCE_UP, "source")[source]
+    return values_of(frame, cat.SOURCE_UP.name, "source")[source]
 
 
 def scrape(port: int, path: str = "/metrics", headers: dict[str, str] | None = None) -> bytes:

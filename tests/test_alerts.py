@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,13 +18,9 @@ from deploy_tools import (
     CHART,
     REPO,
     RULES,
-    chart_exporter_env,
-    fault_scenario,
     kit_native_families,
-    require_tool,
-    running_exporter,
 )
-from promharness import PromServer, free_port, start_prometheus
+from promharness import PromServer
 
 from dra_exporter import catalog as cat
 from dra_exporter import naming
@@ -112,27 +107,11 @@ def test_critical_and_other_xids_split_the_codes_between_two_alerts() -> None:
 
 def test_dcgm_naming_keeps_every_native_family_the_rules_and_dashboards_read() -> None:
     assert not kit_native_families() & naming.REPLACED, "alerts or panels would go dark under --naming dcgm"
-    sources = {d.source for d in cat.DCGM_CATALOG if d.replaces}
+    sources = {source.name for source, form in cat.DCGM_CATALOG if form.replaces}
     assert cat.DCGM_KEPT_FOR_KIT == kit_native_families() & sources, "keep only what the kit reads"
 
 
-@pytest.fixture(scope="module", params=["native", "dcgm"])
-def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
-    """The fault scenario scraped by Prometheus, from an exporter set up as the chart with
-    ``naming`` native or dcgm sets it up."""
-    binary = require_tool("prometheus", "apt-get install -y prometheus")
-    workdir = tmp_path_factory.mktemp(f"alerts-{request.param}")
-    env = chart_exporter_env({"naming": request.param})
-    assert env["DRA_EXPORTER_NAMING"] == request.param
-    with running_exporter(fault_scenario(workdir), free_port(), env=env) as port:
-        server = start_prometheus(binary, workdir / "prometheus", [f"127.0.0.1:{port}"], "1s")
-        try:
-            server.wait_for(f"count({cat.GPU_XID_ERRORS}) >= 2", timeout=90)
-            yield server
-        finally:
-            server.stop()
-
-
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 def test_expressions_evaluate_on_the_simulated_node(prom: PromServer) -> None:
     results = {name: prom.query(rule["expr"]) for name, rule in alerts().items()}  # raises on a bad expr

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from prometheus_client.utils import floatToGoString
 
 from dra_exporter import catalog, model
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.fake_nvml import FakeNvml
-from dra_exporter.sim.scenario import load_scenario
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.fake_nvml import FakeNvml
+from dra_exporter_sim import load_scenario
 from dra_exporter.sinks import exposition
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def _device_frame(pods: list[str], value: float) -> model.Frame:
         return tuple((name, {"uuid": f"GPU-{i}", "pod": pod}.get(name, "")) for name in catalog.DEVICE_LABELS)
 
     samples = tuple(model.Sample(labels(i, pod), value) for i, pod in enumerate(pods))
-    return model.Frame((model.Family(catalog.GPU_UTILIZATION, samples),))
+    return model.Frame((model.Family(catalog.GPU_UTILIZATION.name, samples),))
 
 
 def test_each_new_frame_is_rendered_afresh() -> None:
@@ -195,6 +195,11 @@ def _assert_rows(name: str, rows: list[dict[str, Any]]) -> None:
         assert paced, "the paced (Prometheus-like) rows are missing"
         for row in paced:
             for key in ("p50_ms", "p99_ms", "gzip_on_scrape_p50_ms", "gzip_on_scrape_p99_ms", "p99_ratio"):
+                assert isinstance(row[key], (int, float)) and math.isfinite(row[key]) and row[key] > 0, (key, row)
+        kept_alive = [r for r in rows if r["mode"].startswith("keepalive-")]
+        assert {r["mode"] for r in kept_alive} == {"keepalive-prometheus", "keepalive-text"}
+        for row in kept_alive:
+            for key in ("p50_ms", "p99_ms", "nagle_p50_ms", "nagle_p99_ms", "p99_ratio"):
                 assert isinstance(row[key], (int, float)) and math.isfinite(row[key]) and row[key] > 0, (key, row)
     if name == "cycle":
         stages = {r["stage"] for r in rows}

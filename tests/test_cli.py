@@ -56,6 +56,28 @@ def test_every_flag_reads_its_environment_variable(captured: list[Settings]) -> 
         "127.0.0.1:9999", 2.5, "n1", "demo", "/tmp/k.sock", ("monitoring", "dra-exporter-abc"), 900.0)
 
 
+def test_every_source_but_nvml_has_a_switch_from_the_registry(captured: list[Settings]) -> None:
+    all_on = {"nvml", "podresources", "kubeapi", "procs"}
+    for args, env, off in [
+        ((), {}, set()),
+        (("--no-source-procs",), {}, {"procs"}),
+        (("--no-source-podresources", "--no-source-procs"), {}, {"podresources", "procs"}),
+        (("--no-kubeapi",), {}, {"kubeapi"}),  # the older name keeps working
+        (("--no-source-kubeapi",), {}, {"kubeapi"}),
+        ((), {"DRA_EXPORTER_KUBEAPI": "false"}, {"kubeapi"}),
+        ((), {"DRA_EXPORTER_SOURCE_PODRESOURCES": "0"}, {"podresources"}),
+        (("--no-source-kubeapi", "--kubeapi"), {}, set()),  # the last one given wins, as for any flag
+    ]:
+        captured.clear()
+        result = invoke("serve", *args, env=env)
+        assert result.exit_code == 0, (args, result.output)
+        (s,) = captured
+        assert s.sources == all_on - off, (args, env)
+        assert s.kubeapi is ("kubeapi" not in off)
+    result = CliRunner().invoke(cli.main, ["serve", "--no-source-nvml"])
+    assert result.exit_code == 2 and "no-source-nvml" in result.output, "NVML is the exporter: no switch"
+
+
 @pytest.mark.parametrize("args, needle", [
     (["serve", "--listen", "nonsense"], "HOST:PORT"),
     (["serve", "--listen", "0.0.0.0:99999"], "65535"),

@@ -19,10 +19,11 @@ import yaml
 from simnode import device_labels, eventually, labels_of, simulated, source_up
 
 from dra_exporter import catalog as cat
-from dra_exporter.sim.apiserver import GONE, GONE_410, SimulatedApiServer
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.scenario import parse_scenario
+from dra_exporter_sim.apiserver import GONE, GONE_410, SimulatedApiServer
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.scenario_builder import parse_scenario
 from dra_exporter.sources.kubeapi import KubeApiSource, Timeouts
+from dra_exporter.sources.registry import without
 
 DUMPS = Path(__file__).resolve().parent / "dumps"
 VERSIONS = ("v1", "v1beta2", "v1beta1")
@@ -150,22 +151,22 @@ def test_the_cluster_view_in_every_api_version(version: str, scenario_files: dic
         assert attribution(by_uuid[uuid("gpu-4")]) == ("",) * 6
 
         # The admin-access claim (not the exporter's own pod) is monitoring: no consumer.
-        assert ("ops", "dcgm-0") not in pick(frame, cat.CLAIM_CONSUMER_INFO, "namespace", "pod")
-        allocations = pick(frame, cat.CLAIM_ALLOCATION_INFO, "claim", "request", "uuid", "admin_access")
+        assert ("ops", "dcgm-0") not in pick(frame, cat.CLAIM_CONSUMER_INFO.name, "namespace", "pod")
+        allocations = pick(frame, cat.CLAIM_ALLOCATION_INFO.name, "claim", "request", "uuid", "admin_access")
         assert {("dcgm-watch", "gpu", uuid(d), "true") for d in ("gpu-0", "gpu-1", "gpu-2")} <= allocations
         assert ("train", "main/h200x2", uuid("gpu-0"), "false") in allocations
         assert ("alt", "gpu", EXAMPLE_UUID, "false") in allocations
-        claim_uids = {c: u for c, u in pick(frame, cat.CLAIM_ALLOCATION_INFO, "claim", "claim_uid")}
+        claim_uids = {c: u for c, u in pick(frame, cat.CLAIM_ALLOCATION_INFO.name, "claim", "claim_uid")}
         assert claim_uids["train"] == next(c.uid for c in sc.claims if c.name == "train")
 
-        assert pick(frame, cat.CLAIM_DEVICE_CONDITION, "claim", "device", "type", "status") == {
+        assert pick(frame, cat.CLAIM_DEVICE_CONDITION.name, "claim", "device", "type", "status") == {
             ("train", "gpu-1", "Ready", "True")}
-        assert pick(frame, cat.DEVICE_TAINT, "device", "key", "value", "effect") == {
+        assert pick(frame, cat.DEVICE_TAINT.name, "device", "key", "value", "effect") == {
             ("gpu-4", "example.com/maintenance", "fan-check", "NoSchedule")}
-        assert pick(frame, cat.DEVICE_HEALTH, "pod", "container", "claim", "request", "device", "health") == {
+        assert pick(frame, cat.DEVICE_HEALTH.name, "pod", "container", "claim", "request", "device", "health") == {
             ("train-0", "trainer", "train", "main", "gpu-0", "Healthy"),
             ("train-0", "trainer", "train", "main", "gpu-1", "Unhealthy")}
-        info = {lbl["device"]: lbl for lbl in labels_of(frame, cat.DEVICE_INFO)}
+        info = {lbl["device"]: lbl for lbl in labels_of(frame, cat.DEVICE_INFO.name)}
         assert info["gpu-3-mig-3g71gb-9-0"]["uuid"] == uuid("gpu-3-mig-3g71gb-9-0")
         assert (info["gpu-3-mig-3g71gb-9-0"]["type"], info["gpu-3-mig-3g71gb-9-0"]["profile"]) == ("mig", "3g.71gb")
         assert info["gpu-3-mig-3g71gb-9-0"]["parent_uuid"] == uuid("gpu-3")
@@ -174,18 +175,18 @@ def test_the_cluster_view_in_every_api_version(version: str, scenario_files: dic
 
 
 def test_node_local_join_without_the_api_server(scenario_files: dict[str, str]) -> None:
-    with simulated(scenario_files["v1"], kubeapi=False) as rt:
+    with simulated(scenario_files["v1"], sources=without("kubeapi")) as rt:
         frame = rt.agent.cycle(collect_side=True)
         by_uuid = device_labels(frame)
         uuid = rt.sim.scenario.nvml_uuid
-        assert "kubeapi" not in {lbl["source"] for lbl in labels_of(frame, cat.SOURCE_UP)}
+        assert "kubeapi" not in {lbl["source"] for lbl in labels_of(frame, cat.SOURCE_UP.name)}
         # Without adminAccess from the API server, the monitoring claim looks like a second consumer.
         assert attribution(by_uuid[uuid("gpu-0")]) == ("", "", "", "", "", "")
         # Pod UIDs and request names need the API server; so does knowing which of the pod's two
         # containers uses this device: the kubelet reports every device of the claim to both.
         assert attribution(by_uuid[uuid("gpu-3-mig-3g71gb-9-0")]) == ("ml", "pair-0", "", "", "pair", "")
         assert attribution(by_uuid[EXAMPLE_UUID]) == ("",) * 6, "no slice, no UUID for another driver"
-        assert not labels_of(frame, cat.DEVICE_INFO)
+        assert not labels_of(frame, cat.DEVICE_INFO.name)
 
 
 def _unreachable_kubeconfig(path: Path) -> str:
@@ -224,7 +225,7 @@ def test_api_outage_keeps_the_last_good_view_and_marks_the_source_down(scenario_
         eventually(down)
         frame = rt.agent.cycle(collect_side=True)
         assert device_labels(frame)[uuid] == device_labels(good)[uuid], "request and pod UID stay"
-        assert labels_of(frame, cat.DEVICE_INFO) == labels_of(good, cat.DEVICE_INFO)
+        assert labels_of(frame, cat.DEVICE_INFO.name) == labels_of(good, cat.DEVICE_INFO.name)
         rt.sim.apiserver.inject(None)
         eventually(lambda: not down(), timeout=30.0)
 
@@ -244,7 +245,7 @@ def test_changes_after_a_410_relist_leave_the_frame(scenario_files: dict[str, st
         def gone() -> bool:
             frame = rt.agent.cycle(collect_side=True)
             return (attribution(device_labels(frame)[mig]) == ("",) * 6
-                    and "short-0-gpu" not in {lbl["claim"] for lbl in labels_of(frame, cat.CLAIM_ALLOCATION_INFO)})
+                    and "short-0-gpu" not in {lbl["claim"] for lbl in labels_of(frame, cat.CLAIM_ALLOCATION_INFO.name)})
 
         eventually(gone)
 
@@ -273,15 +274,15 @@ def test_partitionable_devices_counters_and_uuid_less_mig(tmp_path: Path) -> Non
     with simulated(str(path)) as rt:
         frame = rt.agent.cycle(collect_side=True)
         mig = rt.sim.scenario.nvml_uuid("gpu-1-mig-3g71gb-9-0")
-    info = {lbl["device"]: lbl for lbl in labels_of(frame, cat.DEVICE_INFO)}
+    info = {lbl["device"]: lbl for lbl in labels_of(frame, cat.DEVICE_INFO.name)}
     # Every possible placement is a device; the slice names none of them by UUID ...
     assert info["gpu-0-mig-1g18gb-19-0"]["uuid"] == "" and info["gpu-0-mig-1g18gb-19-0"]["type"] == "mig"
     # ... but the one that exists is found through NVML (parent, profile, placement).
     assert info["gpu-1-mig-3g71gb-9-0"]["uuid"] == mig
     assert attribution(device_labels(frame)[mig])[:2] == ("ml", "p")
-    capacity = pick(frame, cat.DEVICE_SHARED_CAPACITY, "counter_set")
+    capacity = pick(frame, cat.DEVICE_SHARED_CAPACITY.name, "counter_set")
     assert capacity == {("gpu-0-counter-set",), ("gpu-1-counter-set",)}
-    assert pick(frame, cat.DEVICE_SHARED_CONSUMPTION, "device", "counter_set") == {
+    assert pick(frame, cat.DEVICE_SHARED_CONSUMPTION.name, "device", "counter_set") == {
         ("gpu-1-mig-3g71gb-9-0", "gpu-1-counter-set")}, "only the allocated placement consumes"
 
 
@@ -303,7 +304,7 @@ def test_cluster_dumps_give_the_same_series_in_every_version(version: str) -> No
         f"{mig}24": ("batch", "job-1", f"{pod}6", "unknown", "job-1-gpu", "gpu"),
     }
     example = "gpu-5d0c6a3e-1c1e-4a43-b1a9-8b2f6f0e0c11"
-    assert pick(frame, cat.CLAIM_ALLOCATION_INFO, "namespace", "claim", "request", "uuid", "admin_access") == {
+    assert pick(frame, cat.CLAIM_ALLOCATION_INFO.name, "namespace", "claim", "request", "uuid", "admin_access") == {
         ("research", "shared-gpu", "gpu", f"{gpu}0", "false"),
         ("ml", "train", "gpus", f"{gpu}1", "false"),
         ("inference", "vllm-0-gpu-x7k2p", "gpu/mig-3g", f"{mig}20", "false"),
@@ -311,17 +312,17 @@ def test_cluster_dumps_give_the_same_series_in_every_version(version: str) -> No
         ("demo", "example-claim", "gpu", example, "false"),
         *{("monitoring", "exporter-gpus", "all", u, "true") for u in (f"{gpu}0", f"{gpu}1", f"{mig}20", f"{mig}24")},
     }, "claims of other nodes and unallocated claims are not this node's"
-    assert pick(frame, cat.DEVICE_INFO, "node", "driver", "uuid", "type", "profile", "parent_uuid") == {
+    assert pick(frame, cat.DEVICE_INFO.name, "node", "driver", "uuid", "type", "profile", "parent_uuid") == {
         ("gpu-node-a", "gpu.nvidia.com", f"{gpu}0", "gpu", "", ""),
         ("gpu-node-a", "gpu.nvidia.com", f"{gpu}1", "gpu", "", ""),
         ("gpu-node-a", "gpu.nvidia.com", f"{mig}20", "mig", "3g.71gb", f"{gpu}2"),
         ("gpu-node-a", "gpu.nvidia.com", f"{mig}24", "mig", "1g.18gb", f"{gpu}2"),
         ("gpu-node-a", "gpu.example.com", example, "", "", ""),
     }
-    assert ("monitoring", "dra-exporter-q8x2m") not in pick(frame, cat.CLAIM_CONSUMER_INFO, "namespace", "pod")
-    assert pick(frame, cat.DEVICE_HEALTH, "pod", "claim", "health") == {("notebook-alice", "shared-gpu", "Unhealthy")}
-    assert pick(frame, cat.DEVICE_TAINT, "key", "effect") == {("example.com/maintenance", "NoSchedule")}
-    assert pick(frame, cat.CLAIM_DEVICE_CONDITION, "claim", "type", "status") == {("train", "Ready", "True")}
+    assert ("monitoring", "dra-exporter-q8x2m") not in pick(frame, cat.CLAIM_CONSUMER_INFO.name, "namespace", "pod")
+    assert pick(frame, cat.DEVICE_HEALTH.name, "pod", "claim", "health") == {("notebook-alice", "shared-gpu", "Unhealthy")}
+    assert pick(frame, cat.DEVICE_TAINT.name, "key", "effect") == {("example.com/maintenance", "NoSchedule")}
+    assert pick(frame, cat.CLAIM_DEVICE_CONDITION.name, "claim", "type", "status") == {("train", "Ready", "True")}
 
 
 # --- what churn costs the API server ---------------------------------------------------------------------
@@ -397,5 +398,6 @@ def test_doctor_checks_discovery_version_and_access(scenario_files: dict[str, st
     unreachable = Settings(simulate=scenario_files["v1"], kubeconfig=_unreachable_kubeconfig(tmp_path / "k"))
     (finding,) = [f for f in doctor.run(unreachable) if f.check == "apiserver"]
     assert (finding.level, finding.message) == ("FAIL", "API server unreachable (cannot connect)")
-    (off,) = [f for f in doctor.run(Settings(simulate=scenario_files["v1"], kubeapi=False)) if f.check == "apiserver"]
+    node_local = Settings(simulate=scenario_files["v1"], sources=without("kubeapi"))
+    (off,) = [f for f in doctor.run(node_local) if f.check == "apiserver"]
     assert off.level == "WARN" and "--no-kubeapi" in off.message

@@ -17,13 +17,15 @@ import pytest
 from dra_exporter import catalog as cat
 from dra_exporter import model
 from dra_exporter.join_domains import domain_families, domain_uses
-from dra_exporter.sim.apiserver import SimulatedApiServer
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.k8s_objects import cluster_objects
-from dra_exporter.sim.scenario import ScenarioError, load_scenario, parse_scenario
 from dra_exporter.sources.computedomain import clique_from_dict, compute_domain_from_dict
 from dra_exporter.sources.kubeapi import KubeApiSource, Timeouts
 from dra_exporter.sources.kubeapi_normalize import claim_from_dict
+from dra_exporter_sim.apiserver import SimulatedApiServer
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.k8s_objects import cluster_objects
+from dra_exporter_sim.loader import load_scenario
+from dra_exporter_sim.scenario import ScenarioError
+from dra_exporter_sim.scenario_builder import parse_scenario
 
 DUMPS = Path(__file__).parent / "dumps"
 FAST = Timeouts(request=5.0, backoff=(0.05, 0.2))
@@ -146,24 +148,24 @@ def cluster(domain: dict[str, Any] | None, cliques: tuple[dict[str, Any], ...] =
 def families(snapshot: model.ClusterSnapshot,
              holders: tuple[tuple[str, str, str, str], ...] = ()) -> dict[str, list[tuple[dict[str, str], float]]]:
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for name, labels, value in domain_families(snapshot, holders):
-        assert tuple(k for k, _ in labels) == cat.spec(name).labels
-        out.setdefault(name, []).append((dict(labels), value))
+    for spec, labels, value in domain_families(snapshot, holders):
+        assert tuple(k for k, _ in labels) == spec.labels
+        out.setdefault(spec.name, []).append((dict(labels), value))
     return out
 
 
 def test_join_v25_8_domain_readiness_members_channel_and_gpus() -> None:
     got = families(cluster(v25_8_domain()), (("GPU-a", "0", "ml", "worker-0"), ("GPU-b", "1", "ml", "someone-else")))
-    assert got[cat.COMPUTE_DOMAIN_INFO] == [({"namespace": "ml", "compute_domain": "train", "uid": UID,
+    assert got[cat.COMPUTE_DOMAIN_INFO.name] == [({"namespace": "ml", "compute_domain": "train", "uid": UID,
                                               "allocation_mode": "All", "num_nodes": "2"}, 1)]
-    assert got[cat.COMPUTE_DOMAIN_READY] == [({"namespace": "ml", "compute_domain": "train"}, 0)]
-    assert [(s["node"], s["index"], v) for s, v in got[cat.COMPUTE_DOMAIN_NODE_READY]] == [
+    assert got[cat.COMPUTE_DOMAIN_READY.name] == [({"namespace": "ml", "compute_domain": "train"}, 0)]
+    assert [(s["node"], s["index"], v) for s, v in got[cat.COMPUTE_DOMAIN_NODE_READY.name]] == [
         ("node-a", "0", 1), ("node-b", "1", 0)]
-    assert got[cat.COMPUTE_DOMAIN_CHANNEL_INFO] == [({"namespace": "ml", "claim": "worker-0-channel",
+    assert got[cat.COMPUTE_DOMAIN_CHANNEL_INFO.name] == [({"namespace": "ml", "claim": "worker-0-channel",
                                                       "pod": "worker-0", "compute_domain": "train",
                                                       "device": "channel-0"}, 1)], "finished pods hold nothing"
-    assert got[cat.COMPUTE_DOMAIN_GPU_INFO] == [({"uuid": "GPU-a", "gpu": "0", "namespace": "ml", "pod": "worker-0",
-                                                  "compute_domain": "train"}, 1)]
+    assert got[cat.COMPUTE_DOMAIN_GPU_INFO.name] == [
+        ({"uuid": "GPU-a", "gpu": "0", "namespace": "ml", "pod": "worker-0", "compute_domain": "train"}, 1)]
 
 
 def test_join_members_come_from_the_cliques_when_status_nodes_is_empty() -> None:
@@ -172,27 +174,27 @@ def test_join_members_come_from_the_cliques_when_status_nodes_is_empty() -> None
     daemons = (clique({"nodeName": "node-c", "cliqueID": CLIQUE, "index": 2, "status": "NotReady"},
                       {"nodeName": "node-a", "cliqueID": CLIQUE, "index": 0, "status": "Ready"}),)
     got = families(cluster(domain, daemons))
-    assert [(s["node"], s["clique"], s["index"], v) for s, v in got[cat.COMPUTE_DOMAIN_NODE_READY]] == [
+    assert [(s["node"], s["clique"], s["index"], v) for s, v in got[cat.COMPUTE_DOMAIN_NODE_READY.name]] == [
         ("node-a", CLIQUE, "0", 1), ("node-c", CLIQUE, "2", 0)]
     # With status.nodes filled, the status wins (the controller rebuilds it from the cliques).
     with_nodes = families(cluster(v25_8_domain(), daemons))
-    assert {s["node"] for s, _ in with_nodes[cat.COMPUTE_DOMAIN_NODE_READY]} == {"node-a", "node-b"}
+    assert {s["node"] for s, _ in with_nodes[cat.COMPUTE_DOMAIN_NODE_READY.name]} == {"node-a", "node-b"}
 
 
 def test_join_v25_3_listed_nodes_are_ready_and_index_is_empty() -> None:
     old = v25_3_domain()
     got = families(cluster(old, claim_domain="uid-old"))
-    assert got[cat.COMPUTE_DOMAIN_READY] == [({"namespace": "ml", "compute_domain": "old"}, 1)]
-    assert got[cat.COMPUTE_DOMAIN_NODE_READY] == [({"namespace": "ml", "compute_domain": "old", "node": "node-a",
+    assert got[cat.COMPUTE_DOMAIN_READY.name] == [({"namespace": "ml", "compute_domain": "old"}, 1)]
+    assert got[cat.COMPUTE_DOMAIN_NODE_READY.name] == [({"namespace": "ml", "compute_domain": "old", "node": "node-a",
                                                     "clique": CLIQUE, "index": ""}, 1)]
-    assert got[cat.COMPUTE_DOMAIN_INFO][0][0]["allocation_mode"] == ""
+    assert got[cat.COMPUTE_DOMAIN_INFO.name][0][0]["allocation_mode"] == ""
 
 
 def test_join_without_the_crd_still_names_the_channel_holders() -> None:
     got = families(cluster(None), (("GPU-a", "0", "ml", "worker-0"),))
-    assert cat.COMPUTE_DOMAIN_INFO not in got
-    assert [s["compute_domain"] for s, _ in got[cat.COMPUTE_DOMAIN_CHANNEL_INFO]] == [""]
-    assert [s["compute_domain"] for s, _ in got[cat.COMPUTE_DOMAIN_GPU_INFO]] == [""]
+    assert cat.COMPUTE_DOMAIN_INFO.name not in got
+    assert [s["compute_domain"] for s, _ in got[cat.COMPUTE_DOMAIN_CHANNEL_INFO.name]] == [""]
+    assert [s["compute_domain"] for s, _ in got[cat.COMPUTE_DOMAIN_GPU_INFO.name]] == [""]
 
 
 # --- through the kubeapi source: the simulated multi-node cluster -----------------------------------
@@ -265,7 +267,8 @@ def test_absent_crd_is_the_feature_off_with_one_discovery_and_no_retries(caplog:
     caplog.set_level(logging.INFO, logger="dra_exporter.sources.kubeapi")
     scenario = parse_scenario({"node": "n", "gpus": [{"index": 0}],
                                "claims": [{"namespace": "a", "name": "c", "devices": ["gpu-0"]}],
-                               "pods": [{"namespace": "a", "name": "p", "containers": [{"name": "c", "claims": ["c"]}]}]})
+                               "pods": [{"namespace": "a", "name": "p",
+                                         "containers": [{"name": "c", "claims": ["c"]}]}]})
     with reading(scenario) as (server, src):
         for _ in range(3):
             snap = src.collect()
@@ -282,10 +285,10 @@ def test_a_cluster_dump_with_compute_domains_through_the_kubeapi_source() -> Non
         snap = src.collect()
     assert [d.name for d in snap.compute_domains] == ["legacy-domain", "train-domain"], "'elsewhere' is not ours"
     got = families(snap)
-    ready = {(s["compute_domain"], s["node"]): v for s, v in got[cat.COMPUTE_DOMAIN_NODE_READY]}
+    ready = {(s["compute_domain"], s["node"]): v for s, v in got[cat.COMPUTE_DOMAIN_NODE_READY.name]}
     assert ready == {("legacy-domain", "gpu-node-a"): 1, ("legacy-domain", "gpu-node-c"): 1,
                      ("train-domain", "gpu-node-a"): 1, ("train-domain", "gpu-node-b"): 0}
-    assert {(s["pod"], s["compute_domain"]) for s, _ in got[cat.COMPUTE_DOMAIN_CHANNEL_INFO]} == {
+    assert {(s["pod"], s["compute_domain"]) for s, _ in got[cat.COMPUTE_DOMAIN_CHANNEL_INFO.name]} == {
         ("trainer-0", "train-domain"), ("legacy-0", "legacy-domain")}
 
 
@@ -299,7 +302,7 @@ def test_gb200_domain_each_node_plays_itself_and_serves_the_whole_cluster() -> N
         assert scenario.node_name == node and len(scenario.gpus) == 4
         uuids |= {g.uuid for g in scenario.gpus}
         workers = [p.name for p in scenario.pods if p.namespace == "mpi"]
-        assert workers == ([f"mpi-launcher", f"mpi-worker-{i}"] if i == 0 else [f"mpi-worker-{i}"])
+        assert workers == (["mpi-launcher", f"mpi-worker-{i}"] if i == 0 else [f"mpi-worker-{i}"])
         objects = cluster_objects(scenario, 10.0)
         assert {s["spec"]["nodeName"] for s in objects.resourceslices} == {f"gb200-node-{n}" for n in range(4)}
         assert len(objects.computedomains) == 1 and len(objects.computedomaincliques) == 1
@@ -313,7 +316,8 @@ def test_gb200_domain_each_node_plays_itself_and_serves_the_whole_cluster() -> N
     (lambda d: d["compute_domains"][0].update(nodes=["node-0", "node-9"]), "compute_domains[0].nodes[1]: no node"),
     (lambda d: d["nodes"][1].update(node="node-0"), "nodes[1].node: node 'node-0' is listed twice"),
     (lambda d: d["faults"][0].update(kind="gpu_lost"), "faults[0].kind: 'gpu_lost' is not a cluster fault"),
-    (lambda d: d["nodes"][0]["pods"][0].update(compute_domain="nope"), "nodes[0].pods[0].compute_domain: no ComputeDomain"),
+    (lambda d: d["nodes"][0]["pods"][0].update(compute_domain="nope"),
+     "nodes[0].pods[0].compute_domain: no ComputeDomain"),
     (lambda d: d["compute_domains"][0].update(status_form="v9"), "status_form: 'v9' is not one of"),
     (lambda d: d["nodes"][1].update(seed=7), "is also on node node-0"),
     (lambda d: d["nodes"][1]["gpus"].append({"index": 5}), "nodes[1].gpus: GPU indexes must be"),
@@ -329,5 +333,6 @@ def test_multinode_mistakes_name_the_field(tmp_path: Path, change: Any, message:
 
 
 def test_a_node_the_cluster_does_not_have(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match=r"no node 'node-7' in this multi-node scenario \(nodes: node-0, node-1, node-2\)"):
+    with pytest.raises(ScenarioError,
+                       match=r"no node 'node-7' in this multi-node scenario \(nodes: node-0, node-1, node-2\)"):
         load_scenario(write(tmp_path, two_nodes()), "node-7")

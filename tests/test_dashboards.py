@@ -17,12 +17,15 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from deploy_tools import REPO, chart_exporter_env, fault_scenario, require_tool, running_exporter
-from promharness import PromServer, free_port, start_prometheus
+from deploy_tools import REPO
+from promharness import PromServer
 
 from dra_exporter import catalog as cat
+from dra_exporter import showback
 
 DASHBOARDS = REPO / "dashboards"
+RECORDED = re.compile(r"\b[a-z_]+:dra_[a-z_]+:[a-z_]+\b")
+"""A recorded series (level:metric:operations) of deploy/recording-rules.yaml."""
 # What Grafana puts in for its built-in variables; with 1 s scrapes these windows hold samples.
 BUILTINS = {"$__rate_interval": "10s", "$__range": "1m", "$__interval": "1s"}
 ALL = ".*"  # the variables' allValue
@@ -74,7 +77,7 @@ def test_committed_dashboards_are_the_generators_output() -> None:
     assert committed == generated, "regenerate with: python3 dashboards/generate.py"
 
 
-def test_the_five_views_exist() -> None:
+def test_the_six_views_exist() -> None:
     titles = {d["title"] for d in load_dashboards().values()}
     assert titles == {
         "DRA GPUs / Cluster overview",
@@ -82,6 +85,7 @@ def test_the_five_views_exist() -> None:
         "DRA GPUs / Node",
         "DRA GPUs / MIG and shared GPUs",
         "DRA GPUs / ComputeDomain",
+        "DRA GPUs / Showback",
     }
 
 
@@ -94,8 +98,9 @@ def test_dashboard_is_importable_with_a_datasource_variable(name: str) -> None:
     variables_ = variables(dash)
     ds = variables_["datasource"]
     assert (ds["type"], ds["query"]) == ("datasource", "prometheus")
-    node = variables_["node"]
-    assert f", {GEN.NODE_LABEL})" in node["query"]["query"], "the node picker lists the scrape target label"
+    if "node" in variables_:  # the showback dashboard is cluster-wide: its rules have summed the nodes
+        node = variables_["node"]
+        assert f", {GEN.NODE_LABEL})" in node["query"]["query"], "the node picker lists the scrape target label"
     for var in variables_.values():
         if var["type"] == "query":
             assert var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
@@ -126,7 +131,11 @@ def test_panels_are_laid_out_and_query_through_the_variable(name: str) -> None:
         for target in panel["targets"]:
             used = set(re.findall(r"\$(\w+)", target["expr"])) - {k[1:] for k in BUILTINS}
             assert used <= declared, f"{panel['title']}: undeclared variables {used - declared}"
-            assert f'{GEN.NODE_LABEL}=~"$node"' in target["expr"], f"{panel['title']} ignores the node picker"
+            if "node" in declared:
+                assert f'{GEN.NODE_LABEL}=~"$node"' in target["expr"], f"{panel['title']} ignores the node picker"
+            else:  # a cluster-wide dashboard reads only the recorded, cluster-level series
+                assert RECORDED.search(target["expr"]) and not re.search(r"(?<![\w:])dra_", target["expr"]), \
+                    panel["title"]
 
 
 def test_queries_use_only_catalogue_metrics() -> None:
@@ -134,28 +143,13 @@ def test_queries_use_only_catalogue_metrics() -> None:
         queries = [tg["expr"] for _, tg in targets(dash)] + [
             v["query"]["query"] for v in dash["templating"]["list"] if v["type"] == "query"
         ]
-        for metric in set(re.findall(r"\bdra_[a-z0-9_]+", " ".join(queries))):
+        for metric in set(re.findall(r"(?<![\w:])dra_[a-z0-9_]+", " ".join(queries))):
             assert metric in cat.BY_NAME, f"{name}: {metric} is not in dra_exporter/catalog.py"
+        for record in set(RECORDED.findall(" ".join(queries))):
+            assert record in showback.BY_RECORD, f"{name}: {record} is not a recording rule"
 
 
 # --- live checks against the real Prometheus --------------------------------------------------
-
-
-@pytest.fixture(scope="module", params=["native", "dcgm"])
-def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
-    """Every panel must work under every naming the chart offers (``dcgm`` keeps what they read)."""
-    binary = require_tool("prometheus", "apt-get install -y prometheus")
-    workdir = tmp_path_factory.mktemp(f"dashboards-{request.param}")
-    env = chart_exporter_env({"naming": request.param})
-    with running_exporter(fault_scenario(workdir), free_port(), env=env) as port:
-        server = start_prometheus(binary, workdir / "prometheus", [f"127.0.0.1:{port}"], "1s")
-        try:
-            # Enough scrapes for rate() over $__rate_interval, and the scenario's XIDs have landed.
-            server.wait_for("count_over_time(dra_gpu_up[1m]) >= 6", timeout=90)
-            server.wait_for(f"count({cat.GPU_XID_ERRORS}) >= 2", timeout=60)
-            yield server
-        finally:
-            server.stop()
 
 
 def run(prom: PromServer, target: dict[str, Any], expr: str) -> list[dict[str, Any]]:
@@ -172,11 +166,13 @@ def run(prom: PromServer, target: dict[str, Any], expr: str) -> list[dict[str, A
 DEMO_NODE_DASHBOARDS = sorted(p.name for p in DASHBOARDS.glob("*.json") if p.name != "dra-compute-domain.json")
 
 
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 @pytest.mark.parametrize("name", DEMO_NODE_DASHBOARDS)
 def test_every_panel_query_returns_data(prom: PromServer, name: str) -> None:
     dash = load_dashboards()[name]
-    all_values = {v: ALL for v in variables(dash) if v != "datasource"}
+    all_values = {v: var["query"] if var["type"] == "textbox" else ALL  # a textbox: its default
+                  for v, var in variables(dash).items() if v != "datasource"}
     empty = []
     for title, target in targets(dash):
         expr = substitute(target["expr"], all_values)
@@ -185,11 +181,12 @@ def test_every_panel_query_returns_data(prom: PromServer, name: str) -> None:
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 @pytest.mark.parametrize("name", DEMO_NODE_DASHBOARDS)
 def test_variables_list_values_and_every_query_accepts_a_selection(prom: PromServer, name: str) -> None:
     dash = load_dashboards()[name]
-    chosen: dict[str, str] = {}
+    chosen: dict[str, str] = {v["name"]: v["query"] for v in dash["templating"]["list"] if v["type"] == "textbox"}
     for var in dash["templating"]["list"]:
         if var["type"] != "query":
             continue
@@ -207,6 +204,7 @@ def test_variables_list_values_and_every_query_accepts_a_selection(prom: PromSer
         run(prom, target, substitute(target["expr"], chosen))  # raises on a PromQL error
 
 
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
 @pytest.mark.prometheus
 def test_overview_counts_match_the_demo_node(prom: PromServer) -> None:
     dash = load_dashboards()["dra-overview.json"]

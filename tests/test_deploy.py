@@ -28,11 +28,13 @@ import yaml
 from deploy_tools import (
     CHART,
     CHART_DASHBOARDS,
+    CHART_RECORDING_RULES,
     CHART_RULES,
     DASHBOARDS,
     KUBE_VERSION,
     MANIFESTS,
     NAMESPACE,
+    RECORDING_RULES,
     REPO,
     RULES,
     helm,
@@ -283,8 +285,10 @@ def test_admin_access_option_claims_every_gpu_of_the_node_through_dra() -> None:
 def test_monitoring_objects_are_off_by_default_and_match_dashboards_and_rules_when_on() -> None:
     assert not {d["kind"] for d in render_chart()} & CRDS
     kinds = by_kind(render_chart(EVERYTHING_ON))
-    assert kinds["PrometheusRule"]["spec"] == yaml.safe_load(RULES.read_text())
+    groups = [*yaml.safe_load(RULES.read_text())["groups"], *yaml.safe_load(RECORDING_RULES.read_text())["groups"]]
+    assert kinds["PrometheusRule"]["spec"] == {"groups": groups}, "the alerts and the showback recording rules"
     assert CHART_RULES.read_text() == RULES.read_text(), "sync with: python3 tests/deploy_tools.py"
+    assert CHART_RECORDING_RULES.read_text() == RECORDING_RULES.read_text(), "sync with: python3 tests/deploy_tools.py"
     monitor = kinds["ServiceMonitor"]["spec"]
     assert monitor["selector"]["matchLabels"].items() <= kinds["Service"]["metadata"]["labels"].items()
     (endpoint,) = monitor["endpoints"]
@@ -354,7 +358,7 @@ def test_runbook_links_are_absolute_under_a_configurable_base() -> None:
     base = "https://wiki.example.com/gpu/operating"
     spec = by_kind(render_chart({"prometheusRule": {"enabled": True, "runbookBaseUrl": base + "/"}}))[
         "PrometheusRule"]["spec"]
-    rendered = {r["alert"]: r["annotations"]["runbook_url"] for g in spec["groups"] for r in g["rules"]}
+    rendered = {r["alert"]: r["annotations"]["runbook_url"] for g in spec["groups"] for r in g["rules"] if "alert" in r}
     assert rendered == {r["alert"]: r["annotations"]["runbook_url"].replace(default, base)
                         for g in rules["groups"] for r in g["rules"] if "alert" in r}
     with pytest.raises(helm().HelmError, match="runbookBaseUrl"):
@@ -382,8 +386,17 @@ def test_otlp_and_web_config_options_reach_the_exporter_through_its_own_variable
     assert {name for name in variables if name.startswith("DRA_EXPORTER_")} - pending <= flags
 
 
-def test_basic_auth_makes_probes_check_the_port_instead() -> None:
+def test_basic_auth_keeps_http_probes_that_see_a_wedged_cycle() -> None:
+    # The probe paths are exempt from basic auth, so the kubelet's HTTP probes still work, and only
+    # they see /readyz and /healthz fail when the cycle is wedged.
     main = container(render_chart({"webConfig": {"enabled": True, "secretName": "web", "basicAuth": True}}))
+    assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_required_client_certificates_make_probes_check_the_port_instead() -> None:
+    main = container(render_chart({"webConfig": {"enabled": True, "secretName": "web", "tls": True,
+                                                 "clientCertificates": True}}))
     assert main["readinessProbe"]["tcpSocket"] == {"port": "metrics"}
     assert main["livenessProbe"]["tcpSocket"] == {"port": "metrics"}
 
@@ -445,7 +458,7 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # .dockerignore lets through exactly these; the build must not need anything else.
     ignore = (REPO / ".dockerignore").read_text().split()
     allowed = [line[1:].rstrip("/") for line in ignore if line.startswith("!")]
-    assert sorted(allowed) == ["README.md", "dra_exporter", "pyproject.toml"]
+    assert sorted(allowed) == ["README.md", "dra_exporter", "dra_exporter_sim", "pyproject.toml"]
     context.mkdir()
     for name in allowed:
         source = REPO / name

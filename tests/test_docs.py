@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 from dra_exporter.catalog import CATALOG, DCGM_CATALOG, dcgm_markdown_table, markdown_table
@@ -34,10 +35,10 @@ def test_readme_dcgm_table_matches_the_catalogue() -> None:
 
 
 def test_dcgm_names_are_dcgms_raw_field_names() -> None:
-    for d in DCGM_CATALOG:
+    for source, d in DCGM_CATALOG:
         assert d.name.startswith(("DCGM_FI_DEV_", "DCGM_FI_PROF_")) and d.name.isupper(), d.name
         assert not d.name.endswith("_total"), d.name
-        assert d.source in {s.name for s in CATALOG}, d.source
+        assert source in CATALOG, source.name
 
 
 def _readme_commands() -> list[str]:
@@ -59,9 +60,18 @@ def test_ci_runs_the_tests_the_way_the_readme_says() -> None:
     ci = (README.parent / ".ci" / "run").read_text()
     _, test = _readme_commands()
     venv, install, pytest_run = (part.strip() for part in test.split("&&"))
-    assert venv in ci and pytest_run in ci
+    assert venv in ci
     assert install.replace("pip install", "pip install --quiet") in ci
     assert "apt-get install -y prometheus" in ci
+    # The README's command leaves the slow tests out (pyproject's addopts); CI runs it with every test.
+    addopts = tomllib.loads((README.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert '-m "not slow"' in addopts
+    ci_runs = [line.strip() for line in ci.splitlines() if line.strip().startswith(pytest_run)]
+    assert ci_runs == [f'{pytest_run} -m ""'], ci_runs
+    assert "-m slow" in README.read_text(), "the README says how to run the slow tests"
+    # Lint and types, with the project's own settings.
+    assert ".venv/bin/ruff check --config pyproject.toml dra_exporter tests benchmarks" in ci
+    assert "\n.venv/bin/mypy\n" in ci
 
 
 def test_readme_usage_names_every_flag_and_every_source() -> None:
@@ -69,7 +79,7 @@ def test_readme_usage_names_every_flag_and_every_source() -> None:
 
     from dra_exporter import cli
     from dra_exporter.sinks import otlp
-    from dra_exporter.sources import kubeapi, nvml, podresources, procs
+    from dra_exporter.sources import registry
 
     text = README.read_text()
     usage = text.split("## Usage", 1)[1].split("```", 2)[1]
@@ -80,8 +90,9 @@ def test_readme_usage_names_every_flag_and_every_source() -> None:
             # An on/off pair (--kubeapi/--no-kubeapi) is named by the side that is not the default.
             flags = [o for o in (*param.opts, *param.secondary_opts) if o.startswith("--") and o != "--help"]
             assert not flags or any(f in usage for f in flags), f"{name}: {flags}"
-    sources = {nvml.NvmlSource.name, podresources.PodResourcesSource.name, procs.ProcsSource.name,
-               kubeapi.SOURCE, otlp.SOURCE}
+    # Every registered source (a new one must be documented, alerted on and in the runbook), and the push.
+    sources = {spec.name for spec in registry.sources()} | {otlp.SOURCE}
+    assert sources >= {"nvml", "podresources", "procs", "kubeapi", "otlp"}
     rules = (README.parent / "deploy" / "prometheus-rules.yaml").read_text()
     runbook = (README.parent / "docs" / "operating.md").read_text().split("### Runbook: DraExporterSourceDown")[1]
     for source in sources:

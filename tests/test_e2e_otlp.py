@@ -12,7 +12,7 @@ import pytest
 from otlp_receiver import GrpcReceiver, HttpReceiver, Received, running
 from simnode import ATTRIBUTION
 
-from dra_exporter.sim.scenario import load_scenario
+from dra_exporter_sim import load_scenario
 
 
 @pytest.fixture(params=["grpc", "http/protobuf"])
@@ -88,6 +88,7 @@ def test_push_carries_semantic_names_units_attributes_and_values(receiver) -> No
     assert found["hw.gpu.utilization"].unit == "1"  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # ~9 s per protocol: the collector goes away and comes back
 def test_collector_outage_never_crashes_and_data_flows_again(receiver) -> None:  # type: ignore[no-untyped-def]
     proc = serve(receiver)
     try:

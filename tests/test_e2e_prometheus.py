@@ -12,11 +12,11 @@ import pytest
 from promharness import free_port
 from simnode import ATTRIBUTION, eventually, scrape
 
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.fake_nvml import FakeNvml
-from dra_exporter.sim.scenario import load_scenario
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.fake_nvml import FakeNvml
+from dra_exporter_sim import load_scenario
 
-pytestmark = pytest.mark.prometheus
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]  # ~6 s each: a real Prometheus queried over time
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,8 @@ def expected_device_values() -> tuple[dict[str, float], dict[str, float]]:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, m)
             except nvml.NVMLError:
                 continue
-            used[nvml.nvmlDeviceGetUUID(mig)] = float(nvml.nvmlDeviceGetMemoryInfo(mig, version=nvml.nvmlMemory_v2).used)
+            memory = nvml.nvmlDeviceGetMemoryInfo(mig, version=nvml.nvmlMemory_v2)
+            used[nvml.nvmlDeviceGetUUID(mig)] = float(memory.used)
     return used, util
 
 

@@ -14,10 +14,12 @@ import pynvml
 import pytest
 from nvml_replay import FIXTURES
 
-from dra_exporter import sim
-from dra_exporter.sim.clock import FIXED_EPOCH, SimClock
-from dra_exporter.sim.fake_nvml import FakeNvml
-from dra_exporter.sim.scenario import Scenario, load_scenario, parse_scenario
+import dra_exporter_sim as sim
+from dra_exporter_sim.clock import FIXED_EPOCH, SimClock
+from dra_exporter_sim.fake_nvml import FakeNvml
+from dra_exporter_sim import load_scenario
+from dra_exporter_sim.scenario import Scenario
+from dra_exporter_sim.scenario_builder import parse_scenario
 
 GIB = 1 << 30
 
@@ -497,7 +499,7 @@ def test_every_call_is_counted_including_failures(demo: Scenario) -> None:
 
 def test_latency_is_applied_per_function(demo: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr("dra_exporter.sim.fake_nvml.time.sleep", slept.append)
+    monkeypatch.setattr("dra_exporter_sim.fake_nvml.time.sleep", slept.append)
     fake = FakeNvml(demo, SimClock(frozen=True), latency_s={"nvmlDeviceGetPowerUsage": 0.002})
     fake.nvmlInit()
     fake.nvmlDeviceGetPowerUsage(fake.nvmlDeviceGetHandleByIndex(0))
@@ -569,7 +571,7 @@ def test_frozen_clock_moves_only_when_told() -> None:
 
 def test_running_clock_follows_monotonic_time(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr("dra_exporter.sim.clock.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("dra_exporter_sim.clock.time.monotonic", lambda: now[0])
     clock = SimClock(10)
     now[0] += 2.5
     assert clock.now() == 12.5
@@ -581,8 +583,8 @@ def test_running_clock_follows_monotonic_time(monkeypatch: pytest.MonkeyPatch) -
 def test_running_clock_reads_the_hosts_wall_clock_and_keeps_its_offset(monkeypatch: pytest.MonkeyPatch) -> None:
     # A demo run in 2030 must not export 2027 timestamps: Prometheus computes time() - timestamp.
     wall, mono = [1_900_000_000.0], [1000.0]
-    monkeypatch.setattr("dra_exporter.sim.clock.time.time", lambda: wall[0])
-    monkeypatch.setattr("dra_exporter.sim.clock.time.monotonic", lambda: mono[0])
+    monkeypatch.setattr("dra_exporter_sim.clock.time.time", lambda: wall[0])
+    monkeypatch.setattr("dra_exporter_sim.clock.time.monotonic", lambda: mono[0])
     clock = SimClock(60)
     assert clock.wall() == 1_900_000_000.0
     wall[0] += 30.0
@@ -596,7 +598,7 @@ def test_running_clock_reads_the_hosts_wall_clock_and_keeps_its_offset(monkeypat
 
 
 def test_frozen_clocks_keep_the_fixed_epoch_whenever_they_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("dra_exporter.sim.clock.time.time", lambda: 2_000_000_000.0)
+    monkeypatch.setattr("dra_exporter_sim.clock.time.time", lambda: 2_000_000_000.0)
     assert SimClock(60, frozen=True).wall() == FIXED_EPOCH + 60
 
 

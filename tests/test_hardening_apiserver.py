@@ -21,7 +21,7 @@ from simnode import eventually, scrape, simulated
 
 from dra_exporter import catalog as cat
 from dra_exporter import runtime
-from dra_exporter.sim.apiserver import ERROR, GONE, GONE_410, WATCH_DROP
+from dra_exporter_sim.apiserver import ERROR, GONE, GONE_410, WATCH_DROP
 from dra_exporter.sources import SourceError, kubeapi
 from dra_exporter.sources.kubeapi import MAX_LIST_BYTES, MAX_OBJECT_BYTES, KubeApiSource, Timeouts
 
@@ -69,7 +69,7 @@ def serving(scenario: str) -> Iterator[runtime.Runtime]:
     with simulated(scenario, http=True, interval=0.2) as rt:
         rt.agent.start()
         eventually(lambda: rt.agent.ready.is_set())
-        eventually(lambda: metrics(rt)[cat.SOURCE_UP]["kubeapi"] == 1.0)
+        eventually(lambda: metrics(rt)[cat.SOURCE_UP.name]["kubeapi"] == 1.0)
         yield rt
 
 
@@ -80,7 +80,7 @@ def metrics(rt: runtime.Runtime) -> dict[str, dict[str, float]]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             key = s.labels.get("source") or s.labels.get("uuid", "")
-            if s.name == cat.GPU_UP:
+            if s.name == cat.GPU_UP.name:
                 key = s.labels["uuid"] + "/" + s.labels["pod_uid"]
             found.setdefault(s.name, {})[key] = s.value
     return found
@@ -102,13 +102,13 @@ def pod_uid(rt: runtime.Runtime, name: str) -> str:
 
 def attributed(rt: runtime.Runtime, gpu: str, pod: str) -> bool:
     """The GPU's dra_gpu_up series carries the pod's UID, which only the API server knows."""
-    return f"{rt.sim.scenario.nvml_uuid(gpu)}/{pod_uid(rt, pod)}" in metrics(rt).get(cat.GPU_UP, {})
+    return f"{rt.sim.scenario.nvml_uuid(gpu)}/{pod_uid(rt, pod)}" in metrics(rt).get(cat.GPU_UP.name, {})
 
 
 def assert_node_still_reports(rt: runtime.Runtime) -> None:
     found = metrics(rt)
-    assert found[cat.SOURCE_UP]["nvml"] == found[cat.SOURCE_UP]["podresources"] == 1.0
-    assert sorted(found[cat.GPU_UP].values()) == [1.0, 1.0, 1.0], "every device keeps reporting"
+    assert found[cat.SOURCE_UP.name]["nvml"] == found[cat.SOURCE_UP.name]["podresources"] == 1.0
+    assert sorted(found[cat.GPU_UP.name].values()) == [1.0, 1.0, 1.0], "every device keeps reporting"
     assert attributed(rt, "gpu-0", "steady-0"), "the last good cluster view stays in use"
 
 
@@ -123,16 +123,16 @@ def test_api_server_500s_keep_the_last_view_are_counted_and_heal(scenario: str) 
             return next(s.value for s in frame.family(name).samples if dict(s.labels)["source"] == "kubeapi")
 
         frame = rt.agent.cycle(collect_side=True)
-        assert kube_values(frame, cat.SOURCE_UP) == 1.0
-        good_success = kube_values(frame, cat.LAST_SUCCESS)
+        assert kube_values(frame, cat.SOURCE_UP.name) == 1.0
+        good_success = kube_values(frame, cat.LAST_SUCCESS.name)
         api.inject(ERROR)
         rt.sim.clock.set(220.0)  # late-0 starts: its claim must be fetched, and every GET is a 500
-        eventually(lambda: kube_values(rt.agent.cycle(collect_side=True), cat.SOURCE_UP) == 0.0)
+        eventually(lambda: kube_values(rt.agent.cycle(collect_side=True), cat.SOURCE_UP.name) == 0.0)
         for _ in range(3):
             frame = rt.agent.cycle(collect_side=True)
-        assert kube_values(frame, cat.COLLECT_ERRORS) >= 1
-        assert kube_values(frame, cat.LAST_SUCCESS) == good_success, "no success while failing"
-        ups = {dict(s.labels)["uuid"]: dict(s.labels)["pod_uid"] for s in frame.family(cat.GPU_UP).samples}
+        assert kube_values(frame, cat.COLLECT_ERRORS.name) >= 1
+        assert kube_values(frame, cat.LAST_SUCCESS.name) == good_success, "no success while failing"
+        ups = {dict(s.labels)["uuid"]: dict(s.labels)["pod_uid"] for s in frame.family(cat.GPU_UP.name).samples}
         assert len(ups) == 3 and ups[rt.sim.scenario.nvml_uuid("gpu-0")] == pod_uid(rt, "steady-0")
         assert api.requests[("get", "resourceclaims")] >= 2
 
@@ -140,12 +140,12 @@ def test_api_server_500s_keep_the_last_view_are_counted_and_heal(scenario: str) 
 
         def healed() -> bool:
             frame = rt.agent.cycle(collect_side=True)
-            ups = {dict(s.labels)["uuid"]: dict(s.labels)["pod_uid"] for s in frame.family(cat.GPU_UP).samples}
-            return (kube_values(frame, cat.SOURCE_UP) == 1.0
+            ups = {dict(s.labels)["uuid"]: dict(s.labels)["pod_uid"] for s in frame.family(cat.GPU_UP.name).samples}
+            return (kube_values(frame, cat.SOURCE_UP.name) == 1.0
                     and ups[rt.sim.scenario.nvml_uuid("gpu-1")] == pod_uid(rt, "late-0"))
 
         eventually(healed)
-        assert kube_values(rt.agent.cycle(), cat.LAST_SUCCESS) > good_success
+        assert kube_values(rt.agent.cycle(), cat.LAST_SUCCESS.name) > good_success
         assert api.requests[("list", "pods")] == 1, "a 500 on a GET costs no re-list"
 
 
@@ -159,12 +159,12 @@ def test_watches_that_expire_or_are_cut_at_once_cost_no_request_storm(
     before = dict(api.requests)
     api.inject(fault)
     # Persistently: after a few short watches in a row the source says it is down.
-    eventually(lambda: kube(rt, cat.SOURCE_UP) == 0.0, timeout=20.0)
+    eventually(lambda: kube(rt, cat.SOURCE_UP.name) == 0.0, timeout=20.0)
     rt.sim.clock.set(220.0)  # late-0 starts while the watches cannot deliver it
     assert_node_still_reports(rt)
     during = {key: api.requests[key] - before.get(key, 0) for key in api.requests}
     api.inject(None)
-    eventually(lambda: kube(rt, cat.SOURCE_UP) == 1.0 and attributed(rt, "gpu-1", "late-0"), timeout=20.0)
+    eventually(lambda: kube(rt, cat.SOURCE_UP.name) == 1.0 and attributed(rt, "gpu-1", "late-0"), timeout=20.0)
     # Without backoff this was ~200 requests a second per kind; with it, one per backoff period.
     for kind in ("pods", "resourceslices"):
         assert 2 <= during[("watch", kind)] <= 20, during
@@ -172,7 +172,7 @@ def test_watches_that_expire_or_are_cut_at_once_cost_no_request_storm(
             assert during[("list", kind)] == during[("watch", kind)], "410: list again, then watch"
         else:
             assert during.get(("list", kind), 0) == 0, f"a cut watch resumes, no re-list: {during}"
-    assert kube(rt, cat.COLLECT_ERRORS) >= 1
+    assert kube(rt, cat.COLLECT_ERRORS.name) >= 1
 
 
 # --- hanging -------------------------------------------------------------------------------------
@@ -186,13 +186,13 @@ def test_a_hanging_api_server_blocks_neither_cycles_nor_scrapes_and_the_source_g
         # t=250: every answer waits 30 s (the request timeout is 1 s); late-0 starts, so its claim
         # must be fetched. Had the source waited for the answer, it would have stayed up.
         rt.sim.clock.set(250.0)
-        eventually(lambda: kube(rt, cat.SOURCE_UP) == 0.0, timeout=20.0)
+        eventually(lambda: kube(rt, cat.SOURCE_UP.name) == 0.0, timeout=20.0)
         assert_node_still_reports(rt)  # scrapes are answered while the source hangs
         assert rt.agent.cycles - cycles >= 3, "NVML cycles go on while the API source waits"
         found = metrics(rt)
-        assert found[cat.LAST_SUCCESS]["kubeapi"] < found[cat.LAST_SUCCESS]["nvml"]
+        assert found[cat.LAST_SUCCESS.name]["kubeapi"] < found[cat.LAST_SUCCESS.name]["nvml"]
         rt.sim.clock.set(270.0)  # the API server answers again
-        eventually(lambda: kube(rt, cat.SOURCE_UP) == 1.0 and attributed(rt, "gpu-1", "late-0"), timeout=20.0)
+        eventually(lambda: kube(rt, cat.SOURCE_UP.name) == 1.0 and attributed(rt, "gpu-1", "late-0"), timeout=20.0)
     failures = [r.getMessage() for r in caplog.records if "kubeapi" in r.getMessage()]
     assert any("no answer in time" in m for m in failures), failures
 
@@ -205,15 +205,15 @@ def test_api_server_gone_for_a_while_then_back_resumes_without_a_relist(serving:
     source = api_source(rt)
     lists = (api.requests[("list", "pods")], api.requests[("list", "resourceslices")])
     api.inject(GONE)
-    eventually(lambda: kube(rt, cat.SOURCE_UP) == 0.0)
+    eventually(lambda: kube(rt, cat.SOURCE_UP.name) == 0.0)
     tried = sum(source.requests.values())
     rt.sim.clock.set(220.0)  # late-0 starts while the API server is away
-    eventually(lambda: kube(rt, cat.COLLECT_ERRORS) >= 3)
+    eventually(lambda: kube(rt, cat.COLLECT_ERRORS.name) >= 3)
     assert_node_still_reports(rt)
     tried = sum(source.requests.values()) - tried
     assert tried <= 30, f"backoff: {tried} attempts"
     api.inject(None)
-    eventually(lambda: kube(rt, cat.SOURCE_UP) == 1.0 and attributed(rt, "gpu-1", "late-0"), timeout=20.0)
+    eventually(lambda: kube(rt, cat.SOURCE_UP.name) == 1.0 and attributed(rt, "gpu-1", "late-0"), timeout=20.0)
     assert (api.requests[("list", "pods")], api.requests[("list", "resourceslices")]) == lists, \
         "the watches resume from their resourceVersion"
 
@@ -231,13 +231,13 @@ def test_a_list_over_the_limit_is_refused_and_the_last_view_kept(serving: runtim
     real = api.list_objects
     monkeypatch.setattr(api, "list_objects", lambda request: padded(real(request), MAX_LIST_BYTES + 1))
     api.inject(GONE_410)  # the watches must list again, and every list is too big
-    eventually(lambda: kube(rt, cat.SOURCE_UP) == 0.0, timeout=20.0)
+    eventually(lambda: kube(rt, cat.SOURCE_UP.name) == 0.0, timeout=20.0)
     assert_node_still_reports(rt)
     source = api_source(rt)
     assert "32 MiB limit" in f"{source._slices.error} {source._pods.error}"  # type: ignore[union-attr]
     monkeypatch.setattr(api, "list_objects", real)
     api.inject(None)
-    eventually(lambda: kube(rt, cat.SOURCE_UP) == 1.0, timeout=20.0)
+    eventually(lambda: kube(rt, cat.SOURCE_UP.name) == 1.0, timeout=20.0)
 
 
 def test_a_watch_event_over_the_limit_is_refused_and_the_watch_heals(serving: runtime.Runtime,
@@ -253,7 +253,7 @@ def test_a_watch_event_over_the_limit_is_refused_and_the_watch_heals(serving: ru
 
     monkeypatch.setattr(api, "watch", watch)
     api.inject(WATCH_DROP)  # end the current watches; the next ones start with the huge event
-    eventually(lambda: kube(rt, cat.SOURCE_UP) == 0.0, timeout=20.0)
+    eventually(lambda: kube(rt, cat.SOURCE_UP.name) == 0.0, timeout=20.0)
     api.inject(None)
     assert_node_still_reports(rt)
     source = api_source(rt)
@@ -262,7 +262,7 @@ def test_a_watch_event_over_the_limit_is_refused_and_the_watch_heals(serving: ru
     eventually(lambda: "4 MiB limit" in f"{source._slices.error} {source._pods.error}")  # type: ignore[union-attr]
     monkeypatch.setattr(api, "watch", real)
     rt.sim.clock.set(220.0)
-    eventually(lambda: kube(rt, cat.SOURCE_UP) == 1.0 and attributed(rt, "gpu-1", "late-0"), timeout=20.0)
+    eventually(lambda: kube(rt, cat.SOURCE_UP.name) == 1.0 and attributed(rt, "gpu-1", "late-0"), timeout=20.0)
 
 
 class _Endless:

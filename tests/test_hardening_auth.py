@@ -27,16 +27,10 @@ from certs import Pki, make_pki
 from simnode import eventually
 
 from dra_exporter import catalog, model
+from dra_exporter.sinks.basicauth import AuthVerdict, BasicAuth, client_key
 from dra_exporter.sinks.prometheus import PrometheusSink
-from dra_exporter.sinks.webconfig import (
-    AuthVerdict,
-    BasicAuth,
-    WebConfig,
-    WebConfigError,
-    build_ssl_context,
-    client_key,
-    load_web_config,
-)
+from dra_exporter.sinks.tls import build_ssl_context
+from dra_exporter.sinks.webconfig import WebConfig, WebConfigError, load_web_config
 
 PASSWORD = "correct horse battery staple"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4))  # cost 4: fast tests
@@ -54,7 +48,7 @@ def header(user: str, password: str) -> str:
 
 
 def tiny_frame() -> model.Frame:
-    spec = catalog.spec(catalog.BUILD_INFO)
+    spec = catalog.BUILD_INFO
     return model.Frame((model.Family(spec.name, (model.Sample(tuple((lbl, "x") for lbl in spec.labels), 1.0),)),))
 
 

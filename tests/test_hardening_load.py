@@ -39,7 +39,7 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 def frame_of(size: int) -> model.Frame:
     """A frame whose text exposition is roughly ``size`` bytes."""
-    spec = catalog.spec(catalog.GPU_MEMORY_USED)
+    spec = catalog.GPU_MEMORY_USED
     samples = tuple(model.Sample(tuple((lbl, f"{lbl}-{i:06d}-" + "x" * 40) for lbl in spec.labels), float(i))
                     for i in range(max(1, size // (60 * len(spec.labels)))))
     return model.Frame((model.Family(spec.name, samples),))
@@ -130,7 +130,7 @@ def test_a_client_that_never_reads_its_response_is_cut() -> None:
 
 def test_connections_beyond_the_limit_are_refused_at_once_and_service_resumes(
         caplog: pytest.LogCaptureFixture) -> None:
-    with sink_serving(frame_of(1000), request_timeout=60.0, max_connections=3) as sink:
+    with sink_serving(frame_of(1000), request_timeout=60.0, max_connections=3, max_connections_per_client=3) as sink:
         stalled = [socket.create_connection(("127.0.0.1", sink.port)) for _ in range(3)]
         eventually(lambda: sink._server.connections.count == 3)
         with caplog.at_level(logging.WARNING):
@@ -177,7 +177,7 @@ def test_a_failing_cycle_keeps_the_last_frame_on_metrics_and_the_loop_goes_on(
         eventually(lambda: len(failures) >= 3)
         last = scrape(rt.prometheus.port)
         assert scrape(rt.prometheus.port) == last, "no new frame while the join fails"
-        assert catalog.GPU_UP in {f.name for f in parse_text(last.decode())}
+        assert catalog.GPU_UP.name in {f.name for f in parse_text(last.decode())}
         monkeypatch.undo()
         cycles = rt.agent.cycles
         eventually(lambda: rt.agent.cycles > cycles + 2)
@@ -325,7 +325,7 @@ def test_50_concurrent_scrapers_get_complete_valid_responses_despite_slowloris(c
     for openmetrics, body in tally.bodies.values():
         text = body.decode("utf-8")
         families = {f.name for f in (parse_openmetrics if openmetrics else parse_text)(text)}
-        assert catalog.GPU_UP in families and catalog.CLAIM_CONSUMER_INFO in families
+        assert catalog.GPU_UP.name in families and catalog.CLAIM_CONSUMER_INFO.name in families
         assert text.endswith("# EOF\n") if openmetrics else text.endswith("\n")
     if LOAD_SECONDS >= 30:
         # The 10 s request deadline cut the trickling connections (they reconnect each time).

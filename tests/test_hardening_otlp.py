@@ -55,20 +55,20 @@ def test_a_long_collector_outage_is_counted_bounded_and_heals(receiver: GrpcRece
         receiver.failing = True
         receiver.wait_refused(20)
         rss_early = rss_kib(proc.pid)
-        errors_early = self_metrics(port)[(cat.COLLECT_ERRORS, "otlp")]
+        errors_early = self_metrics(port)[(cat.COLLECT_ERRORS.name, "otlp")]
         seen_frames = set()
         deadline = time.monotonic() + 120
         while receiver.refused < FAILURES:
             assert proc.poll() is None, "the exporter died during the outage"
             metrics = self_metrics(port)  # /metrics keeps answering, with new frames
-            seen_frames.add(metrics[(cat.LAST_SUCCESS, "nvml")])
+            seen_frames.add(metrics[(cat.LAST_SUCCESS.name, "nvml")])
             assert time.monotonic() < deadline, f"only {receiver.refused} exports in 120 s"
             time.sleep(0.2)
         rss_late = rss_kib(proc.pid)
         metrics = self_metrics(port)
-        assert metrics[(cat.SOURCE_UP, "otlp")] == 0.0
+        assert metrics[(cat.SOURCE_UP.name, "otlp")] == 0.0
         # Each failed export counts once; the receiver also sees the exporter's own retries.
-        counted = metrics[(cat.COLLECT_ERRORS, "otlp")] - errors_early
+        counted = metrics[(cat.COLLECT_ERRORS.name, "otlp")] - errors_early
         assert 50 <= counted <= receiver.refused, (counted, receiver.refused)
         assert len(seen_frames) >= 10, "fresh frames on /metrics throughout the outage"
         # Nothing is queued while the collector is away: memory does not grow with the failures.
@@ -76,7 +76,7 @@ def test_a_long_collector_outage_is_counted_bounded_and_heals(receiver: GrpcRece
         receiver.failing = False
         receiver.wait_for(has_gpu_metrics, after=len(receiver.received))
         eventually_up = time.monotonic() + 20
-        while self_metrics(port)[(cat.SOURCE_UP, "otlp")] != 1.0:
+        while self_metrics(port)[(cat.SOURCE_UP.name, "otlp")] != 1.0:
             assert time.monotonic() < eventually_up, "otlp never reported up again"
             time.sleep(0.2)
     finally:

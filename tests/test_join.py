@@ -56,7 +56,7 @@ def mig(parent: int, gi_profile: int, start: int, size: int, profile: str, gi: i
 
 
 def sample(dev: GpuDevice, used: float = 1.0, up: bool = True) -> DeviceSample:
-    readings = (Reading(cat.GPU_MEMORY_USED, used), Reading(cat.GPU_CLOCK, 1.4e9, (("clock", "sm"),)))
+    readings = (Reading(cat.GPU_MEMORY_USED.name, used), Reading(cat.GPU_CLOCK.name, 1.4e9, (("clock", "sm"),)))
     return DeviceSample(dev, up, readings if up else ())
 
 
@@ -82,7 +82,7 @@ def series(frame: Frame, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return {s.labels: s.value for s in fam.samples} if fam else {}
 
 
-def attribution(frame: Frame, uuid: str, name: str = cat.GPU_MEMORY_USED) -> dict[str, str]:
+def attribution(frame: Frame, uuid: str, name: str = cat.GPU_MEMORY_USED.name) -> dict[str, str]:
     found = [dict(lbl) for lbl in series(frame, name) if dict(lbl)["uuid"] == uuid]
     assert len(found) == 1, f"expected exactly one {name} series for {uuid}, got {found}"
     return {k: found[0][k] for k in cat.ATTRIBUTION_LABELS}
@@ -99,7 +99,7 @@ def att(**values: str) -> dict[str, str]:
 def test_unallocated_device_reports_with_empty_attribution() -> None:
     frame = run([sample(gpu(0), 5.0)], [])
     assert attribution(frame, "GPU-0") == EMPTY
-    assert list(series(frame, cat.GPU_MEMORY_USED).values()) == [5.0]
+    assert list(series(frame, cat.GPU_MEMORY_USED.name).values()) == [5.0]
 
 
 def test_single_pod_claim_carries_claim_pod_container() -> None:
@@ -120,10 +120,10 @@ def test_shared_claim_keeps_one_series_and_lists_every_consumer() -> None:
     c = claim("research", "shared", "gpu-0")
     frame = run([sample(gpu(0), 42.0)],
                 [pod("research", "alice", ctr("nb", c)), pod("research", "bob", ctr("nb", c))])
-    values = series(frame, cat.GPU_MEMORY_USED)
+    values = series(frame, cat.GPU_MEMORY_USED.name)
     assert list(values.values()) == [42.0], "device value must not be copied per pod"
     assert attribution(frame, "GPU-0") == att(namespace="research", claim="shared")
-    consumers = {(d["pod"], d["container"]) for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))}
+    consumers = {(d["pod"], d["container"]) for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO.name))}
     assert consumers == {("alice", "nb"), ("bob", "nb")}
 
 
@@ -138,7 +138,7 @@ def test_mig_devices_resolve_in_both_name_formats_and_parent_stays_unattributed(
     assert attribution(frame, a.uuid)["pod"] == "new-fmt"
     assert attribution(frame, b.uuid)["pod"] == "old-fmt"
     assert attribution(frame, parent.uuid) == EMPTY
-    info = {dict(lbl)["uuid"]: dict(lbl) for lbl in series(frame, cat.GPU_INFO)}
+    info = {dict(lbl)["uuid"]: dict(lbl) for lbl in series(frame, cat.GPU_INFO.name)}
     assert info[a.uuid]["profile"] == "3g.71gb" and info[a.uuid]["parent_uuid"] == "GPU-4"
     assert info[b.uuid]["gpu_instance_id"] == "2" and info[b.uuid]["compute_instance_id"] == "0"
 
@@ -161,15 +161,15 @@ def test_monitoring_claims_of_the_exporter_pod_are_not_consumers() -> None:
         pod("monitoring", "dra-exporter-x", ctr("exporter", claim("monitoring", "all", "gpu-0"))),
     ], self_pod=("monitoring", "dra-exporter-x"))
     assert attribution(frame, "GPU-0")["pod"] == "train"
-    alloc = {(d["claim"], d["admin_access"]) for d in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO))}
+    alloc = {(d["claim"], d["admin_access"]) for d in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO.name))}
     assert alloc == {("gpus", "false"), ("all", "true")}
-    assert {dict(lbl)["pod"] for lbl in series(frame, cat.CLAIM_CONSUMER_INFO)} == {"train"}
+    assert {dict(lbl)["pod"] for lbl in series(frame, cat.CLAIM_CONSUMER_INFO.name)} == {"train"}
 
 
 def test_unknown_driver_keeps_its_triplet_without_uuid() -> None:
     other = ClaimUse("ns", "fpga", (ClaimDevice("fpga.example.com", "pool-1", "fpga-0"),))
     frame = run([sample(gpu(0))], [pod("ns", "p", ctr("c", other))])
-    (alloc,) = map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO))
+    (alloc,) = map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO.name))
     assert (alloc["driver"], alloc["pool"], alloc["device"], alloc["uuid"]) == (
         "fpga.example.com", "pool-1", "fpga-0", "")
     assert attribution(frame, "GPU-0") == EMPTY
@@ -181,7 +181,7 @@ def test_claim_uid_comes_from_the_cdi_name_of_that_device() -> None:
     # The kubelet quirk: the second device also carries the first device's CDI name.
     quirky = ClaimUse("ml", "gpus", (devs[0], ClaimDevice(DRV, NODE, "gpu-1", devs[0].cdi_devices + devs[1].cdi_devices)))
     frame = run([sample(gpu(0)), sample(gpu(1))], [pod("ml", "p", ctr("c", quirky))])
-    uids = {d["device"]: d["claim_uid"] for d in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO))}
+    uids = {d["device"]: d["claim_uid"] for d in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO.name))}
     assert uids == {"gpu-0": uid, "gpu-1": uid}
 
 
@@ -190,15 +190,15 @@ def test_pod_that_ended_leaves_the_next_frame() -> None:
     assert attribution(run([sample(gpu(0))], [p]), "GPU-0")["pod"] == "short"
     later = run([sample(gpu(0))], [])
     assert attribution(later, "GPU-0") == EMPTY
-    assert not series(later, cat.CLAIM_CONSUMER_INFO) and not series(later, cat.CLAIM_ALLOCATION_INFO)
+    assert not series(later, cat.CLAIM_CONSUMER_INFO.name) and not series(later, cat.CLAIM_ALLOCATION_INFO.name)
 
 
 def test_failed_device_reports_down_and_others_keep_their_values() -> None:
     frame = run([sample(gpu(0), 7.0), sample(gpu(1), up=False)], [])
-    up = {dict(lbl)["uuid"]: v for lbl, v in series(frame, cat.GPU_UP).items()}
+    up = {dict(lbl)["uuid"]: v for lbl, v in series(frame, cat.GPU_UP.name).items()}
     assert up == {"GPU-0": 1.0, "GPU-1": 0.0}
-    assert [dict(lbl)["uuid"] for lbl in series(frame, cat.GPU_MEMORY_USED)] == ["GPU-0"]
-    assert {dict(lbl)["uuid"] for lbl in series(frame, cat.GPU_INFO)} == {"GPU-0", "GPU-1"}
+    assert [dict(lbl)["uuid"] for lbl in series(frame, cat.GPU_MEMORY_USED.name)] == ["GPU-0"]
+    assert {dict(lbl)["uuid"] for lbl in series(frame, cat.GPU_INFO.name)} == {"GPU-0", "GPU-1"}
 
 
 def test_labels_follow_the_catalogue_order_and_output_is_sorted() -> None:
@@ -216,8 +216,8 @@ def test_labels_follow_the_catalogue_order_and_output_is_sorted() -> None:
 def test_self_metrics_reflect_source_health() -> None:
     frame = run([], [], health=(SourceHealth("nvml", True, 0.02, 0, 100.0),
                                 SourceHealth("podresources", False, 2.0, 3, 90.0)))
-    up = {dict(lbl)["source"]: v for lbl, v in series(frame, cat.SOURCE_UP).items()}
-    errors = {dict(lbl)["source"]: v for lbl, v in series(frame, cat.COLLECT_ERRORS).items()}
+    up = {dict(lbl)["source"]: v for lbl, v in series(frame, cat.SOURCE_UP.name).items()}
+    errors = {dict(lbl)["source"]: v for lbl, v in series(frame, cat.COLLECT_ERRORS.name).items()}
     assert up == {"nvml": 1.0, "podresources": 0.0}
     assert errors == {"nvml": 0.0, "podresources": 3.0}
 
@@ -266,7 +266,7 @@ def test_slice_uuid_attribute_resolves_any_driver() -> None:
     sl = ResourceSliceInfo("s", EXAMPLE, NODE, 1, 1, NODE, (slice_dev("gpu-0", uuid="GPU-0"),))
     frame = run([sample(gpu(0))], pods, cluster=cluster(slices=(sl,)))
     assert attribution(frame, "GPU-0") == att(namespace="ns", pod="p", container="main", claim="c")
-    (alloc,) = map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO))
+    (alloc,) = map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO.name))
     assert alloc["uuid"] == "GPU-0"
 
 
@@ -288,9 +288,9 @@ def test_request_names_subrequests_and_pod_uid_join_the_device_labels() -> None:
     want = att(namespace="ml", pod="train-0", pod_uid="uid-train-0", container="trainer", claim="gpus",
                request="gpus/h200")
     assert attribution(frame, "GPU-0") == attribution(frame, "GPU-1") == want
-    allocs = {(a["device"], a["request"], a["claim_uid"]) for a in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO))}
+    allocs = {(a["device"], a["request"], a["claim_uid"]) for a in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO.name))}
     assert allocs == {("gpu-0", "gpus/h200", "claim-uid"), ("gpu-1", "gpus/h200", "claim-uid")}
-    (consumer,) = map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))
+    (consumer,) = map(dict, series(frame, cat.CLAIM_CONSUMER_INFO.name))
     assert consumer["pod_uid"] == "uid-train-0"
 
 
@@ -306,7 +306,7 @@ def test_each_container_gets_only_the_devices_of_the_request_it_names() -> None:
     assert (attribution(frame, "GPU-0")["container"], attribution(frame, "GPU-0")["request"]) == ("a", "first")
     assert (attribution(frame, "GPU-1")["container"], attribution(frame, "GPU-1")["request"]) == ("b", "second")
     # Both containers still use the claim.
-    assert {d["container"] for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))} == {"a", "b"}
+    assert {d["container"] for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO.name))} == {"a", "b"}
 
 
 def test_a_container_naming_the_main_request_uses_the_chosen_subrequest() -> None:
@@ -329,9 +329,9 @@ def test_admin_access_from_the_api_server_is_authoritative() -> None:
     assert attribution(frame, "GPU-0")["pod"] == "train"
     # ... and the exporter pod's claim without admin access is an ordinary one.
     assert attribution(frame, "GPU-1")["pod"] == "dra-exporter-x"
-    admin = {(d["claim"], d["admin_access"]) for d in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO))}
+    admin = {(d["claim"], d["admin_access"]) for d in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO.name))}
     assert admin == {("gpus", "false"), ("watch", "true"), ("mine", "false")}
-    assert {d["pod"] for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))} == {"train", "dra-exporter-x"}
+    assert {d["pod"] for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO.name))} == {"train", "dra-exporter-x"}
 
 
 def test_own_pod_rule_stays_for_claims_the_api_server_does_not_know() -> None:
@@ -349,7 +349,7 @@ def test_shared_claim_keeps_request_but_not_pod_uid() -> None:
     frame = run([sample(gpu(0))], [pod("research", "alice", ctr("nb", c)), pod("research", "bob", ctr("nb", c))],
                 cluster=view)
     assert attribution(frame, "GPU-0") == att(namespace="research", claim="shared", request="gpu")
-    uids = {d["pod_uid"] for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))}
+    uids = {d["pod_uid"] for d in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO.name))}
     assert uids == {"uid-alice", "uid-bob"}
 
 
@@ -380,7 +380,7 @@ def test_every_slice_device_is_described_allocated_or_not() -> None:
     other = ResourceSliceInfo("nic", "nic.example.com", "pool/a", 3, 1, "", (slice_dev("eth-0", model="X1"),))
     frame = run([sample(gpu(0)), sample(parent), sample(static), sample(dynamic)], [],
                 cluster=cluster(slices=(sl, other)))
-    info = {d["device"]: d for d in map(dict, series(frame, cat.DEVICE_INFO))}
+    info = {d["device"]: d for d in map(dict, series(frame, cat.DEVICE_INFO.name))}
     assert set(info) == {"gpu-0", "gpu-4-mig-3g71gb-9-0", "gpu-4-mig-3g71gb-9-4", "eth-0"}
     assert info["gpu-0"] == {"node": NODE, "driver": DRV, "pool": NODE, "device": "gpu-0", "uuid": "GPU-0",
                              "type": "gpu", "profile": "", "parent_uuid": "", "model": "NVIDIA H200"}
@@ -404,18 +404,18 @@ def test_taints_conditions_health_and_counters() -> None:
                    pods=(pod_info("ml", "p", ctr_info("c", ("g", "gpu"), health=(health,))),
                          pod_info("ml", "done", ctr_info("c", ("g", "gpu"), health=(health,)), phase="Succeeded")))
     frame = run([sample(gpu(0))], [pod("ml", "p", ctr("c", claim("ml", "g", "gpu-0")))], cluster=view)
-    assert list(map(dict, series(frame, cat.DEVICE_TAINT))) == [
+    assert list(map(dict, series(frame, cat.DEVICE_TAINT.name))) == [
         {"driver": DRV, "pool": NODE, "device": "gpu-0", "key": "gpu.nvidia.com/xid", "value": "79",
          "effect": "NoExecute", "rule": ""}]
-    assert list(map(dict, series(frame, cat.CLAIM_DEVICE_CONDITION))) == [
+    assert list(map(dict, series(frame, cat.CLAIM_DEVICE_CONDITION.name))) == [
         {"namespace": "ml", "claim": "g", "driver": DRV, "pool": NODE, "device": "gpu-0", "type": "Ready",
          "status": "True"}]
-    assert list(map(dict, series(frame, cat.DEVICE_HEALTH))) == [
+    assert list(map(dict, series(frame, cat.DEVICE_HEALTH.name))) == [
         {"namespace": "ml", "pod": "p", "container": "c", "claim": "g", "request": "gpu", "driver": DRV,
          "pool": NODE, "device": "gpu-0", "health": "Unhealthy"}], "a finished pod's health is history"
-    capacity = {dict(lbl)["counter"]: v for lbl, v in series(frame, cat.DEVICE_SHARED_CAPACITY).items()}
+    capacity = {dict(lbl)["counter"]: v for lbl, v in series(frame, cat.DEVICE_SHARED_CAPACITY.name).items()}
     consumption = {(dict(lbl)["device"], dict(lbl)["counter"]): v
-                   for lbl, v in series(frame, cat.DEVICE_SHARED_CONSUMPTION).items()}
+                   for lbl, v in series(frame, cat.DEVICE_SHARED_CONSUMPTION.name).items()}
     assert capacity == {"memory": 1.5e11, "multiprocessors": 132.0}
     assert consumption == {("gpu-0", "memory"): 1.5e11, ("gpu-0", "multiprocessors"): 132.0}
 
@@ -426,7 +426,7 @@ def cdi_health(claim_name: str, cdi_id: str, health: str = "Unhealthy") -> Devic
 
 def health_devices(frame: Frame) -> set[tuple[str, str, str, str, str]]:
     return {(h["claim"], h["driver"], h["pool"], h["device"], h["health"])
-            for h in map(dict, series(frame, cat.DEVICE_HEALTH))}
+            for h in map(dict, series(frame, cat.DEVICE_HEALTH.name))}
 
 
 def test_health_named_by_cdi_id_resolves_through_the_claim_uid_and_its_results() -> None:
@@ -470,7 +470,7 @@ def test_device_taint_rules_apply_to_the_devices_they_select_with_the_rules_name
     )
     frame = run([sample(gpu(0)), sample(gpu(1))], [], cluster=ClusterSnapshot(
         NODE, "v1", (nv_slice(*sl.devices), nic), taint_rules=rules))
-    taints = {(t["device"], t["key"], t["effect"], t["rule"]) for t in map(dict, series(frame, cat.DEVICE_TAINT))}
+    taints = {(t["device"], t["key"], t["effect"], t["rule"]) for t in map(dict, series(frame, cat.DEVICE_TAINT.name))}
     assert taints == {
         ("gpu-0", "example.com/maintenance", "NoSchedule", "all-nvidia"),
         ("gpu-1", "example.com/maintenance", "NoSchedule", "all-nvidia"),
@@ -488,12 +488,12 @@ def test_tolerations_consumed_capacity_and_network_data_of_allocations() -> None
     view = cluster(claims=(claim_info("ml", "g", shared, AllocationResult("nic", "nic.example.com", "rack-1", "eth-0"),
                                       devices=(net,)),))
     frame = run([sample(gpu(0))], [], cluster=view)
-    assert list(map(dict, series(frame, cat.CLAIM_DEVICE_TOLERATION))) == [
+    assert list(map(dict, series(frame, cat.CLAIM_DEVICE_TOLERATION.name))) == [
         {"namespace": "ml", "claim": "g", "request": "gpu", "driver": DRV, "pool": NODE, "device": "gpu-0",
          "key": "gpu.nvidia.com/xid", "operator": "Exists", "value": "", "effect": "NoExecute"}]
     assert {dict(lbl)["share_id"]: (dict(lbl)["capacity"], v)
-            for lbl, v in series(frame, cat.CLAIM_CONSUMED_CAPACITY).items()} == {"share-a": ("memory", 2.0 ** 34)}
-    (info,) = map(dict, series(frame, cat.CLAIM_DEVICE_NETWORK))
+            for lbl, v in series(frame, cat.CLAIM_CONSUMED_CAPACITY.name).items()} == {"share-a": ("memory", 2.0 ** 34)}
+    (info,) = map(dict, series(frame, cat.CLAIM_DEVICE_NETWORK.name))
     assert (info["device"], info["interface"], info["hardware_address"], info["ips"]) == (
         "eth-0", "net1", "00:11:22:33:44:55", "10.0.0.5/24,fd00::5/64")
 
@@ -519,7 +519,7 @@ def test_a_claim_reserved_for_a_podgroup_is_attributed_to_the_groups_pods_here()
                    pods=(pod_info("ml", "w-0", ctr_info("c", ("g", ""))), pod_info("ml", "w-1", ctr_info("c", ("g", "")))))
     frame = run([sample(gpu(0))], [pod("ml", "w-0", ctr("c", c)), pod("ml", "w-1", ctr("c", c))], cluster=view)
     assert attribution(frame, "GPU-0") == att(namespace="ml", claim="g", request="gpu")
-    consumers = {(x["pod"], x["pod_uid"]) for x in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO))}
+    consumers = {(x["pod"], x["pod_uid"]) for x in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO.name))}
     assert consumers == {("w-0", "uid-w-0"), ("w-1", "uid-w-1")}, "the group's pods, never the group"
 
 
@@ -573,7 +573,7 @@ def procs_frame(processes: tuple[ProcessSample, ...], owners: tuple[ProcessOwner
                           owners=ProcessOwnersSnapshot(owners, unresolved)))
 
 
-def container_series(frame: Frame, name: str = cat.CONTAINER_GPU_MEMORY_USED) -> dict[tuple[str, str], dict]:
+def container_series(frame: Frame, name: str = cat.CONTAINER_GPU_MEMORY_USED.name) -> dict[tuple[str, str], dict]:
     return {(d["pod"], d["uuid"]): {**d, "value": v} for d, v in
             ((dict(lbl), v) for lbl, v in series(frame, name).items())}
 
@@ -595,7 +595,7 @@ def test_shared_gpu_gets_one_series_per_container_with_its_own_share() -> None:
     assert (alice["value"], bob["value"]) == (32 * 2**30, 12 * 2**30)
     assert (alice["namespace"], alice["container"], alice["claim"], alice["pod_uid"]) == (
         "team", "nb", "shared", "uid-alice")
-    sm = container_series(frame, cat.CONTAINER_GPU_SM_UTILIZATION)
+    sm = container_series(frame, cat.CONTAINER_GPU_SM_UTILIZATION.name)
     assert sm[("alice", "GPU-0")]["value"] == pytest.approx(0.45)
     assert sm[("bob", "GPU-0")]["value"] == pytest.approx(0.15)
     # No double counting: the container shares add up to what the processes use on the device.
@@ -607,7 +607,7 @@ def test_mig_device_share_is_attributed_and_missing_utilisation_is_not_invented(
     frame = procs_frame(SHARED_PROCS, SHARED_OWNERS)
     carol = container_series(frame)[("carol", "MIG-1-0")]
     assert (carol["container"], carol["claim"], carol["value"]) == ("srv", "mig", 5 * 2**30)
-    assert ("carol", "MIG-1-0") not in container_series(frame, cat.CONTAINER_GPU_SM_UTILIZATION)
+    assert ("carol", "MIG-1-0") not in container_series(frame, cat.CONTAINER_GPU_SM_UTILIZATION.name)
 
 
 def test_a_container_whose_processes_ended_has_no_series() -> None:
@@ -619,12 +619,12 @@ def test_unresolvable_processes_are_counted_not_dropped_silently() -> None:
     frame = procs_frame(SHARED_PROCS, SHARED_OWNERS[:2], unresolved=(200,))
     assert ("bob", "GPU-0") not in container_series(frame)
     # 200 (no cgroup) and 300 (asked for, but no owner came back) are both unattributed.
-    assert series(frame, cat.UNATTRIBUTED_PROCESSES) == {(): 2.0}
+    assert series(frame, cat.UNATTRIBUTED_PROCESSES.name) == {(): 2.0}
 
 
 def test_without_the_api_server_containers_are_known_by_pod_uid_only() -> None:
     frame = procs_frame(SHARED_PROCS, SHARED_OWNERS, with_cluster=False)
-    alice = [(dict(lbl), v) for lbl, v in series(frame, cat.CONTAINER_GPU_MEMORY_USED).items()
+    alice = [(dict(lbl), v) for lbl, v in series(frame, cat.CONTAINER_GPU_MEMORY_USED.name).items()
              if dict(lbl)["pod_uid"] == "uid-alice"]
     assert [(d["pod"], d["container"], d["claim"], v) for d, v in alice] == [("", "", "", 32 * 2**30)]
 
@@ -635,5 +635,5 @@ def test_every_readable_device_counts_its_processes_whether_or_not_their_pods_ar
     processes = (ProcessSample(mig_dev.uuid, 101), ProcessSample(mig_dev.uuid, 102), ProcessSample("GPU-0", 7))
     nvml = NvmlSnapshot((sample(gpu(0)), sample(gpu(1, "enabled")), sample(mig_dev), sample(gpu(2), up=False)),
                         processes)
-    counts = {dict(lbl)["uuid"]: v for lbl, v in series(join(JoinInput(nvml, None)), cat.GPU_PROCESSES).items()}
+    counts = {dict(lbl)["uuid"]: v for lbl, v in series(join(JoinInput(nvml, None)), cat.GPU_PROCESSES.name).items()}
     assert counts == {"GPU-0": 1, "GPU-1": 0, mig_dev.uuid: 2}  # a device NVML cannot read has none

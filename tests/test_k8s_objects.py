@@ -8,8 +8,11 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from dra_exporter.sim import k8s_objects as ko
-from dra_exporter.sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+from dra_exporter.dra_versions import convert
+from dra_exporter_sim import k8s_objects as ko
+from dra_exporter_sim import load_scenario
+from dra_exporter_sim.scenario import Scenario, ScenarioError
+from dra_exporter_sim.scenario_builder import parse_scenario
 
 # The client's model for each kind and version (37.x names; v1's claim is ResourceV1ResourceClaim).
 MODELS = {
@@ -214,19 +217,19 @@ def test_v1beta1_nests_device_fields_under_basic_and_v1_v1beta2_do_not() -> None
     objects = ko.cluster_objects(features(), 50)
     nvidia = next(x for x in objects.resourceslices if x["spec"]["driver"] == "gpu.nvidia.com")
     for version in ("v1", "v1beta2"):
-        converted = ko.convert(nvidia, version)
+        converted = convert(nvidia, version)
         assert converted["apiVersion"] == f"resource.k8s.io/{version}"
         gpu0 = converted["spec"]["devices"][0]
         assert "basic" not in gpu0
         assert gpu0["capacity"]["memory"] == {"value": "143771Mi"}
         assert gpu0["taints"][0]["key"] == "example.com/maintenance"
-    beta1 = ko.convert(nvidia, "v1beta1")
+    beta1 = convert(nvidia, "v1beta1")
     gpu0 = beta1["spec"]["devices"][0]
     assert set(gpu0) == {"name", "basic"}
     assert gpu0["basic"]["attributes"]["uuid"]["string"].startswith("GPU-")
     assert gpu0["basic"]["capacity"]["memory"] == {"value": "143771Mi"}
     assert gpu0["basic"]["taints"][0]["effect"] == "NoSchedule"
-    assert ko.convert(beta1, "v1") == nvidia  # lossless both ways
+    assert convert(beta1, "v1") == nvidia  # lossless both ways
 
 
 def test_other_drivers_slice_has_its_devices_without_nvml_attributes() -> None:
@@ -289,11 +292,11 @@ def test_claim_requests_exactly_and_first_available_per_version() -> None:
     ]
     assert all(r["adminAccess"] is True for r in admin["status"]["allocation"]["devices"]["results"])
     # v1beta1 writes an exactly request flat, and keeps firstAvailable as it is.
-    assert ko.convert(train, "v1beta1")["spec"]["devices"]["requests"] == [
+    assert convert(train, "v1beta1")["spec"]["devices"]["requests"] == [
         {"name": "gpus", "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}
     ]
-    assert ko.convert(infer, "v1beta1")["spec"]["devices"]["requests"] == infer["spec"]["devices"]["requests"]
-    assert ko.convert(ko.convert(admin, "v1beta1"), "v1beta2")["spec"] == admin["spec"]
+    assert convert(infer, "v1beta1")["spec"]["devices"]["requests"] == infer["spec"]["devices"]["requests"]
+    assert convert(convert(admin, "v1beta1"), "v1beta2")["spec"] == admin["spec"]
 
 
 def test_claim_status_reserved_for_node_selector_and_conditions_follow_time() -> None:
@@ -399,7 +402,7 @@ def test_every_object_survives_the_clients_models(version: str, scenario: str) -
     objects = ko.cluster_objects(s, 50)
     assert objects.resourceslices and objects.resourceclaims and objects.pods
     for obj in (*objects.resourceslices, *objects.resourceclaims):
-        converted = ko.convert(obj, version)
+        converted = convert(obj, version)
         assert round_trip(converted, MODELS[version][obj["kind"]]) == converted
     for pod in objects.pods:
         assert round_trip(pod, "V1Pod") == pod
@@ -410,7 +413,7 @@ def test_models_see_the_values_not_just_the_shape() -> None:
     api = k8s.ApiClient()
     objects = ko.cluster_objects(s, 50)
     beta1 = api.deserialize(
-        json.dumps(ko.convert(objects.resourceslices[0], "v1beta1")),
+        json.dumps(convert(objects.resourceslices[0], "v1beta1")),
         "V1beta1ResourceSlice",
         "application/json",
     )

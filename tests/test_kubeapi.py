@@ -20,10 +20,10 @@ import yaml
 from simnode import eventually
 
 from dra_exporter.agent import SourceRunner
-from dra_exporter.sim.apiserver import GONE, GONE_410, WATCH_DROP, SimulatedApiServer
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.k8s_objects import cluster_objects
-from dra_exporter.sim.scenario import parse_scenario
+from dra_exporter_sim.apiserver import GONE, GONE_410, WATCH_DROP, SimulatedApiServer
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.k8s_objects import cluster_objects
+from dra_exporter_sim.scenario_builder import parse_scenario
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.kubeapi import (
     NO_ACCESS,
@@ -431,7 +431,8 @@ def newer_cluster(taint_rule_versions: tuple[str, ...]) -> SimulatedApiServer:
         pods.append(pod)
     rack = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "rack", "operator": "In", "values": ["r1"]}]}]}
     extra = [
-        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": "drain-gpu-1", "uid": "r1"},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+         "metadata": {"name": "drain-gpu-1", "uid": "r1"},
          "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "device": "gpu-1"},
                   "taint": {"key": "example.com/drain", "value": "now", "effect": "NoExecute"}}},
         nic_slice("fabric", allNodes=True, devices=[{"name": "fabric-0"}]),

@@ -16,6 +16,7 @@ from dra_exporter.sources.kubeapi_normalize import (
     attribute_value,
     choose_version,
     claim_from_dict,
+    claim_requests,
     current_slices,
     pod_from_dict,
     quantity,
@@ -205,6 +206,27 @@ def test_claims_normalise_with_request_names_admin_access_consumers_and_conditio
         model.DeviceCondition("Ready", "True", "Prepared"),)),)
     assert claim.results[0].serves("gpus") and claim.results[0].serves("gpus/h200") and claim.results[0].serves("")
     assert not claim.results[0].serves("gpu") and not claim.results[2].serves("gpus")
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2", "v1beta1"])
+def test_claim_requests_read_alike_in_every_version(version: str) -> None:
+    # v1beta1 writes an exactly request flat on the request; v1 and v1beta2 under `exactly`.
+    exact = {"deviceClassName": "mig.nvidia.com", "allocationMode": "All"}
+    requests: list[dict[str, Any]] = [
+        {"name": "gpus", **exact} if version == "v1beta1" else {"name": "gpus", "exactly": exact},
+        {"name": "pick", "firstAvailable": [{"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 1},
+                                            {"name": "small", "deviceClassName": "mig.nvidia.com"}]},
+        {"name": "one", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}
+        if version != "v1beta1" else {"name": "one", "deviceClassName": "gpu.nvidia.com", "count": 1},
+        {"exactly": {"deviceClassName": "nameless"}},
+    ]
+    assert claim_requests({"requests": requests}, version) == (
+        model.DeviceRequestInfo("gpus", "mig.nvidia.com", all_devices=True),
+        model.DeviceRequestInfo("pick/big", "gpu.nvidia.com"),
+        model.DeviceRequestInfo("pick/small", "mig.nvidia.com"),
+        model.DeviceRequestInfo("one", "gpu.nvidia.com"),
+    )
+    assert claim_requests({"requests": "x"}, version) == ()
 
 
 def test_unallocated_claim_has_no_results() -> None:

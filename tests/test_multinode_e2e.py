@@ -38,10 +38,11 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
                  for node in NODES]
         server = start_prometheus(binary, workdir / "prometheus", [f"127.0.0.1:{p}" for p in ports], "1s")
         stack.callback(server.stop)
-        server.wait_for(f"count(count by (instance) ({cat.GPU_UP})) == 4", timeout=60)
+        server.wait_for(f"count(count by (instance) ({cat.GPU_UP.name})) == 4", timeout=60)
         server.wait_for("count_over_time(dra_gpu_up[1m]) >= 6", timeout=60)
         # The fault: gb200-node-3's IMEX daemon is NotReady from simulated (= wall) second 20.
-        server.wait_for(f"max by (node) ({cat.COMPUTE_DOMAIN_NODE_READY}{{node=\"gb200-node-3\"}}) == 0", timeout=60)
+        server.wait_for(f"max by (node) ({cat.COMPUTE_DOMAIN_NODE_READY.name}{{node=\"gb200-node-3\"}}) == 0",
+                        timeout=60)
         server.ports = dict(zip(NODES, ports, strict=True))  # type: ignore[attr-defined]
         yield server
 
@@ -68,23 +69,24 @@ def test_every_compute_domain_dashboard_query_returns_data(prom: PromServer) -> 
 
 
 def test_the_domain_spans_the_four_nodes_and_their_sixteen_gpus(prom: PromServer) -> None:
-    gpus = prom.query(f"count by (compute_domain) ({cat.COMPUTE_DOMAIN_GPU_INFO})")
+    gpus = prom.query(f"count by (compute_domain) ({cat.COMPUTE_DOMAIN_GPU_INFO.name})")
     assert [(r["metric"]["compute_domain"], r["value"][1]) for r in gpus] == [("mpi-domain", "16")]
-    holders = prom.query(f"count by (pod) ({cat.COMPUTE_DOMAIN_CHANNEL_INFO})")
+    holders = prom.query(f"count by (pod) ({cat.COMPUTE_DOMAIN_CHANNEL_INFO.name})")
     assert sorted(r["metric"]["pod"] for r in holders) == [f"mpi-worker-{i}" for i in range(4)], \
         "the launcher holds no channel"
-    members = prom.query(f"max by (node) ({cat.COMPUTE_DOMAIN_NODE_READY})")
+    members = prom.query(f"max by (node) ({cat.COMPUTE_DOMAIN_NODE_READY.name})")
     assert {r["metric"]["node"]: r["value"][1] for r in members} == {
         "gb200-node-0": "1", "gb200-node-1": "1", "gb200-node-2": "1", "gb200-node-3": "0"}
     # Every member's agent reports all four members.
-    assert [r["value"][1] for r in prom.query(f"count by (instance) ({cat.COMPUTE_DOMAIN_NODE_READY})")] == ["4"] * 4
+    counts = prom.query(f"count by (instance) ({cat.COMPUTE_DOMAIN_NODE_READY.name})")
+    assert [r["value"][1] for r in counts] == ["4"] * 4
 
 
 def test_per_domain_nvlink_sum_is_the_sum_of_the_four_nodes(prom: PromServer) -> None:
     at = str(time.time() - 2)
-    nvlink = f"rate({cat.GPU_NVLINK_LINK_BYTES}[1m])"
+    nvlink = f"rate({cat.GPU_NVLINK_LINK_BYTES.name}[1m])"
     per_domain = prom.api("query", query=f"sum by (compute_domain) ({nvlink} * on (uuid) group_left (compute_domain) "
-                                         f"max by (uuid, compute_domain) ({cat.COMPUTE_DOMAIN_GPU_INFO}))",
+                                         f"max by (uuid, compute_domain) ({cat.COMPUTE_DOMAIN_GPU_INFO.name}))",
                           time=at)["result"]
     per_node = prom.api("query", query=f"sum by (instance) ({nvlink})", time=at)["result"]
     assert len(per_node) == 4 and len(per_domain) == 1
@@ -108,6 +110,6 @@ def test_the_degraded_link_fires_the_nvlink_alert_on_its_node_only(prom: PromSer
     prom.wait_for(rules["DraGpuNvlinkErrors"]["expr"], timeout=60)
     firing = prom.query(rules["DraGpuNvlinkErrors"]["expr"])
     assert [(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["link"]) for r in firing] == [(node1, "2", "5")]
-    down = prom.query(f"{cat.GPU_NVLINK_LINK_UP} == 0")
+    down = prom.query(f"{cat.GPU_NVLINK_LINK_UP.name} == 0")
     assert [(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["link"]) for r in down] == [(node1, "2", "5")]
     assert prom.query(rules["DraGpuFabricDegraded"]["expr"]) == [], "the fabric itself stays healthy"

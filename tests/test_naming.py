@@ -31,16 +31,16 @@ def fam(name: str, *samples: tuple[Labels, float]) -> Family:
 
 
 def frame(*families: Family) -> Frame:
-    info = fam(cat.GPU_INFO,
-               (labels(cat.GPU_INFO, uuid=GPU, gpu="0", model="NVIDIA H200", pci_bus_id="00000000:18:00.0",
+    info = fam(cat.GPU_INFO.name,
+               (labels(cat.GPU_INFO.name, uuid=GPU, gpu="0", model="NVIDIA H200", pci_bus_id="00000000:18:00.0",
                        driver_version="580.1", mig_mode="enabled"), 1.0),
-               (labels(cat.GPU_INFO, uuid=MIG, gpu="0", model="NVIDIA H200", pci_bus_id="00000000:18:00.0",
+               (labels(cat.GPU_INFO.name, uuid=MIG, gpu="0", model="NVIDIA H200", pci_bus_id="00000000:18:00.0",
                        driver_version="580.1", profile="1g.18gb", parent_uuid=GPU, gpu_instance_id="7",
                        compute_instance_id="0"), 1.0),
-               (labels(cat.GPU_INFO, uuid=SHARED, gpu="1", model="NVIDIA H200", pci_bus_id="00000000:2A:00.0",
+               (labels(cat.GPU_INFO.name, uuid=SHARED, gpu="1", model="NVIDIA H200", pci_bus_id="00000000:2A:00.0",
                        driver_version="580.1", mig_mode="disabled"), 1.0))
-    alloc = fam(cat.CLAIM_ALLOCATION_INFO,
-                (labels(cat.CLAIM_ALLOCATION_INFO, namespace="ml", claim="c1", request="gpu", driver="gpu.nvidia.com",
+    alloc = fam(cat.CLAIM_ALLOCATION_INFO.name,
+                (labels(cat.CLAIM_ALLOCATION_INFO.name, namespace="ml", claim="c1", request="gpu", driver="gpu.nvidia.com",
                         pool="node-a", device="gpu-0-mig-19-7-0", uuid=MIG), 1.0))
     return Frame((info, alloc, *families), 1000.0)
 
@@ -68,17 +68,17 @@ def dcgm(fr: Frame, name: str) -> dict[str, tuple[dict[str, str], float]]:
 
 def test_units_are_dcgms() -> None:
     fr = frame(
-        fam(cat.GPU_MEMORY_USED, dev(cat.GPU_MEMORY_USED, IDLE_GPU, 3 * 2**20)),
-        fam(cat.GPU_CLOCK, dev(cat.GPU_CLOCK, IDLE_GPU, 1.98e9, clock="sm"),
-            dev(cat.GPU_CLOCK, IDLE_GPU, 3.2e9, clock="memory"), dev(cat.GPU_CLOCK, IDLE_GPU, 1e9, clock="video")),
-        fam(cat.GPU_ENERGY, dev(cat.GPU_ENERGY, IDLE_GPU, 12.5)),
-        fam(cat.GPU_UTILIZATION, dev(cat.GPU_UTILIZATION, IDLE_GPU, 0.25)),
-        fam(cat.GPU_POWER, dev(cat.GPU_POWER, IDLE_GPU, 310.0)),
-        fam(cat.GPU_TENSOR_ACTIVE, dev(cat.GPU_TENSOR_ACTIVE, IDLE_GPU, 0.5)),
-        fam(cat.GPU_REMAPPED_ROWS, dev(cat.GPU_REMAPPED_ROWS, IDLE_GPU, 2, type="correctable"),
-            dev(cat.GPU_REMAPPED_ROWS, IDLE_GPU, 1, type="uncorrectable")),
-        fam(cat.GPU_NVLINK_BYTES, dev(cat.GPU_NVLINK_BYTES, IDLE_GPU, 100, direction="rx"),
-            dev(cat.GPU_NVLINK_BYTES, IDLE_GPU, 50, direction="tx")),
+        fam(cat.GPU_MEMORY_USED.name, dev(cat.GPU_MEMORY_USED.name, IDLE_GPU, 3 * 2**20)),
+        fam(cat.GPU_CLOCK.name, dev(cat.GPU_CLOCK.name, IDLE_GPU, 1.98e9, clock="sm"),
+            dev(cat.GPU_CLOCK.name, IDLE_GPU, 3.2e9, clock="memory"), dev(cat.GPU_CLOCK.name, IDLE_GPU, 1e9, clock="video")),
+        fam(cat.GPU_ENERGY.name, dev(cat.GPU_ENERGY.name, IDLE_GPU, 12.5)),
+        fam(cat.GPU_UTILIZATION.name, dev(cat.GPU_UTILIZATION.name, IDLE_GPU, 0.25)),
+        fam(cat.GPU_POWER.name, dev(cat.GPU_POWER.name, IDLE_GPU, 310.0)),
+        fam(cat.GPU_TENSOR_ACTIVE.name, dev(cat.GPU_TENSOR_ACTIVE.name, IDLE_GPU, 0.5)),
+        fam(cat.GPU_REMAPPED_ROWS.name, dev(cat.GPU_REMAPPED_ROWS.name, IDLE_GPU, 2, type="correctable"),
+            dev(cat.GPU_REMAPPED_ROWS.name, IDLE_GPU, 1, type="uncorrectable")),
+        fam(cat.GPU_NVLINK_BYTES.name, dev(cat.GPU_NVLINK_BYTES.name, IDLE_GPU, 100, direction="rx"),
+            dev(cat.GPU_NVLINK_BYTES.name, IDLE_GPU, 50, direction="tx")),
     )
     key = f"{GPU}/"
     assert dcgm(fr, "DCGM_FI_DEV_FB_USED")[key][1] == 3.0  # MiB
@@ -94,8 +94,8 @@ def test_units_are_dcgms() -> None:
 
 
 def test_identity_labels_and_mig_series_carry_the_parents_gpu_and_uuid() -> None:
-    fr = frame(fam(cat.GPU_MEMORY_USED, dev(cat.GPU_MEMORY_USED, IDLE_GPU, 2**20),
-                   dev(cat.GPU_MEMORY_USED, MIG_DEV, 2**21, HELD)))
+    fr = frame(fam(cat.GPU_MEMORY_USED.name, dev(cat.GPU_MEMORY_USED.name, IDLE_GPU, 2**20),
+                   dev(cat.GPU_MEMORY_USED.name, MIG_DEV, 2**21, HELD)))
     series = dcgm(fr, "DCGM_FI_DEV_FB_USED")
     whole, _ = series[f"{GPU}/"]
     assert whole == dict(whole, gpu="0", UUID=GPU, pci_bus_id="00000000:18:00.0", device="nvidia0",
@@ -110,7 +110,7 @@ def test_identity_labels_and_mig_series_carry_the_parents_gpu_and_uuid() -> None
 
 
 def test_a_shared_device_keeps_one_series_without_a_pod() -> None:
-    fr = frame(fam(cat.GPU_UTILIZATION, dev(cat.GPU_UTILIZATION, SHARED_DEV, 0.5, SHARED_BY_TWO)))
+    fr = frame(fam(cat.GPU_UTILIZATION.name, dev(cat.GPU_UTILIZATION.name, SHARED_DEV, 0.5, SHARED_BY_TWO)))
     series = dcgm(fr, "DCGM_FI_DEV_GPU_UTIL")
     assert len(series) == 1
     labels_, value = series[f"{SHARED}/"]
@@ -121,16 +121,16 @@ def test_a_shared_device_keeps_one_series_without_a_pod() -> None:
 
 
 def test_dcgm_replaces_only_the_sources_and_both_keeps_everything() -> None:
-    fr = frame(fam(cat.GPU_POWER, dev(cat.GPU_POWER, IDLE_GPU, 300.0)),
-               fam(cat.GPU_MEMORY_FREE, dev(cat.GPU_MEMORY_FREE, IDLE_GPU, float(1 << 30))),
-               fam(cat.GPU_ECC_ERRORS, dev(cat.GPU_ECC_ERRORS, IDLE_GPU, 1, type="corrected")),
-               fam(cat.CONTAINER_GPU_MEMORY_USED, (labels(cat.CONTAINER_GPU_MEMORY_USED, uuid=GPU), 5.0)))
+    fr = frame(fam(cat.GPU_POWER.name, dev(cat.GPU_POWER.name, IDLE_GPU, 300.0)),
+               fam(cat.GPU_MEMORY_FREE.name, dev(cat.GPU_MEMORY_FREE.name, IDLE_GPU, float(1 << 30))),
+               fam(cat.GPU_ECC_ERRORS.name, dev(cat.GPU_ECC_ERRORS.name, IDLE_GPU, 1, type="corrected")),
+               fam(cat.CONTAINER_GPU_MEMORY_USED.name, (labels(cat.CONTAINER_GPU_MEMORY_USED.name, uuid=GPU), 5.0)))
     names = {f.name for f in naming.apply(fr, "dcgm", hostname="n").families}
-    assert "DCGM_FI_DEV_FB_FREE" in names and cat.GPU_MEMORY_FREE not in names
+    assert "DCGM_FI_DEV_FB_FREE" in names and cat.GPU_MEMORY_FREE.name not in names
     # The shipped alerts and dashboards read the power family: it stays beside its DCGM name.
-    assert {"DCGM_FI_DEV_POWER_USAGE", cat.GPU_POWER} <= names
+    assert {"DCGM_FI_DEV_POWER_USAGE", cat.GPU_POWER.name} <= names
     # Native families without a DCGM counterpart stay: nothing the exporter knows is lost.
-    assert {cat.GPU_ECC_ERRORS, cat.CONTAINER_GPU_MEMORY_USED, cat.GPU_INFO, cat.CLAIM_ALLOCATION_INFO} <= names
+    assert {cat.GPU_ECC_ERRORS.name, cat.CONTAINER_GPU_MEMORY_USED.name, cat.GPU_INFO.name, cat.CLAIM_ALLOCATION_INFO.name} <= names
     both = naming.apply(fr, "both", hostname="n")
     assert {f.name for f in fr.families} | {"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_FREE"} == {
         f.name for f in both.families}
@@ -142,18 +142,18 @@ def test_dcgm_replaces_only_the_sources_and_both_keeps_everything() -> None:
 
 def test_xid_errors_is_the_last_code_seen_and_zero_before_any() -> None:
     def with_xids(**counts: float) -> Frame:
-        return frame(fam(cat.GPU_UP, dev(cat.GPU_UP, IDLE_GPU, 1)),
-                     fam(cat.GPU_XID_ERRORS, *(dev(cat.GPU_XID_ERRORS, IDLE_GPU, n, xid=code.lstrip("x"))
+        return frame(fam(cat.GPU_UP.name, dev(cat.GPU_UP.name, IDLE_GPU, 1)),
+                     fam(cat.GPU_XID_ERRORS.name, *(dev(cat.GPU_XID_ERRORS.name, IDLE_GPU, n, xid=code.lstrip("x"))
                                                for code, n in counts.items())))
 
     memory = naming.XidMemory()
 
     def last(fr: Frame) -> float:
-        family = naming.apply(fr, "dcgm", hostname="n", xid=memory).family(cat.DCGM_XID_ERRORS)
+        family = naming.apply(fr, "dcgm", hostname="n", xid=memory).family(cat.DCGM_XID_ERRORS.name)
         assert family is not None
         return family.samples[0].value
 
-    assert last(frame(fam(cat.GPU_UP, dev(cat.GPU_UP, IDLE_GPU, 1)))) == 0.0
+    assert last(frame(fam(cat.GPU_UP.name, dev(cat.GPU_UP.name, IDLE_GPU, 1)))) == 0.0
     assert last(with_xids(x79=1)) == 79.0
     assert last(with_xids(x79=1, x13=1)) == 13.0  # 13 is the code whose counter grew
     assert last(with_xids(x79=1, x13=1)) == 13.0  # nothing new: still the last one
@@ -161,16 +161,16 @@ def test_xid_errors_is_the_last_code_seen_and_zero_before_any() -> None:
 
 
 def test_renderer_finds_help_and_type_for_every_dcgm_family() -> None:
-    fr = frame(fam(cat.GPU_ENERGY, dev(cat.GPU_ENERGY, IDLE_GPU, 1.0)),
-               fam(cat.GPU_UP, dev(cat.GPU_UP, IDLE_GPU, 1)))
+    fr = frame(fam(cat.GPU_ENERGY.name, dev(cat.GPU_ENERGY.name, IDLE_GPU, 1.0)),
+               fam(cat.GPU_UP.name, dev(cat.GPU_UP.name, IDLE_GPU, 1)))
     text = render(naming.apply(fr, "dcgm", hostname="n")).decode()
     # A DCGM counter keeps its exact name (no _total), so it is exposed as a gauge.
     assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION gauge\n" in text
     assert "\nDCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in text
     assert "# HELP DCGM_FI_DEV_XID_ERRORS Value of the last XID error encountered.\n" in text
-    for spec in cat.DCGM_CATALOG:
-        assert cat.spec(spec.name).labels == cat.DCGM_LABELS
-    assert not {d.name for d in cat.DCGM_CATALOG} & {s.name for s in cat.CATALOG}  # not native families
+    for _, form in cat.DCGM_CATALOG:
+        assert cat.spec(form.name).labels == cat.DCGM_LABELS
+    assert not {d.name for _, d in cat.DCGM_CATALOG} & {s.name for s in cat.CATALOG}  # not native families
 
 
 # --- the simulated node --------------------------------------------------------------------
@@ -268,6 +268,6 @@ def test_serve_renames_only_what_the_prometheus_sink_publishes() -> None:
             published.append(fr)
 
     sink = RenamingSink(Inner(), "dcgm", "node-a")
-    sink.publish(frame(fam(cat.GPU_MEMORY_FREE, dev(cat.GPU_MEMORY_FREE, IDLE_GPU, float(1 << 30)))))
+    sink.publish(frame(fam(cat.GPU_MEMORY_FREE.name, dev(cat.GPU_MEMORY_FREE.name, IDLE_GPU, float(1 << 30)))))
     names = {f.name for f in published[0].families}
-    assert "DCGM_FI_DEV_FB_FREE" in names and cat.GPU_MEMORY_FREE not in names
+    assert "DCGM_FI_DEV_FB_FREE" in names and cat.GPU_MEMORY_FREE.name not in names

@@ -7,7 +7,7 @@ from simnode import ATTRIBUTION, device_labels, eventually, labels_of, simulated
 
 from dra_exporter import catalog as cat
 from dra_exporter.model import ClaimDevice, ClaimUse, ContainerAllocation, PodAllocation, PodResourcesSnapshot
-from dra_exporter.sim.kubelet import SimulatedKubelet
+from dra_exporter_sim.kubelet import SimulatedKubelet
 
 
 def attribution(labels: dict[str, str]) -> tuple[str, str, str, str]:
@@ -34,12 +34,12 @@ def test_every_attribution_case_of_the_design() -> None:
         assert attribution(by_uuid[uuid("gpu-7")]) == ("", "", "", "")
         assert source_up(frame, "podresources") == 1.0
 
-        consumers = {(c["namespace"], c["claim"], c["pod"]) for c in labels_of(frame, cat.CLAIM_CONSUMER_INFO)}
+        consumers = {(c["namespace"], c["claim"], c["pod"]) for c in labels_of(frame, cat.CLAIM_CONSUMER_INFO.name)}
         assert {("team-c", "shared", "alice"), ("team-c", "shared", "bob")} <= consumers
         assert not any(c[2] == "dra-exporter-t" for c in consumers), "monitoring pod is no consumer"
-        info = {lbl["uuid"]: lbl for lbl in labels_of(frame, cat.GPU_INFO)}
+        info = {lbl["uuid"]: lbl for lbl in labels_of(frame, cat.GPU_INFO.name)}
         assert info[mig_old]["gpu_instance_id"] != "" and info[mig_old]["compute_instance_id"] != ""
-        allocs = {(a["claim"], a["device"]): a for a in labels_of(frame, cat.CLAIM_ALLOCATION_INFO)}
+        allocs = {(a["claim"], a["device"]): a for a in labels_of(frame, cat.CLAIM_ALLOCATION_INFO.name)}
         solo_uid = next(c.uid for c in scenario.claims if c.name == "solo")
         assert allocs[("solo", "gpu-0")]["claim_uid"] == solo_uid
         assert allocs[("all-gpus", "gpu-7")]["admin_access"] == "true"
@@ -52,7 +52,7 @@ def test_a_pod_that_ends_leaves_the_next_frame() -> None:
         rt.sim.clock.set(100.0)
         frame = rt.agent.cycle(collect_side=True)
         assert attribution(device_labels(frame)[gpu6]) == ("", "", "", "")
-        assert not [c for c in labels_of(frame, cat.CLAIM_CONSUMER_INFO) if c["pod"] == "short-0"]
+        assert not [c for c in labels_of(frame, cat.CLAIM_CONSUMER_INFO.name) if c["pod"] == "short-0"]
 
 
 def test_kubelet_restart_recovers_without_restarting_the_exporter() -> None:
@@ -80,7 +80,7 @@ def test_resource_exhausted_backs_off_and_is_visible() -> None:
         frames = [rt.agent.cycle(collect_side=True) for _ in range(5)]
         assert all(source_up(f, "podresources") == 0.0 for f in frames)
         errors = {lbl["source"]: s for lbl, s in
-                  ((dict(x.labels), x.value) for x in frames[-1].family(cat.COLLECT_ERRORS).samples)}
+                  ((dict(x.labels), x.value) for x in frames[-1].family(cat.COLLECT_ERRORS.name).samples)}
         assert errors["podresources"] == 5.0
         assert rt.sim.kubelet.calls - calls_before == 1, "within the backoff no RPC reaches the kubelet"
         rt.sim.kubelet.inject(None)

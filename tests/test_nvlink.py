@@ -22,10 +22,11 @@ from dra_exporter import catalog as cat
 from dra_exporter import naming
 from dra_exporter.join import JoinInput, join
 from dra_exporter.model import DeviceSample, NvmlSnapshot
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.fake_nvml import FakeNvml
-from dra_exporter.sim.scenario import Scenario, ScenarioError, parse_scenario
 from dra_exporter.sources.nvml import NvmlSource
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.fake_nvml import FakeNvml
+from dra_exporter_sim.scenario import Scenario, ScenarioError
+from dra_exporter_sim.scenario_builder import parse_scenario
 
 LINKS = 18
 GB200_CLUSTER = "5e1f7c3a-9b2d-4c8e-a6f0-3d2b1c0a9e87"
@@ -90,10 +91,10 @@ def raw_field(node: Node, gpu: int, field_id: int, link: int) -> int:
     return int(value.value.ullVal)
 
 
-NVLINK_FAMILIES = {cat.GPU_NVLINK_LINK_UP, cat.GPU_NVLINK_LINK_INFO, cat.GPU_NVLINK_LINK_SPEED,
-                   cat.GPU_NVLINK_LINK_BYTES, cat.GPU_NVLINK_LINK_ERRORS, cat.GPU_NVLINK_LINK_RECOVERIES}
-FABRIC_FAMILIES = {cat.GPU_FABRIC_INFO, cat.GPU_FABRIC_STATE, cat.GPU_FABRIC_REGISTERED,
-                   cat.GPU_FABRIC_HEALTH_SUMMARY, cat.GPU_FABRIC_HEALTH_PROBLEM}
+NVLINK_FAMILIES = {cat.GPU_NVLINK_LINK_UP.name, cat.GPU_NVLINK_LINK_INFO.name, cat.GPU_NVLINK_LINK_SPEED.name,
+                   cat.GPU_NVLINK_LINK_BYTES.name, cat.GPU_NVLINK_LINK_ERRORS.name, cat.GPU_NVLINK_LINK_RECOVERIES.name}
+FABRIC_FAMILIES = {cat.GPU_FABRIC_INFO.name, cat.GPU_FABRIC_STATE.name, cat.GPU_FABRIC_REGISTERED.name,
+                   cat.GPU_FABRIC_HEALTH_SUMMARY.name, cat.GPU_FABRIC_HEALTH_PROBLEM.name}
 HOPPER_TYPES = {"crc_flit", "crc_data", "replay", "recovery", "ecc_data"}
 BLACKWELL_TYPES = {"malformed_packet", "buffer_overrun", "rcv", "rcv_remote", "rcv_general",
                    "local_link_integrity", "xmit_discards", "effective", "symbol"}
@@ -107,17 +108,17 @@ def test_hgx_h200_reports_18_nvlink4_links_to_switches(nodes: list[Node]) -> Non
     node.collect()
     gpu = node.gpu(after=10)
     assert gpu.up and not gpu.error
-    assert values(gpu, cat.GPU_NVLINK_LINK_UP) == {(("link", str(n)),): 1.0 for n in range(LINKS)}
-    assert set(values(gpu, cat.GPU_NVLINK_LINK_INFO)) == {
+    assert values(gpu, cat.GPU_NVLINK_LINK_UP.name) == {(("link", str(n)),): 1.0 for n in range(LINKS)}
+    assert set(values(gpu, cat.GPU_NVLINK_LINK_INFO.name)) == {
         (("link", str(n)), ("version", "4.0"), ("remote_type", "switch")) for n in range(LINKS)}
-    assert set(values(gpu, cat.GPU_NVLINK_LINK_SPEED).values()) == {26562e6}  # MBps -> bytes/s
-    assert len(values(gpu, cat.GPU_NVLINK_LINK_BYTES)) == 2 * LINKS
+    assert set(values(gpu, cat.GPU_NVLINK_LINK_SPEED.name).values()) == {26562e6}  # MBps -> bytes/s
+    assert len(values(gpu, cat.GPU_NVLINK_LINK_BYTES.name)) == 2 * LINKS
     # Up to Hopper: CRC/replay/recovery on every link; data CRC and ECC only have fields for links 0-11.
-    types = {dict(k)["type"] for k in values(gpu, cat.GPU_NVLINK_LINK_ERRORS, link="3")}
+    types = {dict(k)["type"] for k in values(gpu, cat.GPU_NVLINK_LINK_ERRORS.name, link="3")}
     assert types == HOPPER_TYPES
-    assert {dict(k)["type"] for k in values(gpu, cat.GPU_NVLINK_LINK_ERRORS, link="15")} == {
+    assert {dict(k)["type"] for k in values(gpu, cat.GPU_NVLINK_LINK_ERRORS.name, link="15")} == {
         "crc_flit", "replay", "recovery"}
-    assert cat.GPU_NVLINK_LINK_RECOVERIES not in families(gpu)
+    assert cat.GPU_NVLINK_LINK_RECOVERIES.name not in families(gpu)
 
 
 def test_hgx_fabric_is_completed_without_a_clique_and_that_is_no_error(nodes: list[Node],
@@ -125,13 +126,13 @@ def test_hgx_fabric_is_completed_without_a_clique_and_that_is_no_error(nodes: li
     node = make(nodes, scenario("h200-hgx"))
     with caplog.at_level(logging.WARNING):
         gpu = node.gpu()
-    assert one(gpu, cat.GPU_FABRIC_INFO, clique="", cluster_uuid="", clique_id="0") == 1.0
-    assert values(gpu, cat.GPU_FABRIC_STATE) == {
+    assert one(gpu, cat.GPU_FABRIC_INFO.name, clique="", cluster_uuid="", clique_id="0") == 1.0
+    assert values(gpu, cat.GPU_FABRIC_STATE.name) == {
         (("state", "not_supported"),): 0.0, (("state", "not_started"),): 0.0,
         (("state", "in_progress"),): 0.0, (("state", "completed"),): 1.0}
-    assert one(gpu, cat.GPU_FABRIC_REGISTERED) == 1.0
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY, summary="not_supported") == 1.0
-    assert cat.GPU_FABRIC_HEALTH_PROBLEM not in families(gpu)  # the mask reports no field
+    assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 1.0
+    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY.name, summary="not_supported") == 1.0
+    assert cat.GPU_FABRIC_HEALTH_PROBLEM.name not in families(gpu)  # the mask reports no field
     assert not caplog.records
 
 
@@ -142,21 +143,21 @@ def test_gb200_reports_nvlink5_links_and_blackwell_counters(nodes: list[Node]) -
     node = make(nodes, scenario("gb200"))
     node.collect()
     gpu = node.gpu(after=10)
-    assert set(values(gpu, cat.GPU_NVLINK_LINK_INFO)) == {
+    assert set(values(gpu, cat.GPU_NVLINK_LINK_INFO.name)) == {
         (("link", str(n)), ("version", "5.0"), ("remote_type", "switch")) for n in range(LINKS)}
-    assert set(values(gpu, cat.GPU_NVLINK_LINK_SPEED).values()) == {53125e6}
-    assert {dict(k)["type"] for k in values(gpu, cat.GPU_NVLINK_LINK_ERRORS, link="17")} == BLACKWELL_TYPES
-    assert set(values(gpu, cat.GPU_NVLINK_LINK_RECOVERIES, link="0")) == {
+    assert set(values(gpu, cat.GPU_NVLINK_LINK_SPEED.name).values()) == {53125e6}
+    assert {dict(k)["type"] for k in values(gpu, cat.GPU_NVLINK_LINK_ERRORS.name, link="17")} == BLACKWELL_TYPES
+    assert set(values(gpu, cat.GPU_NVLINK_LINK_RECOVERIES.name, link="0")) == {
         (("link", "0"), ("result", "successful")), (("link", "0"), ("result", "failed"))}
 
 
 def test_gb200_fabric_names_its_clique_as_feature_discovery_does(nodes: list[Node]) -> None:
     gpu = make(nodes, scenario("gb200")).gpu()
-    assert one(gpu, cat.GPU_FABRIC_INFO, clique=f"{GB200_CLUSTER}.32766", cluster_uuid=GB200_CLUSTER,
+    assert one(gpu, cat.GPU_FABRIC_INFO.name, clique=f"{GB200_CLUSTER}.32766", cluster_uuid=GB200_CLUSTER,
                clique_id="32766") == 1.0
-    assert one(gpu, cat.GPU_FABRIC_REGISTERED) == 1.0
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY, summary="healthy") == 1.0
-    assert values(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM) == {(("field", f),): 0.0 for f in (
+    assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 1.0
+    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY.name, summary="healthy") == 1.0
+    assert values(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM.name) == {(("field", f),): 0.0 for f in (
         "degraded_bw", "route_recovery", "route_unhealthy", "access_timeout_recovery", "incorrect_configuration",
         "partition_assigned", "gfm_state")}
 
@@ -167,7 +168,7 @@ def test_mig_devices_own_no_links_their_gpu_does(nodes: list[Node]) -> None:
     node.collect()
     parent, mig = node.collect(after=10).devices
     assert mig.device.is_mig and not (families(mig) & (NVLINK_FAMILIES | FABRIC_FAMILIES))
-    assert NVLINK_FAMILIES <= families(parent) and cat.GPU_FABRIC_INFO in families(parent)
+    assert NVLINK_FAMILIES <= families(parent) and cat.GPU_FABRIC_INFO.name in families(parent)
 
 
 # --- the recorded H200: NVLink NOT_SUPPORTED --------------------------------------------------------
@@ -219,10 +220,10 @@ def test_link_bytes_are_nvml_kib_times_1024_and_the_gpu_total_is_their_sum(nodes
     gpu = node.gpu(after=30)
     for link in (0, 7, 17):
         kib = raw_field(node, 0, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link)
-        assert one(gpu, cat.GPU_NVLINK_LINK_BYTES, link=str(link), direction="tx") == kib * 1024
+        assert one(gpu, cat.GPU_NVLINK_LINK_BYTES.name, link=str(link), direction="tx") == kib * 1024
     for direction in ("tx", "rx"):
-        links = values(gpu, cat.GPU_NVLINK_LINK_BYTES, direction=direction)
-        assert one(gpu, cat.GPU_NVLINK_BYTES, direction=direction) == pytest.approx(sum(links.values()))
+        links = values(gpu, cat.GPU_NVLINK_LINK_BYTES.name, direction=direction)
+        assert one(gpu, cat.GPU_NVLINK_BYTES.name, direction=direction) == pytest.approx(sum(links.values()))
 
 
 def test_traffic_curves_spread_over_the_links_and_counters_only_grow(nodes: list[Node]) -> None:
@@ -231,8 +232,8 @@ def test_traffic_curves_spread_over_the_links_and_counters_only_grow(nodes: list
     before = node.gpu(after=1)
     after = node.gpu(after=10)
     for direction, rate in (("tx", 18e9), ("rx", 36e9)):
-        grown = [after_v - values(before, cat.GPU_NVLINK_LINK_BYTES, direction=direction)[k]
-                 for k, after_v in values(after, cat.GPU_NVLINK_LINK_BYTES, direction=direction).items()]
+        grown = [after_v - values(before, cat.GPU_NVLINK_LINK_BYTES.name, direction=direction)[k]
+                 for k, after_v in values(after, cat.GPU_NVLINK_LINK_BYTES.name, direction=direction).items()]
         assert len(grown) == LINKS
         assert all(g == pytest.approx(rate / LINKS * 10, abs=2048) for g in grown)  # KiB granularity
 
@@ -253,7 +254,7 @@ def test_a_32_bit_link_counter_keeps_growing_across_a_wrap(nodes: list[Node]) ->
     # 4 TiB/s over 18 links: each link's KiB counter passes 2^32 KiB (4 TiB) within a few cycles.
     node = make(nodes, scenario("gb200", gpus=[{"index": 0, "nvlink": {"tx": 900e9}}]), _Wrapping32)
     node.collect()
-    seen = [one(node.gpu(after=60), cat.GPU_NVLINK_LINK_BYTES, link="0", direction="tx") for _ in range(30)]
+    seen = [one(node.gpu(after=60), cat.GPU_NVLINK_LINK_BYTES.name, link="0", direction="tx") for _ in range(30)]
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
     assert seen[-1] - seen[0] == pytest.approx(900e9 / LINKS * 60 * 29, rel=1e-6)
 
@@ -269,26 +270,28 @@ def test_a_link_going_down_reads_0_stops_counting_and_counts_a_recovery(nodes: l
     down = node.gpu(after=10)  # t=115
     later = node.gpu(after=10)  # t=125
     back = node.gpu(after=10)  # t=135
-    assert one(down, cat.GPU_NVLINK_LINK_UP, link="5") == 0.0 and one(down, cat.GPU_NVLINK_LINK_UP, link="4") == 1.0
-    assert one(down, cat.GPU_NVLINK_LINK_SPEED, link="5") == 0.0
-    tx = [one(s, cat.GPU_NVLINK_LINK_BYTES, link="5", direction="tx") for s in (down, later)]
+    assert one(down, cat.GPU_NVLINK_LINK_UP.name, link="5") == 0.0
+    assert one(down, cat.GPU_NVLINK_LINK_UP.name, link="4") == 1.0
+    assert one(down, cat.GPU_NVLINK_LINK_SPEED.name, link="5") == 0.0
+    tx = [one(s, cat.GPU_NVLINK_LINK_BYTES.name, link="5", direction="tx") for s in (down, later)]
     assert tx[0] == tx[1]  # no traffic on a down link
-    other = [one(s, cat.GPU_NVLINK_LINK_BYTES, link="4", direction="tx") for s in (down, later)]
+    other = [one(s, cat.GPU_NVLINK_LINK_BYTES.name, link="4", direction="tx") for s in (down, later)]
     assert other[1] - other[0] == pytest.approx(17e9 / 17 * 10, abs=2048)  # the other 17 carry it all
-    assert one(later, cat.GPU_NVLINK_LINK_RECOVERIES, link="5", result="failed") == 1.0
-    assert one(back, cat.GPU_NVLINK_LINK_UP, link="5") == 1.0
-    assert one(back, cat.GPU_NVLINK_LINK_RECOVERIES, link="5", result="successful") == 1.0
-    assert one(back, cat.GPU_NVLINK_LINK_BYTES, link="5", direction="tx") > tx[1]
+    assert one(later, cat.GPU_NVLINK_LINK_RECOVERIES.name, link="5", result="failed") == 1.0
+    assert one(back, cat.GPU_NVLINK_LINK_UP.name, link="5") == 1.0
+    assert one(back, cat.GPU_NVLINK_LINK_RECOVERIES.name, link="5", result="successful") == 1.0
+    assert one(back, cat.GPU_NVLINK_LINK_BYTES.name, link="5", direction="tx") > tx[1]
     # The down link's counters stayed in the batch: still there after it came back.
-    assert values(back, cat.GPU_NVLINK_LINK_ERRORS, link="5") == values(healthy, cat.GPU_NVLINK_LINK_ERRORS, link="5")
+    errors = cat.GPU_NVLINK_LINK_ERRORS.name
+    assert values(back, errors, link="5") == values(healthy, errors, link="5")
 
 
 def test_a_down_link_on_hopper_counts_in_the_recovery_error_counter(nodes: list[Node]) -> None:
     faults = [{"kind": "nvlink_link_down", "gpu": 0, "link": 2, "at": 110, "until": 130}]
     node = make(nodes, scenario("h200-hgx", faults=faults))
     node.collect()
-    assert one(node.gpu(after=5), cat.GPU_NVLINK_LINK_ERRORS, link="2", type="recovery") == 0.0
-    assert one(node.gpu(after=10), cat.GPU_NVLINK_LINK_ERRORS, link="2", type="recovery") == 1.0
+    assert one(node.gpu(after=5), cat.GPU_NVLINK_LINK_ERRORS.name, link="2", type="recovery") == 0.0
+    assert one(node.gpu(after=10), cat.GPU_NVLINK_LINK_ERRORS.name, link="2", type="recovery") == 1.0
 
 
 @pytest.mark.parametrize(("gpu_model", "kind"), [("h200-hgx", "crc_flit"), ("h200-hgx", "crc_data"),
@@ -298,20 +301,21 @@ def test_error_counters_count_per_generation(nodes: list[Node], gpu_model: str, 
     node = make(nodes, scenario(gpu_model, faults=faults))
     node.collect()
     gpu = node.gpu(after=20)
-    assert one(gpu, cat.GPU_NVLINK_LINK_ERRORS, link="3", type=kind) == 50.0
-    others = {k: v for k, v in values(gpu, cat.GPU_NVLINK_LINK_ERRORS).items() if k != (("link", "3"), ("type", kind))}
+    assert one(gpu, cat.GPU_NVLINK_LINK_ERRORS.name, link="3", type=kind) == 50.0
+    others = {k: v for k, v in values(gpu, cat.GPU_NVLINK_LINK_ERRORS.name).items()
+              if k != (("link", "3"), ("type", kind))}
     assert others and set(others.values()) == {0.0}
 
 
 def test_unhealthy_fabric_sets_the_summary_and_route_unhealthy(nodes: list[Node]) -> None:
     node = make(nodes, scenario("gb200", faults=[{"kind": "fabric_unhealthy", "gpu": 0, "at": 110}]))
-    assert one(node.gpu(), cat.GPU_FABRIC_HEALTH_SUMMARY, summary="healthy") == 1.0
+    assert one(node.gpu(), cat.GPU_FABRIC_HEALTH_SUMMARY.name, summary="healthy") == 1.0
     gpu = node.gpu(after=20)
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY, summary="unhealthy") == 1.0
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY, summary="healthy") == 0.0
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM, field="route_unhealthy") == 1.0
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM, field="degraded_bw") == 0.0
-    assert one(gpu, cat.GPU_FABRIC_REGISTERED) == 1.0  # still registered: unhealthy is not unregistered
+    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY.name, summary="unhealthy") == 1.0
+    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY.name, summary="healthy") == 0.0
+    assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM.name, field="route_unhealthy") == 1.0
+    assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM.name, field="degraded_bw") == 0.0
+    assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 1.0  # still registered: unhealthy is not unregistered
 
 
 def test_fabric_in_progress_has_no_clique_and_is_not_registered(nodes: list[Node],
@@ -319,13 +323,13 @@ def test_fabric_in_progress_has_no_clique_and_is_not_registered(nodes: list[Node
     node = make(nodes, scenario("gb200", faults=[{"kind": "fabric_in_progress", "at": 0, "until": 120}]))
     with caplog.at_level(logging.WARNING):
         gpu = node.gpu()
-    assert one(gpu, cat.GPU_FABRIC_STATE, state="in_progress") == 1.0
-    assert one(gpu, cat.GPU_FABRIC_STATE, state="completed") == 0.0
-    assert one(gpu, cat.GPU_FABRIC_REGISTERED) == 0.0
-    assert one(gpu, cat.GPU_FABRIC_INFO, clique="", cluster_uuid="", clique_id="") == 1.0
+    assert one(gpu, cat.GPU_FABRIC_STATE.name, state="in_progress") == 1.0
+    assert one(gpu, cat.GPU_FABRIC_STATE.name, state="completed") == 0.0
+    assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 0.0
+    assert one(gpu, cat.GPU_FABRIC_INFO.name, clique="", cluster_uuid="", clique_id="") == 1.0
     assert gpu.up and not caplog.records  # registering is no failure
     done = node.gpu(after=30)
-    assert one(done, cat.GPU_FABRIC_INFO, clique=f"{GB200_CLUSTER}.32766", cluster_uuid=GB200_CLUSTER,
+    assert one(done, cat.GPU_FABRIC_INFO.name, clique=f"{GB200_CLUSTER}.32766", cluster_uuid=GB200_CLUSTER,
                clique_id="32766") == 1.0
 
 
@@ -342,8 +346,8 @@ def test_a_failed_registration_is_logged_once_with_its_status(nodes: list[Node],
     with caplog.at_level(logging.WARNING):
         for after in (0, 5, 5):
             gpu = node.gpu(after)
-    assert one(gpu, cat.GPU_FABRIC_REGISTERED) == 0.0
-    assert one(gpu, cat.GPU_FABRIC_INFO, clique="", cluster_uuid=GB200_CLUSTER, clique_id="32766") == 1.0
+    assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 0.0
+    assert one(gpu, cat.GPU_FABRIC_INFO.name, clique="", cluster_uuid=GB200_CLUSTER, clique_id="32766") == 1.0
     assert [r.getMessage() for r in caplog.records] == [
         f"nvml: GPU {gpu.device.uuid} fabric registration failed: insufficient_resources"]
 
@@ -360,11 +364,12 @@ def test_without_the_v_function_the_v1_call_gives_state_and_clique(nodes: list[N
     node = make(nodes, scenario("gb200"), _NoFabricV)
     for after in (0, 5, 5):
         gpu = node.gpu(after)
-    assert one(gpu, cat.GPU_FABRIC_INFO, clique=f"{GB200_CLUSTER}.32766", cluster_uuid=GB200_CLUSTER,
+    assert one(gpu, cat.GPU_FABRIC_INFO.name, clique=f"{GB200_CLUSTER}.32766", cluster_uuid=GB200_CLUSTER,
                clique_id="32766") == 1.0
-    assert one(gpu, cat.GPU_FABRIC_STATE, state="completed") == 1.0
-    assert one(gpu, cat.GPU_FABRIC_REGISTERED) == 1.0
-    assert not families(gpu) & {cat.GPU_FABRIC_HEALTH_SUMMARY, cat.GPU_FABRIC_HEALTH_PROBLEM}  # v1 has no health
+    assert one(gpu, cat.GPU_FABRIC_STATE.name, state="completed") == 1.0
+    assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 1.0
+    # v1 has no health
+    assert not families(gpu) & {cat.GPU_FABRIC_HEALTH_SUMMARY.name, cat.GPU_FABRIC_HEALTH_PROBLEM.name}
     assert node.nvml.calls["nvmlDeviceGetGpuFabricInfoV"] == 1
     assert node.nvml.calls["nvmlDeviceGetGpuFabricInfo"] == 3
 
@@ -377,8 +382,8 @@ def test_a_v2_only_driver_gives_the_health_mask_without_the_summary(nodes: list[
             return super().nvmlDeviceGetGpuFabricInfoV(handle, info)
 
     gpu = make(nodes, scenario("gb200"), V2Only).gpu()
-    assert cat.GPU_FABRIC_HEALTH_SUMMARY not in families(gpu)
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM, field="gfm_state") == 0.0
+    assert cat.GPU_FABRIC_HEALTH_SUMMARY.name not in families(gpu)
+    assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM.name, field="gfm_state") == 0.0
 
 
 def test_the_fake_fills_the_structs_callers_pass_by_reference() -> None:
@@ -398,8 +403,9 @@ def test_link_identity_carries_no_attribution_and_counters_carry_it(nodes: list[
     node = make(nodes, scenario("gb200"))
     node.collect()
     frame = join(JoinInput(nvml=node.collect(after=5)))
-    for name in (cat.GPU_NVLINK_LINK_INFO, cat.GPU_NVLINK_LINK_SPEED, cat.GPU_FABRIC_INFO, cat.GPU_FABRIC_STATE,
-                 cat.GPU_NVLINK_LINK_UP, cat.GPU_NVLINK_LINK_BYTES, cat.GPU_NVLINK_LINK_ERRORS):
+    for name in (cat.GPU_NVLINK_LINK_INFO.name, cat.GPU_NVLINK_LINK_SPEED.name, cat.GPU_FABRIC_INFO.name,
+                 cat.GPU_FABRIC_STATE.name, cat.GPU_NVLINK_LINK_UP.name, cat.GPU_NVLINK_LINK_BYTES.name,
+                 cat.GPU_NVLINK_LINK_ERRORS.name):
         family = frame.family(name)
         assert family is not None, name
         assert all(tuple(k for k, _ in s.labels) == cat.spec(name).labels for s in family.samples), name
@@ -451,7 +457,8 @@ def test_dcgm_nvlink_error_totals_sum_the_links_and_keep_the_native_detail(nodes
     assert got["DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"][uuid] == 10.0
     assert got["DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"][uuid] == 0.0
     # Hopper has no recovery events; an HGX board reports no health-mask field.
-    kept = (NVLINK_FAMILIES - {cat.GPU_NVLINK_LINK_RECOVERIES}) | (FABRIC_FAMILIES - {cat.GPU_FABRIC_HEALTH_PROBLEM})
+    kept = ((NVLINK_FAMILIES - {cat.GPU_NVLINK_LINK_RECOVERIES.name})
+            | (FABRIC_FAMILIES - {cat.GPU_FABRIC_HEALTH_PROBLEM.name}))
     assert kept <= set(got)
 
 

@@ -32,8 +32,8 @@ FIELD_IDS = {pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, pynvml.NVML_FI_DEV_MEM
              pynvml.NVML_FI_DEV_REMAPPED_UNC, pynvml.NVML_FI_DEV_REMAPPED_PENDING,
              pynvml.NVML_FI_DEV_REMAPPED_FAILURE}
 NVLINK_COUNT = pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT
-GPM_RATIOS = (cat.GPU_SM_ACTIVE, cat.GPU_SM_OCCUPANCY, cat.GPU_TENSOR_ACTIVE, cat.GPU_DRAM_ACTIVE,
-              cat.GPU_FP64_ACTIVE, cat.GPU_FP32_ACTIVE, cat.GPU_FP16_ACTIVE)
+GPM_RATIOS = (cat.GPU_SM_ACTIVE.name, cat.GPU_SM_OCCUPANCY.name, cat.GPU_TENSOR_ACTIVE.name, cat.GPU_DRAM_ACTIVE.name,
+              cat.GPU_FP64_ACTIVE.name, cat.GPU_FP32_ACTIVE.name, cat.GPU_FP16_ACTIVE.name)
 REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
            "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting")
 
@@ -128,36 +128,36 @@ def test_every_family_parses_the_recorded_h200_to_base_units(make_source: Make) 
         "580.159.04", "disabled", "", "")
 
     # memory_v2: "used" excludes the 615 MiB the driver reserves (v1 would say 21839609856)
-    assert value(gpu, cat.GPU_MEMORY_USED) == 21194670080
-    assert value(gpu, cat.GPU_MEMORY_FREE) == 128915210240
-    assert value(gpu, cat.GPU_MEMORY_TOTAL) == 150754820096
-    assert value(gpu, cat.GPU_MEMORY_RESERVED) == 644939776
-    assert value(gpu, cat.GPU_UTILIZATION) == pytest.approx(0.98)
-    assert value(gpu, cat.GPU_MEMORY_UTILIZATION) == pytest.approx(0.24)
-    assert value(gpu, cat.GPU_ENCODER_UTILIZATION) == 0.0
-    assert value(gpu, cat.GPU_DECODER_UTILIZATION) == 0.0
-    assert value(gpu, cat.GPU_POWER) == pytest.approx(690.788)
-    assert value(gpu, cat.GPU_POWER_LIMIT) == pytest.approx(700.0)
-    assert value(gpu, cat.GPU_TEMPERATURE) == 55.0
-    assert value(gpu, cat.GPU_CLOCK, clock="sm") == 1455e6
-    assert value(gpu, cat.GPU_CLOCK, clock="memory") == 3201e6
-    assert value(gpu, cat.GPU_CLOCK, clock="graphics") == 1455e6
-    assert value(gpu, cat.GPU_CLOCK, clock="video") == 1485e6
+    assert value(gpu, cat.GPU_MEMORY_USED.name) == 21194670080
+    assert value(gpu, cat.GPU_MEMORY_FREE.name) == 128915210240
+    assert value(gpu, cat.GPU_MEMORY_TOTAL.name) == 150754820096
+    assert value(gpu, cat.GPU_MEMORY_RESERVED.name) == 644939776
+    assert value(gpu, cat.GPU_UTILIZATION.name) == pytest.approx(0.98)
+    assert value(gpu, cat.GPU_MEMORY_UTILIZATION.name) == pytest.approx(0.24)
+    assert value(gpu, cat.GPU_ENCODER_UTILIZATION.name) == 0.0
+    assert value(gpu, cat.GPU_DECODER_UTILIZATION.name) == 0.0
+    assert value(gpu, cat.GPU_POWER.name) == pytest.approx(690.788)
+    assert value(gpu, cat.GPU_POWER_LIMIT.name) == pytest.approx(700.0)
+    assert value(gpu, cat.GPU_TEMPERATURE.name) == 55.0
+    assert value(gpu, cat.GPU_CLOCK.name, clock="sm") == 1455e6
+    assert value(gpu, cat.GPU_CLOCK.name, clock="memory") == 3201e6
+    assert value(gpu, cat.GPU_CLOCK.name, clock="graphics") == 1455e6
+    assert value(gpu, cat.GPU_CLOCK.name, clock="video") == 1485e6
     # bitmask 4: sw_power_cap only, and every known reason is present as 0/1
-    assert {reason: value(gpu, cat.GPU_CLOCK_EVENT, reason=reason) for reason in REASONS} == {
+    assert {reason: value(gpu, cat.GPU_CLOCK_EVENT.name, reason=reason) for reason in REASONS} == {
         reason: (1.0 if reason == "sw_power_cap" else 0.0) for reason in REASONS}
     # from the field values: energy in J (mJ / 1000), not from nvmlDeviceGetTotalEnergyConsumption
-    assert value(gpu, cat.GPU_ENERGY) == pytest.approx(35663.512)
-    assert value(gpu, cat.GPU_MEMORY_TEMPERATURE) == 48.0
-    assert value(gpu, cat.GPU_PCIE_BYTES, direction="tx") == 3476727064
-    assert value(gpu, cat.GPU_PCIE_BYTES, direction="rx") == 1794018880
-    assert value(gpu, cat.GPU_PCIE_REPLAYS) == 0.0
-    assert value(gpu, cat.GPU_ECC_ERRORS, type="corrected") == 0.0
-    assert value(gpu, cat.GPU_ECC_ERRORS, type="uncorrected") == 0.0
-    assert value(gpu, cat.GPU_REMAPPED_ROWS, type="correctable") == 0.0
-    assert value(gpu, cat.GPU_REMAPPED_ROWS, type="uncorrectable") == 0.0
-    assert value(gpu, cat.GPU_ROW_REMAP_PENDING) == 0.0
-    assert value(gpu, cat.GPU_ROW_REMAP_FAILURE) == 0.0
+    assert value(gpu, cat.GPU_ENERGY.name) == pytest.approx(35663.512)
+    assert value(gpu, cat.GPU_MEMORY_TEMPERATURE.name) == 48.0
+    assert value(gpu, cat.GPU_PCIE_BYTES.name, direction="tx") == 3476727064
+    assert value(gpu, cat.GPU_PCIE_BYTES.name, direction="rx") == 1794018880
+    assert value(gpu, cat.GPU_PCIE_REPLAYS.name) == 0.0
+    assert value(gpu, cat.GPU_ECC_ERRORS.name, type="corrected") == 0.0
+    assert value(gpu, cat.GPU_ECC_ERRORS.name, type="uncorrected") == 0.0
+    assert value(gpu, cat.GPU_REMAPPED_ROWS.name, type="correctable") == 0.0
+    assert value(gpu, cat.GPU_REMAPPED_ROWS.name, type="uncorrectable") == 0.0
+    assert value(gpu, cat.GPU_ROW_REMAP_PENDING.name) == 0.0
+    assert value(gpu, cat.GPU_ROW_REMAP_FAILURE.name) == 0.0
     assert nvml.calls["nvmlDeviceGetTotalEnergyConsumption"] == 0
     # every reading names a catalogued metric with its catalogued labels
     for reading in gpu.readings:
@@ -175,23 +175,23 @@ def test_field_values_map_to_their_families(make_source: Make) -> None:
                              (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 5)):
         nvml.field_overrides[(0, field_id)] = (pynvml.NVML_SUCCESS, ull, number)
     gpu = make_source(nvml).collect().devices[0]
-    assert value(gpu, cat.GPU_ECC_ERRORS, type="corrected") == 7  # SBE
-    assert value(gpu, cat.GPU_ECC_ERRORS, type="uncorrected") == 2  # DBE
-    assert value(gpu, cat.GPU_REMAPPED_ROWS, type="correctable") == 3
-    assert value(gpu, cat.GPU_REMAPPED_ROWS, type="uncorrectable") == 1
-    assert value(gpu, cat.GPU_ROW_REMAP_PENDING) == 1
-    assert value(gpu, cat.GPU_PCIE_REPLAYS) == 5
+    assert value(gpu, cat.GPU_ECC_ERRORS.name, type="corrected") == 7  # SBE
+    assert value(gpu, cat.GPU_ECC_ERRORS.name, type="uncorrected") == 2  # DBE
+    assert value(gpu, cat.GPU_REMAPPED_ROWS.name, type="correctable") == 3
+    assert value(gpu, cat.GPU_REMAPPED_ROWS.name, type="uncorrectable") == 1
+    assert value(gpu, cat.GPU_ROW_REMAP_PENDING.name) == 1
+    assert value(gpu, cat.GPU_PCIE_REPLAYS.name) == 5
 
 
 def test_idle_recording_reports_gpu_idle_and_no_processes(make_source: Make) -> None:
     nvml = ReplayNvml(IDLE)
     snapshot = make_source(nvml).collect()
     gpu = snapshot.devices[0]
-    assert value(gpu, cat.GPU_UTILIZATION) == 0.0
-    assert value(gpu, cat.GPU_MEMORY_USED) == 0.0
-    assert {reason: value(gpu, cat.GPU_CLOCK_EVENT, reason=reason) for reason in REASONS} == {
+    assert value(gpu, cat.GPU_UTILIZATION.name) == 0.0
+    assert value(gpu, cat.GPU_MEMORY_USED.name) == 0.0
+    assert {reason: value(gpu, cat.GPU_CLOCK_EVENT.name, reason=reason) for reason in REASONS} == {
         reason: (1.0 if reason == "gpu_idle" else 0.0) for reason in REASONS}
-    assert value(gpu, cat.GPU_POWER) == pytest.approx(77.88)
+    assert value(gpu, cat.GPU_POWER.name) == pytest.approx(77.88)
     assert snapshot.processes == ()
 
 
@@ -201,11 +201,11 @@ def test_32_bit_pcie_counter_keeps_growing_across_a_wrap(make_source: Make) -> N
     uint = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
     tx = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
     nvml.field_overrides[(0, tx)] = (pynvml.NVML_SUCCESS, uint, 2**32 - 100)
-    assert value(source.collect().devices[0], cat.GPU_PCIE_BYTES, direction="tx") == 2**32 - 100
+    assert value(source.collect().devices[0], cat.GPU_PCIE_BYTES.name, direction="tx") == 2**32 - 100
     nvml.field_overrides[(0, tx)] = (pynvml.NVML_SUCCESS, uint, 500)
-    assert value(source.collect().devices[0], cat.GPU_PCIE_BYTES, direction="tx") == 2**32 + 500
+    assert value(source.collect().devices[0], cat.GPU_PCIE_BYTES.name, direction="tx") == 2**32 + 500
     nvml.field_overrides[(0, tx)] = (pynvml.NVML_SUCCESS, uint, 900)
-    assert value(source.collect().devices[0], cat.GPU_PCIE_BYTES, direction="tx") == 2**32 + 900
+    assert value(source.collect().devices[0], cat.GPU_PCIE_BYTES.name, direction="tx") == 2**32 + 900
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -267,8 +267,8 @@ def test_not_supported_families_are_asked_once_per_device(make_source: Make) -> 
     assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 6
     for gpu in snapshot.devices:
         assert gpu.up
-        assert not metrics(gpu) & {cat.GPU_POWER, cat.GPU_CLOCK}
-        assert value(gpu, cat.GPU_POWER_LIMIT) == pytest.approx(700.0)
+        assert not metrics(gpu) & {cat.GPU_POWER.name, cat.GPU_CLOCK.name}
+        assert value(gpu, cat.GPU_POWER_LIMIT.name) == pytest.approx(700.0)
 
 
 def test_a_not_supported_field_is_dropped_from_the_batch(make_source: Make) -> None:
@@ -282,9 +282,9 @@ def test_a_not_supported_field_is_dropped_from_the_batch(make_source: Make) -> N
     first, *later = [set(ids) for _, ids in nvml.field_requests]
     assert first == FIELD_IDS | {NVLINK_COUNT}
     assert all(ids == FIELD_IDS - {temp} for ids in later)  # the transient error is asked again
-    assert value(gpu, cat.GPU_MEMORY_TEMPERATURE) is None
-    assert value(gpu, cat.GPU_PCIE_BYTES, direction="tx") is None
-    assert value(gpu, cat.GPU_ENERGY) == pytest.approx(35663.512)
+    assert value(gpu, cat.GPU_MEMORY_TEMPERATURE.name) is None
+    assert value(gpu, cat.GPU_PCIE_BYTES.name, direction="tx") is None
+    assert value(gpu, cat.GPU_ENERGY.name) == pytest.approx(35663.512)
 
 
 # --- init --------------------------------------------------------------------------------------
@@ -293,7 +293,8 @@ def test_a_not_supported_field_is_dropped_from_the_batch(make_source: Make) -> N
 def test_init_failure_backs_off_then_recovers(make_source: Make, clock: FakeClock) -> None:
     nvml = ReplayNvml()
     nvml.init_failures = 3
-    source = make_source(nvml, init_backoff=(1.0, 3.0))
+    # random 0.5 is the middle of the jitter range (factor 1): the exact doubling sequence.
+    source = make_source(nvml, init_backoff=(1.0, 3.0), random=lambda: 0.5)
 
     with pytest.raises(SourceError, match=r"^nvml: init failed: Driver Not Loaded.*; retrying in 1s$"):
         source.collect()
@@ -321,6 +322,19 @@ def test_init_failure_backs_off_then_recovers(make_source: Make, clock: FakeCloc
     assert [d.up for d in snapshot.devices] == [True]
     source.collect()
     assert nvml.calls["nvmlInit"] == 4  # a working NVML is not initialised again
+
+
+def test_init_retries_are_jittered(make_source: Make, clock: FakeClock) -> None:
+    # The nodes of a driver rollout fail together; ±20 % keeps them from retrying in step.
+    nvml = ReplayNvml()
+    nvml.init_failures = 2
+    source = make_source(nvml, init_backoff=(1.0, 60.0), random=lambda: 0.0)
+    with pytest.raises(SourceError, match=r"retrying in 0\.8s$"):
+        source.collect()
+    clock.now += 0.8
+    with pytest.raises(SourceError, match=r"retrying in 1\.6s$"):
+        source.collect()
+    assert source.init_attempts == 2
 
 
 def test_init_failure_tells_the_operator_what_to_check(make_source: Make) -> None:
@@ -354,7 +368,7 @@ def test_a_lost_gpu_is_down_alone_and_recovers(make_source: Make,
     assert not lost.up and lost.readings == ()
     assert "GPU is lost" in lost.error
     healthy = device(snapshot, good)
-    assert healthy.up and value(healthy, cat.GPU_POWER) == pytest.approx(690.788)
+    assert healthy.up and value(healthy, cat.GPU_POWER.name) == pytest.approx(690.788)
     assert {p.uuid for p in snapshot.processes} == {good}
     assert sum("is down" in r.getMessage() for r in caplog.records) == 1  # state changes only
 
@@ -362,7 +376,7 @@ def test_a_lost_gpu_is_down_alone_and_recovers(make_source: Make,
     with caplog.at_level(logging.INFO, logger="dra_exporter.sources.nvml"):
         snapshot = source.collect()
     assert all(d.up for d in snapshot.devices)
-    assert value(device(snapshot, bad), cat.GPU_POWER) == pytest.approx(690.788)
+    assert value(device(snapshot, bad), cat.GPU_POWER.name) == pytest.approx(690.788)
     assert any("back up" in r.getMessage() for r in caplog.records)
 
 
@@ -395,15 +409,15 @@ def test_gpm_ratios_come_from_this_and_the_previous_sample(make_source: Make) ->
     nvml = ReplayNvml()
     source = make_source(nvml)
     first = source.collect().devices[0]
-    assert not metrics(first) & {*GPM_RATIOS, cat.GPU_NVLINK_BYTES}  # one sample is no interval
+    assert not metrics(first) & {*GPM_RATIOS, cat.GPU_NVLINK_BYTES.name}  # one sample is no interval
 
     for _ in range(2):  # the fake refuses samples of other devices or out of time order
         gpu = source.collect().devices[0]
-        assert value(gpu, cat.GPU_SM_ACTIVE) == pytest.approx(0.9494517)
-        assert value(gpu, cat.GPU_SM_OCCUPANCY) == pytest.approx(0.1403113)
-        assert value(gpu, cat.GPU_TENSOR_ACTIVE) == pytest.approx(0.9217768)
-        assert value(gpu, cat.GPU_DRAM_ACTIVE) == pytest.approx(0.1732157)
-        fp = (cat.GPU_FP64_ACTIVE, cat.GPU_FP32_ACTIVE, cat.GPU_FP16_ACTIVE)
+        assert value(gpu, cat.GPU_SM_ACTIVE.name) == pytest.approx(0.9494517)
+        assert value(gpu, cat.GPU_SM_OCCUPANCY.name) == pytest.approx(0.1403113)
+        assert value(gpu, cat.GPU_TENSOR_ACTIVE.name) == pytest.approx(0.9217768)
+        assert value(gpu, cat.GPU_DRAM_ACTIVE.name) == pytest.approx(0.1732157)
+        fp = (cat.GPU_FP64_ACTIVE.name, cat.GPU_FP32_ACTIVE.name, cat.GPU_FP16_ACTIVE.name)
         assert [value(gpu, m) for m in fp] == [0, 0, 0]  # a bf16 matmul: tensor pipes only
     assert nvml.calls["nvmlGpmSampleAlloc"] == 2  # buffers are reused, not allocated per cycle
     assert nvml.calls["nvmlGpmMetricsGet"] == 2
@@ -418,12 +432,12 @@ def test_nvlink_bytes_integrate_gpm_rates_over_time(make_source: Make,
     source.collect()
     clock.now += 1.0
     gpu = source.collect().devices[0]
-    assert value(gpu, cat.GPU_NVLINK_BYTES, direction="rx") == pytest.approx(1e9)
-    assert value(gpu, cat.GPU_NVLINK_BYTES, direction="tx") == pytest.approx(2e8)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="rx") == pytest.approx(1e9)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(2e8)
     clock.now += 2.5
     gpu = source.collect().devices[0]
-    assert value(gpu, cat.GPU_NVLINK_BYTES, direction="rx") == pytest.approx(3.5e9)
-    assert value(gpu, cat.GPU_NVLINK_BYTES, direction="tx") == pytest.approx(7e8)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="rx") == pytest.approx(3.5e9)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(7e8)
 
 
 def test_a_gpu_without_gpm_is_probed_once_and_never_sampled(make_source: Make) -> None:
@@ -457,9 +471,9 @@ def test_mig_devices_are_listed_with_identity_in_placement_order(make_source: Ma
         parent.uuid, 1, 1, "00000000:01:06.0", "", "NVIDIA H200")
     assert (d.profile, d.gi_id, d.ci_id, d.gi_profile_id, d.placement_start, d.placement_size) == (
         "3g.71gb", 2, 0, 9, 4, 4)
-    assert value(mig, cat.GPU_MEMORY_TOTAL) == 71 * 2**30
-    assert value(mig, cat.GPU_MEMORY_USED) == 2**30
-    assert not metrics(mig) & {cat.GPU_UTILIZATION, cat.GPU_POWER, cat.GPU_CLOCK, cat.GPU_ENERGY}
+    assert value(mig, cat.GPU_MEMORY_TOTAL.name) == 71 * 2**30
+    assert value(mig, cat.GPU_MEMORY_USED.name) == 2**30
+    assert not metrics(mig) & {cat.GPU_UTILIZATION.name, cat.GPU_POWER.name, cat.GPU_CLOCK.name, cat.GPU_ENERGY.name}
 
 
 def test_processes_come_from_mig_devices_never_from_their_parent(make_source: Make) -> None:
@@ -492,7 +506,7 @@ def test_gpm_per_mig_instance_uses_the_parent_handle(make_source: Make) -> None:
     source.collect()
     snapshot = source.collect()
     mig = device(snapshot, specs[1].uuid)
-    assert value(mig, cat.GPU_SM_ACTIVE) == pytest.approx(0.9494517)
+    assert value(mig, cat.GPU_SM_ACTIVE.name) == pytest.approx(0.9494517)
     assert {who for who, _ in nvml.gpm_requests} >= {f"{nvml.gpus[0].uuid}/gi{s.gi_id}" for s in specs}
 
 
@@ -526,18 +540,18 @@ def test_xid_events_are_counted_per_device_and_code(make_source: Make) -> None:
     for xid in (79, 13, 79):
         assert nvml.push_event(1, xid) == 1
 
-    snapshot = collect_until(source, lambda s: value(device(s, noisy), cat.GPU_XID_ERRORS, xid="79") == 2)
+    snapshot = collect_until(source, lambda s: value(device(s, noisy), cat.GPU_XID_ERRORS.name, xid="79") == 2)
     gpu = device(snapshot, noisy)
-    assert value(gpu, cat.GPU_XID_ERRORS, xid="13") == 1
-    assert value(gpu, cat.GPU_LAST_XID) == WALL
-    assert not metrics(device(snapshot, quiet)) & {cat.GPU_XID_ERRORS, cat.GPU_LAST_XID}
+    assert value(gpu, cat.GPU_XID_ERRORS.name, xid="13") == 1
+    assert value(gpu, cat.GPU_LAST_XID.name) == WALL
+    assert not metrics(device(snapshot, quiet)) & {cat.GPU_XID_ERRORS.name, cat.GPU_LAST_XID.name}
 
     # the counters outlive the device going down (XID 79: fallen off the bus) and coming back
     nvml.fail(noisy)
     down = device(source.collect(), noisy)
-    assert not down.up and value(down, cat.GPU_XID_ERRORS, xid="79") == 2
+    assert not down.up and value(down, cat.GPU_XID_ERRORS.name, xid="79") == 2
     nvml.heal(noisy)
-    assert value(device(source.collect(), noisy), cat.GPU_XID_ERRORS, xid="79") == 2
+    assert value(device(source.collect(), noisy), cat.GPU_XID_ERRORS.name, xid="79") == 2
 
 
 def test_an_xid_with_a_gpu_instance_counts_on_that_mig_device(make_source: Make) -> None:
@@ -550,14 +564,14 @@ def test_an_xid_with_a_gpu_instance_counts_on_that_mig_device(make_source: Make)
     nvml.push_event(0, 48)
 
     def arrived(snapshot: NvmlSnapshot) -> bool:
-        return value(device(snapshot, nvml.gpus[0].uuid), cat.GPU_XID_ERRORS, xid="48") == 1
+        return value(device(snapshot, nvml.gpus[0].uuid), cat.GPU_XID_ERRORS.name, xid="48") == 1
 
     snapshot = collect_until(source, arrived)
-    assert value(device(snapshot, specs[2].uuid), cat.GPU_XID_ERRORS, xid="43") == 1  # gi 3
-    assert value(device(snapshot, specs[1].uuid), cat.GPU_XID_ERRORS, xid="31") == 1  # gi 7
+    assert value(device(snapshot, specs[2].uuid), cat.GPU_XID_ERRORS.name, xid="43") == 1  # gi 3
+    assert value(device(snapshot, specs[1].uuid), cat.GPU_XID_ERRORS.name, xid="31") == 1  # gi 7
     parent = device(snapshot, nvml.gpus[0].uuid)
-    assert value(parent, cat.GPU_XID_ERRORS, xid="43") is None
-    assert value(device(snapshot, specs[0].uuid), cat.GPU_XID_ERRORS, xid="43") is None
+    assert value(parent, cat.GPU_XID_ERRORS.name, xid="43") is None
+    assert value(device(snapshot, specs[0].uuid), cat.GPU_XID_ERRORS.name, xid="43") is None
 
 
 def test_event_handles_from_pynvml_match_registered_handles_by_address() -> None:

@@ -18,7 +18,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from dra_exporter import catalog, model
-from dra_exporter.sinks import otlp
+from dra_exporter.sinks import otlp, otlp_mapping, otlp_settings
 from dra_exporter.sinks.otlp import MetricsBuilder, OtlpConfigError, OtlpSettings, OtlpSink, parse_header
 from otlp_receiver import GrpcReceiver, HttpReceiver, Received, Receiver, running
 
@@ -60,39 +60,39 @@ def fam(name: str, *samples: tuple[model.Labels, float]) -> model.Family:
 
 def node_frame(timestamp: float = T0, *, trainer: bool = True, utilization: float = 0.75) -> model.Frame:
     holder = TRAINER if trainer else {}
-    dev0 = labels(catalog.GPU_UTILIZATION, **GPU0, **holder)
+    dev0 = labels(catalog.GPU_UTILIZATION.name, **GPU0, **holder)
     return model.Frame((
-        fam(catalog.GPU_INFO,
-            (labels(catalog.GPU_INFO, **GPU0, model="NVIDIA H200", mig_mode="disabled"), 1.0),
-            (labels(catalog.GPU_INFO, **GPU1, model="NVIDIA H200", mig_mode="enabled"), 1.0),
-            (labels(catalog.GPU_INFO, **MIG, model="NVIDIA H200 MIG 1g.18gb"), 1.0)),
-        fam(catalog.GPU_UP, (dev0, 1.0), (labels(catalog.GPU_UP, **GPU1), 0.0)),
-        fam(catalog.GPU_UTILIZATION, (dev0, utilization),
-            (labels(catalog.GPU_UTILIZATION, **MIG, **INFERENCE), 0.5)),
-        fam(catalog.GPU_ENCODER_UTILIZATION, (dev0, 0.125)),
-        fam(catalog.GPU_MEMORY_USED, (dev0, 80e9),
-            (labels(catalog.GPU_MEMORY_USED, **MIG, **INFERENCE), 9e9)),
-        fam(catalog.GPU_MEMORY_TOTAL, (dev0, 150e9)),
-        fam(catalog.GPU_ENERGY, (dev0, 123456.5)),
-        fam(catalog.GPU_TEMPERATURE, (dev0, 61.0)),
-        fam(catalog.GPU_MEMORY_TEMPERATURE, (dev0, 70.0)),
-        fam(catalog.GPU_CLOCK, (labels(catalog.GPU_CLOCK, **GPU0, **holder, clock="sm"), 1.98e9)),
-        fam(catalog.GPU_PCIE_BYTES,
-            (labels(catalog.GPU_PCIE_BYTES, **GPU0, **holder, direction="rx"), 1000.0),
-            (labels(catalog.GPU_PCIE_BYTES, **GPU0, **holder, direction="tx"), 2000.0)),
-        fam(catalog.GPU_ECC_ERRORS, (labels(catalog.GPU_ECC_ERRORS, **GPU1, type="corrected"), 3.0)),
-        fam(catalog.GPU_XID_ERRORS, (labels(catalog.GPU_XID_ERRORS, **GPU1, xid="79"), 1.0)),
-        fam(catalog.CONTAINER_GPU_MEMORY_USED,
-            *([(labels(catalog.CONTAINER_GPU_MEMORY_USED, uuid="GPU-aaaa", **TRAINER), 79e9)]
+        fam(catalog.GPU_INFO.name,
+            (labels(catalog.GPU_INFO.name, **GPU0, model="NVIDIA H200", mig_mode="disabled"), 1.0),
+            (labels(catalog.GPU_INFO.name, **GPU1, model="NVIDIA H200", mig_mode="enabled"), 1.0),
+            (labels(catalog.GPU_INFO.name, **MIG, model="NVIDIA H200 MIG 1g.18gb"), 1.0)),
+        fam(catalog.GPU_UP.name, (dev0, 1.0), (labels(catalog.GPU_UP.name, **GPU1), 0.0)),
+        fam(catalog.GPU_UTILIZATION.name, (dev0, utilization),
+            (labels(catalog.GPU_UTILIZATION.name, **MIG, **INFERENCE), 0.5)),
+        fam(catalog.GPU_ENCODER_UTILIZATION.name, (dev0, 0.125)),
+        fam(catalog.GPU_MEMORY_USED.name, (dev0, 80e9),
+            (labels(catalog.GPU_MEMORY_USED.name, **MIG, **INFERENCE), 9e9)),
+        fam(catalog.GPU_MEMORY_TOTAL.name, (dev0, 150e9)),
+        fam(catalog.GPU_ENERGY.name, (dev0, 123456.5)),
+        fam(catalog.GPU_TEMPERATURE.name, (dev0, 61.0)),
+        fam(catalog.GPU_MEMORY_TEMPERATURE.name, (dev0, 70.0)),
+        fam(catalog.GPU_CLOCK.name, (labels(catalog.GPU_CLOCK.name, **GPU0, **holder, clock="sm"), 1.98e9)),
+        fam(catalog.GPU_PCIE_BYTES.name,
+            (labels(catalog.GPU_PCIE_BYTES.name, **GPU0, **holder, direction="rx"), 1000.0),
+            (labels(catalog.GPU_PCIE_BYTES.name, **GPU0, **holder, direction="tx"), 2000.0)),
+        fam(catalog.GPU_ECC_ERRORS.name, (labels(catalog.GPU_ECC_ERRORS.name, **GPU1, type="corrected"), 3.0)),
+        fam(catalog.GPU_XID_ERRORS.name, (labels(catalog.GPU_XID_ERRORS.name, **GPU1, xid="79"), 1.0)),
+        fam(catalog.CONTAINER_GPU_MEMORY_USED.name,
+            *([(labels(catalog.CONTAINER_GPU_MEMORY_USED.name, uuid="GPU-aaaa", **TRAINER), 79e9)]
               if trainer else [])),
-        fam(catalog.CLAIM_ALLOCATION_INFO,
-            (labels(catalog.CLAIM_ALLOCATION_INFO, namespace="serve", claim="mig-small", claim_uid="uid-1",
+        fam(catalog.CLAIM_ALLOCATION_INFO.name,
+            (labels(catalog.CLAIM_ALLOCATION_INFO.name, namespace="serve", claim="mig-small", claim_uid="uid-1",
                     request="gpu", driver="gpu.nvidia.com", pool="node-a", device="gpu-1-mig-1g18gb-0",
                     uuid="MIG-cccc", admin_access="false"), 1.0)),
-        fam(catalog.CLAIM_CONSUMER_INFO,
-            (labels(catalog.CLAIM_CONSUMER_INFO, namespace="serve", claim="mig-small", pod="infer-0",
+        fam(catalog.CLAIM_CONSUMER_INFO.name,
+            (labels(catalog.CLAIM_CONSUMER_INFO.name, namespace="serve", claim="mig-small", pod="infer-0",
                     pod_uid="pod-uid-2", container="server"), 1.0)),
-        fam(catalog.BUILD_INFO, (labels(catalog.BUILD_INFO, version="9.9.9", python_version="3.11"), 1.0)),
+        fam(catalog.BUILD_INFO.name, (labels(catalog.BUILD_INFO.name, version="9.9.9", python_version="3.11"), 1.0)),
     ), timestamp)
 
 
@@ -191,7 +191,7 @@ def test_push_carries_catalogue_metrics_with_semantic_names_types_and_attributes
 
     assert resource_attrs(got).items() >= {"service.name": "dra-exporter", "service.version": "9.9.9-test",
                                         "k8s.node.name": "node-a", "host.name": "host-a"}.items()
-    pushed = {s.otel_name for s in catalog.CATALOG if s.otel_name}
+    pushed = {s.otlp.name for s in catalog.CATALOG if s.otlp}
     assert set(metrics) <= pushed
     assert {"hw.gpu.utilization", "hw.gpu.memory.usage", "hw.gpu.memory.limit", "hw.energy", "hw.temperature",
             "hw.gpu.io", "hw.errors", "hw.status", "dra.claim.allocation", "dra.claim.consumer",
@@ -435,7 +435,7 @@ def test_every_otlp_name_in_the_catalogue_is_one_consistent_instrument() -> None
     built = otlp.instruments()
     names = [i.name for i in built]
     assert len(names) == len(set(names))
-    assert set(names) == {s.otel_name for s in catalog.CATALOG if s.otel_name}
+    assert set(names) == {s.otlp.name for s in catalog.CATALOG if s.otlp}
     kinds = {i.name: i.kind for i in built}
     for name in ("hw.gpu.memory.usage", "hw.gpu.memory.limit", "hw.status"):
         assert kinds[name] == "updowncounter", name
@@ -447,8 +447,8 @@ def test_every_otlp_name_in_the_catalogue_is_one_consistent_instrument() -> None
 
 
 def test_families_sharing_a_name_must_agree_on_kind_and_unit() -> None:
-    a = catalog.MetricSpec("dra_a_total", "counter", "A.", ("uuid",), "x.y", "By")
-    b = catalog.MetricSpec("dra_b", "gauge", "B.", ("uuid",), "x.y", "By")
+    a = catalog.MetricSpec("dra_a_total", "counter", "A.", ("uuid",), otlp=catalog.OtlpForm("x.y", "By"))
+    b = catalog.MetricSpec("dra_b", "gauge", "B.", ("uuid",), otlp=catalog.OtlpForm("x.y", "By"))
     with pytest.raises(ValueError, match="share the OTLP name 'x.y'"):
         otlp.instruments([a, b])
 
@@ -456,15 +456,16 @@ def test_families_sharing_a_name_must_agree_on_kind_and_unit() -> None:
 def test_values_are_scaled_by_otel_scale() -> None:
     spec = catalog.MetricSpec("dra_gpu_clock_megahertz", "gauge", "Clock.",
                               catalog.DEVICE_LABELS + ("clock",),
-                              otel_name="hw.gpu.clock.frequency", otel_unit="Hz", otel_scale=1e6)
+                              otlp=catalog.OtlpForm("hw.gpu.clock.frequency", "Hz", scale=1e6))
     sample_labels = tuple((n, "sm" if n == "clock" else "") for n in spec.labels)
     frame = model.Frame((fam(spec.name, (sample_labels, 1980.0)),))
     (inst,) = otlp.instruments([spec])
     assert [value for _, value in otlp.observations(frame, inst)] == [1980.0 * 1e6]
 
 
-def test_no_metric_name_is_spelled_in_the_sink() -> None:
-    source = Path(otlp.__file__).read_text()
+@pytest.mark.parametrize("module", [otlp, otlp_mapping, otlp_settings], ids=lambda m: m.__name__)
+def test_no_metric_name_is_spelled_in_the_sink(module: object) -> None:
+    source = Path(str(getattr(module, "__file__", ""))).read_text()
     tree = ast.parse(source)
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
@@ -472,7 +473,7 @@ def test_no_metric_name_is_spelled_in_the_sink() -> None:
     literals = {node.value for node in ast.walk(tree)
                 if isinstance(node, ast.Constant) and isinstance(node.value, str)
                 and id(node) not in docstrings}
-    names = {s.name for s in catalog.CATALOG} | {s.otel_name for s in catalog.CATALOG if s.otel_name}
+    names = {s.name for s in catalog.CATALOG} | {s.otlp.name for s in catalog.CATALOG if s.otlp}
     assert not literals & names
 
 
@@ -481,7 +482,7 @@ def test_memory_follows_live_series_however_many_pods_came_and_went() -> None:
     # into otel.metric.overflow; pod churn on a long-lived node must not do that here.
     builder = _builder()
     for n in range(2500):
-        frame = model.Frame((fam(catalog.GPU_ENERGY, (labels(catalog.GPU_ENERGY, **GPU0, namespace="ci",
+        frame = model.Frame((fam(catalog.GPU_ENERGY.name, (labels(catalog.GPU_ENERGY.name, **GPU0, namespace="ci",
                                                              pod=f"job-{n}"), float(n))),), T0 + n)
         data = builder.build(frame, 0)
     assert builder.tracked_series == 1
@@ -503,7 +504,7 @@ def test_cumulative_start_time_stays_put_while_the_series_lives() -> None:
 def test_delta_counters_report_increments_after_a_baseline() -> None:
     builder = _builder(delta_counters=True)
     def frame(t: float, v: float) -> model.Frame:
-        return model.Frame((fam(catalog.GPU_ENERGY, (labels(catalog.GPU_ENERGY, **GPU0), v)),), t)
+        return model.Frame((fam(catalog.GPU_ENERGY.name, (labels(catalog.GPU_ENERGY.name, **GPU0), v)),), t)
 
     assert "hw.energy" not in _built(builder.build(frame(T0, 100.0), 0))  # no baseline yet
     assert "hw.energy" not in _built(builder.build(frame(T0, 100.0), 0))  # same frame again: nothing new
@@ -517,17 +518,17 @@ def test_delta_counters_report_increments_after_a_baseline() -> None:
 
 def test_temporality_preference_environment_selects_delta(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
-    assert otlp._prefers_delta(otlp.build_exporter(OtlpSettings("http://127.0.0.1:9")))
+    assert otlp_settings.prefers_delta(otlp.build_exporter(OtlpSettings("http://127.0.0.1:9")))
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE")
-    assert not otlp._prefers_delta(otlp.build_exporter(OtlpSettings("http://127.0.0.1:9",
+    assert not otlp_settings.prefers_delta(otlp.build_exporter(OtlpSettings("http://127.0.0.1:9",
                                                                     protocol="http/protobuf")))
 
 
 def test_http_endpoint_gets_the_metrics_path_only_when_it_has_none() -> None:
-    assert otlp._http_metrics_url("http://collector:4318") == "http://collector:4318/v1/metrics"
-    assert otlp._http_metrics_url("https://collector:4318/") == "https://collector:4318/v1/metrics"
+    assert otlp_settings._http_metrics_url("http://collector:4318") == "http://collector:4318/v1/metrics"
+    assert otlp_settings._http_metrics_url("https://collector:4318/") == "https://collector:4318/v1/metrics"
     custom = "https://gw.example/otlp/v1/metrics"
-    assert otlp._http_metrics_url(custom) == custom
+    assert otlp_settings._http_metrics_url(custom) == custom
 
 
 # --- operator input ----------------------------------------------------------------------------------------

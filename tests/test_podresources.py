@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from dra_exporter import model
 from dra_exporter.proto import api_pb2, api_pb2_grpc
-from dra_exporter.sim.kubelet import SimulatedKubelet
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.podresources import (
     MAX_ANSWER_BYTES,
@@ -29,9 +28,9 @@ from dra_exporter.sources.podresources import (
     MAX_PODS,
     PodResourcesSource,
     _decode,
-    response_from_snapshot,
     snapshot_from_response,
 )
+from dra_exporter_sim.kubelet import SimulatedKubelet, response_from_snapshot
 
 NV = "gpu.nvidia.com"
 NODE = "node-a"
@@ -133,6 +132,11 @@ SNAPSHOT = model.PodResourcesSnapshot(
         ),
     )
 )
+
+
+def NO_JITTER() -> float:
+    """The middle of the backoff's jitter range (factor 1): exact, doubling waits."""
+    return 0.5
 
 
 class FakeClock:
@@ -460,7 +464,7 @@ def test_fault_provider_takes_the_socket_away_and_gives_it_back(serve, source, s
 
 def test_nobody_listening_is_unavailable_then_backs_off_then_recovers(serve, sock):
     clock = FakeClock()
-    src = PodResourcesSource(sock, timeout=2.0, backoff=(0.5, 30.0), monotonic=clock)
+    src = PodResourcesSource(sock, timeout=2.0, backoff=(0.5, 30.0), monotonic=clock, random=NO_JITTER)
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     dead.bind(sock)  # a socket file with no listener, as after a kubelet crash
     try:
@@ -482,7 +486,7 @@ def test_nobody_listening_is_unavailable_then_backs_off_then_recovers(serve, soc
 
 def test_rate_limit_rejection_backs_off_without_calling_the_kubelet(serve, sock):
     clock = FakeClock()
-    src = PodResourcesSource(sock, backoff=(0.5, 30.0), monotonic=clock)
+    src = PodResourcesSource(sock, backoff=(0.5, 30.0), monotonic=clock, random=NO_JITTER)
     kubelet = serve()
     kubelet.inject("kubelet_resource_exhausted")
     with pytest.raises(SourceError, match="rate limit") as err:
@@ -514,6 +518,23 @@ def test_rate_limit_rejection_backs_off_without_calling_the_kubelet(serve, sock)
     kubelet.inject("kubelet_resource_exhausted")
     with pytest.raises(SourceError, match="next try in 0.5s"):
         src.collect()
+    src.close()
+
+
+def test_backoff_waits_are_jittered(serve, sock):
+    # random 0.999… is the top of the ±20 % range: the wait is 0.6 s, not 0.5 s.
+    clock = FakeClock()
+    src = PodResourcesSource(sock, backoff=(0.5, 30.0), monotonic=clock, random=lambda: 0.9999)
+    kubelet = serve()
+    kubelet.inject("kubelet_resource_exhausted")
+    with pytest.raises(SourceError, match=r"next try in 0\.6s"):
+        src.collect()
+    kubelet.inject(None)
+    clock.advance(0.55)
+    with pytest.raises(SourceError, match="backing off"):
+        src.collect()
+    clock.advance(0.05)
+    assert src.collect() == SNAPSHOT
     src.close()
 
 
@@ -576,7 +597,7 @@ def test_answers_over_a_count_limit_are_refused_naming_the_limit_back_off_and_re
     # 100k pods fit under the old 16 MiB answer cap and cost hundreds of MB once decoded into
     # records: counts are checked on the decoded message, before any record is built.
     clock = FakeClock()
-    src = PodResourcesSource(sock, backoff=(0.5, 30.0), monotonic=clock)
+    src = PodResourcesSource(sock, backoff=(0.5, 30.0), monotonic=clock, random=NO_JITTER)
     current = [answer()]
     kubelet = serve(lambda: current[0])
     with pytest.raises(SourceError, match=needle) as err:

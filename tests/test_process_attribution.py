@@ -13,7 +13,7 @@ from dra_exporter.model import Frame
 
 
 def memory_by(frame: Frame, *keys: str) -> dict[tuple[str, ...], float]:
-    fam = frame.family(cat.CONTAINER_GPU_MEMORY_USED)
+    fam = frame.family(cat.CONTAINER_GPU_MEMORY_USED.name)
     out: dict[tuple[str, ...], float] = defaultdict(float)
     for s in fam.samples if fam else ():
         labels = dict(s.labels)
@@ -39,14 +39,14 @@ def test_container_shares_match_the_scenario_on_shared_and_mig_devices() -> None
         shared = scenario.nvml_uuid("gpu-4")
         shares = {k[0]: v for k, v in memory_by(frame, "pod", "uuid").items() if k[1] == shared}
         assert shares == {"alice": 30 * 2**30, "bob": 12 * 2**30}
-        series = {(d["pod"], d["uuid"]): d for d in labels_of(frame, cat.CONTAINER_GPU_MEMORY_USED)}
+        series = {(d["pod"], d["uuid"]): d for d in labels_of(frame, cat.CONTAINER_GPU_MEMORY_USED.name)}
         mig = series[("mig-old-0", scenario.nvml_uuid("gpu-3-mig-9-4-4"))]
         assert (mig["namespace"], mig["container"], mig["claim"]) == ("team-b", "srv", "mig-old")
         # A process that uses two devices (pid 4242 on gpu-1 and gpu-2) counts once on each.
         assert series[("pair-0", scenario.nvml_uuid("gpu-2"))]["claim"] == "pair"
         # The device-plugin pod has no claim, but its container share is still there.
         assert series[("plugin-0", "GPU-00000000-0000-0000-0000-000000000005")]["claim"] == ""
-        assert frame.family(cat.UNATTRIBUTED_PROCESSES).samples[0].value == 0.0  # type: ignore[union-attr]
+        assert frame.family(cat.UNATTRIBUTED_PROCESSES.name).samples[0].value == 0.0  # type: ignore[union-attr]
 
 
 def test_no_double_counting_container_shares_add_up_to_the_device_processes() -> None:
@@ -57,7 +57,7 @@ def test_no_double_counting_container_shares_add_up_to_the_device_processes() ->
         for (_, uuid), value in scenario_memory(rt.sim.scenario, 50.0).items():
             want[uuid] += value
         assert by_uuid == {(u,): v for u, v in want.items()}
-        device_used = values_of(frame, cat.GPU_MEMORY_USED)
+        device_used = values_of(frame, cat.GPU_MEMORY_USED.name)
         for (uuid,), shares in by_uuid.items():
             assert shares <= device_used[uuid], "shares never exceed what the device reports"
 
@@ -72,6 +72,6 @@ def test_a_pod_that_ends_takes_its_container_series_with_it() -> None:
 def test_without_host_pids_every_process_is_counted_as_unattributed(tmp_path: Path) -> None:
     with simulated(ATTRIBUTION, procfs=str(tmp_path)) as rt:  # an empty /proc: no hostPID
         frame = rt.agent.cycle(collect_side=True)
-        assert frame.family(cat.CONTAINER_GPU_MEMORY_USED) is None
+        assert frame.family(cat.CONTAINER_GPU_MEMORY_USED.name) is None
         total = len({p.pid for pod in rt.sim.scenario.pods_at(50.0) for c in pod.containers for p in c.processes})
-        assert frame.family(cat.UNATTRIBUTED_PROCESSES).samples[0].value == total  # type: ignore[union-attr]
+        assert frame.family(cat.UNATTRIBUTED_PROCESSES.name).samples[0].value == total  # type: ignore[union-attr]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from promharness import PromServer
 
 from dra_exporter import catalog, model
 from dra_exporter.sinks.prometheus import PrometheusSink
-from promharness import PromServer
 
 pytestmark = pytest.mark.prometheus
 
@@ -28,12 +28,12 @@ def labels(values: dict[str, str]) -> model.Labels:
 
 def frame(scale: float = 1.0) -> model.Frame:
     return model.Frame((
-        model.Family(catalog.GPU_UTILIZATION, (
+        model.Family(catalog.GPU_UTILIZATION.name, (
             model.Sample(labels(CLAIMED), 0.93 * scale),
             model.Sample(labels(MIG), 0.41 * scale),
             model.Sample(labels(IDLE), 0.0),
         )),
-        model.Family(catalog.GPU_MEMORY_USED, (
+        model.Family(catalog.GPU_MEMORY_USED.name, (
             model.Sample(labels(CLAIMED), 120_000_000_000.0 * scale),
             model.Sample(labels(MIG), 17_179_869_184.0),
             model.Sample(labels(IDLE), 0.0),
@@ -54,6 +54,7 @@ def by_uuid(result: list[dict]) -> dict[str, dict]:
     return {series["metric"]["uuid"]: series for series in result}
 
 
+@pytest.mark.slow  # ~7 s: a real Prometheus starts and scrapes
 def test_prometheus_scrapes_values_and_labels(sink: PrometheusSink,
                                               prometheus: Callable[..., PromServer]) -> None:
     server = prometheus([f"127.0.0.1:{sink.port}"])
@@ -78,9 +79,9 @@ def test_prometheus_scrapes_values_and_labels(sink: PrometheusSink,
 
     # A new frame reaches Prometheus on a later scrape.
     sink.publish(frame(scale=0.5))
-    result = server.wait_for(f'{catalog.GPU_UTILIZATION}{{pod="trainer-0"}}',
+    result = server.wait_for(f'{catalog.GPU_UTILIZATION.name}{{pod="trainer-0"}}',
                              lambda r: len(r) == 1 and float(r[0]["value"][1]) == 0.93 * 0.5)
     assert result[0]["metric"]["claim"] == "train-gpus"
     # Sums stay right: the MIG slice and the idle GPU count once each.
-    total = server.query(f"sum({catalog.GPU_MEMORY_USED})")
+    total = server.query(f"sum({catalog.GPU_MEMORY_USED.name})")
     assert float(total[0]["value"][1]) == 120_000_000_000.0 * 0.5 + 17_179_869_184.0

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
+from promharness import promtool_check_metrics
 
 from dra_exporter import catalog, model
 from dra_exporter.sinks import prometheus as prometheus_sink
@@ -25,7 +26,6 @@ from dra_exporter.sinks.prometheus import (
     UnknownMetricError,
     render,
 )
-from promharness import promtool_check_metrics
 
 OPENMETRICS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
                       "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
@@ -52,17 +52,17 @@ def family(name: str, *samples: tuple[model.Labels, float]) -> model.Family:
 
 def sample_frame(utilization: float = 0.75) -> model.Frame:
     return model.Frame((
-        family(catalog.GPU_UTILIZATION,
+        family(catalog.GPU_UTILIZATION.name,
                (device_labels("GPU-aaaa", "0", namespace="ml", pod="trainer-0", container="main",
                               claim="train-gpus"), utilization),
                (device_labels("GPU-bbbb", "1"), 0.0)),
-        family(catalog.GPU_MEMORY_USED, (device_labels("GPU-aaaa", "0"), 123_456_789_012.0)),
-        family(catalog.GPU_ENERGY, (device_labels("GPU-aaaa", "0"), 98_765.5)),
-        family(catalog.GPU_CLOCK,
+        family(catalog.GPU_MEMORY_USED.name, (device_labels("GPU-aaaa", "0"), 123_456_789_012.0)),
+        family(catalog.GPU_ENERGY.name, (device_labels("GPU-aaaa", "0"), 98_765.5)),
+        family(catalog.GPU_CLOCK.name,
                (device_labels("GPU-aaaa", extra=(("clock", "sm"),)), 1.98e9),
                (device_labels("GPU-aaaa", extra=(("clock", "memory"),)), 2.619e9)),
-        family(catalog.GPU_XID_ERRORS),  # no samples: must not appear at all
-        family(catalog.BUILD_INFO, ((("version", "0.1.0"), ("python_version", "3.11.2")), 1.0)),
+        family(catalog.GPU_XID_ERRORS.name),  # no samples: must not appear at all
+        family(catalog.BUILD_INFO.name, ((("version", "0.1.0"), ("python_version", "3.11.2")), 1.0)),
     ), timestamp=1_700_000_000.0)
 
 
@@ -100,21 +100,21 @@ def test_render_round_trips_names_labels_and_values(openmetrics: bool) -> None:
 
 def test_text_render_uses_catalogue_help_and_types() -> None:
     text = render(sample_frame()).decode()
-    util = catalog.spec(catalog.GPU_UTILIZATION)
+    util = catalog.GPU_UTILIZATION
     assert f"# HELP {util.name} {util.help}\n" in text
     assert f"# TYPE {util.name} gauge\n" in text
     # A counter keeps its catalogue name (with _total) on both the TYPE line and the sample.
-    assert f"# TYPE {catalog.GPU_ENERGY} counter\n" in text
-    assert f'\n{catalog.GPU_ENERGY}{{' in text
+    assert f"# TYPE {catalog.GPU_ENERGY.name} counter\n" in text
+    assert f'\n{catalog.GPU_ENERGY.name}{{' in text
     _, types = parsed_series(render(sample_frame()))
-    assert types[catalog.GPU_ENERGY.removesuffix("_total")] == "counter"
-    assert types[catalog.GPU_MEMORY_USED] == "gauge"
+    assert types[catalog.GPU_ENERGY.name.removesuffix("_total")] == "counter"
+    assert types[catalog.GPU_MEMORY_USED.name] == "gauge"
 
 
 def test_family_without_samples_is_omitted() -> None:
     text = render(sample_frame()).decode()
-    assert catalog.GPU_XID_ERRORS not in text
-    assert catalog.GPU_XID_ERRORS.removesuffix("_total") not in render(sample_frame(), openmetrics=True).decode()
+    assert catalog.GPU_XID_ERRORS.name not in text
+    assert catalog.GPU_XID_ERRORS.name.removesuffix("_total") not in render(sample_frame(), openmetrics=True).decode()
 
 
 def test_empty_frame_renders_empty_documents() -> None:
@@ -126,13 +126,13 @@ def test_openmetrics_render_ends_with_eof_and_has_no_created_series() -> None:
     text = render(sample_frame(), openmetrics=True).decode()
     assert text.endswith("# EOF\n")
     assert "_created" not in text
-    assert f"# TYPE {catalog.GPU_ENERGY.removesuffix('_total')} counter\n" in text
+    assert f"# TYPE {catalog.GPU_ENERGY.name.removesuffix('_total')} counter\n" in text
     _, types = parsed_series(text.encode(), openmetrics=True)
-    assert types[catalog.GPU_ENERGY.removesuffix("_total")] == "counter"
+    assert types[catalog.GPU_ENERGY.name.removesuffix("_total")] == "counter"
 
 
 def test_special_float_values_render() -> None:
-    frame = model.Frame((family(catalog.GPU_POWER,
+    frame = model.Frame((family(catalog.GPU_POWER.name,
                                 (device_labels("GPU-nan"), math.nan),
                                 (device_labels("GPU-inf"), math.inf),
                                 (device_labels("GPU-neg"), -math.inf)),))
@@ -150,10 +150,10 @@ def test_family_missing_from_catalogue_is_a_clear_error() -> None:
 
 def nasty_frame(values: list[str]) -> model.Frame:
     return model.Frame((
-        family(catalog.GPU_UTILIZATION,
+        family(catalog.GPU_UTILIZATION.name,
                *((device_labels(f"GPU-{i}", namespace=value, pod=value, container=value, claim=value), 0.5)
                  for i, value in enumerate(values))),
-        family(catalog.CLAIM_CONSUMER_INFO,
+        family(catalog.CLAIM_CONSUMER_INFO.name,
                *(((("namespace", value), ("claim", "c"), ("pod", f"p{i}"), ("pod_uid", value),
                    ("container", value)), 1.0) for i, value in enumerate(values))),
     ))
@@ -171,10 +171,10 @@ def test_nasty_label_values_round_trip(openmetrics: bool) -> None:
        number=st.floats(allow_nan=False, width=64))
 def test_any_utf8_label_value_and_float_round_trip(values: list[str], number: float) -> None:
     frame = model.Frame((
-        family(catalog.GPU_MEMORY_USED,
+        family(catalog.GPU_MEMORY_USED.name,
                *((device_labels(f"GPU-{i}", pod=value, claim=value[::-1]), number)
                  for i, value in enumerate(values))),
-        family(catalog.GPU_ENERGY, (device_labels("GPU-x", container=values[0]), abs(number))),
+        family(catalog.GPU_ENERGY.name, (device_labels("GPU-x", container=values[0]), abs(number))),
     ))
     expected = series_of(frame)
     for openmetrics in (False, True):
@@ -377,7 +377,7 @@ def test_scrapes_serve_cached_bytes_and_never_render(sink: PrometheusSink,
     assert sink.renders == 2
     series, _ = parsed_series(request(sink)[2])
     utilizations = {dict(labels)["uuid"]: v for (name, labels), v in series.items()
-                    if name == catalog.GPU_UTILIZATION}
+                    if name == catalog.GPU_UTILIZATION.name}
     assert utilizations["GPU-aaaa"] == 0.5
 
 

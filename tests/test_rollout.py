@@ -25,11 +25,12 @@ from dra_exporter.model import (
     PodAllocation,
     PodResourcesSnapshot,
 )
-from dra_exporter.sim import k8s_objects as ko
-from dra_exporter.sim.scenario import load_scenario
+from dra_exporter_sim import k8s_objects as ko
+from dra_exporter_sim import load_scenario
 from dra_exporter.sources.podresources import _ClaimGapBridge
+from dra_exporter.sources.registry import default_enabled, without
 
-DEMO = Path(__file__).resolve().parents[1] / "dra_exporter" / "sim" / "scenarios" / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[1] / "dra_exporter_sim" / "scenarios" / "demo.yaml"
 ROLLOUT_AT, ROLLOUT_UNTIL = 100.0, 106.0
 ATTRIBUTION = ("namespace", "pod", "pod_uid", "container", "claim", "request")
 
@@ -63,12 +64,12 @@ def test_the_simulated_rollout_republishes_the_pool_with_the_generation_bumped(t
 
 
 def _device_info(frame: Frame) -> list[tuple[tuple[str, str], ...]]:
-    fam = frame.family(cat.DEVICE_INFO)
+    fam = frame.family(cat.DEVICE_INFO.name)
     return sorted(s.labels for s in fam.samples) if fam else []
 
 
 def _attribution(frame: Frame) -> dict[str, tuple[str, ...]]:
-    return {d["uuid"]: tuple(d[k] for k in ATTRIBUTION) for d in labels_of(frame, cat.GPU_UP)}
+    return {d["uuid"]: tuple(d[k] for k in ATTRIBUTION) for d in labels_of(frame, cat.GPU_UP.name)}
 
 
 @pytest.mark.parametrize("kubeapi", [True, False], ids=["with-api-server", "node-local"])
@@ -77,7 +78,8 @@ def test_device_info_and_attribution_stay_continuous_through_a_driver_rollout(tm
     # With the API server the pods' claims attribute the devices whatever the kubelet says; node-local
     # (--no-kubeapi) only the kubelet's answer does, and its gap must be bridged.
     frames = []
-    with simulated(str(rollout_scenario(tmp_path)), sim_time=ROLLOUT_AT - 4, kubeapi=kubeapi) as rt:
+    with simulated(str(rollout_scenario(tmp_path)), sim_time=ROLLOUT_AT - 4,
+                   sources=default_enabled() if kubeapi else without("kubeapi")) as rt:
         for _ in range(16):  # t = 96 .. 111: before, during and after the rollout, frame by frame
             frames.append(rt.agent.cycle(collect_side=True))
             rt.sim.clock.advance(1.0)

@@ -10,14 +10,9 @@ import pytest
 import yaml
 
 from dra_exporter import model
-from dra_exporter.sim.scenario import (
-    Curve,
-    Scenario,
-    ScenarioError,
-    builtin_scenarios,
-    load_scenario,
-    parse_scenario,
-)
+from dra_exporter_sim import builtin_scenarios, load_scenario
+from dra_exporter_sim.scenario import Curve, Scenario, ScenarioError
+from dra_exporter_sim.scenario_builder import parse_scenario
 
 # A small valid scenario every malformed case below starts from.
 BASE: dict[str, Any] = {

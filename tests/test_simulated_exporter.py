@@ -95,19 +95,19 @@ def test_one_lost_gpu_leaves_the_others_intact_and_recovers() -> None:
         assert source_up(healthy, "nvml") == 1.0
         rt.sim.clock.set(25.0)
         lost = rt.agent.cycle()
-        up = values_of(lost, cat.GPU_UP)
+        up = values_of(lost, cat.GPU_UP.name)
         scenario = rt.sim.scenario
         gpu0, gpu1, gpu2 = (scenario.nvml_uuid(f"gpu-{i}") for i in range(3))
         assert (up[gpu0], up[gpu1], up[gpu2]) == (1.0, 0.0, 1.0)
-        used = values_of(lost, cat.GPU_MEMORY_USED)
+        used = values_of(lost, cat.GPU_MEMORY_USED.name)
         assert gpu1 not in used
-        assert used[gpu0] == values_of(healthy, cat.GPU_MEMORY_USED)[gpu0]
+        assert used[gpu0] == values_of(healthy, cat.GPU_MEMORY_USED.name)[gpu0]
         assert device_labels(lost)[gpu0]["pod"] == "p0"
         assert source_up(lost, "nvml") == 1.0, "one lost GPU is not a source failure"
         # GPU 2 never answers power; it is still up and reports everything else.
-        assert gpu2 not in values_of(lost, cat.GPU_POWER) and gpu2 in values_of(lost, cat.GPU_TEMPERATURE)
+        assert gpu2 not in values_of(lost, cat.GPU_POWER.name) and gpu2 in values_of(lost, cat.GPU_TEMPERATURE.name)
         rt.sim.clock.set(45.0)
-        assert values_of(rt.agent.cycle(), cat.GPU_UP)[gpu1] == 1.0
+        assert values_of(rt.agent.cycle(), cat.GPU_UP.name)[gpu1] == 1.0
 
 
 def test_xid_events_become_counters_in_serve_mode() -> None:
@@ -117,7 +117,7 @@ def test_xid_events_become_counters_in_serve_mode() -> None:
         gpu2 = rt.sim.scenario.nvml_uuid("gpu-2")
 
         def counted() -> bool:
-            fam = rt.agent.cycle().family(cat.GPU_XID_ERRORS)
+            fam = rt.agent.cycle().family(cat.GPU_XID_ERRORS.name)
             return fam is not None and any(
                 dict(s.labels)["uuid"] == gpu2 and dict(s.labels)["xid"] == "13" and s.value == 1.0
                 for s in fam.samples)
@@ -128,9 +128,9 @@ def test_xid_events_become_counters_in_serve_mode() -> None:
 def test_one_gpu_lost_on_the_8_gpu_demo_node_costs_only_that_gpu(tmp_path: Path) -> None:
     """DESIGN §6 on the realistic node: GPU 3 (part of the 4-GPU training claim) falls off the bus
     at t=70 and comes back at t=90; the other 7 GPUs and 9 MIG devices never miss a value."""
-    import dra_exporter.sim
+    import dra_exporter_sim
 
-    demo = Path(dra_exporter.sim.__file__).parent / "scenarios" / "demo.yaml"
+    demo = Path(dra_exporter_sim.__file__).parent / "scenarios" / "demo.yaml"
     scenario = tmp_path / "demo-lost.yaml"
     scenario.write_text(demo.read_text().replace(
         "faults:\n", "faults:\n  - {kind: gpu_lost, gpu: 3, at: 70, until: 90}\n", 1))
@@ -139,14 +139,14 @@ def test_one_gpu_lost_on_the_8_gpu_demo_node_costs_only_that_gpu(tmp_path: Path)
         lost_uuid = rt.sim.scenario.nvml_uuid("gpu-3")
         rt.sim.clock.set(75.0)
         during = rt.agent.cycle(collect_side=True)
-        up = values_of(during, cat.GPU_UP)
+        up = values_of(during, cat.GPU_UP.name)
         assert up.pop(lost_uuid) == 0.0
         assert len(up) == 16 and set(up.values()) == {1.0}
-        assert set(values_of(during, cat.GPU_MEMORY_USED)) == set(values_of(before, cat.GPU_MEMORY_USED)) - {lost_uuid}
+        assert set(values_of(during, cat.GPU_MEMORY_USED.name)) == set(values_of(before, cat.GPU_MEMORY_USED.name)) - {lost_uuid}
         assert device_labels(during)[lost_uuid]["claim"] == "llama-train-gpus", "still attributed while down"
         assert source_up(during, "nvml") == 1.0
         rt.sim.clock.set(95.0)
-        assert values_of(rt.agent.cycle(collect_side=True), cat.GPU_UP)[lost_uuid] == 1.0
+        assert values_of(rt.agent.cycle(collect_side=True), cat.GPU_UP.name)[lost_uuid] == 1.0
 
 
 def test_serve_on_a_simulated_node_exports_timestamps_of_the_hosts_clock() -> None:
@@ -159,5 +159,5 @@ def test_serve_on_a_simulated_node_exports_timestamps_of_the_hosts_clock() -> No
         after = time.time()
     finally:
         rt.close()
-    stamps = values_of(frame, cat.LAST_SUCCESS, "source")
+    stamps = values_of(frame, cat.LAST_SUCCESS.name, "source")
     assert stamps and all(before - 1 <= t <= after + 1 for t in stamps.values()), (before, stamps, after)

@@ -27,6 +27,7 @@ from simnode import eventually, scrape, simulated, source_up
 
 from dra_exporter import catalog as cat
 from dra_exporter.model import Frame
+from dra_exporter.sources.registry import without
 
 GENERATIONS = int(os.environ.get("DRA_EXPORTER_SOAK_GENERATIONS", "120"))
 PERIOD = 30.0   # simulated seconds per generation of pods
@@ -107,7 +108,7 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
     path.write_text(yaml.safe_dump(churn_scenario(GENERATIONS), sort_keys=False))
     churn_end = CHURN_START + GENERATIONS * PERIOD
     # Node-local: the kubelet's view is what churns here (the cluster view has its own tests).
-    with simulated(str(path), sim_time=0.0, http=True, kubeapi=False) as rt:
+    with simulated(str(path), sim_time=0.0, http=True, sources=without("kubeapi")) as rt:
         clock, agent, scenario = rt.sim.clock, rt.agent, rt.sim.scenario
 
         def kubelet_fault() -> bool:
@@ -145,7 +146,7 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
             clock.advance(STEP)
             frame = cycle()
             peak = max(peak, len(series(frame)))
-            seen_pods |= {dict(s.labels)["pod"] for s in (frame.family(cat.CLAIM_CONSUMER_INFO) or _empty()).samples}
+            seen_pods |= {dict(s.labels)["pod"] for s in (frame.family(cat.CLAIM_CONSUMER_INFO.name) or _empty()).samples}
             if rss_warm is None and clock.now() >= warm_up_end:
                 gc.collect()
                 rss_warm = rss_bytes()
@@ -164,7 +165,7 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
 
     # The lost GPU's XID 79 is a counter since start: it rightly stays. Nothing else may differ.
     xid = {(name, labels) for name, labels in final - baseline
-           if name in (cat.GPU_XID_ERRORS, cat.GPU_LAST_XID) and dict(labels)["uuid"] == lost_gpu}
+           if name in (cat.GPU_XID_ERRORS.name, cat.GPU_LAST_XID.name) and dict(labels)["uuid"] == lost_gpu}
     assert final - baseline - xid == set(), sorted(final - baseline - xid)[:5]
     assert baseline - final == set(), sorted(baseline - final)[:5]
     assert final_lines == baseline_lines + len(xid)
@@ -176,18 +177,19 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
         pods = GENERATIONS * (len(WHOLE + MIG) + 3)
         print(f"\nsoak: {GENERATIONS} generations, {pods} pod lives, {churn_end:.0f} simulated s; "
               f"series {len(baseline)} -> peak {peak} -> {len(final)}; "
-              f"RSS {rss_start >> 20} MiB at the start, {rss_warm >> 20} MiB after warm-up -> {rss_end >> 20} MiB at the end; "
+              f"RSS {rss_start >> 20} MiB at the start, {rss_warm >> 20} MiB after warm-up "
+              f"-> {rss_end >> 20} MiB at the end; "
               f"threads {threads_start} -> {threads_end}; fds {fds_start} -> {fds_end}")
 
 
 def _empty() -> Any:
     from dra_exporter.model import Family
 
-    return Family(cat.CLAIM_CONSUMER_INFO, ())
+    return Family(cat.CLAIM_CONSUMER_INFO.name, ())
 
 
 def test_churn_scenario_is_valid_and_pods_really_come_and_go() -> None:
-    from dra_exporter.sim.scenario import parse_scenario
+    from dra_exporter_sim.scenario_builder import parse_scenario
 
     scenario = parse_scenario(churn_scenario(3), "churn")
     before = {p.name for p in scenario.pod_allocations_at(CHURN_START - 1).pods}

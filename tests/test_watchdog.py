@@ -33,11 +33,13 @@ from dra_exporter import cli, runtime
 from dra_exporter.agent import Agent, SourceRunner
 from dra_exporter.config import Settings, default_stall_timeout
 from dra_exporter.model import Frame, LoopHealth
-from dra_exporter.sim.clock import SimClock
-from dra_exporter.sim.fake_nvml import FakeNvml
-from dra_exporter.sim.scenario import load_scenario, parse_scenario
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.fake_nvml import FakeNvml
+from dra_exporter_sim import load_scenario
+from dra_exporter_sim.scenario_builder import parse_scenario
 from dra_exporter.sinks.prometheus import PrometheusSink
 from dra_exporter.sources.procs import ProcsSource
+from dra_exporter.sources.registry import without
 
 STALL = 30.0
 GRACE = 30.0
@@ -173,7 +175,7 @@ def test_a_first_cycle_that_never_ends_fails_healthz_too() -> None:
         clock.advance(0.5)
         assert not agent.health().live
         agent.watch()
-        assert sink.frames and by_source(sink.frames[-1], cat.SOURCE_UP)["nvml"] == 0.0
+        assert sink.frames and by_source(sink.frames[-1], cat.SOURCE_UP.name)["nvml"] == 0.0
 
 
 def test_the_default_bound_is_ten_intervals_and_never_under_30_s() -> None:
@@ -209,21 +211,21 @@ def test_while_stalled_the_frames_say_nvml_is_down_and_keep_the_rest() -> None:
         eventually(agent.ready.is_set, GUARD_S)
         nvml.wait_blocked()
         healthy = sink.frames[-1]
-        assert by_source(healthy, cat.SOURCE_UP) == {"nvml": 1.0, "podresources": 1.0}
+        assert by_source(healthy, cat.SOURCE_UP.name) == {"nvml": 1.0, "podresources": 1.0}
         agent.watch()
         assert sink.frames[-1] is healthy, "no stall frame before the bound"
         clock.advance(STALL + 1)
         agent.watch()
         stalled = sink.frames[-1]
-        assert by_source(stalled, cat.SOURCE_UP) == {"nvml": 0.0, "podresources": 1.0}
-        assert by_source(stalled, cat.COLLECT_DURATION)["nvml"] == STALL + 1, "how long the call has hung"
-        assert by_source(stalled, cat.COLLECT_ERRORS) == by_source(healthy, cat.COLLECT_ERRORS), \
+        assert by_source(stalled, cat.SOURCE_UP.name) == {"nvml": 0.0, "podresources": 1.0}
+        assert by_source(stalled, cat.COLLECT_DURATION.name)["nvml"] == STALL + 1, "how long the call has hung"
+        assert by_source(stalled, cat.COLLECT_ERRORS.name) == by_source(healthy, cat.COLLECT_ERRORS.name), \
             "a counter must not jump now and fall back when the call returns"
         assert agent.cycles == 1, "a stall frame is no cycle"
         nvml.release.set()
         eventually(lambda: agent.cycles >= 3, GUARD_S)
         agent.watch()
-        assert by_source(sink.frames[-1], cat.SOURCE_UP)["nvml"] == 1.0
+        assert by_source(sink.frames[-1], cat.SOURCE_UP.name)["nvml"] == 1.0
 
 
 def test_one_log_line_per_episode_names_the_source_and_how_long(caplog: pytest.LogCaptureFixture) -> None:
@@ -269,7 +271,7 @@ def test_a_fifo_under_procfs_names_procs_and_nvml_goes_down_too(tmp_path: Path,
         agent.watch()
         assert not agent.health().ready
         assert "the procs source has been collecting for 30 s" in caplog.text
-        up = by_source(sink.frames[-1], cat.SOURCE_UP)
+        up = by_source(sink.frames[-1], cat.SOURCE_UP.name)
         assert (up["procs"], up["nvml"], up["podresources"]) == (0.0, 0.0, 1.0), \
             "NVML values are not fresh while the cycle is stuck, whichever source it is stuck in"
         # A writer lets the blocked open() through; a regular file in its place keeps later cycles going.
@@ -382,14 +384,14 @@ def test_the_scenario_format_knows_the_hang_fault() -> None:
 def source_up_on_metrics(port: int) -> dict[str, float]:
     text = get(port, "/metrics")[1].decode()
     return {s.labels["source"]: s.value for fam in text_string_to_metric_families(text)
-            if fam.name == cat.SOURCE_UP for s in fam.samples}
+            if fam.name == cat.SOURCE_UP.name for s in fam.samples}
 
 
 def test_a_simulated_nvml_hang_fails_the_probes_reports_nvml_down_and_recovers(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="dra_exporter.agent")
     settings = Settings(listen="127.0.0.1:0", simulate=str(SCENARIOS / "nvml_hang.yaml"), interval=0.1,
-                        kubeapi=False, stall_timeout=1.0)
+                        sources=without("kubeapi"), stall_timeout=1.0)
     # The simulated clock stands at t=10 until the test moves it; the watchdog counts real seconds.
     rt = runtime.build(settings, sim_time=10.0, publish=True)
     try:

@@ -25,15 +25,10 @@ from certs import Pair, Pki, common_name, make_pki, new_server_pair
 from simnode import eventually
 
 from dra_exporter import catalog, model
+from dra_exporter.sinks.basicauth import BasicAuth
 from dra_exporter.sinks.prometheus import PrometheusSink
-from dra_exporter.sinks.webconfig import (
-    BasicAuth,
-    TlsContexts,
-    TlsSettings,
-    WebConfig,
-    WebConfigError,
-    load_web_config,
-)
+from dra_exporter.sinks.tls import TlsContexts, TlsSettings
+from dra_exporter.sinks.webconfig import WebConfig, WebConfigError, load_web_config
 
 PASSWORD = "correct horse battery staple"
 WRONG = "hunter2-but-wrong"
@@ -62,7 +57,7 @@ def tls_block(pki: Pki, **extra: str | list[str]) -> str:
 
 
 def tiny_frame() -> model.Frame:
-    spec = catalog.spec(catalog.BUILD_INFO)
+    spec = catalog.BUILD_INFO
     return model.Frame((model.Family(spec.name, (model.Sample(tuple((lbl, "x") for lbl in spec.labels), 1.0),)),))
 
 
@@ -141,7 +136,8 @@ def test_empty_file_means_plain_http_without_auth_with_a_warning(tmp_path: Path,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     # As exporter-toolkit: an empty file serves plain HTTP. A file was given on purpose, so say so.
     caplog.set_level(logging.WARNING)
-    for name, text in (("empty.yml", ""), ("comments.yml", "# nothing yet\n"), ("empty-tls.yml", "tls_server_config: {}\n")):
+    for name, text in (("empty.yml", ""), ("comments.yml", "# nothing yet\n"),
+                       ("empty-tls.yml", "tls_server_config: {}\n")):
         caplog.clear()
         config = load_web_config(write_config(tmp_path, text, name))
         assert (config.tls, config.users, config.headers) == (None, (), ())
@@ -197,7 +193,8 @@ BAD_CONFIGS = [
     ("basic_auth_users:\n  alice: $2b$04$tooshort\n", "basic_auth_users['alice']: not a bcrypt hash"),
     ("basic_auth_users:\n  alice: 12345\n", "basic_auth_users['alice']: not a bcrypt hash"),
     ("basic_auth_users:\n  'a:b': {hash}\n", "cannot contain ':'"),
-    ("basic_auth_users:\n  alice: {hash}\n  alice: {hash}\n", "invalid YAML at line 3, column 3: duplicate key 'alice'"),
+    ("basic_auth_users:\n  alice: {hash}\n  alice: {hash}\n",
+     "invalid YAML at line 3, column 3: duplicate key 'alice'"),
     ("basic_auth_users:\n  alice: {hash}\nbasic_auth_users:\n  bob: {hash}\n",
      "line 3, column 1: duplicate key 'basic_auth_users'"),
     ("{tls}  client_auth_type: NoClientCert\n  client_auth_type: RequireAndVerifyClientCert\n",

@@ -53,9 +53,10 @@ class PrometheusSink:
 
     def __init__(self, listen: str = "0.0.0.0:9401", *, logger: logging.Logger | None = None,
                  request_timeout: float = 10.0, idle_timeout: float = 60.0, max_connections: int = 256,
-                 web_config: WebConfig | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 max_connections_per_client: int | None = None, web_config: WebConfig | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         """``web_config`` (from ``sinks.webconfig.load_web_config``) turns on TLS, client
-        certificates, basic auth and extra headers; the timeouts and the connection limit
+        certificates, basic auth and extra headers; the timeouts and the connection caps
         are explained in ``sinks.http``."""
         self._logger = logger or logging.getLogger(__name__)
         self._current: _Rendered | None = None
@@ -65,6 +66,7 @@ class PrometheusSink:
         self._loop_health: Callable[[], model.LoopHealth] | None = None
         self._server = MetricsServer(listen, self, logger=self._logger, request_timeout=request_timeout,
                                      idle_timeout=idle_timeout, max_connections=max_connections,
+                                     max_connections_per_client=max_connections_per_client,
                                      web_config=web_config, health=self._health)
         #: How many frames publish() has rendered; scrapes never change it.
         self.renders = 0

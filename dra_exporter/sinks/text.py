@@ -29,8 +29,8 @@ def render_table(frame: Frame) -> str:
     """One line per GPU and MIG device, like ``nvidia-smi``, with who holds it."""
     values: dict[str, dict[str, float]] = defaultdict(dict)
     labels: dict[str, dict[str, str]] = {}
-    wanted = {cat.GPU_UP, cat.GPU_UTILIZATION, cat.GPU_MEMORY_USED, cat.GPU_MEMORY_TOTAL, cat.GPU_POWER,
-              cat.GPU_TEMPERATURE}
+    wanted = {spec.name for spec in (cat.GPU_UP, cat.GPU_UTILIZATION, cat.GPU_MEMORY_USED, cat.GPU_MEMORY_TOTAL,
+                                     cat.GPU_POWER, cat.GPU_TEMPERATURE)}
     for fam in frame.families:
         if fam.name not in wanted:
             continue
@@ -43,15 +43,15 @@ def render_table(frame: Frame) -> str:
     for uuid in order:
         lbl, v = labels[uuid], values[uuid]
         rows.append((
-            lbl["gpu"], _short(uuid), lbl["profile"] or "-", "yes" if v.get(cat.GPU_UP) else "NO",
-            _pct(v.get(cat.GPU_UTILIZATION)),
-            f"{_gib(v.get(cat.GPU_MEMORY_USED))} / {_gib(v.get(cat.GPU_MEMORY_TOTAL))}",
-            _unit(v.get(cat.GPU_POWER), "W"), _unit(v.get(cat.GPU_TEMPERATURE), "C"),
+            lbl["gpu"], _short(uuid), lbl["profile"] or "-", "yes" if v.get(cat.GPU_UP.name) else "NO",
+            _pct(v.get(cat.GPU_UTILIZATION.name)),
+            f"{_gib(v.get(cat.GPU_MEMORY_USED.name))} / {_gib(v.get(cat.GPU_MEMORY_TOTAL.name))}",
+            _unit(v.get(cat.GPU_POWER.name), "W"), _unit(v.get(cat.GPU_TEMPERATURE.name), "C"),
             lbl["namespace"] or "-", lbl["pod"] or ("(shared)" if lbl["claim"] else "-"),
             lbl["container"] or "-", lbl["claim"] or "-",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def _short(uuid: str) -> str:

@@ -3,8 +3,52 @@
 The only layer that does I/O on the node's systems. Each source returns frozen
 snapshots from ``model`` and knows nothing of Prometheus or OpenTelemetry; tests
 point them at the simulated node. Sources never import sinks.
+
+``Source[T]`` is what the agent runs: ``collect()`` returns one snapshot of type ``T``
+(or raises), ``close()`` releases what the source holds. ``Snapshots`` is the latest
+snapshot of each source, typed, as the join reads them. Which sources exist, and how
+each is built, is ``sources.registry``.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from ..model import ClusterSnapshot, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
+
+T_co = TypeVar("T_co", covariant=True)
 
 
 class SourceError(Exception):
     """A source could not produce a snapshot this cycle; the message says why, for operators."""
+
+
+class Source(Protocol[T_co]):
+    """One system the exporter reads, collected once per cycle (or on its own thread)."""
+
+    @property
+    def name(self) -> str:
+        """The ``source`` label of its self-metrics (``dra_exporter_source_up{source}``)."""
+        ...
+
+    def collect(self) -> T_co:
+        """One snapshot; raises (``SourceError`` with an operator's message) when it cannot."""
+        ...
+
+    def close(self) -> None:
+        """Release threads, sockets and handles; safe to call twice."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshots:
+    """The latest snapshot of every source; None where a source is off, failing or not yet collected."""
+
+    nvml: NvmlSnapshot | None = None
+    pods: PodResourcesSnapshot | None = None
+    """The kubelet's pod-resources answer (source ``podresources``)."""
+    cluster: ClusterSnapshot | None = None
+    """The API server's view of this node (source ``kubeapi``)."""
+    owners: ProcessOwnersSnapshot | None = None
+    """Pod and container of each GPU process, from /proc (source ``procs``)."""

@@ -48,6 +48,7 @@ not used because it discovers every group of the cluster and caches discovery in
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -65,8 +66,10 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from .. import model
+from ..backoff import Backoff
+from ..dra_versions import GROUP
 from ..join_domains import DOMAIN_UID_LABEL, referenced_domains
-from . import SourceError
+from . import Source, SourceError
 from . import computedomain as cd
 from . import kubeapi_http as http
 from .kubeapi_normalize import (
@@ -85,7 +88,6 @@ from .kubeapi_normalize import (
 )
 
 SOURCE: Final = "kubeapi"
-GROUP: Final = "resource.k8s.io"
 NO_ACCESS: Final = ("kubeapi: no API server access (no in-cluster service account, no kubeconfig): "
                     "node-local attribution only")
 RBAC_HINT: Final = "the exporter needs get/list/watch on resourceslices, resourceclaims and pods"
@@ -221,7 +223,7 @@ class Timeouts:
     watch: tuple[int, int] = (300, 600)
     """Each watch asks the server to end it after a random number of seconds in this range."""
     backoff: tuple[float, float] = (1.0, 60.0)
-    """Initial and maximum wait after a failure (doubling in between)."""
+    """Initial and maximum wait after a failure (doubling in between, ±20 % jitter: ``backoff.Backoff``)."""
 
 
 class _Reflector(Generic[T]):
@@ -236,8 +238,10 @@ class _Reflector(Generic[T]):
     def __init__(self, kind: str, api_client: k8s.ApiClient, path: str, field_selector: str | None,
                  normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
                  changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
-                 on_update: Callable[[], None] = lambda: None, label_selector: str | None = None) -> None:
+                 on_update: Callable[[], None] = lambda: None, page_size: int = 0,
+                 label_selector: str | None = None) -> None:
         self.kind = kind
+        self._page_size = page_size
         self._labels = label_selector
         self._client = api_client
         self._path = path
@@ -268,18 +272,41 @@ class _Reflector(Generic[T]):
     # --- list -------------------------------------------------------------------------------------
 
     def list_once(self) -> None:
-        """One consistent list; replaces every object. Raises ``SourceError``."""
-        self._requests[f"list {self.kind}"] += 1
-        response = _request(f"list {self.kind}", lambda: http.get(
-            self._client, self._path, self._query(), timeout=self._timeouts.request))
-        body = _json(response, f"list {self.kind}", MAX_LIST_BYTES)
-        items = {}
-        for obj in body.get("items") or ():
-            if isinstance(obj, Mapping):
-                items[_key(obj)] = self._normalize(obj)
+        """One consistent list; replaces every object. Raises ``SourceError``.
+
+        With ``page_size``, the list comes in pages (``limit`` and ``continue``, as client-go's
+        pager does): each answer stays under ``MAX_LIST_BYTES`` and is normalised before the next
+        is read, so a cluster-wide list costs the memory of one page plus what is kept. A continue
+        token that expired (410) starts the list again, once."""
+        items: dict[str, T] = {}
+        token, version, restarted = "", None, False
+        while True:
+            self._requests[f"list {self.kind}"] += 1
+            query = list(self._query())
+            if self._page_size:
+                query.append(("limit", self._page_size))
+            if token:
+                query.append(("continue", token))
+            try:
+                response = _request(f"list {self.kind}", lambda q=query: http.get(  # type: ignore[misc]
+                    self._client, self._path, q, timeout=self._timeouts.request))
+            except _Gone:
+                if not token or restarted:
+                    raise
+                items, token, version, restarted = {}, "", None, True  # the pages' snapshot is gone
+                continue
+            body = _json(response, f"list {self.kind}", MAX_LIST_BYTES)
+            for obj in body.get("items") or ():
+                if isinstance(obj, Mapping):
+                    items[_key(obj)] = self._normalize(obj)
+            meta = body.get("metadata")
+            version = version or _str(meta, "resourceVersion") or None
+            token = _str(meta, "continue")
+            if not token or not self._page_size:
+                break
         with self._lock:
             old, self.items = self.items, items
-            self.resource_version = _str(body.get("metadata"), "resourceVersion") or None
+            self.resource_version = version
             self.error = ""
         for key in old.keys() | items.keys():
             if old.get(key) != items.get(key):
@@ -293,8 +320,7 @@ class _Reflector(Generic[T]):
         self._thread.start()
 
     def _run(self, stop: threading.Event) -> None:
-        initial, maximum = self._timeouts.backoff
-        delay = initial
+        backoff = Backoff(*self._timeouts.backoff, random=random.random)
         short = 0
         while not stop.is_set():
             started = time.monotonic()
@@ -310,20 +336,19 @@ class _Reflector(Generic[T]):
                 short = 0
                 self.error = str(exc)
                 self._on_update()
-                stop.wait(delay * random.uniform(0.8, 1.2))
-                delay = min(maximum, delay * 2)
+                stop.wait(backoff.failed())
                 continue
             except Exception as exc:
                 short = 0
                 self.error = f"kubeapi: watching {self.kind} failed: {type(exc).__name__}: {exc}"
                 logging.getLogger(__name__).debug("watch %s failed", self.kind, exc_info=True)
-                stop.wait(delay)
-                delay = min(maximum, delay * 2)
+                stop.wait(backoff.failed())
                 continue
             if stop.is_set():
                 return
             if time.monotonic() - started >= HEALTHY_WATCH_S:
-                short, delay = 0, initial  # a watch that lived: the next one starts at once
+                short = 0  # a watch that lived: the next one starts at once
+                backoff.succeeded()
                 continue
             # Ended (cut, or 410) right after it started: a server or proxy that does this to every
             # watch must not get a request storm. Wait, as after a failure.
@@ -333,8 +358,7 @@ class _Reflector(Generic[T]):
                 self.error = (f"kubeapi: watching {self.kind}: the API server {why} "
                               f"({short} times in a row); retrying with backoff")
                 self._on_update()
-            stop.wait(delay * random.uniform(0.8, 1.2))
-            delay = min(maximum, delay * 2)
+            stop.wait(backoff.failed())
 
     def _watch_once(self, stop: threading.Event) -> None:
         low, high = self._timeouts.watch
@@ -411,7 +435,7 @@ class _CachedClaim:
     """When it is fetched again (``monotonic`` time)."""
 
 
-class KubeApiSource:
+class KubeApiSource(Source[model.ClusterSnapshot]):
     """The cluster view of one node: see the module docstring for what it asks and how often."""
 
     name = SOURCE
@@ -456,15 +480,14 @@ class KubeApiSource:
         self._revision = 0
         self._revision_lock = threading.Lock()
         self._snapshot: tuple[int, model.ClusterSnapshot] | None = None
-        self._failures = 0
-        self._retry_at = 0.0
+        self._backoff = Backoff(*timeouts.backoff, monotonic=monotonic)
         self._last_error = ""
 
     # --- public ---------------------------------------------------------------------------------
 
     def collect(self) -> model.ClusterSnapshot:
         with self._lock:
-            if self._monotonic() < self._retry_at:
+            if self._backoff.remaining():
                 raise SourceError(self._last_error)
             try:
                 self._start()
@@ -474,7 +497,8 @@ class KubeApiSource:
             except SourceError as exc:
                 self._fail(str(exc))
                 raise
-            self._failures, self._last_error = 0, ""
+            self._backoff.succeeded()
+            self._last_error = ""
             return self._build_snapshot()
 
     def close(self) -> None:
@@ -559,9 +583,9 @@ class KubeApiSource:
         for version in (v for v in TAINT_RULE_VERSIONS if v in self.served):
             self.requests["discover"] += 1
             what = f"discover {GROUP}/{version}"
-            client = self._client
-            body = _json(_request(what, lambda v=version: http.get(  # type: ignore[misc]
-                client, f"{http.GROUP_PATH}/{v}", timeout=self._timeouts.request)), what)
+            get = functools.partial(http.get, self._client, f"{http.GROUP_PATH}/{version}",
+                                    timeout=self._timeouts.request)
+            body = _json(_request(what, get), what)
             if "devicetaintrules" in resource_names(body):
                 return version
         return None
@@ -750,9 +774,7 @@ class KubeApiSource:
         return snapshot
 
     def _fail(self, message: str) -> None:
-        self._failures += 1
-        initial, maximum = self._timeouts.backoff
-        self._retry_at = self._monotonic() + min(maximum, initial * 2 ** (self._failures - 1))
+        self._backoff.failed()
         self._last_error = message
 
 

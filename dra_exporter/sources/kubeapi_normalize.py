@@ -7,7 +7,8 @@ what ``kubectl get -o json`` prints) in, frozen records out; no client, no I/O, 
 resource.k8s.io differs between the versions the exporter reads (reference: dra-api.md §2.2-2.3):
 
 * ``v1`` and ``v1beta2`` put device fields on the device (``devices[].attributes``); ``v1beta1``
-  (and the older ``v1alpha3``) nest them under ``devices[].basic``;
+  (and the older ``v1alpha3``) nest them under ``devices[].basic`` (``dra_versions``, the one
+  place that knows how the versions' shapes differ);
 * capacities are ``{value: <quantity>}`` (``v1alpha3``: a bare quantity) — both are accepted;
 * an attribute is a union of ``int``/``bool``/``string``/``version`` (1.36 adds list forms);
 * ``nodeName``/``allNodes`` are pointers in v1beta2/v1 (absent when unset) and plain values in
@@ -20,17 +21,16 @@ reads as empty, a quantity that does not parse is left out, and one bad entry ne
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
 from kubernetes.utils.quantity import parse_quantity
 
 from .. import model
+from ..dra_versions import SUPPORTED_VERSIONS, device_fields, exact_request
 
-#: The resource.k8s.io versions this exporter reads, most preferred first.
-SUPPORTED_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
-#: Versions whose devices keep their fields under ``basic``.
-_NESTED_VERSIONS: Final = frozenset({"v1beta1", "v1alpha3"})
+__all__ = ["SUPPORTED_VERSIONS"]  # the exporter's sources read the versions from here
 _ATTRIBUTE_SCALARS: Final = ("string", "int", "bool", "version")
 _ATTRIBUTE_LISTS: Final = ("strings", "ints", "bools", "versions")
 _CLAIM_STATUS_PREFIX: Final = "claim:"
@@ -102,10 +102,12 @@ def _requirements(raw: Sequence[Any]) -> tuple[model.NodeSelectorRequirement, ..
 
 def _device(raw: Any, driver: str, version: str, per_device: bool = False) -> model.SliceDevice:
     dev = _map_of(raw)
-    body = _map(dev, "basic") if version in _NESTED_VERSIONS else dev
+    body = device_fields(dev, version)
+    attributes = _map(body, "attributes")
     return model.SliceDevice(
         name=_str(dev, "name"),
-        attributes=tuple(sorted(_attributes(_map(body, "attributes"), driver))),
+        attributes=tuple(sorted(_attributes(attributes, driver))),
+        attribute_kinds=tuple(sorted(_attribute_kinds(attributes, driver))),
         capacity=tuple(sorted(_capacities(_map(body, "capacity")))),
         consumes_counters=tuple(
             model.CounterConsumption(_str(c, "counterSet"), _counters(_map(c, "counters")))
@@ -126,6 +128,24 @@ def _attributes(raw: Mapping[str, Any], driver: str) -> Iterable[tuple[str, str]
         # An unqualified key is in the driver's domain (the CEL rule), so both spellings mean one thing.
         domain, sep, name = key.rpartition("/")
         yield (name if sep and domain == driver else key), text
+
+
+def _attribute_kinds(raw: Mapping[str, Any], driver: str) -> Iterable[tuple[str, str]]:
+    """(key as ``_attributes`` spells it, union member) for every attribute that is not a string."""
+    for key, value in raw.items():
+        member = attribute_kind(_map_of(value))
+        if member is None or member == "string" or not isinstance(key, str):
+            continue
+        domain, sep, name = key.rpartition("/")
+        yield (name if sep and domain == driver else key), member
+
+
+def attribute_kind(value: Mapping[str, Any]) -> str | None:
+    """Which member of a ``DeviceAttribute`` union is set (``int``, ``versions`` …); None: none."""
+    for member in _ATTRIBUTE_SCALARS:
+        if member in value and value[member] is not None:
+            return member
+    return next((m for m in _ATTRIBUTE_LISTS if isinstance(value.get(m), list)), None)
 
 
 def attribute_value(value: Mapping[str, Any]) -> str | None:
@@ -206,15 +226,16 @@ def current_slices(slices: Iterable[model.ResourceSliceInfo]) -> tuple[model.Res
 
 
 def claim_from_dict(obj: Mapping[str, Any], version: str) -> model.ClaimInfo:
-    """One ResourceClaim; the status shapes the exporter reads are the same in every version
-    (``version`` is taken for symmetry and for shapes that may yet diverge)."""
-    del version  # results, reservedFor and devices[] have one shape from v1beta1 to v1
+    """One ResourceClaim: the status has one shape in every version; the spec's requests do not
+    (``claim_requests``)."""
     meta, status = _map(obj, "metadata"), _map(obj, "status")
     devices = _map(_map(status, "allocation"), "devices")
     return model.ClaimInfo(
         namespace=_str(meta, "namespace"),
         name=_str(meta, "name"),
         uid=_str(meta, "uid"),
+        requests=claim_requests(_map(_map(obj, "spec"), "devices"), version),
+        created=timestamp(_str(meta, "creationTimestamp")),
         results=tuple(
             model.AllocationResult(
                 request=_str(r, "request"), driver=_str(r, "driver"), pool=_str(r, "pool"),
@@ -246,6 +267,48 @@ def claim_from_dict(obj: Mapping[str, Any], version: str) -> model.ClaimInfo:
             for c in map(_map_of, _list(devices, "config"))
             if _str(opaque := _map(c, "opaque"), "driver"))[:MAX_CONFIGS],
     )
+
+
+def claim_requests(devices: Mapping[str, Any], version: str) -> tuple[model.DeviceRequestInfo, ...]:
+    """``spec.devices.requests[]``: v1beta2/v1 put a plain request under ``exactly``, v1beta1 (and
+    v1alpha3) on the request itself; a prioritized list (``firstAvailable``) gives one entry per
+    subrequest, named ``main/sub`` as allocation results name it."""
+    out = []
+    for req in map(_map_of, _list(devices, "requests")):
+        name = _str(req, "name")
+        if not name:
+            continue
+        subrequests = _list(req, "firstAvailable")
+        if subrequests:
+            out += [_request(f"{name}/{_str(sub, 'name')}", sub) for sub in map(_map_of, subrequests)]
+        else:
+            out.append(_request(name, exact_request(req, version)))
+    return tuple(out)
+
+
+def _request(name: str, body: Mapping[str, Any]) -> model.DeviceRequestInfo:
+    mode = _str(body, "allocationMode")
+    return model.DeviceRequestInfo(name, _str(body, "deviceClassName"), max(_int(body, "count", 1), 1),
+                                   all_devices=mode == "All")
+
+
+def timestamp(text: str) -> float:
+    """An RFC 3339 time (``2026-01-01T00:00:00Z``) as Unix time; 0.0 when absent or invalid."""
+    if not text:
+        return 0.0
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def device_class_from_dict(obj: Mapping[str, Any]) -> model.DeviceClassInfo:
+    """One DeviceClass (same shape in v1beta1, v1beta2 and v1): its CEL selectors, in order."""
+    spec = _map(obj, "spec")
+    return model.DeviceClassInfo(
+        name=_str(_map(obj, "metadata"), "name"),
+        selectors=tuple(e for s in map(_map_of, _list(spec, "selectors")) if (e := _str(_map(s, "cel"), "expression"))),
+        extended_resource_name=_str(spec, "extendedResourceName"))
 
 
 def _scalar_fields(raw: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

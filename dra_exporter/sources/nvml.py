@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random as _random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,8 +33,9 @@ from functools import partial
 from typing import Any, Final, NoReturn
 
 from .. import catalog as cat
+from ..backoff import Backoff
 from ..model import DeviceSample, GpuDevice, Labels, NvmlSnapshot, ProcessSample, Reading
-from . import SourceError
+from . import Source, SourceError
 from .nvml_events import EventWatcher, XidCounter, XidTally
 from .nvml_fabric import FabricReader, FabricState
 from .nvml_gpm import GpmReader, gpm_supported
@@ -62,26 +64,32 @@ _REASONS: Final = (
 
 @dataclass(frozen=True, slots=True)
 class _FieldSpec:
-    metric: str
+    """What one NVML field value becomes: a reading of ``family`` with these own labels."""
+
+    family: cat.MetricSpec
     labels: Labels = ()
+    """The family's own labels (``catalog.MetricSpec.extra``: checked against the family)."""
     scale: float = 1.0
-    counter: bool = False
-    """A counter: when NVML reports it as a 32-bit value it wraps, and is unwrapped here."""
+
+    @property
+    def counter(self) -> bool:
+        """A counter: when NVML reports it as a 32-bit value it wraps, and is unwrapped here."""
+        return self.family.kind == "counter"
 
 
 #: The field-value families, by NVML constant name; all fetched in one call per device.
 _FIELDS: Final = (
-    ("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", _FieldSpec(cat.GPU_ENERGY, (), 1e-3, True)),  # mJ
+    ("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", _FieldSpec(cat.GPU_ENERGY, scale=1e-3)),  # mJ
     ("NVML_FI_DEV_MEMORY_TEMP", _FieldSpec(cat.GPU_MEMORY_TEMPERATURE)),
-    ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", _FieldSpec(cat.GPU_PCIE_BYTES, (("direction", "tx"),), counter=True)),
-    ("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", _FieldSpec(cat.GPU_PCIE_BYTES, (("direction", "rx"),), counter=True)),
-    ("NVML_FI_DEV_PCIE_REPLAY_COUNTER", _FieldSpec(cat.GPU_PCIE_REPLAYS, counter=True)),
-    ("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", _FieldSpec(cat.GPU_ECC_ERRORS, (("type", "corrected"),), counter=True)),
-    ("NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
-     _FieldSpec(cat.GPU_ECC_ERRORS, (("type", "uncorrected"),), counter=True)),
-    ("NVML_FI_DEV_REMAPPED_COR", _FieldSpec(cat.GPU_REMAPPED_ROWS, (("type", "correctable"),), counter=True)),
+    ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", _FieldSpec(cat.GPU_PCIE_BYTES, cat.GPU_PCIE_BYTES.extra(direction="tx"))),
+    ("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", _FieldSpec(cat.GPU_PCIE_BYTES, cat.GPU_PCIE_BYTES.extra(direction="rx"))),
+    ("NVML_FI_DEV_PCIE_REPLAY_COUNTER", _FieldSpec(cat.GPU_PCIE_REPLAYS)),
+    ("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", _FieldSpec(cat.GPU_ECC_ERRORS, cat.GPU_ECC_ERRORS.extra(type="corrected"))),
+    ("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", _FieldSpec(cat.GPU_ECC_ERRORS, cat.GPU_ECC_ERRORS.extra(type="uncorrected"))),
+    ("NVML_FI_DEV_REMAPPED_COR",
+     _FieldSpec(cat.GPU_REMAPPED_ROWS, cat.GPU_REMAPPED_ROWS.extra(type="correctable"))),
     ("NVML_FI_DEV_REMAPPED_UNC",
-     _FieldSpec(cat.GPU_REMAPPED_ROWS, (("type", "uncorrectable"),), counter=True)),
+     _FieldSpec(cat.GPU_REMAPPED_ROWS, cat.GPU_REMAPPED_ROWS.extra(type="uncorrectable"))),
     ("NVML_FI_DEV_REMAPPED_PENDING", _FieldSpec(cat.GPU_ROW_REMAP_PENDING)),
     ("NVML_FI_DEV_REMAPPED_FAILURE", _FieldSpec(cat.GPU_ROW_REMAP_FAILURE)),
 )
@@ -172,24 +180,24 @@ class _DeviceReader:
         self._fields = {int(getattr(nvml, const)): spec for const, spec in _FIELDS if hasattr(nvml, const)}
         self.field_ids: tuple[int, ...] = tuple(self._fields)
         self._reasons = tuple(
-            (int(bit), (("reason", label),)) for suffix, label in _REASONS
+            (int(bit), cat.GPU_CLOCK_EVENT.extra(reason=label)) for suffix, label in _REASONS
             if (bit := getattr(nvml, f"nvmlClocksEventReason{suffix}",
                                getattr(nvml, f"nvmlClocksThrottleReason{suffix}", None))) is not None)
         plan: list[tuple[str, str, Callable[..., list[Reading]]]] = [
             ("memory", "nvmlDeviceGetMemoryInfo", self._memory),
             ("utilization", "nvmlDeviceGetUtilizationRates", self._utilization),
             ("encoder", "nvmlDeviceGetEncoderUtilization",
-             partial(self._codec, "nvmlDeviceGetEncoderUtilization", cat.GPU_ENCODER_UTILIZATION)),
+             partial(self._codec, "nvmlDeviceGetEncoderUtilization", cat.GPU_ENCODER_UTILIZATION.name)),
             ("decoder", "nvmlDeviceGetDecoderUtilization",
-             partial(self._codec, "nvmlDeviceGetDecoderUtilization", cat.GPU_DECODER_UTILIZATION)),
+             partial(self._codec, "nvmlDeviceGetDecoderUtilization", cat.GPU_DECODER_UTILIZATION.name)),
             ("power", "nvmlDeviceGetPowerUsage",
-             partial(self._milli, "nvmlDeviceGetPowerUsage", cat.GPU_POWER)),
+             partial(self._milli, "nvmlDeviceGetPowerUsage", cat.GPU_POWER.name)),
             ("power_limit", "nvmlDeviceGetEnforcedPowerLimit",
-             partial(self._milli, "nvmlDeviceGetEnforcedPowerLimit", cat.GPU_POWER_LIMIT)),
+             partial(self._milli, "nvmlDeviceGetEnforcedPowerLimit", cat.GPU_POWER_LIMIT.name)),
             ("temperature", "nvmlDeviceGetTemperature", self._temperature),
         ]
         plan += [(f"clock_{label}", "nvmlDeviceGetClockInfo",
-                  partial(self._clock, int(getattr(nvml, const)), (("clock", label),)))
+                  partial(self._clock, int(getattr(nvml, const)), cat.GPU_CLOCK.extra(clock=label)))
                  for const, label in _CLOCKS if hasattr(nvml, const)]
         plan += [("clock_events", "nvmlDeviceGetCurrentClocksEventReasons", self._clock_events),
                  ("fields", "nvmlDeviceGetFieldValues", self._field_values)]
@@ -212,9 +220,10 @@ class _DeviceReader:
             readings += self._guarded(state, "fabric", self._fabric.read, handle, state.fabric, uuid)
         if state.gpm is not None:
             gpm = self._guarded(state, "gpm", state.gpm.read, now)
-            if any(r.metric == cat.GPU_NVLINK_BYTES for r in readings):
+            nvlink_bytes = cat.GPU_NVLINK_BYTES.name
+            if any(r.metric == nvlink_bytes for r in readings):
                 # The per-link counters' sum counts since the driver loaded: it replaces GPM's integral.
-                gpm = [r for r in gpm if r.metric != cat.GPU_NVLINK_BYTES]
+                gpm = [r for r in gpm if r.metric != nvlink_bytes]
             readings += gpm
         return readings
 
@@ -287,18 +296,18 @@ class _DeviceReader:
                 state.unsupported.add("memory_v2")  # drivers before R510: fall back to v1
         if info is None:
             info = nvml.nvmlDeviceGetMemoryInfo(handle)
-        out = [Reading(cat.GPU_MEMORY_USED, float(info.used)),
-               Reading(cat.GPU_MEMORY_FREE, float(info.free)),
-               Reading(cat.GPU_MEMORY_TOTAL, float(info.total))]
+        out = [Reading(cat.GPU_MEMORY_USED.name, float(info.used)),
+               Reading(cat.GPU_MEMORY_FREE.name, float(info.free)),
+               Reading(cat.GPU_MEMORY_TOTAL.name, float(info.total))]
         reserved = getattr(info, "reserved", None)
         if reserved is not None:
-            out.append(Reading(cat.GPU_MEMORY_RESERVED, float(reserved)))
+            out.append(Reading(cat.GPU_MEMORY_RESERVED.name, float(reserved)))
         return out
 
     def _utilization(self, handle: Any, _state: _DeviceState) -> list[Reading]:
         rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
-        return [Reading(cat.GPU_UTILIZATION, rates.gpu / 100.0),
-                Reading(cat.GPU_MEMORY_UTILIZATION, rates.memory / 100.0)]
+        return [Reading(cat.GPU_UTILIZATION.name, rates.gpu / 100.0),
+                Reading(cat.GPU_MEMORY_UTILIZATION.name, rates.memory / 100.0)]
 
     def _codec(self, function: str, metric: str, handle: Any, _state: _DeviceState) -> list[Reading]:
         percent, _period_us = getattr(self._nvml, function)(handle)
@@ -309,14 +318,14 @@ class _DeviceReader:
 
     def _temperature(self, handle: Any, _state: _DeviceState) -> list[Reading]:
         celsius = self._nvml.nvmlDeviceGetTemperature(handle, self._temperature_gpu)
-        return [Reading(cat.GPU_TEMPERATURE, float(celsius))]
+        return [Reading(cat.GPU_TEMPERATURE.name, float(celsius))]
 
     def _clock(self, clock: int, labels: Labels, handle: Any, _state: _DeviceState) -> list[Reading]:
-        return [Reading(cat.GPU_CLOCK, self._nvml.nvmlDeviceGetClockInfo(handle, clock) * 1e6, labels)]  # MHz
+        return [Reading(cat.GPU_CLOCK.name, self._nvml.nvmlDeviceGetClockInfo(handle, clock) * 1e6, labels)]  # MHz
 
     def _clock_events(self, handle: Any, _state: _DeviceState) -> list[Reading]:
         bits = int(self._nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
-        return [Reading(cat.GPU_CLOCK_EVENT, 1.0 if bits & bit else 0.0, labels)
+        return [Reading(cat.GPU_CLOCK_EVENT.name, 1.0 if bits & bit else 0.0, labels)
                 for bit, labels in self._reasons]
 
     def _field_values(self, handle: Any, state: _DeviceState) -> list[Reading]:
@@ -344,7 +353,7 @@ class _DeviceReader:
                 # The PCIe byte counters are 32-bit (see the H200 recording) and wrap after 4 GiB;
                 # exported raw they would look like counter resets.
                 raw = unwrap32(state.wraps, field_id, int(raw))
-            out.append(Reading(spec.metric, float(raw) * spec.scale, spec.labels))
+            out.append(Reading(spec.family.name, float(raw) * spec.scale, spec.labels))
         if dropped:
             state.field_ids = [fid for fid in state.field_ids if fid not in dropped]
         if state.links is not None:
@@ -379,9 +388,9 @@ def _xid_readings(uuid: str, xids: dict[str, XidTally]) -> tuple[Reading, ...]:
     tally = xids.get(uuid)
     if tally is None:
         return ()
-    counts = tuple(Reading(cat.GPU_XID_ERRORS, float(count), (("xid", str(code)),))
+    counts = tuple(Reading(cat.GPU_XID_ERRORS.name, float(count), cat.GPU_XID_ERRORS.extra(xid=str(code)))
                    for code, count in tally.counts)
-    return counts + (Reading(cat.GPU_LAST_XID, tally.last_timestamp),)
+    return counts + (Reading(cat.GPU_LAST_XID.name, tally.last_timestamp),)
 
 
 def _mig_order(mig: _Mig) -> tuple[int, int, int, str]:
@@ -390,7 +399,7 @@ def _mig_order(mig: _Mig) -> tuple[int, int, int, str]:
     return (start, d.gi_id or 0, d.ci_id or 0, d.uuid)
 
 
-class NvmlSource:
+class NvmlSource(Source[NvmlSnapshot]):
     """Reads NVML once per ``collect()``; see the module docstring for the contract."""
 
     name = "nvml"
@@ -398,18 +407,18 @@ class NvmlSource:
     def __init__(self, nvml: Any, *, wall_clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
                  init_backoff: tuple[float, float] = (1.0, 60.0), events: bool = True,
-                 event_poll_ms: int = 500, logger: logging.Logger | None = None) -> None:
-        first, cap = init_backoff
-        if not 0 < first <= cap:
-            raise ValueError("init_backoff must be (first, max) seconds with 0 < first <= max, "
-                             f"got {init_backoff!r}")
+                 event_poll_ms: int = 500, logger: logging.Logger | None = None,
+                 random: Callable[[], float] = _random.random) -> None:
+        try:
+            self._backoff = Backoff(*init_backoff, monotonic=monotonic, random=random)
+        except ValueError as exc:
+            raise ValueError(f"init_backoff: {exc}") from None
         if event_poll_ms <= 0:
             raise ValueError("event_poll_ms must be a positive number of milliseconds, "
                              f"got {event_poll_ms!r}")
         self._nvml = nvml
         self._wall_clock = wall_clock
         self._monotonic = monotonic
-        self._backoff = (float(first), float(cap))
         self._events = events
         self._event_poll_ms = event_poll_ms
         self._log = logger or logging.getLogger(__name__)
@@ -421,8 +430,6 @@ class NvmlSource:
         self._ready = False
         self._closed = False
         self._attempts = 0
-        self._failures = 0
-        self._retry_at = -math.inf
         self._init_error = ""
         self._driver = ""
         self._nvml_version = ""
@@ -486,16 +493,14 @@ class NvmlSource:
             raise SourceError("nvml: the source is closed")
         if self._ready:
             return
-        now = self._monotonic()
-        if now < self._retry_at:
-            wait = _seconds(self._retry_at - now)
-            raise SourceError(f"nvml: init failed: {self._init_error}; retrying in {wait}s")
+        if wait := self._backoff.remaining():
+            raise SourceError(f"nvml: init failed: {self._init_error}; retrying in {_seconds(wait)}s")
         nvml = self._nvml
         self._attempts += 1
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as err:
-            self._init_failed(err, now)
+            self._init_failed(err)
         try:
             self._start_session()
         except nvml.NVMLError as err:
@@ -503,27 +508,23 @@ class NvmlSource:
                 nvml.nvmlShutdown()
             except nvml.NVMLError:
                 pass
-            self._init_failed(err, now)
-        if self._failures:
-            self._log.info("nvml: initialised after %d failed attempts", self._failures)
+            self._init_failed(err)
+        if self._backoff.failures:
+            self._log.info("nvml: initialised after %d failed attempts", self._backoff.failures)
         self._log.info("nvml: %d GPU(s), driver %s, NVML %s", len(self._gpus) + len(self._missing),
                        self._driver, self._nvml_version)
         self._ready = True
-        self._failures = 0
-        self._retry_at = -math.inf
+        self._backoff.succeeded()
 
-    def _init_failed(self, err: Exception, now: float) -> NoReturn:
-        first, cap = self._backoff
-        delay = min(cap, first * 2.0 ** self._failures)
-        self._failures += 1
-        self._retry_at = now + delay
+    def _init_failed(self, err: Exception) -> NoReturn:
+        delay = self._backoff.failed()
         reason = str(err)
         for const, hint in _INIT_HINTS.items():
             if getattr(err, "value", None) == getattr(self._nvml, const, object()):
                 reason = f"{reason} ({hint})"
         self._init_error = reason
         message = f"nvml: init failed: {reason}; retrying in {_seconds(delay)}s"
-        if self._failures == 1:
+        if self._backoff.failures == 1:
             self._log.warning("%s", message)  # later failures repeat it: the agent reports them
         raise SourceError(message) from None
 

@@ -86,15 +86,16 @@ class FabricReader:
         clique_id = str(int(info.cliqueId)) if completed else ""
         self._log_status(state, uuid, status if completed else int(self._nvml.NVML_SUCCESS))
         out = [
-            Reading(cat.GPU_FABRIC_INFO, 1.0, (("clique", f"{cluster}.{clique_id}" if registered and cluster else ""),
-                                               ("cluster_uuid", cluster), ("clique_id", clique_id))),
-            *(Reading(cat.GPU_FABRIC_STATE, float(fabric_state == value), (("state", name),))
+            Reading(cat.GPU_FABRIC_INFO.name, 1.0, cat.GPU_FABRIC_INFO.extra(
+                clique=f"{cluster}.{clique_id}" if registered and cluster else "", cluster_uuid=cluster,
+                clique_id=clique_id)),
+            *(Reading(cat.GPU_FABRIC_STATE.name, float(fabric_state == value), (("state", name),))
               for value, name in self._state_values),
-            Reading(cat.GPU_FABRIC_REGISTERED, float(registered)),
+            Reading(cat.GPU_FABRIC_REGISTERED.name, float(registered)),
         ]
         if state.api == "v3":
             summary = int(info.healthSummary)
-            out += [Reading(cat.GPU_FABRIC_HEALTH_SUMMARY, float(summary == value), (("summary", name),))
+            out += [Reading(cat.GPU_FABRIC_HEALTH_SUMMARY.name, float(summary == value), (("summary", name),))
                     for value, name in self._summary_values]
         if state.api in ("v2", "v3"):
             mask = int(info.healthMask)
@@ -103,7 +104,7 @@ class FabricReader:
                 if field_value == 0:  # NOT_SUPPORTED: this GPU does not report the field
                     continue
                 problem = field_value != bad if negated else field_value == bad
-                out.append(Reading(cat.GPU_FABRIC_HEALTH_PROBLEM, float(problem), (("field", name),)))
+                out.append(Reading(cat.GPU_FABRIC_HEALTH_PROBLEM.name, float(problem), (("field", name),)))
         return out
 
     def _fabric_info(self, handle: Any, state: FabricState) -> Any:
@@ -149,4 +150,4 @@ def _struct(nvml: Any, name: str) -> type:
         import pynvml  # the struct layout is NVML's ABI; the fake re-uses it too
 
         struct = getattr(pynvml, name)
-    return struct  # type: ignore[no-any-return]
+    return struct

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 from .. import catalog as cat
-from ..model import Reading
+from ..model import Labels, Reading
 
-#: (NVML constant, catalogue metric) for GPM ratios NVML reports in percent.
+#: (NVML constant, catalogue family) for GPM ratios NVML reports in percent.
 _RATIO_METRICS: Final = (
     ("NVML_GPM_METRIC_SM_UTIL", cat.GPU_SM_ACTIVE),
     ("NVML_GPM_METRIC_SM_OCCUPANCY", cat.GPU_SM_OCCUPANCY),
@@ -67,14 +67,15 @@ class GpmReader:
         self._struct = _metrics_get_type(nvml)
         self._not_supported = int(nvml.NVML_ERROR_NOT_SUPPORTED)
         self._success = int(nvml.NVML_SUCCESS)
-        # metric id -> (metric, labels, is_rate); constants missing from an old pynvml are skipped.
-        self._wanted: dict[int, tuple[str, tuple[tuple[str, str], ...], bool]] = {}
-        for const, metric in _RATIO_METRICS:
+        # metric id -> (family name, labels, is_rate); constants missing from an old pynvml are skipped.
+        self._wanted: dict[int, tuple[str, Labels, bool]] = {}
+        for const, family in _RATIO_METRICS:
             if (mid := getattr(nvml, const, None)) is not None:
-                self._wanted[int(mid)] = (metric, (), False)
+                self._wanted[int(mid)] = (family.name, (), False)
         for const, direction in _NVLINK_METRICS:
             if (mid := getattr(nvml, const, None)) is not None:
-                self._wanted[int(mid)] = (cat.GPU_NVLINK_BYTES, (("direction", direction),), True)
+                self._wanted[int(mid)] = (cat.GPU_NVLINK_BYTES.name, cat.GPU_NVLINK_BYTES.extra(direction=direction),
+                                          True)
         self._samples: list[Any] = []
         self._prev_at: float | None = None
         self._nvlink_bytes: dict[str, float] = {}
@@ -144,7 +145,7 @@ class GpmReader:
             request.metrics[i].metricId = mid
         return request
 
-    def _integrate(self, labels: tuple[tuple[str, str], ...], delta: float) -> float:
+    def _integrate(self, labels: Labels, delta: float) -> float:
         direction = labels[0][1]
         total = self._nvlink_bytes.get(direction, 0.0) + max(0.0, delta)
         self._nvlink_bytes[direction] = total

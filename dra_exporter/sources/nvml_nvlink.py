@@ -4,8 +4,9 @@ Contract (one ``LinkState`` per whole GPU; MIG devices own no links):
 
 - The links are found once per GPU: ``NVML_FI_DEV_NVLINK_LINK_COUNT`` rides in the GPU's first
   field-value call (so the link families start on its second cycle); where that field is
-  NOT_SUPPORTED, by asking ``nvmlDeviceGetNvLinkState`` link after link until one is refused. No link (the recorded H200, PCIe boards, pre-NVLink GPUs)
-  means nothing more is ever asked, and no family appears.
+  NOT_SUPPORTED, by asking ``nvmlDeviceGetNvLinkState`` link after link until one is refused. No
+  link (the recorded H200, PCIe boards, pre-NVLink GPUs) means nothing more is ever asked, and no
+  family appears.
 - Every cycle, each link's ``(fieldId, scopeId)`` entries ride in the device's one batched
   ``nvmlDeviceGetFieldValues`` call (``requests()`` in, ``readings()`` out). An entry that answers
   NOT_SUPPORTED while its link is up is dropped for good (Blackwell refuses the Hopper counters and
@@ -66,8 +67,9 @@ _WRAP_32: Final = 1 << 32
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    metric: str
+    family: cat.MetricSpec
     labels: Labels
+    """The family's own labels after ``link``."""
     scale: float
     counter: bool
     link: int
@@ -111,8 +113,8 @@ class LinkReader:
         self._state_field = _const(nvml, _STATE)
         self._count_field = _const(nvml, _LINK_COUNT)
         self._up_states = frozenset(v for c in _UP_STATES if (v := _const(nvml, c)) is not None)
-        self._scoped = tuple((fid, _Entry(metric, labels, scale, counter, -1))
-                             for const, metric, labels, scale, counter in _SCOPED
+        self._scoped = tuple((fid, _Entry(family, labels, scale, counter, -1))
+                             for const, family, labels, scale, counter in _SCOPED
                              if (fid := _const(nvml, const)) is not None)
         self._per_index: dict[int, list[tuple[int, str]]] = {}
         for name in dir(nvml):
@@ -147,15 +149,15 @@ class LinkReader:
             is_up = self._link_up(handle, state, link, answers.get((self._state_field or -1, link)))
             if is_up is not None:
                 up[link] = is_up
-                out.append(Reading(cat.GPU_NVLINK_LINK_UP, 1.0 if is_up else 0.0, (("link", str(link)),)))
+                out.append(Reading(cat.GPU_NVLINK_LINK_UP.name, 1.0 if is_up else 0.0, (("link", str(link)),)))
             if is_up and link not in state.info:
                 self._read_info(handle, state, link)
             if link in state.info:
-                out.append(Reading(cat.GPU_NVLINK_LINK_INFO, 1.0, (("link", str(link)), *state.info[link])))
+                out.append(Reading(cat.GPU_NVLINK_LINK_INFO.name, 1.0, (("link", str(link)), *state.info[link])))
         dropped = []
         for key, answer in answers.items():
             entry = state.requests.get(key)
-            if entry is None or entry.metric == cat.GPU_NVLINK_LINK_UP:
+            if entry is None or entry.family is cat.GPU_NVLINK_LINK_UP:
                 continue
             ret = int(answer.nvmlReturn)
             if ret != self._success:
@@ -168,15 +170,16 @@ class LinkReader:
             if entry.counter and int(answer.valueType) == self._uint:
                 number = unwrap32(state.wraps, key, int(number))
             value = float(number) * entry.scale
-            if entry.metric == cat.GPU_NVLINK_LINK_BYTES:
+            if entry.family is cat.GPU_NVLINK_LINK_BYTES:
                 state.last_bytes[(entry.link, entry.labels[0][1])] = value
-            out.append(Reading(entry.metric, value, (("link", str(entry.link)), *entry.labels)))
+            out.append(Reading(entry.family.name, value, (("link", str(entry.link)), *entry.labels)))
         for key in dropped:
             del state.requests[key]
         for direction in ("rx", "tx"):
             per_link = [v for (_, d), v in state.last_bytes.items() if d == direction]
             if per_link:
-                out.append(Reading(cat.GPU_NVLINK_BYTES, sum(per_link), (("direction", direction),)))
+                out.append(Reading(cat.GPU_NVLINK_BYTES.name, sum(per_link),
+                                   cat.GPU_NVLINK_BYTES.extra(direction=direction)))
         return out
 
     # -- finding the links -------------------------------------------------------------------
@@ -193,7 +196,7 @@ class LinkReader:
             if self._state_field is not None:
                 state.requests[(self._state_field, link)] = _Entry(cat.GPU_NVLINK_LINK_UP, (), 1.0, False, link)
             for fid, entry in self._scoped:
-                state.requests[(fid, link)] = _Entry(entry.metric, entry.labels, entry.scale, entry.counter, link)
+                state.requests[(fid, link)] = _Entry(entry.family, entry.labels, entry.scale, entry.counter, link)
             for fid, kind in self._per_index.get(link, ()):
                 state.requests[(fid, 0)] = _Entry(cat.GPU_NVLINK_LINK_ERRORS, (("type", kind),), 1.0, True, link)
 

@@ -22,8 +22,9 @@ Reliability rules, from how a real kubelet behaves:
   that driver's devices: a container that is still listed keeps the claims it had for up to
   ``CLAIM_GAP_GRACE_S`` (``_ClaimGapBridge``), so attribution does not flap.
 
-``snapshot_from_response`` / ``response_from_snapshot`` are the pure conversions (the second
-one serves the simulated kubelet). gRPC is imported here and nowhere in the pure core.
+``snapshot_from_response`` is the pure decoding (its inverse, which only the simulated kubelet
+needs, is ``dra_exporter_sim.kubelet.response_from_snapshot``). gRPC is imported here and
+nowhere in the pure core.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random as _random
 import stat
 import threading
 import time
@@ -41,8 +43,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from .. import model
+from ..backoff import Backoff
 from ..proto import api_pb2
-from . import SourceError
+from . import Source, SourceError
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
@@ -78,7 +81,7 @@ class AnswerOverLimitError(SourceError):
     """A ``List`` answer over ``MAX_PODS``, ``MAX_CONTAINERS`` or ``MAX_DEVICES``."""
 
 
-class PodResourcesSource:
+class PodResourcesSource(Source[model.PodResourcesSnapshot]):
     """Reads pod → container → claims/devices from the kubelet, one ``List`` per ``collect``."""
 
     name = "podresources"
@@ -93,18 +96,18 @@ class PodResourcesSource:
         max_message_bytes: int = MAX_ANSWER_BYTES,
         claim_grace: float = CLAIM_GAP_GRACE_S,
         logger: logging.Logger | None = None,
+        random: Callable[[], float] = _random.random,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"podresources: timeout must be positive, got {timeout}")
-        if not 0 < backoff[0] <= backoff[1]:
-            raise ValueError(
-                f"podresources: backoff must be (initial, maximum) with 0 < initial <= maximum, got {backoff}"
-            )
+        try:
+            self._backoff = Backoff(*backoff, monotonic=monotonic, random=random)
+        except ValueError as exc:
+            raise ValueError(f"podresources: {exc}") from None
         if max_message_bytes <= 0:
             raise ValueError(f"podresources: max_message_bytes must be positive, got {max_message_bytes}")
         self.socket_path = socket_path
         self._timeout = timeout
-        self._backoff_initial, self._backoff_max = backoff
         self._monotonic = monotonic
         self._max_message_bytes = max_message_bytes
         self._log = logger or logging.getLogger(__name__)
@@ -112,8 +115,6 @@ class PodResourcesSource:
         self._channel: grpc.Channel | None = None
         self._list: grpc.UnaryUnaryMultiCallable | None = None
         self._socket_id: tuple[int, int, int] | None = None
-        self._failures = 0
-        self._retry_at = 0.0
         self._last_error = ""
         self._bridge = _ClaimGapBridge(claim_grace)
 
@@ -131,10 +132,9 @@ class PodResourcesSource:
                 # Like an answer over the byte limit: the next one is likely as big, and each
                 # costs a decode; do not ask again every cycle.
                 raise SourceError(self._start_backoff(str(exc))) from None
-            if self._failures:
+            if self._backoff.failures:
                 self._log.info("podresources: kubelet answering again at %s", self.socket_path)
-            self._failures = 0
-            self._retry_at = 0.0
+            self._backoff.succeeded()
             return snapshot
 
     def close(self) -> None:
@@ -144,7 +144,7 @@ class PodResourcesSource:
     # --- connection ---------------------------------------------------------------------------
 
     def _check_backoff(self) -> None:
-        if self._retry_at > self._monotonic():
+        if self._backoff.remaining():
             # The same text on every call while backing off: the agent logs a source's
             # error only when it changes, so a countdown here would log every cycle.
             raise SourceError(f"podresources: backing off after: {self._last_error}")
@@ -244,14 +244,12 @@ class PodResourcesSource:
         return f"podresources: List failed with {name}: {details}"
 
     def _start_backoff(self, message: str) -> str:
-        self._failures += 1
-        delay = min(self._backoff_max, self._backoff_initial * 2 ** (self._failures - 1))
-        self._retry_at = self._monotonic() + delay
+        delay = self._backoff.failed()
         self._last_error = message
         self._log.debug(
-            "podresources: backing off %.1fs after failure %d: %s", delay, self._failures, message
+            "podresources: backing off %.1fs after failure %d: %s", delay, self._backoff.failures, message
         )
-        return f"{message}; next try in {delay:g}s"
+        return f"{message}; next try in {delay:.3g}s"
 
 
 class _ClaimGapBridge:
@@ -413,48 +411,3 @@ def _add_claims(acc: _ContainerAcc, dynamic_resources: Iterable[api_pb2.DynamicR
             share = res.share_id if res.HasField("share_id") else ""
             key = (res.driver_name, res.pool_name, res.device_name, share)
             devices.setdefault(key, set()).update(cdi.name for cdi in res.cdi_devices)
-
-
-def response_from_snapshot(snap: model.PodResourcesSnapshot) -> api_pb2.ListPodResourcesResponse:
-    """The ``List`` answer a kubelet would give for ``snap`` (pure; order kept as given).
-
-    ``share_id`` is set only when non-empty, as a kubelet does for devices that are not
-    shares of consumable capacity.
-    """
-    return api_pb2.ListPodResourcesResponse(pod_resources=[pod_resources_message(pod) for pod in snap.pods])
-
-
-def pod_resources_message(pod: model.PodAllocation) -> api_pb2.PodResources:
-    """One pod as a ``PodResources`` message (used for ``List`` and ``Get`` answers)."""
-    return api_pb2.PodResources(
-        name=pod.name,
-        namespace=pod.namespace,
-        containers=[
-            api_pb2.ContainerResources(
-                name=ctr.name,
-                devices=[
-                    api_pb2.ContainerDevices(resource_name=p.resource_name, device_ids=list(p.device_ids))
-                    for p in ctr.plugin_devices
-                ],
-                dynamic_resources=[_dynamic_resource(claim) for claim in ctr.claims],
-            )
-            for ctr in pod.containers
-        ],
-    )
-
-
-def _dynamic_resource(claim: model.ClaimUse) -> api_pb2.DynamicResource:
-    resources = []
-    for dev in claim.devices:
-        res = api_pb2.ClaimResource(
-            cdi_devices=[api_pb2.CDIDevice(name=name) for name in dev.cdi_devices],
-            driver_name=dev.driver,
-            pool_name=dev.pool,
-            device_name=dev.device,
-        )
-        if dev.share_id:
-            res.share_id = dev.share_id
-        resources.append(res)
-    return api_pb2.DynamicResource(
-        claim_name=claim.name, claim_namespace=claim.namespace, claim_resources=resources
-    )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ..model import ProcessOwner, ProcessOwnersSnapshot
-from . import SourceError
+from . import Source, SourceError
 
 DEFAULT_PROCFS: Final = "/proc"
 #: A cgroup file is a few hundred bytes; anything far larger is not one.
@@ -71,7 +71,7 @@ def bare_container_id(status_id: str) -> str:
     return status_id.rpartition("://")[2]
 
 
-class ProcsSource:
+class ProcsSource(Source[ProcessOwnersSnapshot]):
     """Resolves the PIDs NVML reports to pods and containers through ``<procfs>/<pid>/cgroup``.
 
     ``pids`` returns the GPU PIDs of the latest NVML snapshot; the agent collects this source

@@ -49,7 +49,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* A probe: HTTP(S) on path, or a TCP check when basic auth would refuse the kubelet. */}}
 {{- define "dra-exporter.probe" -}}
-{{- if and .root.Values.webConfig.enabled .root.Values.webConfig.basicAuth -}}
+{{- if and .root.Values.webConfig.enabled .root.Values.webConfig.clientCertificates -}}
 tcpSocket:
   port: metrics
 {{- else -}}

@@ -12,6 +12,9 @@ Faults, by the scenario's fault kind names, come from ``fault_provider`` (polled
 * ``kubelet_resource_exhausted``: every call aborts with ``RESOURCE_EXHAUSTED``;
 * ``kubelet_slow``: answers wait ``slow_delay`` seconds (past any sane client deadline);
 * ``kubelet_malformed``: answers are bytes that do not parse as the response message.
+
+``response_from_snapshot`` is the encoder: a ``model.PodResourcesSnapshot`` as the kubelet's
+answer (the inverse of the exporter's ``sources.podresources.snapshot_from_response``).
 """
 
 from __future__ import annotations
@@ -29,9 +32,8 @@ from typing import Any
 
 import grpc
 
-from .. import model
-from ..proto import api_pb2
-from ..sources.podresources import pod_resources_message, response_from_snapshot
+from dra_exporter import model
+from dra_exporter.proto import api_pb2
 
 SERVICE = "v1.PodResourcesLister"
 
@@ -48,6 +50,57 @@ MALFORMED_BYTES = b"\x0a\x05abc"
 _MAX_SOCKET_PATH = 107
 _POLL_SECONDS = 0.1
 _log = logging.getLogger(__name__)
+
+
+# --- the answer: a snapshot as the kubelet's messages (pure) ------------------------------------
+
+
+def response_from_snapshot(snap: model.PodResourcesSnapshot) -> api_pb2.ListPodResourcesResponse:
+    """The ``List`` answer a kubelet would give for ``snap`` (pure; order kept as given).
+
+    ``share_id`` is set only when non-empty, as a kubelet does for devices that are not
+    shares of consumable capacity.
+    """
+    return api_pb2.ListPodResourcesResponse(pod_resources=[pod_resources_message(pod) for pod in snap.pods])
+
+
+def pod_resources_message(pod: model.PodAllocation) -> api_pb2.PodResources:
+    """One pod as a ``PodResources`` message (used for ``List`` and ``Get`` answers)."""
+    return api_pb2.PodResources(
+        name=pod.name,
+        namespace=pod.namespace,
+        containers=[
+            api_pb2.ContainerResources(
+                name=ctr.name,
+                devices=[
+                    api_pb2.ContainerDevices(resource_name=p.resource_name, device_ids=list(p.device_ids))
+                    for p in ctr.plugin_devices
+                ],
+                dynamic_resources=[_dynamic_resource(claim) for claim in ctr.claims],
+            )
+            for ctr in pod.containers
+        ],
+    )
+
+
+def _dynamic_resource(claim: model.ClaimUse) -> api_pb2.DynamicResource:
+    resources = []
+    for dev in claim.devices:
+        res = api_pb2.ClaimResource(
+            cdi_devices=[api_pb2.CDIDevice(name=name) for name in dev.cdi_devices],
+            driver_name=dev.driver,
+            pool_name=dev.pool,
+            device_name=dev.device,
+        )
+        if dev.share_id:
+            res.share_id = dev.share_id
+        resources.append(res)
+    return api_pb2.DynamicResource(
+        claim_name=claim.name, claim_namespace=claim.namespace, claim_resources=resources
+    )
+
+
+# --- the server ----------------------------------------------------------------------------------
 
 
 class TokenBucket:

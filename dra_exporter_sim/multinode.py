@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .k8s_objects import JSON, ClusterObjects, _metadata, changes_key, cluster_objects
-from .scenario import Fault, Scenario, ScenarioError, derived_uuid, parse_scenario
-from .scenario_builder import _Cursor
+from .k8s_objects import JSON, ClusterObjects, changes_key, cluster_objects, object_metadata
+from .scenario import Fault, Scenario, ScenarioError, derived_uuid
+from .scenario_builder import Cursor, parse_scenario
 
 CD_DRIVER: Final = "compute-domain.nvidia.com"
 CD_GROUP_VERSION: Final = "resource.nvidia.com/v1beta1"
@@ -98,7 +98,7 @@ def is_cluster(doc: Any) -> bool:
 def parse_cluster(doc: Any, label: str, node_name: str | None = None) -> Scenario:
     """The scenario of node ``node_name`` (default: the first) of a multi-node document, with the
     whole cluster in ``Scenario.cluster``. Raises ``ScenarioError`` naming the field."""
-    top = _Cursor(label, "", doc)
+    top = Cursor(label, "", doc)
     top.mapping(("nodes",), ("description", "seed", "api_version", "gpu_model", "driver_namespace",
                              "compute_domains", "faults", "fabric"))
     seed = top.key("seed").int(default=0)
@@ -122,7 +122,7 @@ def parse_cluster(doc: Any, label: str, node_name: str | None = None) -> Scenari
         for i, node in enumerate(domain.nodes):
             # One IMEX daemon per node (its compute-domain slice has one daemon device).
             if other := next((o for o in domains if node in o.nodes), None):
-                raise _Cursor(label, f"{d.path}.nodes[{i}]", node).error(
+                raise Cursor(label, f"{d.path}.nodes[{i}]", node).error(
                     f"node {node!r} is already in ComputeDomain {other.namespace}/{other.name}; a node runs one "
                     "IMEX daemon, so it is in at most one domain")
         if any((o.namespace, o.name) == (domain.namespace, domain.name) for o in domains):
@@ -132,12 +132,12 @@ def parse_cluster(doc: Any, label: str, node_name: str | None = None) -> Scenari
     nodes = tuple(
         _node(n, i, top, seed, domains, driver_ns, channel_claims) for i, n in entries)
     uuids: dict[str, str] = {}
-    for i, node in enumerate(nodes):
-        for dev in node.gpu_devices():
+    for i, member in enumerate(nodes):
+        for dev in member.gpu_devices():
             if dev.uuid in uuids:
                 raise entries[i][1].error(f"GPU UUID {dev.uuid} is also on node {uuids[dev.uuid]}: UUIDs are "
                                           "unique in a cluster (give each node its own seed)")
-            uuids[dev.uuid] = node.node_name
+            uuids[dev.uuid] = member.node_name
     faults = tuple(_cluster_fault(f, names) for _, f in top.key("faults").items())
     cluster = ClusterScenario(label, nodes, tuple(domains), faults, driver_ns, channel_claims)
     chosen = node_name or names[0]
@@ -149,7 +149,7 @@ def parse_cluster(doc: Any, label: str, node_name: str | None = None) -> Scenari
                                description=played.description or description)
 
 
-def _fabric(cur: _Cursor, seed: int) -> str:
+def _fabric(cur: Cursor, seed: int) -> str:
     """The NVLink clique of the cluster's GPUs, ``<clusterUUID>.<cliqueId>``."""
     if not cur.present:
         return f"{derived_uuid(seed, 'fabric', 'cluster')}.0"
@@ -158,7 +158,7 @@ def _fabric(cur: _Cursor, seed: int) -> str:
     return f"{cluster_uuid.lower()}.{cur.key('clique_id').int(minimum=0)}"
 
 
-def _domain(cur: _Cursor, seed: int, names: Sequence[str], clique: str) -> SimComputeDomain:
+def _domain(cur: Cursor, seed: int, names: Sequence[str], clique: str) -> SimComputeDomain:
     cur.mapping(("namespace", "name", "nodes"), ("uid", "num_nodes", "allocation_mode", "status_form", "cliques",
                                                  "channel_template"))
     ns, name = cur.key("namespace").name("namespace"), cur.key("name").name("ComputeDomain name")
@@ -188,7 +188,7 @@ def _domain(cur: _Cursor, seed: int, names: Sequence[str], clique: str) -> SimCo
                             mode, form, cliques, template)
 
 
-def _node(cur: _Cursor, index: int, top: _Cursor, seed: int, domains: Sequence[SimComputeDomain],
+def _node(cur: Cursor, index: int, top: Cursor, seed: int, domains: Sequence[SimComputeDomain],
           driver_ns: str, channel_claims: dict[tuple[str, str], str]) -> Scenario:
     """One node's scenario; the compute-domain devices, daemon pod and channel claims added."""
     doc = copy.deepcopy(cur.value)
@@ -213,7 +213,7 @@ def _node(cur: _Cursor, index: int, top: _Cursor, seed: int, domains: Sequence[S
     for j, pod in enumerate(list(pods)):
         if not isinstance(pod, dict) or "compute_domain" not in pod:
             continue
-        where = _Cursor(cur.label, f"{cur.path}.pods[{j}]", pod)
+        where = Cursor(cur.label, f"{cur.path}.pods[{j}]", pod)
         wanted = where.key("compute_domain").name("ComputeDomain name")
         ns = where.key("namespace").name("namespace")
         domain = next((d for d in mine if (d.namespace, d.name) == (ns, wanted)), None)
@@ -226,7 +226,8 @@ def _node(cur: _Cursor, index: int, top: _Cursor, seed: int, domains: Sequence[S
         pod_name = where.key("name").name("pod name")
         claim = f"{pod_name}-{CHANNEL_REQUEST}"
         claims.append({"namespace": ns, "name": claim, "template": domain.channel_template, "driver": CD_DRIVER,
-                       "requests": [{"name": CHANNEL_REQUEST, "device_class": CHANNEL_CLASS, "devices": ["channel-0"]}]})
+                       "requests": [{"name": CHANNEL_REQUEST, "device_class": CHANNEL_CLASS,
+                                     "devices": ["channel-0"]}]})
         containers = [dict(c) for c in pod.get("containers") or () if isinstance(c, dict)]
         if containers:
             containers[0]["claims"] = [*(containers[0].get("claims") or ()), claim]
@@ -244,7 +245,7 @@ def _node(cur: _Cursor, index: int, top: _Cursor, seed: int, domains: Sequence[S
     return parse_scenario(doc, cur.label, path=cur.path)
 
 
-def _cluster_fault(cur: _Cursor, names: Sequence[str]) -> Fault:
+def _cluster_fault(cur: Cursor, names: Sequence[str]) -> Fault:
     cur.mapping(("kind", "at"), ("until", "node"))
     kind = cur.key("kind").str()
     if kind not in CLUSTER_FAULTS:
@@ -333,7 +334,7 @@ def compute_domain(cluster: ClusterScenario, d: SimComputeDomain, t: float) -> J
     return {
         "apiVersion": CD_GROUP_VERSION,
         "kind": "ComputeDomain",
-        "metadata": _metadata(0, "ComputeDomain", d.name, d.namespace, d.uid, generation=1,
+        "metadata": object_metadata(0, "ComputeDomain", d.name, d.namespace, d.uid, generation=1,
                               finalizers=[_FINALIZER]),
         "spec": {"numNodes": d.num_nodes, "channel": channel},
         "status": {"status": "Ready" if ready else "NotReady", "nodes": nodes},
@@ -346,7 +347,7 @@ def cliques_of(cluster: ClusterScenario, d: SimComputeDomain, t: float) -> list[
     return [{
         "apiVersion": CD_GROUP_VERSION,
         "kind": "ComputeDomainClique",
-        "metadata": _metadata(0, "ComputeDomainClique", name, cluster.driver_namespace,
+        "metadata": object_metadata(0, "ComputeDomainClique", name, cluster.driver_namespace,
                               derived_uuid(0, "clique", name),
                               labels={DOMAIN_LABEL: d.uid, f"{DOMAIN_LABEL}.cliqueID": d.clique}),
         "daemons": [{("nodeName" if k == "name" else k): v for k, v in _daemon(cluster, d, i, n, t).items()}

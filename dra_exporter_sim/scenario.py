@@ -2,16 +2,17 @@
 
 A scenario names the node, its GPUs and MIG layout, the ResourceClaims allocated
 on it, the pods that use them (with their processes and workload curves) and the
-faults to inject. ``load_scenario`` turns a built-in name or a YAML file into a
-``Scenario``: frozen records, every identifier (UUIDs, pod and claim UIDs,
-container ids, PIDs) filled in deterministically from the seed. Any problem is a
-``ScenarioError`` naming the file and the field (``demo.yaml: pods[2].containers[0]
-.claims[0]: claim 'x' not defined in namespace 'ml'``), never a traceback.
+faults to inject. ``loader.load_scenario`` turns a built-in name, a YAML file or a
+cluster dump into a ``Scenario``: frozen records, every identifier (UUIDs, pod and
+claim UIDs, container ids, PIDs) filled in deterministically from the seed. Any
+problem is a ``ScenarioError`` naming the file and the field (``demo.yaml: pods[2]
+.containers[0].claims[0]: claim 'x' not defined in namespace 'ml'``), never a traceback.
 
-This module holds the records, the seed-derived identifiers, the format's public
-constants and the entry points (``load_scenario``, ``read_documents``,
-``parse_scenario``); reading the YAML and validating it into records is
-``scenario_builder``'s job.
+This module holds the records, their queries, the seed-derived identifiers and the
+format's public constants, and imports nothing else of the simulator but ``profile``:
+reading YAML and validating it into records is ``scenario_builder``'s job, reading a
+cluster dump ``dump``'s, choosing between them ``loader``'s. Records the exporter has
+(device taints and conditions, claim devices) are the exporter's own (``dra_exporter.model``).
 
 The rest of the simulator only reads scenarios: the fake NVML evaluates the
 curves and faults at simulated time, the simulated kubelet serves
@@ -26,16 +27,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import uuid as uuidlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from .. import model
-from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name
+from dra_exporter import model
+from dra_exporter.dra_versions import SUPPORTED_VERSIONS
+from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name
+
 from .profile import GpuProfile, load_profile
 
 if TYPE_CHECKING:
@@ -74,16 +75,6 @@ class Curve:
 
 
 @dataclass(frozen=True, slots=True)
-class Taint:
-    """A device taint as a DRA driver publishes it in its ResourceSlice (KEP-5055)."""
-
-    key: str
-    value: str
-    effect: str
-    """``NoSchedule``, ``NoExecute`` or ``None``."""
-
-
-@dataclass(frozen=True, slots=True)
 class MigDevice:
     profile: str
     gi_profile_id: int
@@ -95,7 +86,7 @@ class MigDevice:
     uuid: str
     memory_total: int
     memory_reserved: int
-    taints: tuple[Taint, ...] = ()
+    taints: tuple[model.DeviceTaint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +96,7 @@ class Gpu:
     uuid: str
     pci_bus_id: str
     mig: tuple[MigDevice, ...] = ()
-    taints: tuple[Taint, ...] = ()
+    taints: tuple[model.DeviceTaint, ...] = ()
     nvlink_tx: Curve | None = None
     """NVLink traffic sent, bytes per second over all active links (``gpus[].nvlink.tx``); None: the
     profile's rate at full load times utilisation."""
@@ -150,12 +141,11 @@ class ClaimRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceCondition:
-    """A condition a driver writes into a claim's ``status.devices[]``, from simulated time ``at``."""
+class TimedCondition:
+    """A condition the simulated driver writes into a claim's ``status.devices[]`` from simulated
+    time ``at``, with its ``message`` (free text the exporter does not read)."""
 
-    type: str
-    status: str
-    reason: str
+    condition: model.DeviceCondition
     message: str = ""
     at: float = 0.0
 
@@ -163,7 +153,7 @@ class DeviceCondition:
 @dataclass(frozen=True, slots=True)
 class DeviceStatus:
     device: str
-    conditions: tuple[DeviceCondition, ...]
+    conditions: tuple[TimedCondition, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +194,7 @@ class SliceDevice:
     """Attribute name → typed value as in the API (``{"string": "x"}``, ``{"int": 3}``…)."""
     capacity: Mapping[str, str] = field(default_factory=dict, hash=False)
     """Capacity name → quantity string."""
-    taints: tuple[Taint, ...] = ()
+    taints: tuple[model.DeviceTaint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,7 +343,7 @@ class Scenario:
                     name=c.name,
                     # Like the real kubelet: every device of each referenced claim, whatever
                     # request the container names (only the API server's pod spec says which).
-                    claims=tuple(_claim_use(claims[(pod.namespace, name)]) for name in c.claims
+                    claims=tuple(claim_use(claims[(pod.namespace, name)]) for name in c.claims
                                  if claims[(pod.namespace, name)].driver not in rolling),
                     plugin_devices=tuple(model.PluginDevices(d.resource, d.ids) for d in c.plugin_devices))
                 for c in pod.containers))
@@ -395,17 +385,18 @@ class Scenario:
         return None
 
 
-def _claim_use(claim: Claim, request: str = "") -> model.ClaimUse:
-    """The claim's devices (only those of ``request`` when one is given)."""
+def claim_use(claim: Claim, request: str = "") -> model.ClaimUse:
+    """The claim's devices as the kubelet reports them (only those of ``request`` when one is given)."""
     devices = claim.devices
     if request:
         devices = tuple(d for r in claim.all_requests() if r.name == request for d in r.devices)
     return model.ClaimUse(claim.namespace, claim.name, tuple(
-        model.ClaimDevice(claim.driver, claim.pool, device, _cdi_devices(claim, device))
+        model.ClaimDevice(claim.driver, claim.pool, device, cdi_devices(claim, device))
         for device in devices))
 
 
-def _cdi_devices(claim: Claim, device: str) -> tuple[str, ...]:
+def cdi_devices(claim: Claim, device: str) -> tuple[str, ...]:
+    """The CDI device names the claim's driver returned for ``device``."""
     # NVIDIA's driver names one CDI device per claim device, embedding the claim UID;
     # other drivers' CDI names are their own business, so none are invented here.
     if claim.driver != NVIDIA_DRIVER:
@@ -416,34 +407,27 @@ def _cdi_devices(claim: Claim, device: str) -> tuple[str, ...]:
 # --- deterministic identifiers ----------------------------------------------------------------
 
 
-def _digest(seed: int, *parts: str, size: int = 16) -> bytes:
+def digest(seed: int, *parts: str, size: int = 16) -> bytes:
     text = "\x1f".join((str(seed), *parts))
     return hashlib.blake2b(text.encode(), digest_size=size).digest()
 
 
 def unit_hash(seed: int, *parts: str) -> float:
     """A number in [0, 1) that depends only on its arguments."""
-    return int.from_bytes(_digest(seed, *parts, size=8), "big") / 2**64
+    return int.from_bytes(digest(seed, *parts, size=8), "big") / 2**64
 
 
 def derived_uuid(seed: int, *parts: str) -> str:
-    return str(uuidlib.UUID(bytes=_digest(seed, *parts), version=4))
+    return str(uuidlib.UUID(bytes=digest(seed, *parts), version=4))
 
 
 # PCI bus numbers of an 8-GPU HGX board, then a second set for 16-GPU nodes.
-_BUS_NUMBERS: Final = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB,
+BUS_NUMBERS: Final = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB,
                        0x19, 0x2B, 0x3B, 0x5E, 0x9B, 0xAC, 0xBB, 0xDC)
-MAX_GPUS: Final = len(_BUS_NUMBERS)
+MAX_GPUS: Final = len(BUS_NUMBERS)
 
 
-def _gi_id(size: int, start: int) -> int:
-    """GPU-instance id for a placement; distinct for any non-overlapping layout."""
-    return {8: 0, 4: 1 + start // 4, 2: 3 + start // 2}.get(size, 7 + start)
-
-
-# --- loading -------------------------------------------------------------------------------------
-
-_SCENARIO_DIR: Final = "scenarios"
+# --- the format's constants ---------------------------------------------------------------------
 
 #: NVML call families a ``family_unsupported`` fault can switch off.
 NVML_FAMILIES: Final = ("utilization", "memory", "power", "temperature", "clocks", "clock_events",
@@ -465,57 +449,10 @@ FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid", 
                       + NVLINK_FAULTS + KUBELET_FAULTS + APISERVER_FAULTS)
 
 #: resource.k8s.io versions a simulated cluster can serve, newest first.
-API_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
+API_VERSIONS: Final = SUPPORTED_VERSIONS
 TAINT_EFFECTS: Final = ("NoSchedule", "NoExecute", "None")
 DEVICE_HEALTH: Final = ("Healthy", "Unhealthy", "Unknown")
 CONDITION_STATUS: Final = ("True", "False", "Unknown")
 #: NVIDIA's DeviceClasses for whole GPUs and MIG devices.
 NVIDIA_GPU_CLASS: Final = "gpu.nvidia.com"
 NVIDIA_MIG_CLASS: Final = "mig.nvidia.com"
-
-
-def builtin_scenarios() -> list[str]:
-    """Names accepted by ``load_scenario`` besides file paths."""
-    folder = resources.files(__package__).joinpath(_SCENARIO_DIR)
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
-
-
-def load_scenario(source: str | os.PathLike[str], node_name: str | None = None) -> Scenario:
-    """Load a built-in scenario by name, a scenario YAML file or a cluster dump; raises ``ScenarioError``.
-
-    A cluster dump (``kubectl get resourceslices,resourceclaims,pods -A -o yaml``: a ``kind: List``
-    or several Kubernetes objects) becomes the scenario of node ``node_name``; see ``dump``.
-    A multi-node scenario (``nodes:``, see ``multinode``) becomes the scenario of node ``node_name``
-    (default: its first). ``node_name`` is not used for a one-node scenario, which names its node itself.
-    """
-    label, docs = read_documents(source)
-    from .dump import is_dump, parse_dump  # dump builds on this module
-    from .multinode import is_cluster, parse_cluster
-
-    if is_dump(docs):
-        return parse_dump(docs, label, node_name)
-    if len(docs) == 1 and is_cluster(docs[0]):
-        return parse_cluster(docs[0], label, node_name)
-    if len(docs) > 1:
-        raise ScenarioError(f"{label}: {len(docs)} YAML documents; a scenario is one document "
-                            "(several documents are only accepted as a dump of Kubernetes objects)")
-    return parse_scenario(docs[0], label)
-
-
-def read_documents(source: str | os.PathLike[str]) -> tuple[str, list[Any]]:
-    """The label (for messages) and every YAML document of a built-in scenario or a file."""
-    # scenario_builder imports this module's records, so it is imported here, not at the top.
-    from .scenario_builder import _parse_yaml_documents, _read_source
-
-    label, text = _read_source(source)
-    return label, _parse_yaml_documents(label, text)
-
-
-def parse_scenario(data: Any, label: str = "<scenario>", hardware: Hardware | None = None,
-                   path: str = "") -> Scenario:
-    """Validate already-parsed YAML (a mapping) into a ``Scenario``; ``hardware`` replaces the GPUs' identity;
-    ``path`` is where the mapping is in its file (``nodes[2]`` of a multi-node scenario), for messages."""
-    # scenario_builder imports this module's records, so it is imported here, not at the top.
-    from .scenario_builder import _Builder, _Cursor
-
-    return _Builder(label, hardware).build(_Cursor(label, path, data))

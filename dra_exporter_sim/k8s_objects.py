@@ -4,7 +4,7 @@
 simulated time ``t``: the NVIDIA driver's ResourceSlice(s) for the node, the slices of
 the scenario's other drivers, the claims that exist at ``t`` and the pods alive at
 ``t``. Objects are built in the shape of resource.k8s.io **v1** (the storage version);
-``convert`` turns a resource.k8s.io object of any served version into any other, so the
+``dra_exporter.dra_versions.convert`` turns them into any other served version, so the
 server can answer v1, v1beta2 and v1beta1 requests from one store. A scenario loaded
 from a cluster dump carries its own objects (``Scenario.raw_objects``); they are
 returned unchanged.
@@ -24,7 +24,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
+from dra_exporter import model
+from dra_exporter.dra_versions import GROUP
+from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
+
 from .clock import FIXED_EPOCH
 from .profile import MigProfile
 from .scenario import (
@@ -36,13 +39,10 @@ from .scenario import (
     MigDevice,
     Pod,
     Scenario,
-    Taint,
-    _cdi_devices,
+    cdi_devices,
     derived_uuid,
     unit_hash,
 )
-
-GROUP: Final = "resource.k8s.io"
 
 #: ``/version`` answers of a cluster whose newest resource.k8s.io version is the key.
 KUBERNETES_VERSIONS: Final = {"v1": "v1.35.1", "v1beta2": "v1.33.5", "v1beta1": "v1.32.9"}
@@ -73,6 +73,7 @@ class ClusterObjects:
     pods: tuple[JSON, ...] = ()
     devicetaintrules: tuple[JSON, ...] = ()
     nodes: tuple[JSON, ...] = ()
+    deviceclasses: tuple[JSON, ...] = ()
     """Only from a scenario's own objects (a dump, a test): scenarios describe neither."""
     computedomains: tuple[JSON, ...] = ()
     """resource.nvidia.com/v1beta1 ComputeDomains (multi-node scenarios, dumps)."""
@@ -85,6 +86,7 @@ class ClusterObjects:
             "pods": self.pods,
             "devicetaintrules": self.devicetaintrules,
             "nodes": self.nodes,
+            "deviceclasses": self.deviceclasses,
             "computedomains": self.computedomains,
             "computedomaincliques": self.computedomaincliques,
         }
@@ -185,7 +187,7 @@ def _generation(scenario: Scenario, slice_: JSON, generation: int) -> JSON:
 
 
 def _raw_objects(objects: Iterable[Mapping[str, Any]]) -> ClusterObjects:
-    kinds = ("ResourceSlice", "ResourceClaim", "Pod", "DeviceTaintRule", "Node", *COMPUTE_DOMAIN_KINDS)
+    kinds = ("ResourceSlice", "ResourceClaim", "Pod", "DeviceTaintRule", "Node", "DeviceClass", *COMPUTE_DOMAIN_KINDS)
     by_kind: dict[str, list[JSON]] = {k: [] for k in kinds}
     for obj in objects:
         if obj.get("kind") in by_kind:
@@ -205,7 +207,7 @@ def _suffix(seed: int, *parts: str) -> str:
     return out
 
 
-def _metadata(
+def object_metadata(
     seed: int, kind: str, name: str, namespace: str = "", uid: str = "", t: float = 0.0, **extra: Any
 ) -> JSON:
     meta: JSON = {"name": name}
@@ -269,7 +271,7 @@ def _q(value: int | str) -> JSON:
     return {"value": str(value)}
 
 
-def _taints(taints: Iterable[Taint]) -> list[JSON]:
+def _taints(taints: Iterable[model.DeviceTaint]) -> list[JSON]:
     out = []
     for t in taints:
         taint: JSON = {"key": t.key, "effect": t.effect, "timeAdded": timestamp(0)}
@@ -325,7 +327,7 @@ def mig_device(
     start: int,
     *,
     uuid: str = "",
-    taints: Iterable[Taint] = (),
+    taints: Iterable[model.DeviceTaint] = (),
     name: str = "",
 ) -> JSON:
     """A MIG device as NVIDIA's driver publishes it; no ``uuid`` for a DynamicMIG placement.
@@ -353,7 +355,7 @@ def _slice(scenario: Scenario, driver: str, pool: str, count: int, index: int, s
     return {
         "apiVersion": f"{GROUP}/v1",
         "kind": "ResourceSlice",
-        "metadata": _metadata(
+        "metadata": object_metadata(
             scenario.seed,
             "ResourceSlice",
             name,
@@ -563,9 +565,9 @@ def _device_statuses(claim: Claim, t: float) -> list[JSON]:
     for status in claim.device_status:
         conditions = [
             {
-                "type": c.type,
-                "status": c.status,
-                "reason": c.reason,
+                "type": c.condition.type,
+                "status": c.condition.status,
+                "reason": c.condition.reason,
                 "message": c.message,
                 "lastTransitionTime": timestamp(c.at),
             }
@@ -618,7 +620,7 @@ def resource_claim(scenario: Scenario, claim: Claim, t: float) -> JSON:
     return {
         "apiVersion": f"{GROUP}/v1",
         "kind": "ResourceClaim",
-        "metadata": _metadata(
+        "metadata": object_metadata(
             scenario.seed, "ResourceClaim", claim.name, claim.namespace, claim.uid, created, **extra
         ),
         "spec": {"devices": {"requests": _requests(claim)}},
@@ -673,7 +675,7 @@ def _health_resource_id(claim: Claim, device: str) -> str:
     """The kubelet names a device in ``allocatedResourcesStatus`` by its first CDI device ID when
     the driver returned one (NVIDIA always does), else ``driver/pool/device`` (kubernetes
     ``pkg/kubelet/cm/dra/manager.go``)."""
-    cdi = _cdi_devices(claim, device)
+    cdi = cdi_devices(claim, device)
     return cdi[0] if cdi else f"{claim.driver}/{claim.pool}/{device}"
 
 
@@ -735,69 +737,7 @@ def pod(scenario: Scenario, p: Pod) -> JSON:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(scenario.seed, "Pod", p.name, p.namespace, p.uid, p.start),
+        "metadata": object_metadata(scenario.seed, "Pod", p.name, p.namespace, p.uid, p.start),
         "spec": spec,
         "status": status,
     }
-
-
-# --- conversion between resource.k8s.io versions ------------------------------------------------
-
-_CONVERTIBLE: Final = ("ResourceSlice", "ResourceClaim")
-
-
-def api_version_of(obj: Mapping[str, Any]) -> str:
-    """The version part of a resource.k8s.io object's ``apiVersion`` (``v1beta1``); ``""`` otherwise."""
-    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
-    return version if group == GROUP else ""
-
-
-def convert(obj: Mapping[str, Any], version: str) -> JSON:
-    """``obj`` (a ResourceSlice or ResourceClaim of any served version) in ``version``.
-
-    Other objects, and objects already in ``version``, come back unchanged (as a copy).
-    v1beta2 and v1 share every shape used here; v1beta1 nests device fields under
-    ``basic`` and writes ``exactly`` requests flat.
-    """
-    out = copy.deepcopy(dict(obj))
-    current = api_version_of(out)
-    if not current or current == version or out.get("kind") not in _CONVERTIBLE:
-        return out
-    if version not in API_VERSIONS:
-        raise ValueError(f"cannot convert to {GROUP}/{version}")
-    if current == "v1beta1":
-        _beta1_to_v1(out)
-    if version == "v1beta1":
-        _v1_to_beta1(out)
-    out["apiVersion"] = f"{GROUP}/{version}"
-    return out
-
-
-def _devices(obj: JSON) -> list[JSON]:
-    return (obj.get("spec") or {}).get("devices") or []
-
-
-def _requests_of(obj: JSON) -> list[JSON]:
-    return (((obj.get("spec") or {}).get("devices") or {}).get("requests")) or []
-
-
-def _beta1_to_v1(obj: JSON) -> None:
-    if obj["kind"] == "ResourceSlice":
-        for device in _devices(obj):
-            device.update(device.pop("basic", None) or {})
-        return
-    for request in _requests_of(obj):
-        if request.get("firstAvailable"):
-            continue
-        exactly = {k: request.pop(k) for k in list(request) if k != "name"}
-        request["exactly"] = exactly
-
-
-def _v1_to_beta1(obj: JSON) -> None:
-    if obj["kind"] == "ResourceSlice":
-        for device in _devices(obj):
-            basic = {k: device.pop(k) for k in list(device) if k != "name"}
-            device["basic"] = basic
-        return
-    for request in _requests_of(obj):
-        request.update(request.pop("exactly", None) or {})

@@ -5,12 +5,12 @@ serves the simulated cluster read-only, as of the scenario's simulated time:
 
 * discovery: ``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/resource.k8s.io`` and
   ``/apis/resource.k8s.io/<v>`` for the served versions (``k8s_objects.served_versions``);
-* ``resourceslices`` and ``devicetaintrules`` (cluster-scoped; DeviceTaintRules only in the
+* ``resourceslices``, ``deviceclasses`` and ``devicetaintrules`` (cluster-scoped; DeviceTaintRules only in the
   ``taint_rule_versions`` asked for, none by default), ``resourceclaims`` (namespaced), core
   ``pods`` and ``nodes``:
   get, list and watch, with ``fieldSelector`` and ``labelSelector`` honoured (an unknown
   field label is a 400, as on a real server), lists carrying ``metadata.resourceVersion``
-  (``limit``/``continue`` are ignored: every list is complete, which the API allows);
+  and ``limit``/``continue`` paging (a token expires, 410, once anything changed);
 * watches stream ``{"type", "object"}`` lines over chunked HTTP: from ``resourceVersion``
   on, or the current objects as ``ADDED`` first when it is absent or ``"0"``;
   ``timeoutSeconds`` (wall seconds) ends the stream cleanly.
@@ -32,6 +32,7 @@ for a too old resourceVersion). ``requests`` counts requests per (verb, resource
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -52,10 +53,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
+from dra_exporter.dra_versions import GROUP, convert
+from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
+
 from . import k8s_objects
 from .clock import SimClock
-from .k8s_objects import GROUP, JSON
-from ..sources.kubeapi_normalize import TAINT_RULE_VERSIONS
+from .k8s_objects import JSON
 from .scenario import API_VERSIONS, APISERVER_FAULTS, Scenario
 
 GONE: Final = "apiserver_gone"
@@ -99,6 +102,7 @@ RESOURCES: Final = {
     ),
     "resourceclaims": _Resource("resourceclaims", "ResourceClaim", GROUP, True, _META_FIELDS),
     "devicetaintrules": _Resource("devicetaintrules", "DeviceTaintRule", GROUP, False, ("metadata.name",)),
+    "deviceclasses": _Resource("deviceclasses", "DeviceClass", GROUP, False, ("metadata.name",)),
     "nodes": _Resource("nodes", "Node", "", False, ("metadata.name", "spec.unschedulable")),
     "pods": _Resource(
         "pods",
@@ -573,7 +577,8 @@ class SimulatedApiServer:
             return {"kind": "APIGroup", "apiVersion": "v1", **self._group()}
         version = path.removeprefix(f"/apis/{GROUP}/")
         if version in self.group_versions:
-            resources = [RESOURCES["resourceclaims"], RESOURCES["resourceslices"]] if version in self.versions else []
+            resources = ([RESOURCES["deviceclasses"], RESOURCES["resourceclaims"], RESOURCES["resourceslices"]]
+                         if version in self.versions else [])
             if version in self.taint_rule_versions:
                 resources.insert(0, RESOURCES["devicetaintrules"])
             return _resource_list(f"{GROUP}/{version}", resources)
@@ -611,22 +616,43 @@ class SimulatedApiServer:
         return request.present(obj)
 
     def list_objects(self, request: _Request) -> JSON:
+        """A list, or one page of it (``limit``/``continue``). A continue token names the
+        resourceVersion of the first page and the last key sent; when anything changed since
+        that version the token has expired (410), as on a real server once its snapshot is
+        compacted, so every page of one list comes from the same state."""
         self.sync()
         with self._store.cond:
             rv = self._store.rv
             objects = list(self._store.objects[request.resource.name].values())
-        items = []
+        after: tuple[str, str] | None = None
+        if request.continue_token:
+            token_rv, after = _parse_continue(request.continue_token)
+            if token_rv != rv:
+                raise ApiError(410, "Expired", "The provided continue parameter is too old to display a "
+                               "consistent list result. You can start a new list without the continue parameter.")
+            rv = token_rv
+        items: list[JSON] = []
+        token, last = "", ("", "")
         for obj in sorted(objects, key=_key):
+            if after is not None and _key(obj) <= after:
+                continue
             if request.matches(obj):
+                if request.limit and len(items) == request.limit:
+                    token = _continue_token(rv, last)
+                    break
                 item = request.present(obj)
                 # A real list's items carry no kind/apiVersion; the list says them once.
                 item.pop("kind", None)
                 item.pop("apiVersion", None)
                 items.append(item)
+                last = _key(obj)
+        metadata: JSON = {"resourceVersion": str(rv)}
+        if token:
+            metadata["continue"] = token
         return {
             "kind": f"{request.resource.kind}List",
             "apiVersion": request.api_version,
-            "metadata": {"resourceVersion": str(rv)},
+            "metadata": metadata,
             "items": items,
         }
 
@@ -695,6 +721,18 @@ class SimulatedApiServer:
             if cursor < store.compacted:
                 return None, []
             return store.rv, store.since(cursor, request.resource.name)
+
+
+def _continue_token(rv: int, key: tuple[str, str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps([rv, *key]).encode()).decode()
+
+
+def _parse_continue(token: str) -> tuple[int, tuple[str, str]]:
+    try:
+        rv, namespace, name = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return int(rv), (str(namespace), str(name))
+    except (ValueError, TypeError):
+        raise ApiError(400, "BadRequest", f"invalid continue token: {token[:40]!r}") from None
 
 
 def _bookmark(request: _Request, rv: int, annotations: Mapping[str, str] | None = None) -> JSON:
@@ -802,6 +840,9 @@ class _Request:
     bookmarks: bool
     """``allowWatchBookmarks``: the watch gets BOOKMARK events with the current resourceVersion."""
     initial_events_bookmark: bool
+    limit: int = 0
+    """A list's page size (``limit``); 0: the whole list."""
+    continue_token: str = ""
 
     @property
     def api_version(self) -> str:
@@ -819,7 +860,7 @@ class _Request:
         return self.field_filter(obj) and self.label_filter(obj)
 
     def present(self, obj: Mapping[str, Any]) -> JSON:
-        out = k8s_objects.convert(obj, self.version) if self.resource.group else dict(obj)
+        out = convert(obj, self.version) if self.resource.group else dict(obj)
         out["apiVersion"] = self.api_version
         out["kind"] = self.resource.kind
         return out
@@ -889,6 +930,8 @@ def parse_request(path: str, query: Mapping[str, list[str]], versions: Collectio
         timeout_s=float(timeout) if timeout and int(timeout) > 0 else DEFAULT_WATCH_TIMEOUT_S,
         bookmarks=arg("allowWatchBookmarks").lower() in _TRUE,
         initial_events_bookmark=send_initial and arg("allowWatchBookmarks").lower() in _TRUE,
+        limit=int(arg("limit")) if arg("limit").isdigit() else 0,
+        continue_token=arg("continue"),
     )
 
 

@@ -1,8 +1,8 @@
-"""Scenario YAML to a validated ``Scenario``: the reading and checking behind ``scenario``.
+"""Scenario YAML to a validated ``Scenario``: reading and checking the scenario format.
 
-``scenario.read_documents`` and ``scenario.parse_scenario`` call in here. This module
-reads a built-in scenario or a file (size-capped, UTF-8 only), parses it with a YAML
-loader that refuses duplicate keys, and walks the document with a ``_Cursor`` that
+``read_documents`` reads a built-in scenario or a file (size-capped, UTF-8 only) and parses
+it with a YAML loader that refuses duplicate keys; ``parse_scenario`` walks the document
+with a ``Cursor`` that
 tracks the field path, so every problem is a ``ScenarioError`` naming the file and the
 field (``demo.yaml: gpus[1].mig[0].placement_start: ...``), never a traceback. The
 ``_Builder`` checks the document against the GPU profile and itself (MIG layouts,
@@ -11,8 +11,8 @@ the file leaves out, deterministically from the seed.
 
 It is separate from ``scenario`` so that the records and their queries, which the whole
 simulator reads, stay short and free of the format's validation rules, which only loading
-needs. It imports the records from ``scenario``; ``scenario`` imports it only inside its
-loading functions, so there is no import cycle.
+needs. It imports the records from ``scenario``, never the other way round; ``dump`` builds
+on it, ``loader`` chooses between the two.
 """
 
 from __future__ import annotations
@@ -27,14 +27,19 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
-from .. import model, strict_yaml
-from ..boundedio import FileTooLargeError, read_text
-from ..resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name, parse_nvidia_device_name
+from dra_exporter import model, strict_yaml
+from dra_exporter.boundedio import FileTooLargeError, read_text
+from dra_exporter.resolve import (
+    NVIDIA_DRIVER,
+    NvidiaNameResolver,
+    nvidia_device_name,
+    parse_nvidia_device_name,
+)
+
 from .profile import GPU_MODELS, GpuProfile, NvLinkSpec, load_profile
 from .scenario import (
-    _BUS_NUMBERS,
-    _SCENARIO_DIR,
     API_VERSIONS,
+    BUS_NUMBERS,
     CONDITION_STATUS,
     DEVICE_HEALTH,
     FAULT_KINDS,
@@ -49,7 +54,6 @@ from .scenario import (
     ClaimRequest,
     Container,
     Curve,
-    DeviceCondition,
     DeviceStatus,
     DriverSlice,
     Fault,
@@ -64,12 +68,10 @@ from .scenario import (
     ScenarioError,
     SliceDevice,
     SubRequest,
-    Taint,
-    _claim_use,
-    _digest,
-    _gi_id,
-    builtin_scenarios,
+    TimedCondition,
+    claim_use,
     derived_uuid,
+    digest,
 )
 
 # Limits and patterns only reading and validation use.
@@ -86,6 +88,26 @@ _QUALIFIED_NAME = re.compile(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z_]
 _CONDITION_TYPE = re.compile(
     r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]{0,1022}[A-Za-z0-9_])?")
+_SCENARIO_DIR: Final = "scenarios"
+
+
+def builtin_scenarios() -> list[str]:
+    """Names accepted by ``loader.load_scenario`` besides file paths."""
+    folder = resources.files(__package__).joinpath(_SCENARIO_DIR)
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_documents(source: str | os.PathLike[str]) -> tuple[str, list[Any]]:
+    """The label (for messages) and every YAML document of a built-in scenario or a file."""
+    label, text = _read_source(source)
+    return label, _parse_yaml_documents(label, text)
+
+
+def parse_scenario(data: Any, label: str = "<scenario>", hardware: Hardware | None = None,
+                   path: str = "") -> Scenario:
+    """Validate already-parsed YAML (a mapping) into a ``Scenario``; ``hardware`` replaces the GPUs' identity;
+    ``path`` is where the mapping is in its file (``nodes[2]`` of a multi-node scenario), for messages."""
+    return _Builder(label, hardware).build(Cursor(label, path, data))
 
 
 def _read_source(source: str | os.PathLike[str]) -> tuple[str, str]:
@@ -118,7 +140,7 @@ def _parse_yaml_documents(label: str, text: str) -> list[Any]:
     return docs or [None]
 
 
-class _Cursor:
+class Cursor:
     """A value inside the YAML document, with its field path for error messages."""
 
     __slots__ = ("label", "path", "value")
@@ -130,19 +152,19 @@ class _Cursor:
         where = f"{self.label}: {self.path}" if self.path else self.label
         return ScenarioError(f"{where}: {message}")
 
-    def key(self, name: str) -> _Cursor:
+    def key(self, name: str) -> Cursor:
         value = self.value.get(name) if isinstance(self.value, dict) else None
-        return _Cursor(self.label, f"{self.path}.{name}" if self.path else name, value)
+        return Cursor(self.label, f"{self.path}.{name}" if self.path else name, value)
 
-    def items(self) -> Iterator[tuple[int, _Cursor]]:
+    def items(self) -> Iterator[tuple[int, Cursor]]:
         for i, value in enumerate(self.list()):
-            yield i, _Cursor(self.label, f"{self.path}[{i}]", value)
+            yield i, Cursor(self.label, f"{self.path}[{i}]", value)
 
     @property
     def present(self) -> bool:
         return self.value is not None
 
-    def mapping(self, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> _Cursor:
+    def mapping(self, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> Cursor:
         if not isinstance(self.value, dict):
             raise self.error(f"expected a mapping with keys {', '.join(required + optional)}, "
                              f"got {_kind(self.value)}")
@@ -202,6 +224,11 @@ class _Cursor:
         return self.value
 
 
+def _gi_id(size: int, start: int) -> int:
+    """GPU-instance id for a placement; distinct for any non-overlapping layout."""
+    return {8: 0, 4: 1 + start // 4, 2: 3 + start // 2}.get(size, 7 + start)
+
+
 def _kind(value: Any) -> str:
     if value is None:
         return "nothing"
@@ -232,7 +259,7 @@ class _Builder:
         self.pids: dict[int, str] = {}
         self.process_paths: dict[str, str] = {}
 
-    def build(self, doc: _Cursor) -> Scenario:
+    def build(self, doc: Cursor) -> Scenario:
         if doc.value is None:
             raise doc.error("the file is empty")
         doc.mapping(("node", "gpus"), ("seed", "gpu_model", "exporter_pod", "claims", "pods", "faults",
@@ -277,7 +304,7 @@ class _Builder:
 
     # -- GPUs and MIG ------------------------------------------------------------------------
 
-    def _gpus(self, cur: _Cursor, may_be_empty: bool) -> None:
+    def _gpus(self, cur: Cursor, may_be_empty: bool) -> None:
         if not cur.list() and not may_be_empty:
             raise cur.error("a node needs at least one GPU (a node without NVIDIA's driver: an init_failure "
                             "fault at 0 with no until)")
@@ -295,7 +322,7 @@ class _Builder:
                 raise g.key("taints").error("a MIG-enabled GPU is published as its MIG devices; "
                                             "taint those (mig[].taints)")
             bus_id = (self.hardware.pci_bus_ids.get(index) if self.hardware else None) or \
-                f"00000000:{_BUS_NUMBERS[index]:02X}:00.0"
+                f"00000000:{BUS_NUMBERS[index]:02X}:00.0"
             tx, rx = self._nvlink_traffic(g.key("nvlink"))
             self.gpus[index] = Gpu(index, gpu_uuid, bus_id, mig, taints, tx, rx)
         missing = sorted(set(range(len(self.gpus))) - set(self.gpus))
@@ -304,7 +331,7 @@ class _Builder:
                             f"them; missing {', '.join(map(str, missing))}")
         self.gpus = dict(sorted(self.gpus.items()))
 
-    def _nvlink_traffic(self, cur: _Cursor) -> tuple[Curve | None, Curve | None]:
+    def _nvlink_traffic(self, cur: Cursor) -> tuple[Curve | None, Curve | None]:
         """``nvlink: {tx: curve, rx: curve}`` in bytes per second, at most what the links carry."""
         if not cur.present:
             return None, None
@@ -314,25 +341,25 @@ class _Builder:
         return tuple(_curve(cur.key(d), 0.0, capacity) if cur.key(d).present else None  # type: ignore[return-value]
                      for d in ("tx", "rx"))
 
-    def _nvlink_spec(self, cur: _Cursor) -> NvLinkSpec:
+    def _nvlink_spec(self, cur: Cursor) -> NvLinkSpec:
         if self.profile.nvlink is None:
             raise cur.error(f"the {self.profile.model} of this node has no NVLink as simulated (gpu_model "
                             "h200 is the recording, which answered NOT_SUPPORTED); use gpu_model h200-hgx "
                             "or gb200")
         return self.profile.nvlink
 
-    def _link_param(self, cur: _Cursor) -> int:
+    def _link_param(self, cur: Cursor) -> int:
         links = self._nvlink_spec(cur).links
         link = cur.int(minimum=0)
         if link >= links:
             raise cur.error(f"a {self.profile.model} has NVLinks 0..{links - 1}; got {link}")
         return link
 
-    def _nvlink_error_type(self, cur: _Cursor) -> str:
+    def _nvlink_error_type(self, cur: Cursor) -> str:
         generation = self._nvlink_spec(cur).generation
         return _one_of(NVLINK_ERROR_TYPES[generation])(self, cur, None)
 
-    def _mig(self, cur: _Cursor, gpu: int) -> tuple[MigDevice, ...]:
+    def _mig(self, cur: Cursor, gpu: int) -> tuple[MigDevice, ...]:
         prof = self.profile
         used: dict[int, str] = {}
         out: list[MigDevice] = []
@@ -366,7 +393,7 @@ class _Builder:
                             f"a {prof.model} has {prof.mig_compute_slices}")
         return tuple(sorted(out, key=lambda d: d.placement_start))
 
-    def _uuid(self, cur: _Cursor, prefix: str, owner: str, parts: tuple[str, ...]) -> str:
+    def _uuid(self, cur: Cursor, prefix: str, owner: str, parts: tuple[str, ...]) -> str:
         if cur.present:
             value = cur.str(pattern=re.compile(re.escape(prefix) + r"[0-9A-Za-z-]{1,80}"),
                             what=f"UUID (expected {prefix}…)")
@@ -379,7 +406,7 @@ class _Builder:
 
     # -- claims --------------------------------------------------------------------------------
 
-    def _claim(self, c: _Cursor) -> Claim:
+    def _claim(self, c: Cursor) -> Claim:
         c.mapping(("namespace", "name"), ("uid", "request", "admin_access", "driver", "pool", "devices",
                                           "requests", "template", "device_status"))
         ns = c.key("namespace").name("namespace")
@@ -424,7 +451,7 @@ class _Builder:
         self.claims[(ns, name)] = claim
         return claim
 
-    def _claim_devices(self, cur: _Cursor, driver: str, pool: str, seen: set[str]) -> tuple[str, ...]:
+    def _claim_devices(self, cur: Cursor, driver: str, pool: str, seen: set[str]) -> tuple[str, ...]:
         devices: list[str] = []
         if not cur.list():
             raise cur.error("a claim needs at least one device")
@@ -440,7 +467,7 @@ class _Builder:
             devices.append(device)
         return tuple(devices)
 
-    def _request(self, r: _Cursor, driver: str, pool: str, seen: set[str]) -> ClaimRequest:
+    def _request(self, r: Cursor, driver: str, pool: str, seen: set[str]) -> ClaimRequest:
         r.mapping(("name", "devices"), ("device_class", "all", "first_available", "allocated"))
         name = r.key("name").name("request name", _DNS_LABEL)
         devices = self._claim_devices(r.key("devices"), driver, pool, seen)
@@ -488,25 +515,26 @@ class _Builder:
         parsed = [parse_nvidia_device_name(d) for d in devices]
         return NVIDIA_MIG_CLASS if any(p is not None and p.is_mig for p in parsed) else NVIDIA_GPU_CLASS
 
-    def _device_status(self, cur: _Cursor, devices: tuple[str, ...]) -> DeviceStatus:
+    def _device_status(self, cur: Cursor, devices: tuple[str, ...]) -> DeviceStatus:
         cur.mapping(("device", "conditions"))
         device = cur.key("device").str()
         if device not in devices:
             raise cur.key("device").error(f"{device!r} is not a device of this claim "
                                           f"({', '.join(devices)})")
-        conditions: list[DeviceCondition] = []
+        conditions: list[TimedCondition] = []
         for _, c in cur.key("conditions").items():
             c.mapping(("type", "status"), ("reason", "message", "at"))
             ctype = c.key("type").str(pattern=_CONDITION_TYPE, what="condition type")
-            if any(x.type == ctype for x in conditions):
+            if any(x.condition.type == ctype for x in conditions):
                 raise c.key("type").error(f"condition {ctype!r} is listed twice")
             status = c.key("status").value
             if isinstance(status, bool):  # YAML reads an unquoted True as a boolean
                 status = "True" if status else "False"
             if status not in CONDITION_STATUS:
                 raise c.key("status").error(f"{status!r} is not one of {', '.join(CONDITION_STATUS)}")
-            conditions.append(DeviceCondition(
-                ctype, status, c.key("reason").str(default=ctype, pattern=_REASON, what="reason (CamelCase)"),
+            conditions.append(TimedCondition(
+                model.DeviceCondition(ctype, status, c.key("reason").str(default=ctype, pattern=_REASON,
+                                                                         what="reason (CamelCase)")),
                 "" if c.key("message").value == "" else c.key("message").str(default=""),
                 c.key("at").number(default=0.0, minimum=0)))
         if len(conditions) > 8:
@@ -515,7 +543,7 @@ class _Builder:
 
     # -- other drivers' slices -----------------------------------------------------------------
 
-    def _slices(self, cur: _Cursor) -> tuple[DriverSlice, ...]:
+    def _slices(self, cur: Cursor) -> tuple[DriverSlice, ...]:
         out: list[DriverSlice] = []
         for _, sl in cur.items():
             sl.mapping(("driver", "devices"), ("pool",))
@@ -541,7 +569,7 @@ class _Builder:
         self.slices = {(x.driver, x.pool): x for x in out}
         return tuple(out)
 
-    def _slice_device(self, cur: _Cursor, driver: str, pool: str, device: str) -> None:
+    def _slice_device(self, cur: Cursor, driver: str, pool: str, device: str) -> None:
         # Without a slice of that driver the devices are taken as written (the kubelet view
         # needs no slice); with one, they must be in it.
         declared = [x for x in self.slices.values() if x.driver == driver]
@@ -555,7 +583,7 @@ class _Builder:
             raise cur.error(f"{device!r} is not a device of {driver} pool {pool!r} "
                             f"({', '.join(d.name for d in sl.devices)})")
 
-    def _nvidia_device(self, cur: _Cursor, name: str) -> str:
+    def _nvidia_device(self, cur: Cursor, name: str) -> str:
         """The NVML UUID of an NVIDIA DRA device name on this node."""
         parsed = parse_nvidia_device_name(name)
         if parsed is None:
@@ -577,7 +605,7 @@ class _Builder:
     def _mig_names(self, gpu: Gpu) -> list[str]:
         return [nvidia_device_name(d) for d in self.devices if d.parent_uuid == gpu.uuid]
 
-    def _check_exclusive(self, cur: _Cursor, claims: tuple[Claim, ...]) -> None:
+    def _check_exclusive(self, cur: Cursor, claims: tuple[Claim, ...]) -> None:
         # The scheduler never gives one device to two ordinary claims; admin access is exempt.
         owner: dict[tuple[str, str], Claim] = {}
         for i, claim in enumerate(claims):
@@ -586,14 +614,14 @@ class _Builder:
             for j, device in enumerate(claim.devices):
                 other = owner.setdefault((claim.driver, device), claim)
                 if other is not claim:
-                    where = _Cursor(self.label, f"{cur.path}[{i}].devices[{j}]", device)
+                    where = Cursor(self.label, f"{cur.path}[{i}].devices[{j}]", device)
                     raise where.error(f"device {device!r} is already allocated to claim "
                                       f"{other.namespace}/{other.name}; only admin_access claims may share "
                                       "a device")
 
     # -- pods ----------------------------------------------------------------------------------
 
-    def _pods(self, cur: _Cursor) -> tuple[Pod, ...]:
+    def _pods(self, cur: Cursor) -> tuple[Pod, ...]:
         pods: list[Pod] = []
         seen: set[tuple[str, str]] = set()
         uids: set[str] = set()
@@ -625,14 +653,14 @@ class _Builder:
         self._check_memory(pods)
         return tuple(pods)
 
-    def _check_templates(self, cur: _Cursor, claims: tuple[Claim, ...], pods: tuple[Pod, ...]) -> None:
+    def _check_templates(self, cur: Cursor, claims: tuple[Claim, ...], pods: tuple[Pod, ...]) -> None:
         # A claim generated from a template belongs to exactly one pod; and a pod's claims must
         # have distinct pod-level names, since containers refer to them by those names.
         for i, claim in enumerate(claims):
             users = [p for p in pods if p.namespace == claim.namespace
                      and any(claim.name in c.claims for c in p.containers)]
             if claim.template and len(users) != 1:
-                raise _Cursor(self.label, f"{cur.path}[{i}].template", claim.template).error(
+                raise Cursor(self.label, f"{cur.path}[{i}].template", claim.template).error(
                     f"a claim generated from a template belongs to exactly one pod; "
                     f"{len(users)} pods use {claim.namespace}/{claim.name}")
         by_key = {(c.namespace, c.name): c for c in claims}
@@ -644,12 +672,12 @@ class _Builder:
                     raise cur.error(f"pod {pod.namespace}/{pod.name} uses claims {names[pod_name]!r} and "
                                     f"{used!r} under the same pod-level name {pod_name!r}")
 
-    def _container(self, c: _Cursor, ns: str, pod: str) -> Container:
+    def _container(self, c: Cursor, ns: str, pod: str) -> Container:
         c.mapping(("name",), ("container_id", "claims", "plugin_devices", "processes", "device_health"))
         name = c.key("name").name("container name", _DNS_LABEL)
         owner = f"{ns}/{pod}/{name}"
         container_id = (c.key("container_id").str() if c.key("container_id").present
-                        else "containerd://" + _digest(self.seed, "container", ns, pod, name, size=32).hex())
+                        else "containerd://" + digest(self.seed, "container", ns, pod, name, size=32).hex())
         claims: list[str] = []
         requests: list[tuple[str, str]] = []
         for _, ref in c.key("claims").items():
@@ -664,7 +692,7 @@ class _Builder:
         health = self._device_health(c.key("device_health"), ns, claims, dict(requests))
         return Container(name, container_id, tuple(claims), plugin, processes, tuple(requests), health)
 
-    def _claim_ref(self, ref: _Cursor, ns: str) -> tuple[str, str]:
+    def _claim_ref(self, ref: Cursor, ns: str) -> tuple[str, str]:
         """A container's claim reference: ``name`` or ``{claim: name, request: r}``."""
         request = ""
         if isinstance(ref.value, dict):
@@ -685,7 +713,7 @@ class _Builder:
                                                f"(its requests: {', '.join(names)})")
         return claim, request
 
-    def _device_health(self, cur: _Cursor, ns: str, claims: list[str],
+    def _device_health(self, cur: Cursor, ns: str, claims: list[str],
                        requests: dict[str, str]) -> tuple[tuple[str, str], ...]:
         if not cur.present:
             return ()
@@ -693,7 +721,7 @@ class _Builder:
             raise cur.error(f"expected a mapping of device name to health "
                             f"({', '.join(DEVICE_HEALTH)}), got {_kind(cur.value)}")
         names = {d.device for claim in claims
-                 for d in _claim_use(self.claims[(ns, claim)], requests.get(claim, "")).devices}
+                 for d in claim_use(self.claims[(ns, claim)], requests.get(claim, "")).devices}
         out: list[tuple[str, str]] = []
         for device, health in cur.value.items():
             where = cur.key(str(device))
@@ -705,7 +733,7 @@ class _Builder:
             out.append((str(device), str(health)))
         return tuple(out)
 
-    def _plugin_devices(self, cur: _Cursor) -> PluginDevice:
+    def _plugin_devices(self, cur: Cursor) -> PluginDevice:
         cur.mapping(("resource", "ids"))
         resource = cur.key("resource").str()
         mig = _MIG_RESOURCE.fullmatch(resource)
@@ -720,7 +748,7 @@ class _Builder:
             value = d.value
             if isinstance(value, int) and not isinstance(value, bool):
                 value = str(value)  # YAML reads `ids: [0]` as an integer
-            device_id = _Cursor(d.label, d.path, value).str()
+            device_id = Cursor(d.label, d.path, value).str()
             if not self._plugin_id_known(device_id, mig["profile"] if mig else None):
                 kind = f"{mig['profile']} MIG device UUID" if mig else "whole-GPU UUID or index"
                 raise d.error(f"{device_id!r} is not a {kind} on this node")
@@ -732,7 +760,7 @@ class _Builder:
             return any(d.uuid == device_id and d.profile == mig_profile for d in self.devices)
         return any(not g.mig_enabled and device_id in (g.uuid, str(g.index)) for g in self.gpus.values())
 
-    def _process(self, p: _Cursor, owner: str, i: int) -> Process:
+    def _process(self, p: Cursor, owner: str, i: int) -> Process:
         p.mapping(("device", "memory"), ("pid", "sm"))
         target = self._process_device(p.key("device"))
         memory = _quantity(p.key("memory"))
@@ -749,13 +777,13 @@ class _Builder:
         return Process(str(p.key("device").value), target, pid, memory, sm, key)
 
     def _derived_pid(self, key: str) -> int:
-        n = int.from_bytes(_digest(self.seed, "pid", key, size=8), "big")
+        n = int.from_bytes(digest(self.seed, "pid", key, size=8), "big")
         pid = _PID_MIN + n % _PID_SPAN
         while pid in self.pids:
             pid = _PID_MIN + (pid - _PID_MIN + 1) % _PID_SPAN
         return pid
 
-    def _process_device(self, cur: _Cursor) -> str:
+    def _process_device(self, cur: Cursor) -> str:
         value = cur.value
         if isinstance(value, str) and value.isdigit():
             value = int(value)
@@ -783,13 +811,13 @@ class _Builder:
                     if used[proc.uuid] > capacity[proc.uuid]:
                         name = next(nvidia_device_name(d) for d in self.devices if d.uuid == proc.uuid)
                         path = self.process_paths[proc.key] + ".memory"
-                        raise _Cursor(self.label, path, proc.memory_bytes).error(
+                        raise Cursor(self.label, path, proc.memory_bytes).error(
                             f"at t={t:g} s the processes on {name} need {used[proc.uuid]} bytes of memory; "
                             f"it has {capacity[proc.uuid]}")
 
     # -- faults --------------------------------------------------------------------------------
 
-    def _fault(self, f: _Cursor) -> Fault:
+    def _fault(self, f: Cursor) -> Fault:
         if not isinstance(f.value, dict):
             raise f.error(f"expected a mapping with keys kind, at, ..., got {_kind(f.value)}")
         if not f.key("kind").present:
@@ -822,7 +850,7 @@ class _Builder:
                                       "simulated; use gpu_model h200-hgx or gb200")
         return Fault(kind, at, until, gpu, MappingProxyType(params))
 
-    def _mig_device_param(self, cur: _Cursor, gpu: int | None) -> str:
+    def _mig_device_param(self, cur: Cursor, gpu: int | None) -> str:
         name = cur.str()
         mig_uuid = self._nvidia_device(cur, name)
         parent = next(d.parent_uuid for d in self.devices if d.uuid == mig_uuid)
@@ -831,14 +859,14 @@ class _Builder:
         return name
 
 
-def _without_nvidia_driver(faults: _Cursor) -> bool:
+def _without_nvidia_driver(faults: Cursor) -> bool:
     """Whether NVML fails to initialise for the whole run: then the node may have no GPU at all."""
     return any(isinstance(f, dict) and f.get("kind") == "init_failure" and f.get("at") == 0
                and f.get("until") is None for f in (faults.value if isinstance(faults.value, list) else ()))
 
 
-def _one_of(choices: tuple[str, ...]) -> Callable[[_Builder, _Cursor, int | None], str]:
-    def parse(_: _Builder, cur: _Cursor, __: int | None) -> str:
+def _one_of(choices: tuple[str, ...]) -> Callable[[_Builder, Cursor, int | None], str]:
+    def parse(_: _Builder, cur: Cursor, __: int | None) -> str:
         value = cur.str()
         if value not in choices:
             raise cur.error(f"{value!r} is not one of {', '.join(choices)}")
@@ -850,7 +878,7 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[_Builder, _Cursor, int | None
 class _FaultParams:
     required: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
-    params: Mapping[str, Callable[[_Builder, _Cursor, int | None], Any]] = field(default_factory=dict)
+    params: Mapping[str, Callable[[_Builder, Cursor, int | None], Any]] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -882,8 +910,8 @@ _FAULT_PARAMS: Final[Mapping[str, _FaultParams]] = {
 }
 
 
-def _taints(cur: _Cursor) -> tuple[Taint, ...]:
-    out: list[Taint] = []
+def _taints(cur: Cursor) -> tuple[model.DeviceTaint, ...]:
+    out: list[model.DeviceTaint] = []
     for _, t in cur.items():
         t.mapping(("key", "effect"), ("value",))
         key = t.key("key").str(pattern=_QUALIFIED_NAME, what="taint key")
@@ -896,13 +924,13 @@ def _taints(cur: _Cursor) -> tuple[Taint, ...]:
         value = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         if len(value) > 63:
             raise t.key("value").error("at most 63 characters")
-        out.append(Taint(key, value, effect))
+        out.append(model.DeviceTaint(key, value, effect))
     if len(out) > 16:
         raise cur.error("at most 16 taints per device")
     return tuple(out)
 
 
-def _attributes(cur: _Cursor) -> Mapping[str, Mapping[str, Any]]:
+def _attributes(cur: Cursor) -> Mapping[str, Mapping[str, Any]]:
     """Scenario attributes (``model: x``, ``index: 3``, ``driverVersion: {version: 1.0.0}``) as API values."""
     if not cur.present:
         return MappingProxyType({})
@@ -927,7 +955,7 @@ def _attributes(cur: _Cursor) -> Mapping[str, Mapping[str, Any]]:
     return MappingProxyType(out)
 
 
-def _capacities(cur: _Cursor) -> Mapping[str, str]:
+def _capacities(cur: Cursor) -> Mapping[str, str]:
     if not cur.present:
         return MappingProxyType({})
     if not isinstance(cur.value, dict):
@@ -942,7 +970,7 @@ def _capacities(cur: _Cursor) -> Mapping[str, str]:
     return MappingProxyType(out)
 
 
-def _quantity(cur: _Cursor) -> int:
+def _quantity(cur: Cursor) -> int:
     value = cur.value
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
@@ -953,7 +981,7 @@ def _quantity(cur: _Cursor) -> int:
     raise cur.error(f"expected bytes as an integer or a quantity like \"20Gi\", got {_kind(value)}")
 
 
-def _curve(cur: _Cursor, lo: float, hi: float) -> Curve:
+def _curve(cur: Cursor, lo: float, hi: float) -> Curve:
     if not isinstance(cur.value, dict):
         base = cur.number()
         if not lo <= base <= hi:

@@ -1,6 +1,6 @@
 """Derive the simulated H200's device profile from the real NVML recordings.
 
-    python dra_exporter/sim/profiles/make_profile.py [--fixtures DIR] [--out FILE]
+    python dra_exporter_sim/profiles/make_profile.py [--fixtures DIR] [--out FILE]
 
 Reads ``h200-idle.json`` and ``h200-under-load.json`` (written by the fixtures'
 ``record_nvml.py`` on a real H200) and writes ``h200.json`` next to this script:
@@ -22,7 +22,7 @@ from typing import Any
 
 _HERE = Path(__file__).resolve().parent
 # The recordings the repository carries for its tests.
-_DEFAULT_FIXTURES = _HERE.parents[2] / "tests" / "fixtures" / "nvml"
+_DEFAULT_FIXTURES = _HERE.parents[1] / "tests" / "fixtures" / "nvml"
 _MIB = 1 << 20
 
 # NVIDIA's published H200 MIG profiles: GPU-instance profile id, memory slices

@@ -1,0 +1,213 @@
+"""DeviceClass CEL selectors, evaluated over slice devices as the scheduler does.
+
+Contract: ``ClassSelector(device_class).matches(driver, device)`` says whether a device meets every
+``spec.selectors[].cel.expression`` of the class (True/False), or None when the expression failed
+for that device (a missing attribute, a type error: the scheduler does not allocate such a device
+either). A class whose expressions the library cannot run at all (syntax it does not parse, a
+function it does not know) has ``error`` set and matches nothing; it is reported, never a crash.
+
+The CEL runtime is ``common-expression-language`` (Rust bindings, ``import cel``): of the maintained
+Python libraries it is the fastest here (~15 µs an evaluation against ~300-600 µs for the pure-Python
+``cel-python``), and it calls Python functions with the receiver first, so the Kubernetes CEL
+library's functions are registered by hand below: ``semver()``, ``isSemver()``, ``quantity()``,
+``isQuantity()``, ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``major``/``minor``/``patch``,
+``asInteger``, ``asApproximateFloat``, ``add``, ``sub``. Quantities are plain numbers in base units
+and versions plain strings (the library passes only its own value types): ``compareTo`` and friends
+compare numbers as numbers and strings as semantic versions. What this does not do that the API
+server does: type-check at admission (a string attribute compared with ``isGreaterThan`` is compared
+as a version here, not rejected), the cost limit, and ``device.allowMultipleAllocations`` is false.
+
+Cost: a device's result depends only on the attributes and capacities the expression names. When
+every ``device.attributes[...]``/``device.capacity[...]`` use is a literal ``['domain'].name`` (the
+usual class), results are memoised by the driver and those values, so 40,000 GPUs of ten models cost
+ten evaluations; otherwise by the whole device.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Final
+
+import cel
+
+from ..model import DeviceClassInfo, SliceDevice
+from ..sources.kubeapi_normalize import quantity
+
+#: ``device.attributes['dom'].name`` / ``device.capacity["dom"]["name"]``: a literal reference.
+_REFERENCE: Final = re.compile(
+    r"""device\s*\.\s*(attributes|capacity)\s*\[\s*(['"])([^'"]+)\2\s*\]\s*"""
+    r"""(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*(['"])([^'"]+)\5\s*\])""")
+_ANY_MAP: Final = re.compile(r"\b(attributes|capacity)\b")
+#: Memoised results kept per class (a bound: a hostile class cannot grow memory without limit).
+MAX_MEMO: Final = 100_000
+_UNKNOWN_FUNCTION: Final = "Undefined variable or function"
+
+
+class SelectorError(Exception):
+    """The expression cannot be evaluated by this library at all."""
+
+
+def _semver_key(text: Any) -> tuple[int, int, int, tuple[tuple[int, int | str], ...]]:
+    """Semantic-version order (semver 2.0: pre-releases sort before the release; build ignored)."""
+    if not isinstance(text, str):
+        raise TypeError(f"not a version: {text!r}")
+    core, _, pre = text.split("+", 1)[0].partition("-")
+    parts = core.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"not a semantic version: {text!r}")
+    ids = tuple((0, int(p)) if p.isdigit() else (1, p) for p in pre.split(".")) if pre else ()
+    major, minor, patch = (int(p) for p in parts)
+    # A release sorts after all its pre-releases: mark it with a sentinel larger than any id.
+    return major, minor, patch, ids or ((2, 0),)
+
+
+def _compare(a: Any, b: Any) -> int:
+    if isinstance(a, str) or isinstance(b, str):
+        ka, kb = _semver_key(a), _semver_key(b)
+        return (ka > kb) - (ka < kb)
+    if isinstance(a, bool) or isinstance(b, bool):
+        raise TypeError("no ordering of booleans")
+    return (a > b) - (a < b)
+
+
+def _semver(text: Any) -> str:
+    _semver_key(text)
+    return str(text)
+
+
+def _quantity(text: Any) -> float:
+    number = quantity(text)
+    if number is None:
+        raise ValueError(f"not a quantity: {text!r}")
+    return number
+
+
+def _is(check: Callable[[Any], Any]) -> Callable[[Any], bool]:
+    def test(value: Any) -> bool:
+        try:
+            check(value)
+        except (TypeError, ValueError):
+            return False
+        return True
+    return test
+
+
+#: The Kubernetes CEL library functions DeviceClass selectors use, over this module's value forms.
+FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
+    "semver": _semver,
+    "isSemver": _is(_semver_key),
+    "quantity": _quantity,
+    "isQuantity": _is(_quantity),
+    "compareTo": _compare,
+    "isGreaterThan": lambda a, b: _compare(a, b) > 0,
+    "isLessThan": lambda a, b: _compare(a, b) < 0,
+    "major": lambda v: _semver_key(v)[0],
+    "minor": lambda v: _semver_key(v)[1],
+    "patch": lambda v: _semver_key(v)[2],
+    "asInteger": lambda q: int(q),
+    "asApproximateFloat": lambda q: float(q),
+    "add": lambda a, b: a + (_quantity(b) if isinstance(b, str) else b),
+    "sub": lambda a, b: a - (_quantity(b) if isinstance(b, str) else b),
+}
+
+
+def _typed(text: str, kind: str) -> Any:
+    """An attribute's value as CEL sees it, from the normalised text and its union member."""
+    if kind == "int":
+        return int(text)
+    if kind == "bool":
+        return text == "true"
+    if kind in ("ints", "bools", "strings", "versions"):
+        items = text.split(",") if text else []
+        return [_typed(i, kind[:-1]) for i in items]
+    return text  # string, version
+
+
+def _split(key: str, driver: str) -> tuple[str, str]:
+    """(domain, name) of a normalised key: keys of the driver's own domain lost it."""
+    domain, sep, name = key.rpartition("/")
+    return (domain, name) if sep else (driver, key)
+
+
+def device_view(driver: str, device: SliceDevice) -> dict[str, Any]:
+    """The ``device`` variable of a selector: driver, attributes and capacity by domain."""
+    kinds = dict(device.attribute_kinds)
+    attributes: dict[str, dict[str, Any]] = {}
+    for key, text in device.attributes:
+        domain, name = _split(key, driver)
+        try:
+            attributes.setdefault(domain, {})[name] = _typed(text, kinds.get(key, "string"))
+        except ValueError:
+            continue  # an int that is not one: left out, as a value the API would have refused
+    capacity: dict[str, dict[str, Any]] = {}
+    for key, value in device.capacity:
+        domain, name = _split(key, driver)
+        capacity.setdefault(domain, {})[name] = value
+    return {"driver": driver, "attributes": attributes, "capacity": capacity, "allowMultipleAllocations": False}
+
+
+class ClassSelector:
+    """The compiled selectors of one DeviceClass; see the module docstring."""
+
+    def __init__(self, device_class: DeviceClassInfo) -> None:
+        self.name = device_class.name
+        self.error = ""
+        self._programs: list[Any] = []
+        self._references: list[tuple[str, str, str]] | None = []
+        self._memo: dict[Any, bool | None] = {}
+        for expression in device_class.selectors:
+            try:
+                self._programs.append(cel.compile(expression))
+            except Exception as exc:  # noqa: BLE001 - the library raises ValueError and others for bad input
+                self.error = _first_line(exc)
+                return
+            refs = [(m[1], m[3], m[4] or m[6]) for m in _REFERENCE.finditer(expression)]
+            if self._references is not None and len(refs) == len(_ANY_MAP.findall(expression)):
+                self._references.extend(refs)
+            else:
+                self._references = None  # a reference the pattern does not cover: memoise by device
+
+    def matches(self, driver: str, device: SliceDevice) -> bool | None:
+        if self.error:
+            return False
+        if not self._programs:
+            return True  # a class without selectors takes every device
+        key = self._key(driver, device)
+        if key in self._memo:
+            return self._memo[key]
+        result = self._evaluate(driver, device)
+        if len(self._memo) < MAX_MEMO:
+            self._memo[key] = result
+        return result
+
+    def _key(self, driver: str, device: SliceDevice) -> Any:
+        if self._references is None:
+            return driver, device.attributes, device.attribute_kinds, device.capacity
+        attrs, caps, kinds = dict(device.attributes), dict(device.capacity), dict(device.attribute_kinds)
+        values: list[Any] = []
+        for kind, domain, name in self._references:
+            key = name if domain == driver else f"{domain}/{name}"
+            values.append((attrs.get(key), kinds.get(key)) if kind == "attributes" else caps.get(key))
+        return driver, tuple(values)
+
+    def _evaluate(self, driver: str, device: SliceDevice) -> bool | None:
+        context = {"device": device_view(driver, device), **FUNCTIONS}
+        for program in self._programs:
+            try:
+                result = program.execute(context)
+            except RuntimeError as exc:
+                if _UNKNOWN_FUNCTION in str(exc):
+                    self.error = _first_line(exc)  # the library cannot run it for any device
+                    return False
+                return None
+            except Exception:  # noqa: BLE001 - KeyError, TypeError, ValueError: this device fails it
+                return None
+            if result is not True:
+                return None if not isinstance(result, bool) else False
+        return True
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]

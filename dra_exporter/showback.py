@@ -1,0 +1,480 @@
+"""Showback: GPU-equivalents held and busy per namespace and claim (DESIGN §7). Pure core.
+
+Two halves, both free of I/O:
+
+- **The recording rules** (``RULES``): the only definition of how node series become showback
+  figures. ``deploy/recording-rules.yaml`` is rendered from them (``python -m dra_exporter.showback``;
+  a test keeps the file in step), and ``dra-exporter report`` inlines the same expressions when the
+  rules are not installed, so both ways count alike.
+- **The report**: query results (``Series``) in, ``Report`` out, rendered as a table, CSV or JSON.
+  ``dra_exporter.report`` does the HTTP at the edge.
+
+What is counted (docs/operating.md "Showback"): a device held by a claim counts its *compute share*
+of the physical GPU, 1 for a whole GPU and ``N/7`` for a MIG device whose profile starts with ``N``
+compute slices (``1g.18gb`` → 1/7, ``3g.71gb`` → 3/7, ``1c.3g.71gb`` → 1/7: its compute instance has
+one slice). Every MIG-capable GPU NVIDIA ships in the H100/H200/B200/GB200 generations (and A100)
+splits into 7 compute slices; GB200's ``1g.47gb`` is still one slice of seven. A device shared by
+several pods has one series (``pod=""``), so a shared claim is counted once; only the per-pod rules
+split it evenly between its pods. Busy is NVML utilisation for whole GPUs and GPM SM activity for MIG
+devices (NVML has no utilisation for them), times the share.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Final
+
+from . import catalog as cat
+
+COMPUTE_SLICES: Final = 7
+"""Compute slices of a MIG-capable GPU: the denominator of a MIG device's share."""
+RULE_INTERVAL: Final = "1m"
+"""The rules' evaluation interval: the step of every recorded figure."""
+RULE_GROUP: Final = "dra-exporter-showback"
+IDLE_BELOW: Final = 0.01
+"""A claim whose busy share of what it holds stays under this is idle (the DraClaimedGpuIdle alert's 1 %)."""
+
+# --- the recording rules ----------------------------------------------------------------------
+
+SHARE: Final = "uuid:dra_gpu_compute_share:ratio"
+HELD_DEVICE: Final = "namespace_claim_uuid:dra_gpus_held:weighted"
+BUSY_DEVICE: Final = "namespace_claim_uuid:dra_gpus_busy:weighted"
+HELD_CLAIM: Final = "namespace_claim:dra_gpus_held:sum"
+BUSY_CLAIM: Final = "namespace_claim:dra_gpus_busy:sum"
+HELD_NAMESPACE: Final = "namespace:dra_gpus_held:sum"
+BUSY_NAMESPACE: Final = "namespace:dra_gpus_busy:sum"
+HELD_POD: Final = "namespace_claim_pod:dra_gpus_held:split"
+BUSY_POD: Final = "namespace_claim_pod:dra_gpus_busy:weighted"
+
+# Aggregations say what they drop (``without``), never what they keep, so labels the operator adds
+# (``cluster`` from external labels or a global view) survive every level.
+_INFO_ONLY = ("gpu", "pci_bus_id", "driver_version", "parent_uuid", "mig_mode", "gpu_instance_id",
+              "compute_instance_id", "minor")
+_HOLDER_DETAIL = ("gpu", "parent_uuid", "pod", "pod_uid", "container", "request")
+_DEVICE_LEVEL = ("instance", "job", "uuid", "profile", "model")
+
+
+def _without(labels: Sequence[str]) -> str:
+    return f"without ({', '.join(labels)})"
+
+
+def _share_expr() -> str:
+    # PromQL cannot turn a label into a number, so each slice count has its own branch.
+    info = f"max {_without(_INFO_ONLY)}"
+    branches = [f'{info} ({cat.GPU_INFO.name}{{profile=""}})']
+    branches += [f'{n} / {COMPUTE_SLICES} * {info} ({cat.GPU_INFO.name}{{profile=~"{n}[cg]\\\\..+"}})'
+                 for n in range(1, COMPUTE_SLICES + 1)]
+    return "\n  or\n".join(branches)
+
+
+_HELD_BY = f'{cat.GPU_UP.name}{{claim!=""}}'
+_BUSY_BY = (f'{cat.GPU_UTILIZATION.name}{{claim!="", profile=""}}\n'
+            f'  or\n  {cat.GPU_SM_ACTIVE.name}{{claim!="", profile!=""}}')
+_PODS = f"group without (instance, job, container, pod_uid) ({cat.CLAIM_CONSUMER_INFO.name})"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    record: str
+    expr: str
+    why: str
+    """One line for the rules file: what the figure is."""
+
+
+RULES: Final[tuple[Rule, ...]] = (
+    Rule(SHARE, _share_expr(),
+         "Share of its physical GPU each device stands for: 1 for a whole GPU, N/7 for a MIG device of "
+         "N compute slices."),
+    Rule(HELD_DEVICE,
+         f"group {_without(_HOLDER_DETAIL)} ({_HELD_BY})\n"
+         f"* on (instance, uuid) group_left (model) {SHARE}",
+         "GPU-equivalents each claimed device stands for (a shared device once, whoever uses it)."),
+    Rule(BUSY_DEVICE,
+         f"max {_without(_HOLDER_DETAIL)} (\n  {_BUSY_BY}\n)\n"
+         f"* on (instance, uuid) group_left (model) {SHARE}",
+         "GPU-equivalents busy on each claimed device: NVML utilisation (whole GPUs) or GPM SM "
+         "activity (MIG), times the share."),
+    Rule(HELD_CLAIM, f"sum {_without(_DEVICE_LEVEL)} ({HELD_DEVICE})", "GPU-equivalents each claim holds."),
+    Rule(BUSY_CLAIM, f"sum {_without(_DEVICE_LEVEL)} ({BUSY_DEVICE})", "GPU-equivalents each claim keeps busy."),
+    Rule(HELD_NAMESPACE, f"sum without (claim) ({HELD_CLAIM})", "GPU-equivalents each namespace holds."),
+    Rule(BUSY_NAMESPACE, f"sum without (claim) ({BUSY_CLAIM})", "GPU-equivalents each namespace keeps busy."),
+    Rule(HELD_POD,
+         f"(\n  {HELD_CLAIM}\n  / count without (pod) ({_PODS})\n)\n* ignoring (pod) group_right {_PODS}",
+         "Per-pod view: a claim's GPU-equivalents split evenly between the pods that use it."),
+    Rule(BUSY_POD,
+         f"sum without (instance, job, uuid, container, pod_uid) (\n"
+         f"  {cat.CONTAINER_GPU_SM_UTILIZATION.name}\n  * on (instance, uuid) group_left {SHARE}\n)",
+         "Per-pod view: GPU-equivalents the processes of each pod keep busy (NVML per-process SM use)."),
+)
+BY_RECORD: Final = {r.record: r for r in RULES}
+
+RULES_FILE_HEADER: Final = """\
+# Recording rules for GPU showback (a plain rules file: `rule_files:` in prometheus.yml).
+# Generated from dra_exporter/showback.py: do not edit; run
+# `python -m dra_exporter.showback > deploy/recording-rules.yaml`.
+# The Helm chart installs them with the alerts (prometheusRule.enabled=true); its copy in
+# deploy/helm/dra-exporter/files/ is kept identical by `python3 tests/deploy_tools.py`.
+# `dra-exporter report` reads these series, and computes the same expressions from the raw
+# series where they are missing. Names: level:metric:operations. Docs: docs/operating.md#showback
+# Unit tests: promtool test rules deploy/recording-rules.test.yaml
+"""
+
+
+def rules_yaml() -> str:
+    """The text of ``deploy/recording-rules.yaml``."""
+    lines = [RULES_FILE_HEADER.rstrip("\n"), "groups:", f"  - name: {RULE_GROUP}",
+             f"    interval: {RULE_INTERVAL}", "    rules:"]
+    for rule in RULES:
+        lines.append(f"      # {rule.why}")
+        lines.append(f"      - record: {rule.record}")
+        lines.append("        expr: |")
+        lines.extend(f"          {line}" for line in rule.expr.splitlines())
+    return "\n".join(lines) + "\n"
+
+
+def inline(expr: str) -> str:
+    """``expr`` with every recorded series replaced by its expression: the raw-series form."""
+    for rule in reversed(RULES):  # later rules only reference earlier ones
+        name = re.compile(rf"(?<![\w:]){re.escape(rule.record)}(?![\w:])")
+        if name.search(expr):
+            body = f"({inline(rule.expr)})"
+            expr = name.sub(body.replace("\\", "\\\\"), expr)  # the regexes' backslashes stay
+    return expr
+
+
+# --- the report's queries ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Queries:
+    held: str
+    """GPU-equivalents held by (namespace, claim, model): model prices the hours."""
+    busy: str
+    devices: str
+    """Each claimed device with its share (instant, at the end): the idle list's devices."""
+    pods: str = f"group by (namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO.name})"
+    probe: str = SHARE
+    """A recorded series that exists wherever the rules run."""
+
+
+def queries(*, recorded: bool) -> Queries:
+    """The report's queries over the recorded series, or the same figures from raw series."""
+    held = f"sum by (namespace, claim, model) ({HELD_DEVICE})"
+    busy = f"sum by (namespace, claim) ({BUSY_DEVICE})"
+    devices = HELD_DEVICE
+    if not recorded:
+        held, busy, devices = inline(held), inline(busy), inline(devices)
+    return Queries(held, busy, devices)
+
+
+# --- durations and windows --------------------------------------------------------------------
+
+_UNITS: Final = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+MAX_POINTS: Final = 11000
+"""Prometheus refuses a range query of more points per series than this."""
+
+
+class ShowbackError(ValueError):
+    """Bad input to the report (a window, a price file); the message says what to fix."""
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a Prometheus duration (``90s``, ``1h30m``, ``7d``, ``2w``)."""
+    parts = _DURATION.findall(text)
+    if not text or "".join(a + b for a, b in parts) != text:
+        raise ShowbackError(f"{text!r} is not a duration (examples: 30m, 12h, 7d, 1h30m)")
+    seconds = sum(int(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise ShowbackError(f"duration {text!r} must be more than zero")
+    return float(seconds)
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds from RFC 3339 (``2025-06-01T00:00:00Z``, a date alone is midnight UTC) or a number."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)  # Python 3.11 reads "Z" and dates alone
+    except ValueError:
+        raise ShowbackError(f"{text!r} is neither RFC 3339 (2025-06-01T12:00:00Z) nor Unix seconds") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def default_step(window: float) -> float:
+    """The rules' 60 s; finer for windows under an hour (60 points at least), coarser where the
+    window would exceed Prometheus's point limit."""
+    return float(max(min(60.0, max(window / 60, 1.0)), math.ceil(window / MAX_POINTS)))
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One series of a query result: its labels and (unix seconds, value) points."""
+
+    labels: Mapping[str, str]
+    points: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """Price of one GPU-hour of a whole GPU, per model (``dra_gpu_info``'s ``model``), or flat."""
+
+    by_model: Mapping[str, float] = field(default_factory=dict)
+    default: float | None = None
+
+    def of(self, model: str) -> float:
+        price = self.by_model.get(model, self.default)
+        if price is None:
+            known = ", ".join(sorted(self.by_model)) or "none"
+            raise ShowbackError(f"no price for GPU model {model!r} (priced: {known}); add it or a 'default'")
+        return price
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    namespace: str
+    claim: str
+    held_hours: float
+    busy_hours: float
+    cost: float | None
+
+    @property
+    def idle_share(self) -> float:
+        return 1.0 - self.busy_hours / self.held_hours if self.held_hours > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class IdleClaim:
+    namespace: str
+    claim: str
+    pods: tuple[str, ...]
+    devices: str
+    """Like ``4 × GPU`` or ``1 × GPU, 2 × 1g.18gb``."""
+    gpu_equivalents: float
+    idle_since: float
+    idle_since_before_window: bool
+    """Idle for the whole window: it may have been idle longer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    start: float
+    end: float
+    step: float
+    source: str
+    """``recording rules`` or ``raw series``."""
+    namespaces: tuple[Usage, ...]
+    claims: tuple[Usage, ...]
+    idle: tuple[IdleClaim, ...]
+    total: Usage
+    priced: bool
+    idle_below: float = IDLE_BELOW
+
+
+def _hours(points: Iterable[tuple[float, float]], step: float) -> float:
+    # Each point stands for the step that starts at it (the report asks for start … end - step): a
+    # series seen first at t was there from t on, and one last seen at t until t + step.
+    return sum(v for _, v in points if math.isfinite(v)) * step / 3600
+
+
+def _devices_text(devices: Sequence[Series]) -> tuple[str, float]:
+    counts: dict[str, int] = defaultdict(int)
+    share = 0.0
+    for d in devices:
+        counts[d.labels.get("profile") or "GPU"] += 1
+        share += d.points[-1][1] if d.points else 0.0
+    order = sorted(counts, key=lambda p: (p != "GPU", p))
+    return ", ".join(f"{counts[p]} × {p}" for p in order), share
+
+
+def build(
+    *,
+    start: float,
+    end: float,
+    step: float,
+    source: str,
+    held: Sequence[Series],
+    busy: Sequence[Series],
+    devices: Sequence[Series] = (),
+    pods: Sequence[Series] = (),
+    prices: Prices | None = None,
+    idle_below: float = IDLE_BELOW,
+    top: int = 10,
+) -> Report:
+    """Turn the query results at ``start, start + step, …, end - step`` into the report."""
+    def key(s: Series) -> tuple[str, str]:
+        return s.labels.get("namespace", ""), s.labels.get("claim", "")
+
+    held_hours: dict[tuple[str, str], float] = defaultdict(float)
+    cost: dict[tuple[str, str], float] = defaultdict(float)
+    held_at: dict[tuple[str, str], dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    for s in held:
+        hours = _hours(s.points, step)
+        held_hours[key(s)] += hours
+        if prices is not None:
+            cost[key(s)] += hours * prices.of(s.labels.get("model", ""))
+        for t, v in s.points:
+            held_at[key(s)][t] += v
+    busy_hours: dict[tuple[str, str], float] = defaultdict(float)
+    busy_at: dict[tuple[str, str], dict[float, float]] = defaultdict(dict)
+    for s in busy:
+        busy_hours[key(s)] += _hours(s.points, step)
+        busy_at[key(s)].update(s.points)
+
+    def usage(ns: str, claim: str, keys: Iterable[tuple[str, str]]) -> Usage:
+        ks = list(keys)
+        return Usage(ns, claim, sum(held_hours[k] for k in ks), sum(busy_hours.get(k, 0.0) for k in ks),
+                     sum(cost[k] for k in ks) if prices is not None else None)
+
+    claims = sorted((usage(*k, [k]) for k in held_hours), key=lambda u: (-u.held_hours, u.namespace, u.claim))
+    by_ns: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for k in held_hours:
+        by_ns[k[0]].append(k)
+    namespaces = sorted((usage(ns, "", ks) for ns, ks in by_ns.items()),
+                        key=lambda u: (-u.held_hours, u.namespace))
+    total = usage("", "", list(held_hours))
+
+    devices_of: dict[tuple[str, str], list[Series]] = defaultdict(list)
+    for d in devices:
+        devices_of[key(d)].append(d)
+    pods_of: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for p in pods:
+        pods_of[key(p)].append(p.labels.get("pod", ""))
+    idle = []
+    last = max((t for series in held_at.values() for t in series), default=None)
+    for k, series in held_at.items():
+        since = _idle_since(series, busy_at.get(k, {}), idle_below, last)
+        if since is None:
+            continue
+        text, share = _devices_text(devices_of.get(k, []))
+        before = since <= start + step  # the first step may lack a rule sample (the rules' phase)
+        idle.append(IdleClaim(k[0], k[1], tuple(sorted(pods_of.get(k, []))), text or "?", share,
+                              start if before else since, before))
+    idle.sort(key=lambda c: (c.idle_since, c.namespace, c.claim))
+    return Report(start, end, step, source, tuple(namespaces), tuple(claims), tuple(idle[:top]), total,
+                  prices is not None, idle_below)
+
+
+def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], idle_below: float,
+                last: float | None) -> float | None:
+    """First point of the idle run that reaches the window's last point, or None (busy, or gone)."""
+    if last is None or held.get(last, 0.0) <= 0:
+        return None  # not held at the end: not sitting idle now
+    since = None
+    for t in sorted(held, reverse=True):
+        if held[t] <= 0 or busy.get(t, 0.0) >= idle_below * held[t]:
+            break
+        since = t
+    return since
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            whole, rest = divmod(round(seconds), size)
+            sub = {"d": ("h", 3600), "h": ("m", 60), "m": ("s", 1)}[unit]
+            return f"{whole}{unit}" + (f"{rest // sub[1]}{sub[0]}" if rest // sub[1] else "")
+    return f"{round(seconds)}s"
+
+
+def _usage_dict(u: Usage, priced: bool) -> dict[str, object]:
+    out: dict[str, object] = {"gpu_hours_held": round(u.held_hours, 6), "gpu_hours_busy": round(u.busy_hours, 6),
+                              "idle_share": round(u.idle_share, 6)}
+    if priced:
+        out["cost"] = round(u.cost or 0.0, 6)
+    return out
+
+
+def render_json(r: Report) -> str:
+    doc = {
+        "window": {"start": _iso(r.start), "end": _iso(r.end), "step_seconds": r.step},
+        "source": r.source,
+        "total": _usage_dict(r.total, r.priced),
+        "namespaces": [{"namespace": u.namespace, **_usage_dict(u, r.priced)} for u in r.namespaces],
+        "claims": [{"namespace": u.namespace, "claim": u.claim, **_usage_dict(u, r.priced)} for u in r.claims],
+        "idle_claims": [
+            {"namespace": c.namespace, "claim": c.claim, "pods": list(c.pods), "devices": c.devices,
+             "gpu_equivalents": round(c.gpu_equivalents, 6), "idle_since": _iso(c.idle_since),
+             "idle_since_before_window": c.idle_since_before_window, "idle_seconds": r.end - c.idle_since}
+            for c in r.idle
+        ],
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=False)
+
+
+def render_csv(r: Report) -> str:
+    """One row per claim; the idle columns are filled for the idle claims listed."""
+    idle = {(c.namespace, c.claim): c for c in r.idle}
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["namespace", "claim", "gpu_hours_held", "gpu_hours_busy", "idle_share",
+                     *(["cost"] if r.priced else []), "idle_since", "pods", "devices"])
+    for u in r.claims:
+        c = idle.get((u.namespace, u.claim))
+        writer.writerow([u.namespace, u.claim, f"{u.held_hours:.6f}", f"{u.busy_hours:.6f}", f"{u.idle_share:.6f}",
+                         *([f"{u.cost or 0.0:.6f}"] if r.priced else []),
+                         _iso(c.idle_since) if c else "", " ".join(c.pods) if c else "", c.devices if c else ""])
+    return out.getvalue()
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: int) -> list[str]:
+    """Left-aligned text columns, then ``right`` right-aligned number columns."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [c.ljust(w) if i < len(header) - right else c.rjust(w) for i, (c, w) in
+                 enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def render_table(r: Report) -> str:
+    numbers = ["GPU-H HELD", "GPU-H BUSY", "IDLE", *(["COST"] if r.priced else [])]
+
+    def cells(u: Usage) -> list[str]:
+        return [f"{u.held_hours:.2f}", f"{u.busy_hours:.2f}", f"{u.idle_share:.0%}",
+                *([f"{u.cost or 0.0:.2f}"] if r.priced else [])]
+
+    title = (f"GPU showback {_iso(r.start)} → {_iso(r.end)} ({_span(r.end - r.start)}, step "
+             f"{_span(r.step)}, from {r.source})")
+    lines = [title, ""]
+    lines += _table(["NAMESPACE", *numbers], [[u.namespace, *cells(u)] for u in r.namespaces]
+                    + [["(all)", *cells(r.total)]], len(numbers))
+    lines.append("")
+    lines += _table(["NAMESPACE", "CLAIM", *numbers], [[u.namespace, u.claim, *cells(u)] for u in r.claims],
+                    len(numbers))
+    lines.append("")
+    if r.idle:
+        lines.append(f"Claims idle longest (busy under {r.idle_below:.0%} of what they hold, until the end of "
+                     "the window):")
+        lines += _table(["NAMESPACE", "CLAIM", "PODS", "DEVICES", "IDLE SINCE", "FOR"],
+                        [[c.namespace, c.claim, ",".join(c.pods) or "-", c.devices,
+                          ("before " if c.idle_since_before_window else "") + _iso(c.idle_since),
+                          _span(r.end - c.idle_since)] for c in r.idle], 0)
+    else:
+        lines.append("No claim sits idle at the end of the window.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(rules_yaml(), end="")

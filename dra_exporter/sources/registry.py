@@ -1,0 +1,184 @@
+"""The registry of sources: each source once, with its name, role, default and factory.
+
+Modelled on node_exporter's collector registry: a source is registered once, with its name,
+whether it is on by default and a factory, and the command line derives its switch from the
+registry (``--source-<name>/--no-source-<name>``, plus the older spellings in ``aliases``,
+such as ``--no-kubeapi``). ``runtime`` builds what is enabled, in registry order, and the agent
+puts each snapshot where ``place`` says in the typed ``Snapshots`` the join reads. A new source
+is one ``register`` call here and its module; nothing else picks sources by name.
+
+Roles: the ``PRIMARY`` source (NVML) is collected by the cycle itself and is always on; a
+``FOLLOWER`` is collected right after it in the same cycle, because it reads its snapshot
+(/proc, for the PIDs NVML just reported); a ``SIDE`` source runs on its own thread and cadence,
+so a hanging kubelet or API server never delays NVML data.
+
+Factories import their source module when called: the API server client alone costs ~29 MB
+of RSS, which ``--no-kubeapi`` must not pay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ..model import ClusterSnapshot, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
+from . import Snapshots, Source
+
+T = TypeVar("T")
+
+
+class Role(enum.Enum):
+    PRIMARY = "primary"
+    FOLLOWER = "follower"
+    SIDE = "side"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceContext:
+    """What the factories need, resolved by ``runtime`` from the settings (and a simulated node)."""
+
+    node_name: str
+    nvml: Any
+    """The NVML binding: the ``pynvml`` module, or the simulated node's stand-in."""
+    kubelet_socket: str
+    kubeconfig: str | None = None
+    """Kubeconfig of the API server; None: in-cluster, else $KUBECONFIG or ~/.kube/config."""
+    kube_client: Callable[[], Any] | None = None
+    """Makes the API client (a kubeconfig checked at start-up); None: the source loads its own."""
+    claim_refresh: float = 300.0
+    procfs: str = "/proc"
+    wall_clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    latest: Callable[[], Snapshots] = Snapshots
+    """The latest snapshots of the sources built before this one (the kubelet's claims for the
+    API server, NVML's PIDs for /proc)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec(Generic[T]):
+    """One registered source. ``place`` puts its snapshot into ``Snapshots`` (typed: a source of
+    ``T`` goes into the field of ``T``)."""
+
+    name: str
+    role: Role
+    factory: Callable[[SourceContext], Source[T]]
+    place: Callable[[Snapshots, T], Snapshots]
+    keep_last_good: bool
+    """After a failure keep serving the last good snapshot (the kubelet, the API server:
+    attribution a few seconds old beats none) instead of dropping it (NVML: stale device
+    values would mislead)."""
+    help: str = ""
+    enabled_by_default: bool = True
+    aliases: tuple[str, ...] = ()
+    """Older switch names: ``kubeapi`` keeps ``--kubeapi/--no-kubeapi`` and ``DRA_EXPORTER_KUBEAPI``."""
+
+    @property
+    def switchable(self) -> bool:
+        """Whether a flag can turn it off: every source but the primary (the point of the exporter)."""
+        return self.role is not Role.PRIMARY
+
+
+_REGISTRY: dict[str, SourceSpec[Any]] = {}
+
+
+def register(spec: SourceSpec[T]) -> SourceSpec[T]:
+    """Add a source; each name once, and one primary source."""
+    if spec.name in _REGISTRY:
+        raise ValueError(f"source {spec.name!r} is registered twice")
+    if spec.role is Role.PRIMARY and any(s.role is Role.PRIMARY for s in _REGISTRY.values()):
+        raise ValueError(f"source {spec.name!r}: there is one primary source")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def sources() -> tuple[SourceSpec[Any], ...]:
+    """Every registered source, in registration order (the order they are built in)."""
+    return tuple(_REGISTRY.values())
+
+
+def default_enabled() -> frozenset[str]:
+    return frozenset(s.name for s in _REGISTRY.values() if s.enabled_by_default or not s.switchable)
+
+
+def enabled(switches: Mapping[str, bool]) -> frozenset[str]:
+    """The sources to build: the registry's defaults, with the switches given applied."""
+    unknown = set(switches) - set(_REGISTRY)
+    if unknown:
+        raise ValueError(f"unknown sources: {', '.join(sorted(unknown))}; known: {', '.join(_REGISTRY)}")
+    fixed = [n for n, on in switches.items() if not on and not _REGISTRY[n].switchable]
+    if fixed:
+        raise ValueError(f"the {fixed[0]} source cannot be turned off")
+    return frozenset(n for n, s in _REGISTRY.items()
+                     if switches.get(n, s.enabled_by_default) or not s.switchable)
+
+
+def without(*names: str) -> frozenset[str]:
+    """The default sources less ``names`` (e.g. ``without("kubeapi")``: ``--no-kubeapi``)."""
+    return enabled(dict.fromkeys(names, False))
+
+
+def spec(name: str) -> SourceSpec[Any]:
+    return _REGISTRY[name]
+
+
+# --- the sources --------------------------------------------------------------------------------
+
+
+def _nvml(ctx: SourceContext) -> Source[NvmlSnapshot]:
+    from .nvml import NvmlSource
+
+    return NvmlSource(ctx.nvml, wall_clock=ctx.wall_clock, monotonic=ctx.monotonic)
+
+
+def _podresources(ctx: SourceContext) -> Source[PodResourcesSnapshot]:
+    from .podresources import PodResourcesSource
+
+    return PodResourcesSource(ctx.kubelet_socket)
+
+
+def _kubeapi(ctx: SourceContext) -> Source[ClusterSnapshot]:
+    """Without any API access it is still built: it then reports itself down once
+    (``dra_exporter_source_up{source="kubeapi"} 0``) and the join stays node-local."""
+    from .kubeapi import KubeApiSource
+
+    def claim_hints() -> list[tuple[str, str]]:
+        # Claims the kubelet reports are fetched even before the pod watch has their pod.
+        pods = ctx.latest().pods
+        if pods is None:
+            return []
+        return [(c.namespace, c.name) for p in pods.pods for ctr in p.containers for c in ctr.claims]
+
+    return KubeApiSource(ctx.node_name, kubeconfig=ctx.kubeconfig, client_factory=ctx.kube_client,
+                         claim_hints=claim_hints, claim_refresh=ctx.claim_refresh)
+
+
+def _procs(ctx: SourceContext) -> Source[ProcessOwnersSnapshot]:
+    """GPU PIDs of the latest NVML snapshot → pods and containers, through the host's /proc."""
+    from .procs import ProcsSource
+
+    def gpu_pids() -> list[int]:
+        nvml = ctx.latest().nvml
+        return [p.pid for p in nvml.processes] if nvml is not None else []
+
+    return ProcsSource(gpu_pids, ctx.procfs)
+
+
+NVML: SourceSpec[NvmlSnapshot] = register(SourceSpec(
+    "nvml", Role.PRIMARY, _nvml, lambda s, v: dataclasses.replace(s, nvml=v), keep_last_good=False,
+    help="The GPUs and MIG devices, through NVML; always on."))
+PODRESOURCES: SourceSpec[PodResourcesSnapshot] = register(SourceSpec(
+    "podresources", Role.SIDE, _podresources, lambda s, v: dataclasses.replace(s, pods=v), keep_last_good=True,
+    help="Ask the kubelet's pod-resources API which pod and container hold which device."))
+KUBEAPI: SourceSpec[ClusterSnapshot] = register(SourceSpec(
+    "kubeapi", Role.SIDE, _kubeapi, lambda s, v: dataclasses.replace(s, cluster=v), keep_last_good=True,
+    aliases=("kubeapi",),
+    help="Read ResourceSlices, ResourceClaims and Pods from the API server (request names, pod UIDs, "
+         "admin access, slice devices, taints, health). Off: node-local attribution only."))
+PROCS: SourceSpec[ProcessOwnersSnapshot] = register(SourceSpec(
+    "procs", Role.FOLLOWER, _procs, lambda s, v: dataclasses.replace(s, owners=v), keep_last_good=False,
+    help="Find the pod and container of each GPU process in the host's /proc (needs hostPID: true). "
+         "Off: GPU processes are not matched to containers."))
