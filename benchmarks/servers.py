@@ -1,6 +1,7 @@
 """The servers the benchmarks start as child processes (so a scraper never shares their GIL).
 
-``python -m benchmarks.servers exporter [--renderer reference] [--gzip-on-scrape] [--nagle] [--unbounded-heads] -- ARGS``
+``python -m benchmarks.servers exporter [--renderer reference] [--gzip-on-scrape] [--nagle] [--unbounded-heads]
+[--global-cap-only] -- ARGS``
     dra-exporter's own command line (``ARGS`` as for ``dra-exporter``); with
     ``--renderer reference`` the sink renders with prometheus_client instead of
     ``sinks.exposition``: the exporter as it was before this renderer. With
@@ -8,7 +9,8 @@
     of each frame that wants gzip compresses it, as before ``GZIP_AHEAD_S``. With ``--nagle``
     accepted sockets keep Nagle's algorithm on (no ``TCP_NODELAY``), as before issue 13; with
     ``--unbounded-heads`` a request head is bounded only by the stdlib's 100 lines of 64 KiB,
-    as before ``MAX_HEAD_BYTES`` and the shared head budget.
+    as before ``MAX_HEAD_BYTES`` and the shared head budget; with ``--global-cap-only`` the server has
+    its global connection cap alone, no per-client cap and no probe reserve, as before issue 13.
 ``python -m benchmarks.servers frozen --simulate SCENARIO --listen HOST:PORT``
     dra-exporter's runtime on a stopped simulated clock and without its collection loop: two
     cycles, then the sink serves that frame until stopped. Scraping it measures the HTTP
@@ -31,7 +33,8 @@ from dra_exporter.sinks.http import parse_listen
 from .baseline import PerScrapeCollector, render_reference
 
 
-def _exporter(renderer: str, gzip_on_scrape: bool, nagle: bool, unbounded_heads: bool, args: list[str]) -> None:
+def _exporter(renderer: str, gzip_on_scrape: bool, nagle: bool, unbounded_heads: bool, global_cap_only: bool,
+              args: list[str]) -> None:
     from dra_exporter import cli
     from dra_exporter.sinks import http, prometheus
 
@@ -40,6 +43,16 @@ def _exporter(renderer: str, gzip_on_scrape: bool, nagle: bool, unbounded_heads:
     if unbounded_heads:
         # Read per line and per server start: 100 header lines of 64 KiB and a request line.
         http.MAX_HEAD_BYTES = http.HEAD_ALLOWANCE_BYTES = http.SHARED_HEAD_BYTES = 102 << 16  # type: ignore[misc]
+
+    if global_cap_only:
+        http.PROBE_RESERVE = 0  # type: ignore[misc]  # read per connection
+        plain_init = http.MetricsServer.__init__
+
+        def one_cap(self: http.MetricsServer, *a: object, **kw: object) -> None:
+            kw["max_connections_per_client"] = kw.get("max_connections", 256)
+            plain_init(self, *a, **kw)  # type: ignore[arg-type]
+
+        http.MetricsServer.__init__ = one_cap  # type: ignore[method-assign]
 
     if renderer == "reference":
         prometheus.render = render_reference  # type: ignore[assignment]  # publish() looks it up per call
@@ -106,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     exporter.add_argument("--gzip-on-scrape", action="store_true")
     exporter.add_argument("--nagle", action="store_true")
     exporter.add_argument("--unbounded-heads", action="store_true")
+    exporter.add_argument("--global-cap-only", action="store_true")
     exporter.add_argument("args", nargs=argparse.REMAINDER)
     for kind, text in (("frozen", "dra-exporter serving one frame, no collection loop"),
                        ("per-scrape", "the per-scrape prometheus_client baseline")):
@@ -114,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         simulated.add_argument("--listen", default="127.0.0.1:9402")
     ns = parser.parse_args(argv)
     if ns.kind == "exporter":
-        _exporter(ns.renderer, ns.gzip_on_scrape, ns.nagle, ns.unbounded_heads, [a for a in ns.args if a != "--"])
+        _exporter(ns.renderer, ns.gzip_on_scrape, ns.nagle, ns.unbounded_heads, ns.global_cap_only, [a for a in ns.args if a != "--"])
     elif ns.kind == "frozen":
         _frozen(ns.simulate, ns.listen)
     else:

@@ -1280,8 +1280,284 @@ def showback() -> Dashboard:
     )
 
 
+# --- the cluster mode's dashboard (``dra-exporter cluster``) ----------------------------------
+
+CLUSTER_JOB = "dra-exporter-cluster"
+"""The ``job`` label of the cluster mode's target (its ServiceMonitor sets it; deploy/cluster-rules.yaml
+selects the same)."""
+
+
+def csel(*matchers: str) -> str:
+    """A selector on the cluster mode's series. One target publishes the whole cluster, so there is
+    no node picker on ``instance``: the families carry ``node`` themselves."""
+    return "{" + ", ".join((eq("job", CLUSTER_JOB), *matchers)) + "}"
+
+
+def in_state(metric: str, by: str, state: str, *matchers: str) -> str:
+    """Devices of ``metric`` in ``state`` per ``by``, and 0 for a group that has devices but none in
+    that state: ``dra_cluster_devices`` publishes only the states that have devices, and a merged
+    table needs a cell in every row."""
+    return (f"(sum by ({by}) ({metric}{csel(*matchers, eq('state', state))}) "
+            f"or 0 * sum by ({by}) ({metric}{csel(*matchers)}))")
+
+
+def cluster_capacity() -> Dashboard:
+    """The whole cluster's DRA state from the cluster mode: capacity, fragmentation, pending claims,
+    DeviceClasses, pools and taints. Every query selects ``job="dra-exporter-cluster"``."""
+    devices, fit = cat.CLUSTER_DEVICES.name, cat.CLUSTER_PARTITIONS_FIT.name
+    classes, evaluable = cat.CLUSTER_CLASS_DEVICES.name, cat.CLUSTER_CLASS_EVALUABLE.name
+    pending, pools = cat.CLUSTER_CLAIM_PENDING.name, cat.CLUSTER_POOL_INFO.name
+    drv, nod, cls = rx("driver", "$driver"), rx("node", "$node"), rx("device_class", "$device_class")
+    dev = (drv, nod)
+    gpu = "driver, pool, node, counter_set"  # a counter set is one partitionable GPU
+    on_nodes = f"and on (driver, pool) {pools}{csel(*dev)}"  # pool families carry no node
+    pending_claims = f"count by (namespace, claim, device_class) ({pending}{csel(cls)})"
+
+    def states(by: str, metric: str = devices, *matchers: str) -> tuple[Target, ...]:
+        """Devices, free, allocated, tainted and blocked per ``by``: the columns of a capacity table."""
+        return (tab(f"sum by ({by}) ({metric}{csel(*matchers)})"),
+                *(tab(in_state(metric, by, s, *matchers)) for s in ("free", "allocated", "tainted", "blocked")))
+
+    state_columns = ("Value #A", "Value #B", "Value #C", "Value #D", "Value #E")
+    state_renames = (("Value #A", "devices"), ("Value #B", "free"), ("Value #C", "allocated"),
+                     ("Value #D", "tainted"), ("Value #E", "blocked"))
+    states_help = ("Allocated: a claim holds it; tainted: not allocated, kept from new claims by a "
+                   "NoSchedule/NoExecute taint; blocked: not allocated, but what is allocated on its GPU "
+                   "leaves too few counters; free: the scheduler could allocate it now.")
+    capacity = Row(
+        "Capacity",
+        (
+            stat("Devices", f"sum({devices}{csel(*dev)})",
+                 "Devices the ResourceSlices publish (newest pool generations) on the selected drivers and nodes: "
+                 "whole GPUs and every MIG placement, so a MIG-partitionable GPU counts many times."),
+            stat("Allocated", or_zero(f"sum({devices}{csel(*dev, eq('state', 'allocated'))})"),
+                 "Devices a ResourceClaim's allocation names (admin access aside)."),
+            stat("Free", or_zero(f"sum({devices}{csel(*dev, eq('state', 'free'))})"),
+                 "Devices the scheduler could allocate now (no taint, and their counters still fit)."),
+            stat("Tainted", or_zero(f"sum({devices}{csel(*dev, eq('state', 'tainted'))})"),
+                 "Unallocated devices a NoSchedule or NoExecute taint keeps from new claims.",
+                 thresholds=RED_FROM_ONE),
+            stat("Blocked by partitions", or_zero(f"sum({devices}{csel(*dev, eq('state', 'blocked'))})"),
+                 "Unallocated placements that no longer fit because what is allocated on their GPU took the "
+                 "counters they need (overlapping MIG placements)."),
+            stat("Pending claims", or_zero(f"count(count by (namespace, claim) ({pending}{csel(cls)}))"),
+                 "ResourceClaims not allocated yet that ask for the selected DeviceClasses.",
+                 thresholds=RED_FROM_ONE),
+            Panel("Devices by state", "timeseries", (t(f"sum by (state) ({devices}{csel(*dev)})", "{{state}}"),),
+                  states_help),
+            Panel("Free devices by DeviceClass", "bargauge",
+                  (now(f"sum by (device_class) ({classes}{csel(cls, eq('state', 'free'))})", "{{device_class}}"),),
+                  "Devices that match each DeviceClass's CEL selectors and are free (a device can match several "
+                  "classes). A class with none free and claims waiting fires DraDeviceClassExhausted."),
+            Panel("Capacity by node", "table", states("node", devices, *dev),
+                  "Devices of each node by state. " + states_help + " An empty node: a pool for all nodes or a "
+                  "node selector.",
+                  columns=("node", *state_columns), renames=state_renames, width=12),
+            Panel("Capacity by driver and pool", "table", states("driver, pool", devices, *dev),
+                  "Devices of each driver's pools by state. " + states_help,
+                  columns=("driver", "pool", *state_columns), renames=state_renames, width=12),
+            Panel("Capacity by MIG profile", "table", states("profile", devices, *dev, MIG),
+                  "MIG placements of each profile by state: a profile's free placements overlap, see "
+                  "Fragmentation for how many fit per GPU.",
+                  columns=("profile", *state_columns), renames=state_renames, width=12),
+            Panel("Capacity by model", "table", states("driver, model", devices, *dev),
+                  "Devices of each model (NVIDIA's productName, the example driver's model) by state.",
+                  columns=("driver", "model", *state_columns), renames=state_renames, width=12),
+        ),
+    )
+    fragmentation = Row(
+        "Fragmentation (partitionable GPUs)",
+        (
+            stat("GPUs with everything free",
+                 or_zero(f"count(min by ({gpu}) ({fit}{csel(*dev)}) > 0)"),
+                 "Partitionable GPUs (counter sets) on which every profile still fits: nothing allocated.",
+                 width=8),
+            stat("Partly used GPUs",
+                 or_zero(f"count(max by ({gpu}) ({fit}{csel(*dev)}) > 0 "
+                         f"and on ({gpu}) min by ({gpu}) ({fit}{csel(*dev)}) == 0)"),
+                 "Partitionable GPUs on which some profiles still fit and others no longer do: where a "
+                 "large profile would fit if the small allocations sat together.", width=8),
+            stat("Full GPUs", or_zero(f"count(max by ({gpu}) ({fit}{csel(*dev)}) == 0)"),
+                 "Partitionable GPUs on which no profile fits any more.", width=8),
+            Panel("GPUs with room for one more, by profile", "bargauge",
+                  (now(f"count by (profile) ({fit}{csel(*dev)} > 0)", "{{profile}}"),),
+                  "On how many GPUs at least one more partition of each profile still fits. Compare with the "
+                  "free placements: many free placements on few GPUs is fragmentation.", width=8),
+            Panel("Free placements by profile", "bargauge",
+                  (now(f"sum by (profile) ({fit}{csel(*dev)})", "{{profile}}"),),
+                  "Partitions of each profile that fit, each counted on its own (they overlap: not all at once).",
+                  width=8),
+            Panel("Placements blocked by what is allocated, by profile", "bargauge",
+                  (now(f"sum by (profile) ({devices}{csel(*dev, eq('state', 'blocked'))})", "{{profile}}"),),
+                  "Unallocated placements of each profile whose counters allocated partitions of their GPU "
+                  "have taken.", width=8),
+            Panel("Partitions that still fit, per GPU and profile", "table",
+                  (tab(f"{fit}{csel(*dev)}"),),
+                  "dra_cluster_partitions_fit: for each GPU (counter set) and profile, the placements whose "
+                  "consumesCounters fit what allocated devices left (the scheduler's arithmetic). 0: the "
+                  "profile no longer fits on that GPU.",
+                  columns=("node", "driver", "pool", "counter_set", "profile", "Value"),
+                  renames=(("counter_set", "GPU (counter set)"), ("Value", "fit")), width=24),
+        ),
+    )
+    claims_row = Row(
+        "Claims",
+        (
+            stat("Oldest pending claim", or_zero(f"max({pending}{csel(cls)})"),
+                 "Seconds the longest-waiting claim for the selected DeviceClasses has been pending; "
+                 "DraClaimPendingTooLong fires after 15 minutes.", unit="s", thresholds=((900, "red"),), width=6),
+            stat("Claims held by no pod", or_zero(f"count({cat.CLUSTER_CLAIM_UNRESERVED.name}{csel()})"),
+                 "Allocated claims that no pod reserves: their devices are taken and unused.",
+                 thresholds=RED_FROM_ONE, width=6),
+            stat("Devices held by no pod", or_zero(f"sum({cat.CLUSTER_CLAIM_UNRESERVED.name}{csel()})"),
+                 "Devices allocated to claims that no pod reserves.", width=6),
+            stat("Claims in use", or_zero(f"sum({cat.CLUSTER_CLAIMS.name}{csel(eq('state', 'reserved'))})"),
+                 "Allocated claims a pod reserves.", width=6),
+            Panel("Claims by state", "timeseries",
+                  (t(f"sum by (state) ({cat.CLUSTER_CLAIMS.name}{csel()})", "{{state}}"),),
+                  "ResourceClaims of the cluster: pending (not allocated), allocated (reserved by no pod), "
+                  "reserved (a pod uses it)."),
+            Panel("Oldest pending claim by DeviceClass", "timeseries",
+                  (t(f"max by (device_class) ({pending}{csel(cls)})", "{{device_class}}"),),
+                  "How long the longest-waiting claim for each DeviceClass has been pending.", "s"),
+            Panel("Pending claims and their age", "table", (tab(f"{pending}{csel(cls)}"),),
+                  "Every pending claim with each request (subrequests as request/subrequest), the DeviceClass it "
+                  "asks for and how long the claim has waited. Compare the class in the DeviceClasses table: "
+                  "no device at all means nothing matches it, none free means it is exhausted.",
+                  "s", columns=("namespace", "claim", "request", "device_class", "Value"),
+                  renames=(("device_class", "DeviceClass"), ("Value", "pending for")),
+                  thresholds=((900, "red"),), width=16),
+            Panel("Pending claims by DeviceClass", "bargauge",
+                  (now(f"count by (device_class) ({pending_claims})", "{{device_class}}"),),
+                  "Pending claims that ask for each DeviceClass (a claim with requests for two classes counts "
+                  "in both).", width=8),
+            Panel("Allocated claims no pod reserves", "table", (tab(f"{cat.CLUSTER_CLAIM_UNRESERVED.name}{csel()}"),),
+                  "Allocated claims no pod reserves (a finished job's claim nobody deleted, a pod not created "
+                  "yet): their devices are not free for anyone else.",
+                  columns=("namespace", "claim", "Value"), renames=(("Value", "devices"),), width=24),
+        ),
+    )
+    class_row = Row(
+        "DeviceClasses",
+        (
+            stat("Classes nothing matches",
+                 or_zero(f"count(sum by (device_class) ({classes}{csel(cls)}) == 0)"),
+                 "DeviceClasses whose CEL selectors match no device: a claim for one waits for ever.",
+                 thresholds=RED_FROM_ONE, width=8),
+            stat("Exhausted classes",
+                 or_zero(f"count(sum by (device_class) ({classes}{csel(cls, eq('state', 'free'))}) == 0 "
+                         f"and on (device_class) sum by (device_class) ({classes}{csel(cls)}) > 0 "
+                         f"and on (device_class) count by (device_class) ({pending}{csel(cls)}) > 0)"),
+                 "Classes with devices, none free, and claims waiting for them (DraDeviceClassExhausted's "
+                 "condition).", thresholds=RED_FROM_ONE, width=8),
+            stat("Classes not evaluable", or_zero(f"count({evaluable}{csel(cls)} == 0)"),
+                 "DeviceClasses whose CEL selectors the exporter cannot run: they get no capacity series.",
+                 thresholds=RED_FROM_ONE, width=8),
+            Panel(
+                "DeviceClasses",
+                "table",
+                (
+                    *states("device_class", classes, cls),
+                    tab(f"sum by (device_class) ({evaluable}{csel(cls)})"),
+                    tab(f"sum by (device_class) ({cat.CLUSTER_CLASS_ERRORS.name}{csel(cls)})"),
+                    tab(f"(count by (device_class) ({pending_claims}) "
+                        f"or 0 * sum by (device_class) ({evaluable}{csel(cls)}))"),
+                ),
+                "Each DeviceClass: the devices its CEL selectors match, by state; whether the exporter could "
+                "evaluate its selectors (0: no capacity reported); devices its selectors failed on (a missing "
+                "attribute: the scheduler skips them too); and its pending claims.",
+                columns=("device_class", *state_columns, "Value #F", "Value #G", "Value #H"),
+                renames=(("device_class", "DeviceClass"), *state_renames, ("Value #F", "evaluable"),
+                         ("Value #G", "selector errors"), ("Value #H", "pending claims")),
+                width=24,
+            ),
+        ),
+    )
+    pool = "driver, pool"
+    pools_row = Row(
+        "Pools",
+        (
+            stat("Incomplete pools",
+                 # The comparison first: ``==`` binds tighter than ``and``.
+                 or_zero(f"count({cat.CLUSTER_POOL_COMPLETE.name}{csel(drv)} == 0 {on_nodes})"),
+                 "Pools whose newest generation has not published all its slices or still has older ones: "
+                 "the scheduler sees part of them (DraResourcePoolIncomplete).", thresholds=RED_FROM_ONE, width=12),
+            stat("Pools being replaced",
+                 or_zero(f"count({cat.CLUSTER_POOL_SLICES.name}{csel(drv, eq('generation', 'older'))} > 0 "
+                         f"{on_nodes})"),
+                 "Pools that still publish slices of an older generation.", thresholds=RED_FROM_ONE, width=12),
+            Panel(
+                "Pool completeness",
+                "table",
+                (
+                    tab(f"sum by ({pool}) ({cat.CLUSTER_POOL_COMPLETE.name}{csel(drv)} {on_nodes})"),
+                    tab(f"sum by ({pool}) ({cat.CLUSTER_POOL_SLICES.name}{csel(drv, eq('generation', 'current'))} "
+                        f"{on_nodes})"),
+                    tab(f"sum by ({pool}) ({cat.CLUSTER_POOL_SLICES_EXPECTED.name}{csel(drv)} {on_nodes})"),
+                    tab(f"sum by ({pool}) ({cat.CLUSTER_POOL_SLICES.name}{csel(drv, eq('generation', 'older'))} "
+                        f"{on_nodes})"),
+                ),
+                "Each pool: complete (1) or not, the slices of its newest generation seen against its "
+                "resourceSliceCount, and slices of older generations still there.",
+                columns=("driver", "pool", "Value #A", "Value #B", "Value #C", "Value #D"),
+                renames=(("Value #A", "complete"), ("Value #B", "slices"), ("Value #C", "expected"),
+                         ("Value #D", "older slices")),
+                thresholds=((1, "green"),),
+                width=12,
+            ),
+            Panel("Where pools are", "table", (tab(f"{pools}{csel(*dev)}"),),
+                  "Each pool's slices: on one node, for all nodes, a node selector, per-device node selection "
+                  "or counters only (node is set for node only).",
+                  columns=("driver", "pool", "node", "placement"), width=12),
+        ),
+    )
+    taints_row = Row(
+        "Taints",
+        (
+            Panel("Tainted devices by node", "bargauge",
+                  (now(f"sum by (node) ({devices}{csel(*dev, eq('state', 'tainted'))})", "{{node}}"),),
+                  "Unallocated devices a NoSchedule/NoExecute taint (the slice's own or a DeviceTaintRule's) "
+                  "keeps from new claims. An allocated tainted device counts as allocated; the node agents' "
+                  "dra_device_taint lists every taint.", width=8),
+            Panel("DeviceTaintRules", "table", (tab(f"{cat.CLUSTER_TAINT_RULE_DEVICES.name}{csel(drv)}"),),
+                  "Each DeviceTaintRule with its selector (driver, pool, device; empty: any) and taint, and the "
+                  "devices it taints now (0: its selector matches none, or it uses the 1.33-1.34 CEL selectors, "
+                  "which are not applied).",
+                  columns=("rule", "driver", "pool", "device", "key", "value", "effect", "Value"),
+                  renames=(("Value", "devices"),), width=16),
+        ),
+    )
+    source = eq("source", "kubeapi")
+    exporter = Row(
+        "Exporter",
+        (
+            stat("API server data age", f"time() - max({cat.LAST_SUCCESS.name}{csel(source)})",
+                 "Seconds since the cluster mode last read the API server successfully.", unit="s",
+                 thresholds=((300, "red"),), width=8),
+            stat("API server reads failing", f"1 - min({cat.SOURCE_UP.name}{csel(source)})",
+                 "1 while the cluster mode's last read of the API server failed (it keeps the last good state).",
+                 thresholds=RED_FROM_ONE, width=8),
+            Panel("Objects held", "bargauge", (now(f"sum by (kind) ({cat.CLUSTER_OBJECTS.name}{csel()})", "{{kind}}"),),
+                  "DRA objects the cluster mode keeps, by kind: its memory grows with these.", width=8),
+        ),
+    )
+    return Dashboard(
+        "dra-exporter-cluster-capacity",
+        "dra-cluster-capacity.json",
+        "DRA cluster capacity",
+        "The whole cluster's DRA state from dra-exporter cluster: devices by state per DeviceClass, MIG profile, "
+        "node, driver and pool; MIG fragmentation; pending claims and their age; pools; taints.",
+        (
+            Variable("driver", "Driver", f"label_values({devices}{csel()}, driver)"),
+            Variable("node", "Node", f"label_values({devices}{csel(drv)}, node)"),
+            Variable("device_class", "DeviceClass", f"label_values({classes}{csel()}, device_class)"),
+        ),
+        (capacity, fragmentation, claims_row, class_row, pools_row, taints_row, exporter),
+    )
+
+
 def dashboards() -> tuple[Dashboard, ...]:
-    return (overview(), claims(), node(), sharing(), compute_domain(), showback())
+    return (overview(), claims(), node(), sharing(), compute_domain(), showback(), cluster_capacity())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,6 +46,7 @@ from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaDeviceName, canonical_prof
 from dra_exporter.sources.kubeapi_normalize import (
     claim_from_dict,
     current_slices,
+    noting_wrong_types,
     pod_from_dict,
     slice_from_dict,
 )
@@ -170,15 +171,21 @@ class _Objects:
                 continue  # DeviceClasses, templates, nodes…: nothing the simulated node needs
             obj = _plain(item)
             group, _, version = api_version.rpartition("/")
-            if kind == "ResourceSlice":
-                info = slice_from_dict(obj, version)
-                place = _Obj(label, kind, "", info.name, version)
-            elif kind == "ResourceClaim":
-                claim = claim_from_dict(obj, version)
-                place = _Obj(label, kind, claim.namespace, claim.name, version)
-            else:
-                pod = pod_from_dict(obj)
-                place = _Obj(label, kind, pod.namespace, pod.name, version)
+            # The exporter's own reader, told to note fields of the wrong type: it reads them as absent
+            # (as it must for an API server's answer), a dump with one is refused, naming the field.
+            with noting_wrong_types() as wrong:
+                if kind == "ResourceSlice":
+                    info = slice_from_dict(obj, version)
+                    place = _Obj(label, kind, "", info.name, version)
+                elif kind == "ResourceClaim":
+                    claim = claim_from_dict(obj, version)
+                    place = _Obj(label, kind, claim.namespace, claim.name, version)
+                else:
+                    pod = pod_from_dict(obj)
+                    place = _Obj(label, kind, pod.namespace, pod.name, version)
+            if wrong:
+                field, _, what = wrong[0].partition(": ")
+                raise place.error(field, f"{what} (a value of the wrong type)")
             if not place.name:
                 raise place.error("metadata.name", "required")
             expected = GROUP if kind != "Pod" else ""

@@ -115,13 +115,15 @@ def running_exporter(
     command: list[str] | None = None,
     env: dict[str, str] | None = None,
     scheme: str = "http",
+    mode: str = "serve",
 ) -> Iterator[int]:
-    """Run ``serve --simulate`` until the block ends; yields the port once /readyz says 200.
+    """Run ``serve --simulate`` (``mode="cluster"``: ``cluster --simulate``, the scenario a cluster's)
+    until the block ends; yields the port once /readyz says 200.
 
     With ``command`` (an installed program) the exporter runs without this process's
     ``PYTHONPATH``, so it is that program's package that runs, not the checkout's."""
     argv = (command or [sys.executable, "-m", "dra_exporter.cli"]) + [
-        "serve",
+        mode,
         "--simulate",
         str(scenario),
         "--listen",

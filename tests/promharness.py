@@ -53,13 +53,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _config(targets: list[str], scrape_interval: str, rule_files: Sequence[Path] = ()) -> str:
+def _config(targets: list[str], scrape_interval: str, rule_files: Sequence[Path] = (),
+            job: str = "dra-exporter") -> str:
     # JSON is valid YAML and needs no dependency or quoting rules of our own.
     return json.dumps({
         "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval,
                    "evaluation_interval": scrape_interval},
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [{"job_name": "dra-exporter", "static_configs": [{"targets": targets}]}],
+        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
     }, indent=2)
 
 
@@ -148,15 +149,16 @@ def _wait_ready(server: PromServer, timeout: float) -> bool:
 
 def start_prometheus(binary: str, workdir: Path, targets: list[str],
                      scrape_interval: str = "1s", *, rule_files: Sequence[Path] = (),
-                     tsdb: Path | None = None, extra_args: Sequence[str] = ()) -> PromServer:
-    """Run Prometheus scraping ``targets`` (``host:port``, path /metrics) and wait until ready.
+                     tsdb: Path | None = None, extra_args: Sequence[str] = (),
+                     job: str = "dra-exporter") -> PromServer:
+    """Run Prometheus scraping ``targets`` (``host:port``, path /metrics) as ``job`` and wait until ready.
 
     ``rule_files`` are loaded (evaluated every ``scrape_interval`` unless a group sets its own);
     ``tsdb`` keeps the data in a given folder (e.g. backfilled blocks) instead of a fresh one.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "prometheus.yml"
-    config.write_text(_config(targets, scrape_interval, rule_files))
+    config.write_text(_config(targets, scrape_interval, rule_files, job))
     last_log = ""
     for attempt in range(_START_ATTEMPTS):
         port = free_port()

@@ -2,7 +2,9 @@
 
 The live tests run ``dra-exporter serve --simulate`` (the demo node, XIDs moved early) scraped
 every second by the real Prometheus, substitute the dashboard variables as Grafana would for
-"All", and check that every panel's PromQL parses and returns data.
+"All", and check that every panel's PromQL parses and returns data. The cluster mode's dashboard
+(``job="dra-exporter-cluster"``) gets the same checks against ``dra-exporter cluster --simulate``
+in tests/test_cluster_dashboard.py.
 """
 
 from __future__ import annotations
@@ -41,10 +43,27 @@ def _generator() -> ModuleType:
 
 
 GEN = _generator()
+CLUSTER_JOB = f'job="{GEN.CLUSTER_JOB}"'
+"""What the cluster mode's dashboards select: one target for the whole cluster, no node picker."""
 
 
 def load_dashboards() -> dict[str, dict[str, Any]]:
     return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
+
+
+def is_cluster_mode(dash: dict[str, Any]) -> bool:
+    """A dashboard on ``dra-exporter cluster`` rather than the node agents."""
+    return any(CLUSTER_JOB in tg["expr"] for _, tg in targets(dash))
+
+
+#: Dashboards only a multi-node cluster fills (tests/test_multinode_e2e.py checks every query of them there).
+MULTI_NODE_DASHBOARDS = ("dra-compute-domain.json",)
+
+
+def node_agent_dashboards() -> list[str]:
+    """The dashboards the node agent's Prometheus (conftest ``prom``, the demo node) can fill."""
+    return [name for name, dash in load_dashboards().items()
+            if not is_cluster_mode(dash) and name not in MULTI_NODE_DASHBOARDS]
 
 
 def query_panels(dash: dict[str, Any]) -> list[dict[str, Any]]:
@@ -77,7 +96,7 @@ def test_committed_dashboards_are_the_generators_output() -> None:
     assert committed == generated, "regenerate with: python3 dashboards/generate.py"
 
 
-def test_the_six_views_exist() -> None:
+def test_the_seven_views_exist() -> None:
     titles = {d["title"] for d in load_dashboards().values()}
     assert titles == {
         "DRA GPUs / Cluster overview",
@@ -86,7 +105,9 @@ def test_the_six_views_exist() -> None:
         "DRA GPUs / MIG and shared GPUs",
         "DRA GPUs / ComputeDomain",
         "DRA GPUs / Showback",
+        "DRA cluster capacity",
     }
+    assert [n for n, d in load_dashboards().items() if is_cluster_mode(d)] == ["dra-cluster-capacity.json"]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS.glob("*.json")))
@@ -98,7 +119,9 @@ def test_dashboard_is_importable_with_a_datasource_variable(name: str) -> None:
     variables_ = variables(dash)
     ds = variables_["datasource"]
     assert (ds["type"], ds["query"]) == ("datasource", "prometheus")
-    if "node" in variables_:  # the showback dashboard is cluster-wide: its rules have summed the nodes
+    if is_cluster_mode(dash):  # one target for the cluster: its series carry node themselves
+        assert ", node)" in variables_["node"]["query"]["query"], "the node picker lists the node label"
+    elif "node" in variables_:  # the showback dashboard is cluster-wide: its rules have summed the nodes
         node = variables_["node"]
         assert f", {GEN.NODE_LABEL})" in node["query"]["query"], "the node picker lists the scrape target label"
     for var in variables_.values():
@@ -131,7 +154,9 @@ def test_panels_are_laid_out_and_query_through_the_variable(name: str) -> None:
         for target in panel["targets"]:
             used = set(re.findall(r"\$(\w+)", target["expr"])) - {k[1:] for k in BUILTINS}
             assert used <= declared, f"{panel['title']}: undeclared variables {used - declared}"
-            if "node" in declared:
+            if is_cluster_mode(dash):  # as the cluster alerts select it; every query of it, for any Prometheus
+                assert target["expr"].count("{") == target["expr"].count(CLUSTER_JOB), panel["title"]
+            elif "node" in declared:
                 assert f'{GEN.NODE_LABEL}=~"$node"' in target["expr"], f"{panel['title']} ignores the node picker"
             else:  # a cluster-wide dashboard reads only the recorded, cluster-level series
                 assert RECORDED.search(target["expr"]) and not re.search(r"(?<![\w:])dra_", target["expr"]), \
@@ -161,31 +186,22 @@ def run(prom: PromServer, target: dict[str, Any], expr: str) -> list[dict[str, A
     return prom.query(expr)
 
 
-#: The dashboards the demo node fills; the ComputeDomain one needs the multi-node cluster
-#: (tests/test_multinode_e2e.py checks every one of its queries there).
-DEMO_NODE_DASHBOARDS = sorted(p.name for p in DASHBOARDS.glob("*.json") if p.name != "dra-compute-domain.json")
+def all_values(dash: dict[str, Any]) -> dict[str, str]:
+    """Each variable as Grafana fills it by default: "All" (a textbox: its default)."""
+    return {v: var["query"] if var["type"] == "textbox" else ALL
+            for v, var in variables(dash).items() if v != "datasource"}
 
 
-@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
-@pytest.mark.prometheus
-@pytest.mark.parametrize("name", DEMO_NODE_DASHBOARDS)
-def test_every_panel_query_returns_data(prom: PromServer, name: str) -> None:
-    dash = load_dashboards()[name]
-    all_values = {v: var["query"] if var["type"] == "textbox" else ALL  # a textbox: its default
-                  for v, var in variables(dash).items() if v != "datasource"}
+def assert_every_panel_query_returns_data(prom: PromServer, dash: dict[str, Any]) -> None:
     empty = []
     for title, target in targets(dash):
-        expr = substitute(target["expr"], all_values)
+        expr = substitute(target["expr"], all_values(dash))
         if not run(prom, target, expr):
             empty.append(f"{title}: {expr}")
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 
-@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
-@pytest.mark.prometheus
-@pytest.mark.parametrize("name", DEMO_NODE_DASHBOARDS)
-def test_variables_list_values_and_every_query_accepts_a_selection(prom: PromServer, name: str) -> None:
-    dash = load_dashboards()[name]
+def assert_variables_list_values_and_every_query_accepts_a_selection(prom: PromServer, dash: dict[str, Any]) -> None:
     chosen: dict[str, str] = {v["name"]: v["query"] for v in dash["templating"]["list"] if v["type"] == "textbox"}
     for var in dash["templating"]["list"]:
         if var["type"] != "query":
@@ -196,12 +212,26 @@ def test_variables_list_values_and_every_query_accepts_a_selection(prom: PromSer
         found = prom.query(
             f"group by ({label}) ({substitute(selector, {**{k: ALL for k in variables(dash)}, **chosen})})"
         )
-        values = sorted(r["metric"][label] for r in found)
+        values = sorted(v for r in found if (v := r["metric"].get(label)))  # Grafana lists no empty value
         assert values, f"variable {var['name']} lists nothing"
         # Grafana escapes a selected value for a regex inside a PromQL string: \\. for a dot.
         chosen[var["name"]] = re.escape(values[0]).replace("\\", "\\\\")
     for _, target in targets(dash):
         run(prom, target, substitute(target["expr"], chosen))  # raises on a PromQL error
+
+
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
+@pytest.mark.prometheus
+@pytest.mark.parametrize("name", node_agent_dashboards())
+def test_every_panel_query_returns_data(prom: PromServer, name: str) -> None:
+    assert_every_panel_query_returns_data(prom, load_dashboards()[name])
+
+
+@pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill
+@pytest.mark.prometheus
+@pytest.mark.parametrize("name", node_agent_dashboards())
+def test_variables_list_values_and_every_query_accepts_a_selection(prom: PromServer, name: str) -> None:
+    assert_variables_list_values_and_every_query_accepts_a_selection(prom, load_dashboards()[name])
 
 
 @pytest.mark.slow  # the kit's Prometheus (conftest ``prom``) takes ~12 s per naming to fill

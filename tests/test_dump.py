@@ -18,6 +18,7 @@ from dra_exporter import catalog as cat
 from dra_exporter import model, runtime
 from dra_exporter.config import Settings
 from dra_exporter.dra_versions import convert
+from dra_exporter.sources.kubeapi_normalize import noting_wrong_types, pod_from_dict
 from dra_exporter_sim import k8s_objects as ko
 from dra_exporter_sim import load_scenario
 from dra_exporter_sim.dump import is_dump, load_dump, parse_dump
@@ -471,24 +472,39 @@ def _set(objects: list[dict[str, Any]], kind: str, name: str, path: tuple[str | 
     target[path[-1]] = value
 
 
-@pytest.mark.parametrize("kind, name, path", [
-    ("Pod", "notebook-alice", ("status", "containerStatuses", 0, "name")),
-    ("Pod", "vllm-0", ("status", "resourceClaimStatuses", 0, "resourceClaimName")),
+@pytest.mark.parametrize("kind, name, path, field", [
+    ("Pod", "notebook-alice", ("status", "containerStatuses", 0, "name"), "name"),
+    ("Pod", "vllm-0", ("status", "resourceClaimStatuses", 0, "resourceClaimName"), "resourceClaimName"),
     ("Pod", "notebook-alice", ("status", "containerStatuses", 0, "allocatedResourcesStatus", 0, "resources", 0,
-                               "resourceID")),
-    ("ResourceClaim", "train", ("status", "devices", 0, "device")),
+                               "resourceID"), "resourceID"),
+    ("ResourceClaim", "train", ("status", "devices", 0, "device"), "device"),
 ], ids=["container-status-name", "generated-claim-name", "health-resource-id", "device-status-device"])
-def test_wrong_types_where_the_dump_reader_builds_sets_read_as_empty_as_for_the_exporter(
-        tmp_path: Path, kind: str, name: str, path: tuple[str | int, ...]) -> None:
-    # A mapping where a string belongs: the exporter's reader (kubeapi_normalize) takes it as
-    # missing, so the dumped node replays as the exporter would see that cluster: exit 0, no traceback.
+def test_wrong_types_where_the_dump_reader_builds_sets_exit_2_naming_the_object_and_field(
+        tmp_path: Path, kind: str, name: str, path: tuple[str | int, ...], field: str) -> None:
+    # A mapping where a string belongs. These fields were `TypeError: unhashable` tracebacks; the
+    # exporter's reader takes such a field as absent (an API server validated it), but a dump is a
+    # file a person gave: it is refused with one line naming the object and the field.
     objects = items("v1")
     _set(objects, kind, name, path, {})
     dump = tmp_path / "dump.yaml"
     dump.write_text(yaml.safe_dump(dump_of(objects)[0]))
     result = run_snapshot(dump, "--node-name", NODE)
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert f"{kind}/" in line and f"/{name}: {field}: a mapping, not a string" in line, line
+
+
+def test_the_api_servers_answer_with_a_wrong_type_reads_the_field_as_absent() -> None:
+    # The same reader, outside noting_wrong_types: one odd field never costs the node its view.
+    pod = find(items("v1"), "Pod", "notebook-alice")
+    pod["status"]["containerStatuses"][0]["name"] = {}
+    info = pod_from_dict(pod)
+    assert info.name == "notebook-alice"
+    assert {c.name for c in info.containers} == {c["name"] for c in pod["spec"]["containers"]}
+    with noting_wrong_types() as wrong:
+        assert pod_from_dict(pod) == info
+    assert wrong == ["name: a mapping, not a string"]
 
 
 def _paths(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:

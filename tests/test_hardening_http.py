@@ -186,9 +186,8 @@ def test_one_client_cannot_hold_more_than_its_cap_and_others_are_served() -> Non
         conns = sink._server.connections
         idle = [connect(sink.port, source="127.0.0.2") for _ in range(3)]
         eventually(lambda: conns.count == 3)
-        # Over its cap the client gets the probe reserve (a few slots), then nothing.
-        extra = [connect(sink.port, source="127.0.0.2") for _ in range(http_server.PROBE_RESERVE_PER_CLIENT)]
-        eventually(lambda: conns.count == 3 + http_server.PROBE_RESERVE_PER_CLIENT)
+        # Over its cap the client gets nothing: it holds several connections, so it is no kubelet
+        # probe (those hold none between probes) and the probe reserve is not for it either.
         refused = conns.refused
         with connect(sink.port, source="127.0.0.2") as over:
             assert read_until_closed(over) == b""
@@ -196,16 +195,48 @@ def test_one_client_cannot_hold_more_than_its_cap_and_others_are_served() -> Non
         # Another client is served: the global cap (8) is not reached.
         assert get(sink.port)[0] == 200
         assert get(sink.port, "/healthz")[0] == 200
-        # The over-the-cap client's reserve slots answer probes only.
-        probe, metrics = extra
-        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert read_until_closed(probe).startswith(b"HTTP/1.1 200 ")
-        metrics.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert read_until_closed(metrics).startswith(b"HTTP/1.1 503 ")
-        for sock in idle + extra:
+        for sock in idle:
             sock.close()
         eventually(lambda: conns.count == 0)
         assert get(sink.port, source="127.0.0.2")[0] == 200
+
+
+def test_a_flood_from_more_addresses_than_the_reserve_holds_leaves_the_probes_their_slots() -> None:
+    """Eight flooding addresses, each holding its share of the slots, used to take every reserve
+    slot too (2 each): only a peer holding at most one ordinary connection may take one."""
+    with sink_serving(request_timeout=60.0, max_connections=16, max_connections_per_client=2) as sink:
+        conns = sink._server.connections
+        stop = threading.Event()
+        held: list[socket.socket] = []
+
+        def flood_connections(source: str) -> None:
+            while not stop.is_set():
+                try:
+                    sock = connect(sink.port, source=source)
+                except OSError:
+                    continue
+                held.append(sock)
+                sock.settimeout(0.05)
+                try:
+                    if sock.recv(1) == b"":
+                        sock.close()
+                except (TimeoutError, OSError):
+                    pass
+        flooders = [threading.Thread(target=flood_connections, args=(f"127.0.0.{n}",), daemon=True)
+                    for n in range(2, 10)]
+        for thread in flooders:
+            thread.start()
+        try:
+            eventually(lambda: conns.count >= 16 and conns.refused > 50, timeout=30)
+            probes = [get(sink.port, path)[0] for path in ("/healthz", "/readyz") * 10]
+        finally:
+            stop.set()
+            for thread in flooders:
+                thread.join(30)
+            for sock in held:
+                sock.close()
+        assert probes == [200] * 20
+        eventually(lambda: conns.count == 0)
 
 
 def test_probes_answer_while_a_connection_flood_holds_every_slot() -> None:

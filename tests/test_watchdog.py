@@ -275,11 +275,23 @@ def test_a_fifo_under_procfs_names_procs_and_nvml_goes_down_too(tmp_path: Path,
         assert (up["procs"], up["nvml"], up["podresources"]) == (0.0, 0.0, 1.0), \
             "NVML values are not fresh while the cycle is stuck, whichever source it is stuck in"
         # A writer lets the blocked open() through; a regular file in its place keeps later cycles going.
-        writer = os.open(stat, os.O_WRONLY | os.O_NONBLOCK)
+        # The source is marked as collecting just before its thread reaches open(): until it is blocked
+        # there, a non-blocking writer finds no reader (ENXIO), so try until it does.
+        writers: list[int] = []
+        eventually(lambda: bool(writers) or _open_writer(stat, writers), GUARD_S)
+        (writer,) = writers
         (tmp_path / "stat.tmp").write_text("4242 (python) S 1")
         os.replace(tmp_path / "stat.tmp", stat)
         os.close(writer)
         eventually(lambda: agent.health().ready, GUARD_S)
+
+
+def _open_writer(fifo: Path, opened: list[int]) -> bool:
+    try:
+        opened.append(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # ENXIO: nobody has the FIFO open for reading yet
+        return False
+    return True
 
 
 def test_a_cycle_stuck_inside_a_sink_never_blocks_the_watchdog(caplog: pytest.LogCaptureFixture) -> None:

@@ -110,6 +110,10 @@ _HEAD_CHUNK = 4096
 PROBE_RESERVE: Final = 8
 #: Of those, how many one peer address may hold (a liveness and a readiness probe at once).
 PROBE_RESERVE_PER_CLIENT: Final = 2
+#: Only a peer that holds at most this many ordinary connections may take a reserve slot: the
+#: kubelet opens a connection per probe and holds none between them, while a flood from a few
+#: addresses holds many per address (a flood from 8 addresses used to take the whole reserve).
+PROBE_RESERVE_MAX_HELD: Final = 1
 #: The deadline of a reserve connection (a kubelet probe times out after 1 s by default).
 PROBE_DEADLINE_S: Final = 2.0
 #: After an error answer to a client that may still be sending (431, 400 with a body), its
@@ -420,7 +424,8 @@ class _Connections:
             if not self._full and peer not in self._capped_peers:
                 conn = _Connection(sock, peer, self._monotonic() + seconds)
                 self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
-            elif self._reserved < PROBE_RESERVE and self._reserve_by_peer.get(peer, 0) < PROBE_RESERVE_PER_CLIENT:
+            elif (self._reserved < PROBE_RESERVE and self._reserve_by_peer.get(peer, 0) < PROBE_RESERVE_PER_CLIENT
+                  and self._by_peer.get(peer, 0) <= PROBE_RESERVE_MAX_HELD):
                 conn = _Connection(sock, peer, self._monotonic() + min(seconds, PROBE_DEADLINE_S),
                                    probe_only=True)
                 self._reserve_by_peer[peer] = self._reserve_by_peer.get(peer, 0) + 1

@@ -20,7 +20,9 @@ reads as empty, a quantity that does not parse is left out, and one bad entry ne
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
@@ -487,22 +489,69 @@ def resource_id(text: str) -> tuple[str, str, str] | None:
 # --- untrusted-field helpers ---------------------------------------------------------------------------
 
 
-def _map_of(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+# --- reading fields -------------------------------------------------------------------------------
+#
+# A field of the wrong type reads as absent: an API server has validated what it serves, and one odd
+# field must not cost the node its view. A file a person wrote (a cluster dump) deserves better than
+# a silent default: under ``noting_wrong_types`` every such field is also noted, and the simulator's
+# dump reader refuses the object, naming the field.
+
+_wrong_types: ContextVar[list[str] | None] = ContextVar("kubeapi_normalize_wrong_types", default=None)
+
+
+@contextmanager
+def noting_wrong_types() -> Iterator[list[str]]:
+    """Within the block, each field read with the wrong type is noted (``"name: a mapping, not a
+    string"``) in the list this yields, besides being read as absent."""
+    noted: list[str] = []
+    token = _wrong_types.set(noted)
+    try:
+        yield noted
+    finally:
+        _wrong_types.reset(token)
+
+
+def _note(key: str, value: Any, wanted: str) -> None:
+    noted = _wrong_types.get()
+    if noted is not None and value is not None:
+        noted.append(f"{key or 'an entry'}: {_kind_of(value)}, not {wanted}")
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    return f"a {type(value).__name__}"
+
+
+def _map_of(value: Any, key: str = "") -> Mapping[str, Any]:
+    if isinstance(value, Mapping):
+        return value
+    _note(key, value, "a mapping")
+    return {}
 
 
 def _map(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    return _map_of(obj.get(key))
+    return _map_of(obj.get(key), key)
 
 
 def _list(obj: Mapping[str, Any], key: str) -> list[Any]:
     value = obj.get(key)
-    return value if isinstance(value, list) else []
+    if isinstance(value, list):
+        return value
+    _note(key, value, "a list")
+    return []
 
 
 def _str(obj: Mapping[str, Any], key: str) -> str:
     value = obj.get(key)
-    return value if isinstance(value, str) else ""
+    if isinstance(value, str):
+        return value
+    _note(key, value, "a string")
+    return ""
 
 
 def _int(obj: Mapping[str, Any], key: str, default: int = 0) -> int:
