@@ -53,12 +53,12 @@ from functools import partial
 from typing import Any, Final
 
 from dra_exporter.config import DEFAULT_INTERVAL
-from dra_exporter_sim.apiserver import SimulatedApiServer
-from dra_exporter_sim.clock import SimClock
-from dra_exporter_sim import load_scenario
-from dra_exporter_sim.scenario import Scenario
 from dra_exporter.sources import kubeapi_http
 from dra_exporter.sources.kubeapi import KubeApiSource, Timeouts, load_client
+from dra_exporter_sim import load_scenario
+from dra_exporter_sim.apiserver import SimulatedApiServer
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.scenario import Scenario
 
 from .common import MB, Check, Config, Result, ratio
 

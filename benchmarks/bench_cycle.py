@@ -31,12 +31,12 @@ from typing import Any
 from dra_exporter import __version__
 from dra_exporter.join import JoinInput, join
 from dra_exporter.model import SourceHealth
-from dra_exporter_sim.clock import SimClock
-from dra_exporter_sim.fake_nvml import FakeNvml
-from dra_exporter_sim import load_scenario
 from dra_exporter.sinks.exposition import Renderer
 from dra_exporter.sources.nvml import NvmlSource
 from dra_exporter.sources.podresources import PodResourcesSource
+from dra_exporter_sim import load_scenario
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.fake_nvml import FakeNvml
 
 from .baseline import render_reference
 from .common import Check, Config, Result, median, ms, ratio

@@ -123,7 +123,8 @@ def run(connections: int, seconds: float, unbounded: bool) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.bench_header_flood", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.bench_header_flood",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--unbounded", action="store_true", help="the baseline: no bound on a head's total size")

@@ -86,10 +86,10 @@ def _per_scrape(scenario_name: str, listen: str) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from dra_exporter.join import JoinInput, join
+    from dra_exporter.sources.nvml import NvmlSource
+    from dra_exporter_sim import load_scenario
     from dra_exporter_sim.clock import SimClock
     from dra_exporter_sim.fake_nvml import FakeNvml
-    from dra_exporter_sim import load_scenario
-    from dra_exporter.sources.nvml import NvmlSource
 
     scenario = load_scenario(scenario_name)
     clock = SimClock()  # follows the wall clock, as under `serve --simulate`
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         simulated.add_argument("--listen", default="127.0.0.1:9402")
     ns = parser.parse_args(argv)
     if ns.kind == "exporter":
-        _exporter(ns.renderer, ns.gzip_on_scrape, ns.nagle, ns.unbounded_heads, ns.global_cap_only, [a for a in ns.args if a != "--"])
+        _exporter(ns.renderer, ns.gzip_on_scrape, ns.nagle, ns.unbounded_heads, ns.global_cap_only,
+                  [a for a in ns.args if a != "--"])
     elif ns.kind == "frozen":
         _frozen(ns.simulate, ns.listen)
     else:

@@ -547,7 +547,8 @@ CLAIM_DEVICE_NETWORK: Final = MetricSpec(
 # --- ResourceSlice families (API server) ----------------------------------------------------
 
 DEVICE_INFO: Final = MetricSpec(
-    "dra_device_info", "gauge", "A device a ResourceSlice publishes for this node, allocated or not; value is always 1.",
+    "dra_device_info", "gauge",
+    "A device a ResourceSlice publishes for this node, allocated or not; value is always 1.",
     ("node", "driver", "pool", "device", "uuid", "type", "profile", "parent_uuid", "model"), stability=_STABLE)
 DEVICE_TAINT: Final = MetricSpec(
     "dra_device_taint", "gauge",

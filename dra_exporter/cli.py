@@ -31,7 +31,7 @@ from .config import (
 from .sources import registry
 
 if TYPE_CHECKING:
-    from .sinks.otlp import OtlpSettings, Protocol
+    from .sinks.otlp_settings import OtlpSettings, Protocol
 
 ENV_PREFIX = "DRA_EXPORTER"
 

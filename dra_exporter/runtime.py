@@ -23,6 +23,7 @@ from .sources.registry import Role, SourceContext
 
 if TYPE_CHECKING:
     from dra_exporter_sim import SimulatedNode
+
     from .sinks.prometheus import PrometheusSink
 
 log = logging.getLogger(__name__)

@@ -443,7 +443,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: int) -> 
     lines = []
     for row in [header, *rows]:
         cells = [c.ljust(w) if i < len(header) - right else c.rjust(w) for i, (c, w) in
-                 enumerate(zip(row, widths))]
+                 enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
     return lines
 

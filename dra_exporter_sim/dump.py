@@ -162,7 +162,7 @@ class _Objects:
         claims: list[_Claim] = []
         pods: list[_Pod] = []
         raw: list[dict[str, Any]] = []
-        for item, where in _items(docs, label):
+        for item, _where in _items(docs, label):
             kind, api_version = str(item["kind"]), str(item["apiVersion"])
             if kind in CD_KINDS:
                 raw.append(_compute_domain_object(_plain(item), label))

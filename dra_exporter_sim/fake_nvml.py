@@ -580,7 +580,7 @@ class FakeNvml:
     def nvmlDeviceGetFieldValues(self, target: _Target, field_ids: Sequence[Any]) -> Any:
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         stamp = int(self.clock.epoch * 1e6 + target.t * 1e6)
-        for value, requested in zip(values, field_ids):
+        for value, requested in zip(values, field_ids, strict=True):
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
             value.fieldId, value.scopeId, value.timestamp = field_id, scope, stamp
             spec = self._field_specs.get(field_id)

@@ -218,7 +218,7 @@ def load_profile(gpu_model: str) -> GpuProfile:
         clocks=tuple(ClockSpec(name, **c) for name, c in raw["clocks"].items()),
         idle_clock_event_reasons=raw["clock_event_reasons"]["idle"],
         load_clock_event_reasons=raw["clock_event_reasons"]["load"],
-        encoder=tuple(raw["encoder"]), decoder=tuple(raw["decoder"]),  # type: ignore[arg-type]
+        encoder=tuple(raw["encoder"]), decoder=tuple(raw["decoder"]),
         pcie_tx_start=raw["pcie"]["tx_bytes_start"], pcie_rx_start=raw["pcie"]["rx_bytes_start"],
         pcie_tx_idle_rate=raw["pcie"]["tx_idle_bytes_per_s"],
         pcie_rx_idle_rate=raw["pcie"]["rx_idle_bytes_per_s"],

@@ -17,6 +17,7 @@ on it, ``loader`` chooses between the two.
 
 from __future__ import annotations
 
+import builtins
 import math
 import os
 import re
@@ -193,7 +194,7 @@ class Cursor:
             raise self.error(f"{self.value!r} is not a valid {what}")
         return self.value
 
-    def name(self, what: str, pattern: re.Pattern[str] | None = None) -> str:
+    def name(self, what: builtins.str, pattern: re.Pattern[builtins.str] | None = None) -> builtins.str:
         """A Kubernetes object name."""
         return self.str(pattern=pattern or _K8S_NAME, what=f"{what} (lowercase letters, digits, '-' and '.')")
 
@@ -238,7 +239,8 @@ def _kind(value: Any) -> str:
         return f"number {value}"
     if isinstance(value, str):
         return f"string {value!r}" if len(value) < 60 else "a long string"
-    return {dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {dict: "a mapping", list: "a list"}
+    return names.get(type(value), type(value).__name__)
 
 
 class _Builder:

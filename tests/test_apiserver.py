@@ -15,10 +15,10 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
+from dra_exporter_sim import load_scenario
 from dra_exporter_sim.apiserver import SimulatedApiServer
 from dra_exporter_sim.clock import SimClock
 from dra_exporter_sim.node import SimulatedNode
-from dra_exporter_sim import load_scenario
 from dra_exporter_sim.scenario import Scenario
 from dra_exporter_sim.scenario_builder import parse_scenario
 

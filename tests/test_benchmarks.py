@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from prometheus_client.utils import floatToGoString
 
 from dra_exporter import catalog, model
+from dra_exporter.sinks import exposition
+from dra_exporter_sim import load_scenario
 from dra_exporter_sim.clock import SimClock
 from dra_exporter_sim.fake_nvml import FakeNvml
-from dra_exporter_sim import load_scenario
-from dra_exporter.sinks import exposition
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `benchmarks` is a top-level folder, not part of the package

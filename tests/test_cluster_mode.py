@@ -16,12 +16,12 @@ from simnode import eventually
 
 from dra_exporter import catalog as cat
 from dra_exporter.cluster.capacity import Capacity
+from dra_exporter.sources.kubeapi import Timeouts
+from dra_exporter.sources.kubeapi_cluster import ClusterSource
 from dra_exporter_sim.apiserver import GONE_410, SimulatedApiServer
 from dra_exporter_sim.clock import FIXED_EPOCH, SimClock
 from dra_exporter_sim.cluster import builtin_cluster, cluster_scenario, load_cluster_dump
 from dra_exporter_sim.scenario import ScenarioError
-from dra_exporter.sources.kubeapi import Timeouts
-from dra_exporter.sources.kubeapi_cluster import ClusterSource
 
 FAST = Timeouts(request=5.0, backoff=(0.05, 0.2))
 
@@ -139,8 +139,8 @@ def test_a_bad_dump_is_a_clear_error(tmp_path: Path, objects: list[dict[str, Any
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dra_exporter.cli", "cluster", *args], check=False, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "dra_exporter.cli", "cluster", *args], check=False,
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_cli_once_prints_the_simulated_cluster() -> None:

@@ -19,11 +19,11 @@ import yaml
 from simnode import device_labels, eventually, labels_of, simulated, source_up
 
 from dra_exporter import catalog as cat
+from dra_exporter.sources.kubeapi import KubeApiSource, Timeouts
+from dra_exporter.sources.registry import without
 from dra_exporter_sim.apiserver import GONE, GONE_410, SimulatedApiServer
 from dra_exporter_sim.clock import SimClock
 from dra_exporter_sim.scenario_builder import parse_scenario
-from dra_exporter.sources.kubeapi import KubeApiSource, Timeouts
-from dra_exporter.sources.registry import without
 
 DUMPS = Path(__file__).resolve().parent / "dumps"
 VERSIONS = ("v1", "v1beta2", "v1beta1")
@@ -320,7 +320,8 @@ def test_cluster_dumps_give_the_same_series_in_every_version(version: str) -> No
         ("gpu-node-a", "gpu.example.com", example, "", "", ""),
     }
     assert ("monitoring", "dra-exporter-q8x2m") not in pick(frame, cat.CLAIM_CONSUMER_INFO.name, "namespace", "pod")
-    assert pick(frame, cat.DEVICE_HEALTH.name, "pod", "claim", "health") == {("notebook-alice", "shared-gpu", "Unhealthy")}
+    assert pick(frame, cat.DEVICE_HEALTH.name, "pod", "claim", "health") == {
+        ("notebook-alice", "shared-gpu", "Unhealthy")}
     assert pick(frame, cat.DEVICE_TAINT.name, "key", "effect") == {("example.com/maintenance", "NoSchedule")}
     assert pick(frame, cat.CLAIM_DEVICE_CONDITION.name, "claim", "type", "status") == {("train", "Ready", "True")}
 

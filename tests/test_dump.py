@@ -305,7 +305,8 @@ def test_v1beta1_paths_name_basic() -> None:
 
     assert broken(change, "v1beta1") == (
         "bad.yaml: ResourceSlice/gpu-node-a-gpu.nvidia.com-7xkqz: "
-        "spec.devices[name=gpu-2-mig-19-4-1].basic.attributes.parentUUID: required for the MIG device 'gpu-2-mig-19-4-1'"
+        "spec.devices[name=gpu-2-mig-19-4-1].basic.attributes.parentUUID: "
+        "required for the MIG device 'gpu-2-mig-19-4-1'"
     )
 
 

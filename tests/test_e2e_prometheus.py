@@ -12,9 +12,9 @@ import pytest
 from promharness import free_port
 from simnode import ATTRIBUTION, eventually, scrape
 
+from dra_exporter_sim import load_scenario
 from dra_exporter_sim.clock import SimClock
 from dra_exporter_sim.fake_nvml import FakeNvml
-from dra_exporter_sim import load_scenario
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]  # ~6 s each: a real Prometheus queried over time
 

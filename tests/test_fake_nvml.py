@@ -15,9 +15,9 @@ import pytest
 from nvml_replay import FIXTURES
 
 import dra_exporter_sim as sim
+from dra_exporter_sim import load_scenario
 from dra_exporter_sim.clock import FIXED_EPOCH, SimClock
 from dra_exporter_sim.fake_nvml import FakeNvml
-from dra_exporter_sim import load_scenario
 from dra_exporter_sim.scenario import Scenario
 from dra_exporter_sim.scenario_builder import parse_scenario
 

@@ -21,9 +21,9 @@ from simnode import eventually, scrape, simulated
 
 from dra_exporter import catalog as cat
 from dra_exporter import runtime
-from dra_exporter_sim.apiserver import ERROR, GONE, GONE_410, WATCH_DROP
 from dra_exporter.sources import SourceError, kubeapi
 from dra_exporter.sources.kubeapi import MAX_LIST_BYTES, MAX_OBJECT_BYTES, KubeApiSource, Timeouts
+from dra_exporter_sim.apiserver import ERROR, GONE, GONE_410, WATCH_DROP
 
 FAST = Timeouts(request=1.0, backoff=(0.05, 0.5))
 

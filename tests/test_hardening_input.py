@@ -49,12 +49,12 @@ from dra_exporter.model import (
     PodResourcesSnapshot,
     Reading,
 )
-from dra_exporter_sim.kubelet import SimulatedKubelet
-from dra_exporter_sim import load_scenario
-from dra_exporter_sim.scenario import ScenarioError
 from dra_exporter.sinks.prometheus import render
 from dra_exporter.sinks.webconfig import WebConfigError, load_web_config
 from dra_exporter.sources.podresources import MAX_ANSWER_BYTES, MAX_PODS
+from dra_exporter_sim import load_scenario
+from dra_exporter_sim.kubelet import SimulatedKubelet
+from dra_exporter_sim.scenario import ScenarioError
 
 NASTY = ["", 'say "hi"', "back\\slash", "trailing\\", "new\nline", "\\n literally", "tab\tand\rcr",
          "ünïcødé ✓ 日本語 🚀", "}{,=\"", "# EOF", "# HELP x y", "nul\x00byte", "\u2028line\u2029sep",

@@ -179,7 +179,8 @@ def test_claim_uid_comes_from_the_cdi_name_of_that_device() -> None:
     uid = "0b9f7c1e-2d3a-4f5b-8c6d-7e8f9a0b1c2d"
     devs = claim("ml", "gpus", "gpu-0", "gpu-1", uid=uid).devices
     # The kubelet quirk: the second device also carries the first device's CDI name.
-    quirky = ClaimUse("ml", "gpus", (devs[0], ClaimDevice(DRV, NODE, "gpu-1", devs[0].cdi_devices + devs[1].cdi_devices)))
+    both_cdi = devs[0].cdi_devices + devs[1].cdi_devices
+    quirky = ClaimUse("ml", "gpus", (devs[0], ClaimDevice(DRV, NODE, "gpu-1", both_cdi)))
     frame = run([sample(gpu(0)), sample(gpu(1))], [pod("ml", "p", ctr("c", quirky))])
     uids = {d["device"]: d["claim_uid"] for d in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO.name))}
     assert uids == {"gpu-0": uid, "gpu-1": uid}
@@ -288,7 +289,8 @@ def test_request_names_subrequests_and_pod_uid_join_the_device_labels() -> None:
     want = att(namespace="ml", pod="train-0", pod_uid="uid-train-0", container="trainer", claim="gpus",
                request="gpus/h200")
     assert attribution(frame, "GPU-0") == attribution(frame, "GPU-1") == want
-    allocs = {(a["device"], a["request"], a["claim_uid"]) for a in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO.name))}
+    allocs = {(a["device"], a["request"], a["claim_uid"])
+              for a in map(dict, series(frame, cat.CLAIM_ALLOCATION_INFO.name))}
     assert allocs == {("gpu-0", "gpus/h200", "claim-uid"), ("gpu-1", "gpus/h200", "claim-uid")}
     (consumer,) = map(dict, series(frame, cat.CLAIM_CONSUMER_INFO.name))
     assert consumer["pod_uid"] == "uid-train-0"
@@ -458,7 +460,8 @@ def test_health_of_a_device_nobody_can_name_is_kept_without_its_device() -> None
 
 
 def test_device_taint_rules_apply_to_the_devices_they_select_with_the_rules_name() -> None:
-    sl = nv_slice(slice_dev("gpu-0"), SliceDevice("gpu-1", taints=(DeviceTaint("gpu.nvidia.com/xid", "79", "NoExecute"),)))
+    xid = DeviceTaint("gpu.nvidia.com/xid", "79", "NoExecute")
+    sl = nv_slice(slice_dev("gpu-0"), SliceDevice("gpu-1", taints=(xid,)))
     nic = ResourceSliceInfo("n", "nic.example.com", "rack-1", 1, 1, NODE, (slice_dev("eth-0"),))
     maintenance = DeviceTaint("example.com/maintenance", "fan", "NoSchedule")
     rules = (
@@ -516,7 +519,8 @@ def test_a_claim_reserved_for_a_podgroup_is_attributed_to_the_groups_pods_here()
     group = ConsumerRef("podgroups", "trainers", "group-uid", "scheduling.k8s.io")
     c = claim("ml", "g", "gpu-0")
     view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0"), reserved=(group,)),),
-                   pods=(pod_info("ml", "w-0", ctr_info("c", ("g", ""))), pod_info("ml", "w-1", ctr_info("c", ("g", "")))))
+                   pods=(pod_info("ml", "w-0", ctr_info("c", ("g", ""))),
+                         pod_info("ml", "w-1", ctr_info("c", ("g", "")))))
     frame = run([sample(gpu(0))], [pod("ml", "w-0", ctr("c", c)), pod("ml", "w-1", ctr("c", c))], cluster=view)
     assert attribution(frame, "GPU-0") == att(namespace="ml", claim="g", request="gpu")
     consumers = {(x["pod"], x["pod_uid"]) for x in map(dict, series(frame, cat.CLAIM_CONSUMER_INFO.name))}
@@ -534,7 +538,8 @@ def test_api_server_attributes_pods_the_kubelet_reports_without_claims() -> None
 
 
 def test_api_server_attributes_running_pods_while_the_kubelet_never_answered() -> None:
-    view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0")), claim_info("ml", "h", result("gpu", "gpu-1"))),
+    view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0")),
+                           claim_info("ml", "h", result("gpu", "gpu-1"))),
                    pods=(pod_info("ml", "p", ctr_info("c", ("g", ""))),
                          pod_info("ml", "waiting", ctr_info("c", ("h", "")), phase="Pending")))
     frame = join(JoinInput(NvmlSnapshot((sample(gpu(0)), sample(gpu(1)))), None, cluster=view))

@@ -20,10 +20,6 @@ import yaml
 from simnode import eventually
 
 from dra_exporter.agent import SourceRunner
-from dra_exporter_sim.apiserver import GONE, GONE_410, WATCH_DROP, SimulatedApiServer
-from dra_exporter_sim.clock import SimClock
-from dra_exporter_sim.k8s_objects import cluster_objects
-from dra_exporter_sim.scenario_builder import parse_scenario
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.kubeapi import (
     NO_ACCESS,
@@ -34,6 +30,10 @@ from dra_exporter.sources.kubeapi import (
     load_client,
     probe,
 )
+from dra_exporter_sim.apiserver import GONE, GONE_410, WATCH_DROP, SimulatedApiServer
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.k8s_objects import cluster_objects
+from dra_exporter_sim.scenario_builder import parse_scenario
 
 NODE = "kube-node-1"
 FAST = Timeouts(request=5.0, backoff=(0.05, 0.2))

@@ -307,7 +307,8 @@ def test_extended_resource_claims_count_for_their_containers() -> None:
     raw = copy.deepcopy(pod())
     raw["status"]["extendedResourceClaimStatus"] = {
         "resourceClaimName": "train-0-extended-resources-q9z",
-        "requestMappings": [{"containerName": "logger", "resourceName": "nvidia.com/gpu", "requestName": "container-1-request-0"}]}
+        "requestMappings": [{"containerName": "logger", "resourceName": "nvidia.com/gpu",
+                             "requestName": "container-1-request-0"}]}
     info = pod_from_dict(raw)
     assert "train-0-extended-resources-q9z" in info.claims
     logger = info.container("logger")
@@ -386,12 +387,14 @@ def test_slices_that_name_no_node_cover_this_node_by_all_nodes_selector_or_per_d
 def test_device_taint_rules_in_every_version_and_the_old_cel_selector() -> None:
     rule = taint_rule_from_dict({"metadata": {"name": "drain-gpu-1"}, "spec": {
         "deviceSelector": {"driver": DRV, "pool": NODE, "device": "gpu-1"},
-        "taint": {"key": "example.com/drain", "value": "yes", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"}}})
+        "taint": {"key": "example.com/drain", "value": "yes", "effect": "NoExecute",
+                  "timeAdded": "2026-01-01T00:00:00Z"}}})
     assert rule == model.DeviceTaintRule("drain-gpu-1", model.DeviceTaint("example.com/drain", "yes", "NoExecute"),
                                          DRV, NODE, "gpu-1")
     assert rule.selects(DRV, NODE, "gpu-1") and not rule.selects(DRV, NODE, "gpu-0")
     old = taint_rule_from_dict({"metadata": {"name": "cel"}, "spec": {
-        "deviceSelector": {"selectors": [{"cel": {"expression": "true"}}]}, "taint": {"key": "k", "effect": "NoSchedule"}}})
+        "deviceSelector": {"selectors": [{"cel": {"expression": "true"}}]},
+        "taint": {"key": "k", "effect": "NoSchedule"}}})
     assert old.unsupported_selector and not old.selects(DRV, NODE, "gpu-0")
     assert taint_rule_from_dict({"spec": "garbage"}).taint == model.DeviceTaint("")
 

@@ -6,12 +6,12 @@ import re
 
 import pytest
 from click.testing import CliRunner
+from promharness import promtool_check_metrics
 
 from dra_exporter import catalog as cat
 from dra_exporter import cli, naming
 from dra_exporter.model import Family, Frame, Labels, Sample
 from dra_exporter.sinks.prometheus import render
-from promharness import promtool_check_metrics
 
 GPU = "GPU-aaaa"
 MIG = "MIG-bbbb"
@@ -40,8 +40,8 @@ def frame(*families: Family) -> Frame:
                (labels(cat.GPU_INFO.name, uuid=SHARED, gpu="1", model="NVIDIA H200", pci_bus_id="00000000:2A:00.0",
                        driver_version="580.1", mig_mode="disabled"), 1.0))
     alloc = fam(cat.CLAIM_ALLOCATION_INFO.name,
-                (labels(cat.CLAIM_ALLOCATION_INFO.name, namespace="ml", claim="c1", request="gpu", driver="gpu.nvidia.com",
-                        pool="node-a", device="gpu-0-mig-19-7-0", uuid=MIG), 1.0))
+                (labels(cat.CLAIM_ALLOCATION_INFO.name, namespace="ml", claim="c1", request="gpu",
+                        driver="gpu.nvidia.com", pool="node-a", device="gpu-0-mig-19-7-0", uuid=MIG), 1.0))
     return Frame((info, alloc, *families), 1000.0)
 
 
@@ -70,7 +70,8 @@ def test_units_are_dcgms() -> None:
     fr = frame(
         fam(cat.GPU_MEMORY_USED.name, dev(cat.GPU_MEMORY_USED.name, IDLE_GPU, 3 * 2**20)),
         fam(cat.GPU_CLOCK.name, dev(cat.GPU_CLOCK.name, IDLE_GPU, 1.98e9, clock="sm"),
-            dev(cat.GPU_CLOCK.name, IDLE_GPU, 3.2e9, clock="memory"), dev(cat.GPU_CLOCK.name, IDLE_GPU, 1e9, clock="video")),
+            dev(cat.GPU_CLOCK.name, IDLE_GPU, 3.2e9, clock="memory"),
+            dev(cat.GPU_CLOCK.name, IDLE_GPU, 1e9, clock="video")),
         fam(cat.GPU_ENERGY.name, dev(cat.GPU_ENERGY.name, IDLE_GPU, 12.5)),
         fam(cat.GPU_UTILIZATION.name, dev(cat.GPU_UTILIZATION.name, IDLE_GPU, 0.25)),
         fam(cat.GPU_POWER.name, dev(cat.GPU_POWER.name, IDLE_GPU, 310.0)),
@@ -130,7 +131,8 @@ def test_dcgm_replaces_only_the_sources_and_both_keeps_everything() -> None:
     # The shipped alerts and dashboards read the power family: it stays beside its DCGM name.
     assert {"DCGM_FI_DEV_POWER_USAGE", cat.GPU_POWER.name} <= names
     # Native families without a DCGM counterpart stay: nothing the exporter knows is lost.
-    assert {cat.GPU_ECC_ERRORS.name, cat.CONTAINER_GPU_MEMORY_USED.name, cat.GPU_INFO.name, cat.CLAIM_ALLOCATION_INFO.name} <= names
+    assert {cat.GPU_ECC_ERRORS.name, cat.CONTAINER_GPU_MEMORY_USED.name, cat.GPU_INFO.name,
+            cat.CLAIM_ALLOCATION_INFO.name} <= names
     both = naming.apply(fr, "both", hostname="n")
     assert {f.name for f in fr.families} | {"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_FREE"} == {
         f.name for f in both.families}

@@ -16,11 +16,11 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from otlp_receiver import GrpcReceiver, HttpReceiver, Received, Receiver, running
 
 from dra_exporter import catalog, model
 from dra_exporter.sinks import otlp, otlp_mapping, otlp_settings
 from dra_exporter.sinks.otlp import MetricsBuilder, OtlpConfigError, OtlpSettings, OtlpSink, parse_header
-from otlp_receiver import GrpcReceiver, HttpReceiver, Received, Receiver, running
 
 CUMULATIVE = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
 DELTA = metrics_pb2.AGGREGATION_TEMPORALITY_DELTA

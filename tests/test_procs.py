@@ -106,8 +106,8 @@ def test_missing_procfs_is_a_source_error(tmp_path: Path) -> None:
 
 
 def test_simulated_procfs_resolves_every_scenario_process_in_several_shapes() -> None:
-    from dra_exporter_sim.procfs import SimulatedProcfs, shape_for
     from dra_exporter_sim import load_scenario
+    from dra_exporter_sim.procfs import SimulatedProcfs, shape_for
 
     scenario = load_scenario("demo")
     procfs = SimulatedProcfs(scenario)

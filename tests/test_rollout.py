@@ -25,10 +25,10 @@ from dra_exporter.model import (
     PodAllocation,
     PodResourcesSnapshot,
 )
-from dra_exporter_sim import k8s_objects as ko
-from dra_exporter_sim import load_scenario
 from dra_exporter.sources.podresources import _ClaimGapBridge
 from dra_exporter.sources.registry import default_enabled, without
+from dra_exporter_sim import k8s_objects as ko
+from dra_exporter_sim import load_scenario
 
 DEMO = Path(__file__).resolve().parents[1] / "dra_exporter_sim" / "scenarios" / "demo.yaml"
 ROLLOUT_AT, ROLLOUT_UNTIL = 100.0, 106.0

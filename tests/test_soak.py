@@ -146,7 +146,8 @@ def test_churn_leaves_no_series_no_memory_no_threads_behind(tmp_path: Path, caps
             clock.advance(STEP)
             frame = cycle()
             peak = max(peak, len(series(frame)))
-            seen_pods |= {dict(s.labels)["pod"] for s in (frame.family(cat.CLAIM_CONSUMER_INFO.name) or _empty()).samples}
+            consumers = frame.family(cat.CLAIM_CONSUMER_INFO.name) or _empty()
+            seen_pods |= {dict(s.labels)["pod"] for s in consumers.samples}
             if rss_warm is None and clock.now() >= warm_up_end:
                 gc.collect()
                 rss_warm = rss_bytes()

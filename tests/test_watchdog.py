@@ -33,13 +33,13 @@ from dra_exporter import cli, runtime
 from dra_exporter.agent import Agent, SourceRunner
 from dra_exporter.config import Settings, default_stall_timeout
 from dra_exporter.model import Frame, LoopHealth
-from dra_exporter_sim.clock import SimClock
-from dra_exporter_sim.fake_nvml import FakeNvml
-from dra_exporter_sim import load_scenario
-from dra_exporter_sim.scenario_builder import parse_scenario
 from dra_exporter.sinks.prometheus import PrometheusSink
 from dra_exporter.sources.procs import ProcsSource
 from dra_exporter.sources.registry import without
+from dra_exporter_sim import load_scenario
+from dra_exporter_sim.clock import SimClock
+from dra_exporter_sim.fake_nvml import FakeNvml
+from dra_exporter_sim.scenario_builder import parse_scenario
 
 STALL = 30.0
 GRACE = 30.0

@@ -95,13 +95,21 @@ def _build(settings: ClusterSettings, publish: bool, closers: list[Callable[[], 
         apiserver = SimulatedApiServer(load_cluster(settings.simulate), clock, taint_rule_versions=("v1",)).start()
         closers.append(apiserver.stop)
         kubeconfig = apiserver.kubeconfig_path
-        object_clock = lambda: FIXED_EPOCH + clock.now()  # what the simulated objects are stamped on
+
+        def simulated_object_time() -> float:  # what the simulated objects are stamped on
+            return FIXED_EPOCH + clock.now()
+
+        object_clock = simulated_object_time
     elif kubeconfig:
         try:
             api_client = load_client(kubeconfig)
         except SourceError as exc:
             raise ConfigError(f"--kubeconfig: {exc}".replace("kubeapi: ", "")) from None
-        client_factory = lambda: api_client
+
+        def given_client() -> Any:
+            return api_client
+
+        client_factory = given_client
     source = ClusterSource(kubeconfig=kubeconfig, client_factory=client_factory)
     closers.append(source.close)
     runner = SourceRunner(source, keep_last_good=True, wall_clock=wall_clock, interval=settings.interval)

@@ -13,7 +13,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry.sdk.metrics import ObservableCounter
@@ -59,9 +59,9 @@ class OtlpSettings:
         if self.protocol not in PROTOCOLS:
             raise OtlpConfigError(f"OTLP protocol must be one of {', '.join(PROTOCOLS)} "
                                   f"(got {self.protocol!r})")
-        for name, value in (("interval", self.interval), ("timeout", self.timeout)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise OtlpConfigError(f"OTLP {name} must be a positive number of seconds (got {value!r})")
+        for what, seconds in (("interval", self.interval), ("timeout", self.timeout)):
+            if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+                raise OtlpConfigError(f"OTLP {what} must be a positive number of seconds (got {seconds!r})")
         _check_endpoint(self)
         if bool(self.client_certificate_file) != bool(self.client_key_file):
             raise OtlpConfigError("OTLP mTLS needs both a client certificate file and a client key file")
@@ -143,7 +143,7 @@ def _grpc_exporter(settings: OtlpSettings) -> MetricExporter:
     import grpc
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-    kwargs: dict[str, object] = {"timeout": settings.timeout}
+    kwargs: dict[str, Any] = {"timeout": settings.timeout}
     if settings.endpoint:
         kwargs["endpoint"] = settings.endpoint
     if settings.insecure is not None:
@@ -160,13 +160,13 @@ def _grpc_exporter(settings: OtlpSettings) -> MetricExporter:
         # gRPC metadata keys must be lower case.
         explicit = {name.lower(): value for name, value in settings.headers}
         kwargs["headers"] = tuple({**_environment_headers(), **explicit}.items())
-    return OTLPMetricExporter(**kwargs)  # type: ignore[arg-type]
+    return OTLPMetricExporter(**kwargs)
 
 
 def _http_exporter(settings: OtlpSettings) -> MetricExporter:
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    kwargs: dict[str, object] = {"timeout": settings.timeout}
+    kwargs: dict[str, Any] = {"timeout": settings.timeout}
     if settings.endpoint:
         # An explicit endpoint is used verbatim by the SDK, so the signal path is ours to add.
         kwargs["endpoint"] = _http_metrics_url(settings.endpoint)
@@ -177,7 +177,7 @@ def _http_exporter(settings: OtlpSettings) -> MetricExporter:
         kwargs["client_key_file"] = settings.client_key_file
     if settings.headers:
         kwargs["headers"] = dict(settings.headers)
-    return OTLPMetricExporter(**kwargs)  # type: ignore[arg-type]
+    return OTLPMetricExporter(**kwargs)
 
 
 def _http_metrics_url(endpoint: str) -> str:

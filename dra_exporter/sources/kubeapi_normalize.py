@@ -91,7 +91,8 @@ def _placement(obj: Mapping[str, Any]) -> model.NodePlacement:
 def node_selector(raw: Mapping[str, Any]) -> model.NodeSelector:
     """A core/v1 NodeSelector."""
     return model.NodeSelector(tuple(
-        model.NodeSelectorTerm(_requirements(_list(term, "matchExpressions")), _requirements(_list(term, "matchFields")))
+        model.NodeSelectorTerm(_requirements(_list(term, "matchExpressions")),
+                               _requirements(_list(term, "matchFields")))
         for term in map(_map_of, _list(raw, "nodeSelectorTerms"))))
 
 

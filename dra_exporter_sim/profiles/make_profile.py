@@ -63,9 +63,9 @@ def _field_table(idle: dict[str, Any], load: dict[str, Any]) -> list[dict[str, A
     for f in idle["fields"]:
         if "fieldId" not in f:
             continue
-        l = loaded.get(f["fieldId"], f)
+        under_load = loaded.get(f["fieldId"], f)
         rows.append({"id": f["fieldId"], "name": f["name"], "ret": f["ret"], "value_type": f["valueType"],
-                     "idle": f["value"], "load": l["value"]})
+                     "idle": f["value"], "load": under_load["value"]})
     return rows
 
 
