@@ -435,6 +435,20 @@ class _CachedClaim:
     """When it is fetched again (``monotonic`` time)."""
 
 
+def taint_rule_version(client: k8s.ApiClient, served: Iterable[str], timeouts: Timeouts,
+                       requests: Counter[str]) -> str | None:
+    """The first of ``TAINT_RULE_VERSIONS`` whose resource list has ``devicetaintrules``
+    (one ``GET /apis/resource.k8s.io/<v>`` per served candidate, at start only)."""
+    for version in (v for v in TAINT_RULE_VERSIONS if v in served):
+        requests["discover"] += 1
+        what = f"discover {GROUP}/{version}"
+        get = functools.partial(http.get, client, f"{http.GROUP_PATH}/{version}", timeout=timeouts.request)
+        body = _json(_request(what, get), what)
+        if "devicetaintrules" in resource_names(body):
+            return version
+    return None
+
+
 class KubeApiSource(Source[model.ClusterSnapshot]):
     """The cluster view of one node: see the module docstring for what it asks and how often."""
 
@@ -577,18 +591,8 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
         self.taint_rule_version, self._taint_rules = version, rules
 
     def _taint_rule_version(self) -> str | None:
-        """The first of ``TAINT_RULE_VERSIONS`` whose resource list has ``devicetaintrules``
-        (one ``GET /apis/resource.k8s.io/<v>`` per served candidate, at start only)."""
         assert self._client is not None
-        for version in (v for v in TAINT_RULE_VERSIONS if v in self.served):
-            self.requests["discover"] += 1
-            what = f"discover {GROUP}/{version}"
-            get = functools.partial(http.get, self._client, f"{http.GROUP_PATH}/{version}",
-                                    timeout=self._timeouts.request)
-            body = _json(_request(what, get), what)
-            if "devicetaintrules" in resource_names(body):
-                return version
-        return None
+        return taint_rule_version(self._client, self.served, self._timeouts, self.requests)
 
     # --- ComputeDomains: only where NVIDIA's CRDs are served ------------------------------------------
 

@@ -33,12 +33,10 @@ from kubernetes import client as k8s
 from .. import model
 from . import SourceError
 from . import kubeapi_http as http
-from .kubeapi import GROUP, Timeouts, _json, _Reflector, _request, discover, load_client
+from .kubeapi import GROUP, Timeouts, _Reflector, discover, load_client, taint_rule_version
 from .kubeapi_normalize import (
-    TAINT_RULE_VERSIONS,
     claim_from_dict,
     device_class_from_dict,
-    resource_names,
     slice_from_dict,
     taint_rule_from_dict,
 )
@@ -144,17 +142,12 @@ class ClusterSource:
 
     def _start_taint_rules(self) -> None:
         assert self._client is not None
-        client = self._client
         try:
-            for version in (v for v in TAINT_RULE_VERSIONS if v in self.served):
-                self.requests["discover"] += 1
-                what = f"discover {GROUP}/{version}"
-                body = _json(_request(what, lambda v=version: http.get(  # type: ignore[misc]
-                    client, f"{http.GROUP_PATH}/{v}", timeout=self._timeouts.request)), what)
-                if "devicetaintrules" in resource_names(body):
-                    self._add("devicetaintrules", http.taint_rules_path(version), taint_rule_from_dict)
-                    self.taint_rule_version = version
-                    return
+            version = taint_rule_version(self._client, self.served, self._timeouts, self.requests)
+            if version is not None:
+                self._add("devicetaintrules", http.taint_rules_path(version), taint_rule_from_dict)
+                self.taint_rule_version = version
+                return
             self._log.info("kubeapi: %s serves no DeviceTaintRules: only the slices' own taints are shown", GROUP)
         except SourceError as exc:
             self._log.warning("kubeapi: DeviceTaintRules not read: %s", str(exc).removeprefix("kubeapi: "))
