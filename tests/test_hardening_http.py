@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -201,40 +201,47 @@ def test_one_client_cannot_hold_more_than_its_cap_and_others_are_served() -> Non
         assert get(sink.port, source="127.0.0.2")[0] == 200
 
 
+@contextmanager
+def connection_flood(port: int, sources: Iterable[str]) -> Iterator[None]:
+    """Idle connections from each of ``sources``, each reopened as soon as the server closes it
+    (those it admits are kept open), until the block ends; then every one is closed."""
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def flood_connections(source: str) -> None:
+        while not stop.is_set():
+            try:
+                sock = connect(port, source=source)
+            except OSError:
+                continue
+            held.append(sock)
+            sock.settimeout(0.05)
+            try:
+                if sock.recv(1) == b"":  # refused at once: reopen
+                    sock.close()
+            except (TimeoutError, OSError):
+                pass  # admitted: keep it open
+    flooders = [threading.Thread(target=flood_connections, args=(source,), daemon=True) for source in sources]
+    for thread in flooders:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in flooders:
+            thread.join(30)
+        for sock in held:
+            sock.close()
+
+
 def test_a_flood_from_more_addresses_than_the_reserve_holds_leaves_the_probes_their_slots() -> None:
     """Eight flooding addresses, each holding its share of the slots, used to take every reserve
     slot too (2 each): only a peer holding at most one ordinary connection may take one."""
     with sink_serving(request_timeout=60.0, max_connections=16, max_connections_per_client=2) as sink:
         conns = sink._server.connections
-        stop = threading.Event()
-        held: list[socket.socket] = []
-
-        def flood_connections(source: str) -> None:
-            while not stop.is_set():
-                try:
-                    sock = connect(sink.port, source=source)
-                except OSError:
-                    continue
-                held.append(sock)
-                sock.settimeout(0.05)
-                try:
-                    if sock.recv(1) == b"":
-                        sock.close()
-                except (TimeoutError, OSError):
-                    pass
-        flooders = [threading.Thread(target=flood_connections, args=(f"127.0.0.{n}",), daemon=True)
-                    for n in range(2, 10)]
-        for thread in flooders:
-            thread.start()
-        try:
+        with connection_flood(sink.port, (f"127.0.0.{n}" for n in range(2, 10))):
             eventually(lambda: conns.count >= 16 and conns.refused > 50, timeout=30)
             probes = [get(sink.port, path)[0] for path in ("/healthz", "/readyz") * 10]
-        finally:
-            stop.set()
-            for thread in flooders:
-                thread.join(30)
-            for sock in held:
-                sock.close()
         assert probes == [200] * 20
         eventually(lambda: conns.count == 0)
 
@@ -244,36 +251,10 @@ def test_probes_answer_while_a_connection_flood_holds_every_slot() -> None:
     they close, hold every slot; /healthz and /readyz answer every time, /metrics gets 503."""
     with sink_serving(request_timeout=60.0, max_connections=4, max_connections_per_client=2) as sink:
         conns = sink._server.connections
-        stop = threading.Event()
-        held: list[socket.socket] = []
-
-        def flood_connections(source: str) -> None:
-            while not stop.is_set():
-                try:
-                    sock = connect(sink.port, source=source)
-                except OSError:
-                    continue
-                held.append(sock)
-                sock.settimeout(0.05)
-                try:
-                    if sock.recv(1) == b"":  # refused at once: reopen
-                        sock.close()
-                except (TimeoutError, OSError):
-                    pass  # admitted: keep it open
-        flooders = [threading.Thread(target=flood_connections, args=(f"127.0.0.{n}",), daemon=True)
-                    for n in (2, 3, 4)]
-        for thread in flooders:
-            thread.start()
-        try:
+        with connection_flood(sink.port, ("127.0.0.2", "127.0.0.3", "127.0.0.4")):
             eventually(lambda: conns.count >= 4 and conns.refused > 10, timeout=30)
             probes = [get(sink.port, path)[0] for path in ("/healthz", "/readyz") * 10]
             status, headers, _ = get(sink.port, "/metrics")
-        finally:
-            stop.set()
-            for thread in flooders:
-                thread.join(30)
-            for sock in held:
-                sock.close()
         assert probes == [200] * 20
         assert status == 503 and headers["connection"] == "close"
         eventually(lambda: conns.count == 0)
