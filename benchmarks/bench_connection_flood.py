@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 
-from .common import REPO, child_env, free_port, python_command, wait_http_ok
+from .common import REPO, child_env, free_port, python_command, stop_process, wait_http_ok
 
 
 def flooder(port: int, source: str, until: float, opened: list[int], lock: threading.Lock) -> None:
@@ -93,12 +93,7 @@ def run(sockets: int, sources: int, seconds: float, baseline: bool) -> dict[str,
             thread.join(seconds + 10)
         alive = proc.poll() is None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     answered = {path.strip("/"): f"{ok} of {asked}" for path, (asked, ok) in tally.items()}
     return {"server": "global cap only (before)" if baseline else "per-client cap + probe reserve (now)",
             "sockets": sockets, "sources": sources, "seconds": seconds, "flood_connections_opened": opened[0],

@@ -26,7 +26,7 @@ import subprocess
 import threading
 import time
 
-from .common import MB, REPO, child_env, free_port, python_command, rss_bytes, wait_http_ok
+from .common import MB, REPO, child_env, free_port, python_command, rss_bytes, stop_process, wait_http_ok
 
 LINE = b"X-Flood: " + b"a" * 65_000 + b"\r\n"
 LINES = 99
@@ -111,12 +111,7 @@ def run(connections: int, seconds: float, unbounded: bool) -> dict[str, object]:
         peak = max(peak, after)
         alive = proc.poll() is None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     return {"connections": connections, "seconds": seconds, "unbounded": unbounded, "server_alive": alive,
             "rss_before_mb": round(before / MB, 1), "rss_peak_mb": round(peak / MB, 1),
             "rss_after_mb": round(after / MB, 1), **tally}

@@ -51,6 +51,7 @@ from .common import (
     percentile,
     python_command,
     ratio,
+    stop_process,
     wait_http_ok,
 )
 
@@ -179,12 +180,7 @@ def server(kind: str, scenario: str) -> Iterator[int]:
     except RuntimeError as err:
         raise RuntimeError(f"{err}: {_stderr_tail(proc)}") from None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def _stderr_tail(proc: subprocess.Popen[bytes]) -> str:

@@ -13,6 +13,7 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -204,3 +205,13 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, up to 10 s to exit, then SIGKILL: a benchmark's child server never outlives it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
