@@ -401,11 +401,13 @@ GPU_FP16_ACTIVE: Final = MetricSpec(
                    unit="ratio"),),
     stability=_STABLE)
 GPU_NVLINK_BYTES: Final = MetricSpec(
-    "dra_gpu_nvlink_bytes_total", "counter", "Bytes moved over NVLink since this exporter started (from GPM rates).",
+    "dra_gpu_nvlink_bytes_total", "counter",
+    "Bytes moved over NVLink: the sum of the per-link data counters where NVML has them (since the driver "
+    "was loaded), else integrated from GPM rates since this exporter started.",
     DEVICE_LABELS + ("direction",), unit="bytes", otlp=OtlpForm("hw.gpu.nvlink.io", "By"),
     dcgm=(DcgmForm("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
                    "Total number of NVLink bandwidth counters for all lanes.", sum_over="direction",
-                   unit="bytes, rx + tx, since the exporter started"),),
+                   unit="bytes, rx + tx"),),
     stability=_STABLE)
 
 # NVLink per link and the NVLink fabric: whole GPUs only (MIG devices own no links). Where NVML has
