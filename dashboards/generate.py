@@ -1191,7 +1191,7 @@ def compute_domain() -> Dashboard:
                      "{{instance}} GPU {{gpu}} link {{link}}"),),
                   "Errors per second on each link (every error type summed).", width=12),
             Panel("Fabric health of the domains' GPUs", "table",
-                  (tab(f"{cat.GPU_FABRIC_HEALTH_SUMMARY.name}{sel()} * on (uuid) group_left (compute_domain) "
+                  (tab(f"{cat.GPU_FABRIC_HEALTH.name}{sel()} * on (uuid) group_left (compute_domain) "
                        f"{gpus} == 1"),),
                   "The NVML fabric health summary of each GPU serving a domain.",
                   columns=(NODE_LABEL, "compute_domain", "gpu", "summary", "uuid"), width=12),

@@ -483,7 +483,7 @@ GPU_FABRIC_REGISTERED: Final = MetricSpec(
     "dra_gpu_fabric_registered", "gauge",
     "Whether the GPU's fabric registration completed successfully (1) or not (0).", GPU_ID_LABELS,
     otlp=OtlpForm("dra.gpu.fabric.registered", "1"), gpu_identity=True)
-GPU_FABRIC_HEALTH_SUMMARY: Final = MetricSpec(
+GPU_FABRIC_HEALTH: Final = MetricSpec(
     # Not ``..._health_summary``: promtool's lint takes a ``_summary`` suffix for a summary's type.
     "dra_gpu_fabric_health", "gauge",
     "Fabric health summary of a GPU, one series per value (not_supported, healthy, unhealthy, "
@@ -697,7 +697,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     GPU_XID_ERRORS, GPU_LAST_XID, GPU_SM_ACTIVE, GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVE, GPU_DRAM_ACTIVE,
     GPU_FP64_ACTIVE, GPU_FP32_ACTIVE, GPU_FP16_ACTIVE, GPU_NVLINK_BYTES,
     GPU_NVLINK_LINK_UP, GPU_NVLINK_LINK_INFO, GPU_NVLINK_LINK_SPEED, GPU_NVLINK_LINK_BYTES, GPU_NVLINK_LINK_ERRORS,
-    GPU_NVLINK_LINK_RECOVERIES, GPU_FABRIC_INFO, GPU_FABRIC_STATE, GPU_FABRIC_REGISTERED, GPU_FABRIC_HEALTH_SUMMARY,
+    GPU_NVLINK_LINK_RECOVERIES, GPU_FABRIC_INFO, GPU_FABRIC_STATE, GPU_FABRIC_REGISTERED, GPU_FABRIC_HEALTH,
     GPU_FABRIC_HEALTH_PROBLEM, GPU_PROCESSES,
     CONTAINER_GPU_MEMORY_USED, CONTAINER_GPU_SM_UTILIZATION,
     CLAIM_ALLOCATION_INFO, CLAIM_CONSUMER_INFO, CLAIM_DEVICE_CONDITION, CLAIM_DEVICE_TOLERATION,

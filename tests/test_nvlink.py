@@ -94,7 +94,7 @@ def raw_field(node: Node, gpu: int, field_id: int, link: int) -> int:
 NVLINK_FAMILIES = {cat.GPU_NVLINK_LINK_UP.name, cat.GPU_NVLINK_LINK_INFO.name, cat.GPU_NVLINK_LINK_SPEED.name,
                    cat.GPU_NVLINK_LINK_BYTES.name, cat.GPU_NVLINK_LINK_ERRORS.name, cat.GPU_NVLINK_LINK_RECOVERIES.name}
 FABRIC_FAMILIES = {cat.GPU_FABRIC_INFO.name, cat.GPU_FABRIC_STATE.name, cat.GPU_FABRIC_REGISTERED.name,
-                   cat.GPU_FABRIC_HEALTH_SUMMARY.name, cat.GPU_FABRIC_HEALTH_PROBLEM.name}
+                   cat.GPU_FABRIC_HEALTH.name, cat.GPU_FABRIC_HEALTH_PROBLEM.name}
 HOPPER_TYPES = {"crc_flit", "crc_data", "replay", "recovery", "ecc_data"}
 BLACKWELL_TYPES = {"malformed_packet", "buffer_overrun", "rcv", "rcv_remote", "rcv_general",
                    "local_link_integrity", "xmit_discards", "effective", "symbol"}
@@ -131,7 +131,7 @@ def test_hgx_fabric_is_completed_without_a_clique_and_that_is_no_error(nodes: li
         (("state", "not_supported"),): 0.0, (("state", "not_started"),): 0.0,
         (("state", "in_progress"),): 0.0, (("state", "completed"),): 1.0}
     assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 1.0
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY.name, summary="not_supported") == 1.0
+    assert one(gpu, cat.GPU_FABRIC_HEALTH.name, summary="not_supported") == 1.0
     assert cat.GPU_FABRIC_HEALTH_PROBLEM.name not in families(gpu)  # the mask reports no field
     assert not caplog.records
 
@@ -156,7 +156,7 @@ def test_gb200_fabric_names_its_clique_as_feature_discovery_does(nodes: list[Nod
     assert one(gpu, cat.GPU_FABRIC_INFO.name, clique=f"{GB200_CLUSTER}.32766", cluster_uuid=GB200_CLUSTER,
                clique_id="32766") == 1.0
     assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 1.0
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY.name, summary="healthy") == 1.0
+    assert one(gpu, cat.GPU_FABRIC_HEALTH.name, summary="healthy") == 1.0
     assert values(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM.name) == {(("field", f),): 0.0 for f in (
         "degraded_bw", "route_recovery", "route_unhealthy", "access_timeout_recovery", "incorrect_configuration",
         "partition_assigned", "gfm_state")}
@@ -309,10 +309,10 @@ def test_error_counters_count_per_generation(nodes: list[Node], gpu_model: str, 
 
 def test_unhealthy_fabric_sets_the_summary_and_route_unhealthy(nodes: list[Node]) -> None:
     node = make(nodes, scenario("gb200", faults=[{"kind": "fabric_unhealthy", "gpu": 0, "at": 110}]))
-    assert one(node.gpu(), cat.GPU_FABRIC_HEALTH_SUMMARY.name, summary="healthy") == 1.0
+    assert one(node.gpu(), cat.GPU_FABRIC_HEALTH.name, summary="healthy") == 1.0
     gpu = node.gpu(after=20)
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY.name, summary="unhealthy") == 1.0
-    assert one(gpu, cat.GPU_FABRIC_HEALTH_SUMMARY.name, summary="healthy") == 0.0
+    assert one(gpu, cat.GPU_FABRIC_HEALTH.name, summary="unhealthy") == 1.0
+    assert one(gpu, cat.GPU_FABRIC_HEALTH.name, summary="healthy") == 0.0
     assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM.name, field="route_unhealthy") == 1.0
     assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM.name, field="degraded_bw") == 0.0
     assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 1.0  # still registered: unhealthy is not unregistered
@@ -369,7 +369,7 @@ def test_without_the_v_function_the_v1_call_gives_state_and_clique(nodes: list[N
     assert one(gpu, cat.GPU_FABRIC_STATE.name, state="completed") == 1.0
     assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 1.0
     # v1 has no health
-    assert not families(gpu) & {cat.GPU_FABRIC_HEALTH_SUMMARY.name, cat.GPU_FABRIC_HEALTH_PROBLEM.name}
+    assert not families(gpu) & {cat.GPU_FABRIC_HEALTH.name, cat.GPU_FABRIC_HEALTH_PROBLEM.name}
     assert node.nvml.calls["nvmlDeviceGetGpuFabricInfoV"] == 1
     assert node.nvml.calls["nvmlDeviceGetGpuFabricInfo"] == 3
 
@@ -382,7 +382,7 @@ def test_a_v2_only_driver_gives_the_health_mask_without_the_summary(nodes: list[
             return super().nvmlDeviceGetGpuFabricInfoV(handle, info)
 
     gpu = make(nodes, scenario("gb200"), V2Only).gpu()
-    assert cat.GPU_FABRIC_HEALTH_SUMMARY.name not in families(gpu)
+    assert cat.GPU_FABRIC_HEALTH.name not in families(gpu)
     assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM.name, field="gfm_state") == 0.0
 
 

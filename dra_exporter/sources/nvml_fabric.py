@@ -95,7 +95,7 @@ class FabricReader:
         ]
         if state.api == "v3":
             summary = int(info.healthSummary)
-            out += [Reading(cat.GPU_FABRIC_HEALTH_SUMMARY.name, float(summary == value), (("summary", name),))
+            out += [Reading(cat.GPU_FABRIC_HEALTH.name, float(summary == value), (("summary", name),))
                     for value, name in self._summary_values]
         if state.api in ("v2", "v3"):
             mask = int(info.healthMask)
