@@ -91,6 +91,16 @@ class OtlpForm:
     """Attributes on every point, telling apart families that share one OTLP name."""
     stateset: tuple[str, str] | None = None
     """``(state if 1, state if 0)``: one point per state, valued 1 or 0 (``hw.status``)."""
+    attributes: tuple[tuple[str, str], ...] = ()
+    """``(label, attribute)`` where this family's label means something else than ``OTEL_ATTRIBUTES``
+    says (the cluster mode's device ``type`` is no ``error.type``; its ``node`` is the series' node)."""
+
+    def attribute(self, label: str) -> str:
+        """The OTel attribute of ``label`` in this family."""
+        for name, attribute in self.attributes:
+            if name == label:
+                return attribute
+        return attribute_name(label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +234,8 @@ class MetricSpec:
     @property
     def otel_attributes(self) -> tuple[str, ...]:
         """The OTel attribute of each label, in label order."""
-        return tuple(attribute_name(label) for label in self.labels)
+        form = self.otlp
+        return tuple(form.attribute(label) if form else attribute_name(label) for label in self.labels)
 
 
 def device_labels(*, uuid: str, gpu: str, profile: str, parent_uuid: str, namespace: str, pod: str,
@@ -602,68 +613,84 @@ COMPUTE_DOMAIN_GPU_INFO: Final = MetricSpec(
     ("uuid", "gpu", "namespace", "pod", "compute_domain"))
 
 # --- cluster mode (``dra-exporter cluster``: the API server, cluster-wide) -------------------------
-# Not pushed over OTLP: the cluster mode publishes on its /metrics only.
+# Pushed over OTLP as ``dra.cluster.*`` when ``cluster --otlp-endpoint`` is given. Their ``node`` is
+# the series' node (``k8s.node.name``: the cluster mode's resource names no node), and a device's
+# ``type`` is ``dra.device.type``, not the ``error.type`` other families' ``type`` is.
+_CLUSTER_NODE: Final = (("node", "k8s.node.name"),)
 
 CLUSTER_DEVICES: Final = MetricSpec(
     "dra_cluster_devices", "gauge",
     "Devices of the cluster's ResourceSlices (newest pool generation) by state: allocated (to a claim, "
     "admin access aside), tainted (not allocated, a NoSchedule/NoExecute taint), blocked (not allocated, "
     "its shared counters no longer fit) or free.",
-    ("driver", "pool", "node", "type", "model", "profile", "state"))
+    ("driver", "pool", "node", "type", "model", "profile", "state"),
+    otlp=OtlpForm("dra.cluster.devices", "{device}", attributes=_CLUSTER_NODE + (("type", "dra.device.type"),)))
 CLUSTER_PARTITIONS_FIT: Final = MetricSpec(
     "dra_cluster_partitions_fit", "gauge",
     "Partitions of a partitionable device (a counter set: one GPU) that could still be allocated, by "
     "profile: free devices whose consumesCounters fit what allocated devices left of the counter set "
     "(the scheduler's arithmetic; each counted on its own, not all at once).",
-    ("driver", "pool", "node", "counter_set", "profile"))
+    ("driver", "pool", "node", "counter_set", "profile"),
+    otlp=OtlpForm("dra.cluster.partitions.fit", "{partition}", attributes=_CLUSTER_NODE))
 CLUSTER_CLAIMS: Final = MetricSpec(
     "dra_cluster_claims", "gauge",
     "ResourceClaims by state: pending (not allocated), allocated (but reserved by no pod) or reserved.",
-    ("namespace", "state"))
+    ("namespace", "state"),
+    otlp=OtlpForm("dra.cluster.claims", "{claim}"))
 CLUSTER_CLAIM_PENDING: Final = MetricSpec(
     "dra_cluster_claim_pending_seconds", "gauge",
     "Seconds since a ResourceClaim that is not allocated yet was created; one series per request "
     "(and subrequest), only for pending claims.", ("namespace", "claim", "device_class", "request"),
-    unit="seconds")
+    unit="seconds", otlp=OtlpForm("dra.cluster.claim.pending.duration", "s"))
 CLUSTER_CLAIM_UNRESERVED: Final = MetricSpec(
     "dra_cluster_claim_unreserved_devices", "gauge",
     "Devices allocated to a ResourceClaim that no pod reserves (held, unused); only for such claims.",
-    ("namespace", "claim"))
+    ("namespace", "claim"),
+    otlp=OtlpForm("dra.cluster.claim.unreserved_devices", "{device}"))
 CLUSTER_CLASS_DEVICES: Final = MetricSpec(
     "dra_cluster_class_devices", "gauge",
     "Devices that match a DeviceClass's CEL selectors, by state (as dra_cluster_devices).",
-    ("device_class", "state"))
+    ("device_class", "state"),
+    otlp=OtlpForm("dra.cluster.class.devices", "{device}"))
 CLUSTER_CLASS_EVALUABLE: Final = MetricSpec(
     "dra_cluster_class_selectors_evaluable", "gauge",
     "Whether the exporter could evaluate a DeviceClass's CEL selectors (1) or not (0: its capacity is "
-    "not reported).", ("device_class",))
+    "not reported).", ("device_class",),
+    otlp=OtlpForm("dra.cluster.class.selectors.evaluable", "1"))
 CLUSTER_CLASS_ERRORS: Final = MetricSpec(
     "dra_cluster_class_selector_errors", "gauge",
     "Devices for which a DeviceClass's CEL selectors failed (a missing attribute, a type error); the "
-    "scheduler does not allocate them for the class either.", ("device_class",))
+    "scheduler does not allocate them for the class either.", ("device_class",),
+    otlp=OtlpForm("dra.cluster.class.selector.errors", "{device}"))
 CLUSTER_POOL_INFO: Final = MetricSpec(
     "dra_cluster_pool_info", "gauge",
     "A resource pool and where its devices are: placement is node, all-nodes, node-selector, per-device "
     "or counters-only (node is empty but for node); value is always 1.",
-    ("driver", "pool", "node", "placement"))
+    ("driver", "pool", "node", "placement"),
+    otlp=OtlpForm("dra.cluster.pool.info", "1", attributes=_CLUSTER_NODE))
 CLUSTER_POOL_SLICES: Final = MetricSpec(
     "dra_cluster_pool_slices", "gauge",
     "ResourceSlices of a pool seen, of its newest generation (generation=\"current\") and of older ones "
-    "still published (\"older\": the pool is being replaced).", ("driver", "pool", "generation"))
+    "still published (\"older\": the pool is being replaced).", ("driver", "pool", "generation"),
+    otlp=OtlpForm("dra.cluster.pool.slices", "{slice}"))
 CLUSTER_POOL_SLICES_EXPECTED: Final = MetricSpec(
     "dra_cluster_pool_slices_expected", "gauge",
     "resourceSliceCount of a pool's newest generation: the slices the pool is complete with.",
-    ("driver", "pool"))
+    ("driver", "pool"),
+    otlp=OtlpForm("dra.cluster.pool.expected_slices", "{slice}"))
 CLUSTER_POOL_COMPLETE: Final = MetricSpec(
     "dra_cluster_pool_complete", "gauge",
     "Whether every slice of a pool's newest generation is published and no older one is left (1) or not "
-    "(0): until then the scheduler sees part of the pool.", ("driver", "pool"))
+    "(0): until then the scheduler sees part of the pool.", ("driver", "pool"),
+    otlp=OtlpForm("dra.cluster.pool.complete", "1"))
 CLUSTER_TAINT_RULE_DEVICES: Final = MetricSpec(
     "dra_cluster_taint_rule_devices", "gauge",
     "Devices a DeviceTaintRule taints now (0 when its selector matches none, or uses the 1.33-1.34 CEL "
-    "selectors, which are not applied).", ("rule", "driver", "pool", "device", "key", "value", "effect"))
+    "selectors, which are not applied).", ("rule", "driver", "pool", "device", "key", "value", "effect"),
+    otlp=OtlpForm("dra.cluster.taint_rule.devices", "{device}"))
 CLUSTER_OBJECTS: Final = MetricSpec(
-    "dra_cluster_objects", "gauge", "DRA objects the cluster mode holds, by kind.", ("kind",))
+    "dra_cluster_objects", "gauge", "DRA objects the cluster mode holds, by kind.", ("kind",),
+    otlp=OtlpForm("dra.cluster.objects", "{object}"))
 
 # --- self-metrics ---------------------------------------------------------------------------
 

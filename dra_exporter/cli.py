@@ -204,6 +204,7 @@ def main() -> None:
 
 
 def _otlp_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``--otlp-*`` options of ``serve`` and ``cluster`` (read back by ``_otlp_settings``)."""
     options = [
         _opt("--otlp-endpoint", default=None, metavar="URL",
              help="Push metrics to this OpenTelemetry collector (e.g. http://collector:4317). "
@@ -436,6 +437,8 @@ def report(prometheus: str, since: str | None, start: str | None, end: str | Non
 @main.command()
 @_opt("--listen", default="0.0.0.0:9402", show_default=True, metavar="HOST:PORT",
       help="Address for /metrics, /healthz and /readyz.")
+@_opt("--prometheus/--no-prometheus", default=True, show_default=True,
+      help="Serve the Prometheus endpoint (turn off to only push OTLP).")
 @_opt("--interval", type=FiniteFloat(min=1, max=3600), default=15.0, show_default=True,
       help="Seconds between frames (the objects arrive by watch as they change).")
 @_opt("--kubeconfig", default=None, metavar="PATH", type=click.Path(exists=True, dir_okay=False, readable=True),
@@ -450,11 +453,13 @@ def report(prometheus: str, since: str | None, start: str | None, end: str | Non
 @_opt("--once", is_flag=True, default=False,
       help="Print one frame (Prometheus text) and exit instead of serving.")
 @log_level_option
+@_otlp_options
 @_user_errors
-def cluster(listen: str, interval: float, kubeconfig: str | None, simulate: str | None, web_config: str | None,
-            once: bool, log_level: str) -> None:
+def cluster(listen: str, prometheus: bool, interval: float, kubeconfig: str | None, simulate: str | None,
+            web_config: str | None, once: bool, log_level: str, **kw: Any) -> None:
     """The DRA state of the whole cluster: capacity, free devices, partitions that fit, pending claims,
-    pools, taint rules (one replica per cluster; reads the API server only)."""
+    pools, taint rules, on /metrics and/or pushed over OTLP (one replica per cluster; reads the API server
+    only)."""
     from .cluster import runtime as cluster_runtime
     from .sinks.http import ListenAddressError, parse_listen
     from .sinks.webconfig import load_web_config
@@ -463,9 +468,17 @@ def cluster(listen: str, interval: float, kubeconfig: str | None, simulate: str 
         parse_listen(listen)
     except ListenAddressError as exc:
         raise click.UsageError(str(exc)) from None
+    if once and (kw["otlp_endpoint"] or not prometheus):
+        raise click.UsageError("--once prints one frame and exits: --otlp-endpoint and --no-prometheus "
+                               "are for serving")
+    otlp = None if once else _otlp_settings(kw)  # --once ignores an OTEL_EXPORTER_OTLP_* environment
+    if not prometheus and otlp is None:
+        raise click.UsageError("--no-prometheus needs --otlp-endpoint: otherwise nothing is published")
+    if web_config and not prometheus:
+        raise click.UsageError("--web-config protects the Prometheus endpoint, which --no-prometheus turns off")
     settings = cluster_runtime.ClusterSettings(
         listen=listen, interval=interval, kubeconfig=kubeconfig, simulate=simulate,
-        web_config=load_web_config(web_config) if web_config else None)
+        web_config=load_web_config(web_config) if web_config else None, prometheus=prometheus, otlp=otlp)
     if once:
         from .sinks.prometheus import render
 

@@ -90,6 +90,10 @@ def test_every_source_but_nvml_has_a_switch_from_the_registry(captured: list[Set
     (["serve", "--otlp-endpoint", "ftp://x:1"], "OTLP"),
     (["serve", "--otlp-endpoint", "http://c:4317", "--otlp-header", "novalue"], "KEY=VALUE"),
     (["serve", "--otlp-endpoint", "http://c:4317", "--otlp-client-certificate", "/c.pem"], "key"),
+    (["cluster", "--no-prometheus"], "--otlp-endpoint"),
+    (["cluster", "--otlp-endpoint", "ftp://x:1"], "OTLP"),
+    (["cluster", "--once", "--otlp-endpoint", "http://c:4317"], "--once"),
+    (["cluster", "--no-prometheus", "--otlp-endpoint", "http://c:4317", "--web-config", "/w.yml"], "--web-config"),
 ])
 def test_bad_flags_exit_2_with_a_clear_line(args: list[str], needle: str, captured: list[Settings]) -> None:
     result = CliRunner().invoke(cli.main, args)

@@ -1,10 +1,12 @@
 """`dra-exporter serve --simulate --otlp-endpoint …` pushing to real OTLP receivers (gRPC and
-HTTP/protobuf), decoded and checked against the scenario; then a collector outage."""
+HTTP/protobuf), decoded and checked against the scenario; then a collector outage. And the cluster
+mode's push (`dra-exporter cluster --simulate --otlp-endpoint …`), checked against its own frame."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,8 @@ import pytest
 from otlp_receiver import GrpcReceiver, HttpReceiver, Received, running
 from simnode import ATTRIBUTION
 
+from dra_exporter import catalog
+from dra_exporter.cluster.runtime import ClusterSettings, snapshot
 from dra_exporter_sim import load_scenario
 
 
@@ -106,3 +110,39 @@ def test_collector_outage_never_crashes_and_data_flows_again(receiver) -> None: 
     finally:
         out = stop(proc)
     assert "OTLP push" in out and "failed" in out and "works again" in out
+
+
+#: dra_cluster_devices' labels and the attributes they are pushed as.
+CLUSTER_DEVICE_ATTRIBUTES = {"driver": "dra.driver", "pool": "dra.pool", "node": "k8s.node.name",
+                             "type": "dra.device.type", "model": "hw.model", "profile": "dra.profile",
+                             "state": "dra.state"}
+
+
+def test_cluster_mode_pushes_its_families_with_the_frames_values(receiver) -> None:  # type: ignore[no-untyped-def]
+    family = snapshot(ClusterSettings(simulate="cluster")).family(catalog.CLUSTER_DEVICES.name)
+    assert family is not None and family.samples
+    expected = {tuple(sorted((CLUSTER_DEVICE_ATTRIBUTES[k], v) for k, v in s.labels if v)): s.value
+                for s in family.samples}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dra_exporter.cli", "cluster", "--simulate", "--no-prometheus", "--interval", "1",
+         "--otlp-endpoint", receiver.endpoint, "--otlp-protocol", receiver.protocol, "--otlp-interval", "0.3",
+         "--otlp-timeout", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        item = receiver.wait_for(lambda got: "dra.cluster.devices" in metrics(got))
+    finally:
+        out = stop(proc)
+    assert "pushing OTLP" in out
+    resource = {kv.key: kv.value.string_value for kv in item.request.resource_metrics[0].resource.attributes}
+    assert resource["service.name"] == "dra-exporter" and "k8s.node.name" not in resource, \
+        "the cluster's series are no node's"
+    found = metrics(item)
+    devices = found["dra.cluster.devices"]
+    assert devices.unit == "{device}" and devices.WhichOneof("data") == "gauge"  # type: ignore[attr-defined]
+    pushed = {tuple(sorted(attrs(p).items())): p.as_double for p in devices.gauge.data_points}  # type: ignore[attr-defined]
+    assert pushed == expected
+    a100 = {k: v for k, v in pushed.items() if ("k8s.node.name", "sim-a100-1") in k and ("dra.state", "tainted") in k}
+    assert a100 and all(("dra.device.type", "gpu") in k for k in a100), "a device's type is no error.type"
+    assert {"dra.cluster.claims", "dra.cluster.pool.complete", "dra.exporter.source.up"} <= set(found)
+    # The frame's time is the host's, not the simulated objects' epoch.
+    point = devices.gauge.data_points[0]  # type: ignore[attr-defined]
+    assert abs(point.time_unix_nano / 1e9 - time.time()) < 60

@@ -446,6 +446,26 @@ def test_every_otlp_name_in_the_catalogue_is_one_consistent_instrument() -> None
                      "hw.energy": "J", "hw.temperature": "Cel", "hw.errors": "{error}", "hw.gpu.io": "By"}
 
 
+def test_every_cluster_mode_family_is_pushed_from_a_cluster_frame() -> None:
+    from dra_exporter.cluster.runtime import ClusterSettings, snapshot
+
+    frame = snapshot(ClusterSettings(simulate="cluster"))
+    cluster = [s for s in catalog.CATALOG if s.name.startswith("dra_cluster_")]
+    assert all(s.otlp and s.otlp.name.startswith("dra.cluster.") for s in cluster)
+    built = _built(_builder().build(frame, 1))
+    assert {s.otlp.name for s in cluster if s.otlp} <= set(built)
+    # Each sample is one point with its value; no label is pushed as error.type (a device's type is not).
+    for spec in cluster:
+        family = frame.family(spec.name)
+        assert family is not None and spec.otlp is not None, spec.name
+        pts = built[spec.otlp.name].data.data_points  # type: ignore[attr-defined]
+        assert sorted(p.value for p in pts) == sorted(s.value for s in family.samples), spec.name
+        assert not any("error.type" in p.attributes for p in pts), spec.name
+    pool = next(p for p in built["dra.cluster.pool.info"].data.data_points  # type: ignore[attr-defined]
+                if p.attributes.get("dra.placement") == "node")
+    assert pool.attributes["k8s.node.name"] == pool.attributes["dra.pool"]
+
+
 def test_families_sharing_a_name_must_agree_on_kind_and_unit() -> None:
     a = catalog.MetricSpec("dra_a_total", "counter", "A.", ("uuid",), otlp=catalog.OtlpForm("x.y", "By"))
     b = catalog.MetricSpec("dra_b", "gauge", "B.", ("uuid",), otlp=catalog.OtlpForm("x.y", "By"))

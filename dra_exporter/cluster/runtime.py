@@ -1,22 +1,27 @@
 """The cluster mode's shell: from ``ClusterSettings`` to the cluster-wide source, the capacity core and
-the Prometheus sink (the node agent's), with a loop that publishes a frame every interval."""
+the node agent's sinks (Prometheus and/or OTLP), with a loop that publishes a frame every interval."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import platform
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..agent import SourceRunner
 from ..config import ConfigError
 from ..model import ClusterState, Frame
 from .capacity import Capacity
+
+if TYPE_CHECKING:
+    from ..sinks.otlp_settings import OtlpSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +38,10 @@ class ClusterSettings:
     simulate: str | None = None
     """``cluster`` (the built-in cluster) or a cluster dump file; None: the real API server."""
     web_config: Any = None
+    prometheus: bool = True
+    """Serve /metrics (and the probes) on ``listen``."""
+    otlp: OtlpSettings | None = None
+    """Push every frame over OTLP too; None: no push."""
 
 
 @dataclass
@@ -55,9 +64,12 @@ class ClusterRuntime:
         self.runner.collect_once()
         state, health = self.runner.latest()
         now = (self.object_clock or self.wall_clock)()
+        sink_health = tuple(sink.health() for sink in self.sinks if hasattr(sink, "health"))
         frame = self.capacity.frame(state if isinstance(state, ClusterState) else ClusterState(), now,
-                                    (health,), (("version", __version__),
-                                                ("python_version", platform.python_version())))
+                                    (health, *sink_health), (("version", __version__),
+                                                             ("python_version", platform.python_version())))
+        if self.object_clock is not None:  # ages on the objects' clock; the frame's time is the host's
+            frame = dataclasses.replace(frame, timestamp=self.wall_clock())
         for sink in self.sinks:
             sink.publish(frame)
         self.ready.set()
@@ -115,7 +127,16 @@ def _build(settings: ClusterSettings, publish: bool, closers: list[Callable[[], 
     runner = SourceRunner(source, keep_last_good=True, wall_clock=wall_clock, interval=settings.interval)
     runtime = ClusterRuntime(runner, Capacity(), wall_clock, closers=closers, apiserver=apiserver,
                              object_clock=object_clock)
-    if publish:
+    if publish and settings.otlp is not None:
+        from ..sinks.otlp import OtlpSink
+
+        # No k8s.node.name: the series are the cluster's, not those of the node this replica runs on
+        # (the series that have a node carry it as an attribute). OTEL_RESOURCE_ATTRIBUTES may add
+        # k8s.cluster.name.
+        otlp = OtlpSink(settings.otlp, node_name="", host_name=socket.gethostname(), version=__version__)
+        closers.append(otlp.shutdown)
+        runtime.sinks.append(otlp)
+    if publish and settings.prometheus:
         from ..sinks.prometheus import PrometheusSink
 
         prometheus = PrometheusSink(settings.listen, web_config=settings.web_config)
@@ -143,8 +164,13 @@ def serve(settings: ClusterSettings, *, stop: threading.Event | None = None) -> 
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    log.info("cluster mode: serving /metrics on %s (port %d), a frame every %ss", settings.listen,
-             runtime.prometheus.port, settings.interval)
+    if runtime.prometheus is not None:
+        log.info("cluster mode: serving /metrics on %s (port %d), a frame every %ss", settings.listen,
+                 runtime.prometheus.port, settings.interval)
+    if settings.otlp is not None:
+        log.info("cluster mode: pushing OTLP (%s) to %s every %ss, a frame every %ss", settings.otlp.protocol,
+                 settings.otlp.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint", settings.otlp.interval,
+                 settings.interval)
     try:
         first = True
         while not stop.is_set():

@@ -7,8 +7,9 @@ counters become monotonic sums, and the families the semantic conventions model 
 UpDownCounters (memory usage/limit, ``hw.status``) become non-monotonic sums.
 
 Attributes follow the catalogue's ``OTEL_ATTRIBUTES`` (``uuid`` -> ``hw.id``; any other label
-``x`` becomes ``dra.x``). Empty values are omitted. Device series also carry ``hw.type=gpu``,
-``hw.vendor=NVIDIA`` and ``hw.model`` (taken from the same frame's GPU info series of that UUID).
+``x`` becomes ``dra.x``) unless a family's ``OtlpForm.attributes`` say otherwise. Empty values
+are omitted. Device series also carry ``hw.type=gpu``, ``hw.vendor=NVIDIA`` and ``hw.model``
+(taken from the same frame's GPU info series of that UUID).
 
 Why the frame is turned into OTLP points here instead of through SDK observable instruments:
 the Python SDK (checked on 1.45) never forgets an attribute set an asynchronous instrument has
@@ -96,8 +97,8 @@ def gpu_models(frame: model.Frame) -> dict[str, str]:
 def _attributes(labels: model.Labels, form: catalog.OtlpForm, device: bool,
                 models: Mapping[str, str]) -> dict[str, str]:
     spelling = catalog.OTEL_VALUES
-    attrs = {catalog.attribute_name(name): spelling.get(name, {}).get(value, value)
-             for name, value in labels if value}
+    naming = form.attribute if form.attributes else catalog.attribute_name
+    attrs = {naming(name): spelling.get(name, {}).get(value, value) for name, value in labels if value}
     if device:
         attrs["hw.type"] = "gpu"
         attrs["hw.vendor"] = VENDOR
