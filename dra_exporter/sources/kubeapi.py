@@ -435,6 +435,20 @@ class _CachedClaim:
     """When it is fetched again (``monotonic`` time)."""
 
 
+def close_watches(reflectors: Iterable[_Reflector[Any] | None], client: k8s.ApiClient | None,
+                  log: logging.Logger) -> None:
+    """Stop every reflector (waiting up to 2 s for each), then close the API client."""
+    for reflector in reflectors:
+        if reflector is not None:
+            reflector.stop()
+            reflector.join(2.0)
+    if client is not None:
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001 - shutting down anyway
+            log.debug("closing the API client failed", exc_info=True)
+
+
 def taint_rule_version(client: k8s.ApiClient, served: Iterable[str], timeouts: Timeouts,
                        requests: Counter[str]) -> str | None:
     """The first of ``TAINT_RULE_VERSIONS`` whose resource list has ``devicetaintrules``
@@ -517,16 +531,8 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
 
     def close(self) -> None:
         self._stop.set()
-        for reflector in (self._slices, self._nodeless_slices, self._pods, self._taint_rules, self._domains,
-                          self._cliques):
-            if reflector is not None:
-                reflector.stop()
-                reflector.join(2.0)
-        if self._client is not None:
-            try:
-                self._client.close()
-            except Exception:  # noqa: BLE001 - shutting down anyway
-                self._log.debug("closing the API client failed", exc_info=True)
+        close_watches((self._slices, self._nodeless_slices, self._pods, self._taint_rules, self._domains,
+                       self._cliques), self._client, self._log)
 
     # --- start: client, discovery, first lists, watches -----------------------------------------------
 

@@ -33,7 +33,7 @@ from kubernetes import client as k8s
 from .. import model
 from . import SourceError
 from . import kubeapi_http as http
-from .kubeapi import GROUP, Timeouts, _Reflector, discover, load_client, taint_rule_version
+from .kubeapi import GROUP, Timeouts, _Reflector, close_watches, discover, load_client, taint_rule_version
 from .kubeapi_normalize import (
     claim_from_dict,
     device_class_from_dict,
@@ -101,14 +101,7 @@ class ClusterSource:
 
     def close(self) -> None:
         self._stop.set()
-        for reflector in self._reflectors.values():
-            reflector.stop()
-            reflector.join(2.0)
-        if self._client is not None:
-            try:
-                self._client.close()
-            except Exception:  # noqa: BLE001 - shutting down anyway
-                self._log.debug("closing the API client failed", exc_info=True)
+        close_watches(self._reflectors.values(), self._client, self._log)
 
     # --- start -----------------------------------------------------------------------------------
 
