@@ -21,11 +21,10 @@ import argparse
 import http.client
 import json
 import socket
-import subprocess
 import threading
 import time
 
-from .common import REPO, child_env, free_port, python_command, stop_process, wait_http_ok
+from .common import simulated_exporter
 
 
 def flooder(port: int, source: str, until: float, opened: list[int], lock: threading.Lock) -> None:
@@ -68,14 +67,7 @@ def asker(port: int, paths: tuple[str, ...], until: float, tally: dict[str, list
 
 
 def run(sockets: int, sources: int, seconds: float, baseline: bool) -> dict[str, object]:
-    port = free_port()
-    listen = f"127.0.0.1:{port}"
-    flags = ["--global-cap-only"] if baseline else []
-    proc = subprocess.Popen(python_command("-m", "benchmarks.servers", "exporter", *flags, "--", "serve",
-                                           "--simulate", "demo", "--listen", listen, "--log-level", "error"),
-                            cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_http_ok(f"http://{listen}/metrics", alive=lambda: proc.poll() is None)
+    with simulated_exporter(*(["--global-cap-only"] if baseline else [])) as (proc, port):
         lock = threading.Lock()
         opened = [0]
         tally = {path: [0, 0] for path in ("/healthz", "/readyz", "/metrics")}
@@ -92,8 +84,6 @@ def run(sockets: int, sources: int, seconds: float, baseline: bool) -> dict[str,
         for thread in threads + askers:
             thread.join(seconds + 10)
         alive = proc.poll() is None
-    finally:
-        stop_process(proc)
     answered = {path.strip("/"): f"{ok} of {asked}" for path, (asked, ok) in tally.items()}
     return {"server": "global cap only (before)" if baseline else "per-client cap + probe reserve (now)",
             "sockets": sockets, "sources": sources, "seconds": seconds, "flood_connections_opened": opened[0],

@@ -22,11 +22,10 @@ import argparse
 import http.client
 import json
 import socket
-import subprocess
 import threading
 import time
 
-from .common import MB, REPO, child_env, free_port, python_command, rss_bytes, stop_process, wait_http_ok
+from .common import MB, rss_bytes, simulated_exporter
 
 LINE = b"X-Flood: " + b"a" * 65_000 + b"\r\n"
 LINES = 99
@@ -81,14 +80,7 @@ def scraper(port: int, until: float, tally: dict[str, int], lock: threading.Lock
 
 
 def run(connections: int, seconds: float, unbounded: bool) -> dict[str, object]:
-    port = free_port()
-    listen = f"127.0.0.1:{port}"
-    flags = ["--unbounded-heads"] if unbounded else []
-    proc = subprocess.Popen(python_command("-m", "benchmarks.servers", "exporter", *flags, "--", "serve",
-                                           "--simulate", "demo", "--listen", listen, "--log-level", "error"),
-                            cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_http_ok(f"http://{listen}/metrics", alive=lambda: proc.poll() is None)
+    with simulated_exporter(*(["--unbounded-heads"] if unbounded else [])) as (proc, port):
         time.sleep(3.0)
         before = rss_bytes(proc.pid)
         tally = {"rounds": 0, "431": 0, "scrapes": 0, "scrapes_ok": 0}
@@ -110,8 +102,6 @@ def run(connections: int, seconds: float, unbounded: bool) -> dict[str, object]:
         after = rss_bytes(proc.pid)
         peak = max(peak, after)
         alive = proc.poll() is None
-    finally:
-        stop_process(proc)
     return {"connections": connections, "seconds": seconds, "unbounded": unbounded, "server_alive": alive,
             "rss_before_mb": round(before / MB, 1), "rss_peak_mb": round(peak / MB, 1),
             "rss_after_mb": round(after / MB, 1), **tally}

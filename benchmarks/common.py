@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -215,3 +217,20 @@ def stop_process(proc: subprocess.Popen[Any]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def simulated_exporter(*server_flags: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``serve --simulate demo`` in a child process (``benchmarks.servers exporter`` with ``server_flags``,
+    e.g. a baseline's) on a free loopback port, once it answers ``/metrics``: (process, port). Stopped
+    at the end of the block."""
+    port = free_port()
+    listen = f"127.0.0.1:{port}"
+    proc = subprocess.Popen(python_command("-m", "benchmarks.servers", "exporter", *server_flags, "--", "serve",
+                                           "--simulate", "demo", "--listen", listen, "--log-level", "error"),
+                            cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http_ok(f"http://{listen}/metrics", alive=lambda: proc.poll() is None)
+        yield proc, port
+    finally:
+        stop_process(proc)
