@@ -1,9 +1,12 @@
-"""Shared fixtures: the real Prometheus tools.
+"""Shared fixtures: the real Prometheus tools and the real Kubernetes control plane.
 
 ``promtool`` is the path to promtool; ``prometheus`` is a factory that starts a real
 Prometheus scraping given targets and stops it after the test; ``prom`` is one Prometheus
 scraping the operator kit's fault scenario, once per ``--naming`` the chart offers, shared by
-the alert and dashboard tests. Without the tools a test is skipped on a developer machine, but
+the alert and dashboard tests. ``kube`` is one real control plane (etcd, kube-apiserver,
+kube-scheduler, kube-controller-manager from ``KUBEBUILDER_ASSETS``) for the whole session: tests
+take their own namespaces (``kube.namespace()``) and nodes (``kube.ready_node()``); every test that
+uses it is marked ``testbed_kube``. Without the tools a test is skipped on a developer machine, but
 fails under ``CI=true``: CI must never pass by skipping.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,7 +31,24 @@ from deploy_tools import (  # noqa: E402
     require_tool,
     running_exporter,
 )
+from kubetestbed import SKIP_HINT, ControlPlane, assets_folder  # noqa: E402
+from nvmltestbed import SKIP_HINT as NVML_SKIP_HINT  # noqa: E402
+from nvmltestbed import library_folder, testbed_folder  # noqa: E402
 from promharness import PROMETHEUS_INSTALL_HINT, PromServer, find_tool, free_port, start_prometheus  # noqa: E402
+
+# Fixtures that stand for a test bed, and the marker their tests carry (``pytest -m testbed_kube``).
+TESTBED_FIXTURES = {"kube": "testbed_kube", "nvml_testbed": "testbed_nvml"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in TESTBED_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
 
 
 def _require(tool: str) -> str:
@@ -35,7 +56,7 @@ def _require(tool: str) -> str:
     if path:
         return path
     message = f"{tool} is not installed; install it with `{PROMETHEUS_INSTALL_HINT}` (Debian/Ubuntu)"
-    if os.environ.get("CI", "").lower() == "true":
+    if _in_ci():
         pytest.fail(f"CI=true and {message}: CI must run the Prometheus tests, not skip them", pytrace=False)
     pytest.skip(message)
 
@@ -83,3 +104,39 @@ def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The real control plane, once per session; skipped (one line) without KUBEBUILDER_ASSETS,
+    failed under CI=true: CI must run these tests, not skip them."""
+    assets = assets_folder()
+    if assets is None:
+        if _in_ci():
+            pytest.fail(f"CI=true and {SKIP_HINT}", pytrace=False)
+        pytest.skip(SKIP_HINT)
+    plane = ControlPlane.start(tmp_path_factory.mktemp("kube"), assets)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@dataclass(frozen=True)
+class NvmlTestbed:
+    """The mock NVML: ``library`` is the folder holding libnvidia-ml.so.1, ``folder`` the test bed with the
+    board profiles (see tests/nvmltestbed.py)."""
+
+    folder: Path
+    library: Path
+
+
+@pytest.fixture(scope="session")
+def nvml_testbed() -> NvmlTestbed:
+    """NVIDIA's mock NVML; skipped (one line) without DRA_EXPORTER_TESTBED_NVML, failed under CI=true."""
+    folder = testbed_folder()
+    if folder is None:
+        if _in_ci():
+            pytest.fail(f"CI=true and {NVML_SKIP_HINT}", pytrace=False)
+        pytest.skip(NVML_SKIP_HINT)
+    return NvmlTestbed(folder=folder, library=library_folder(folder))
