@@ -2,7 +2,7 @@
 kube-controller-manager on free loopback ports, for the tests that must agree with the real thing.
 
 The binaries come from the folder named by ``KUBEBUILDER_ASSETS`` (controller-runtime's envtest
-convention). It may hold them unpacked or as ``NAME.xz`` (``../shared/testbeds/kube`` does);
+convention). It may hold them unpacked or as ``NAME.xz`` (the test bed CI uses does);
 ``.xz`` files are unpacked once into a cache folder keyed by their checksum list.
 
 ``ControlPlane.start(workdir)`` makes a throw-away PKI (EC keys: milliseconds, unlike RSA), writes an
@@ -47,7 +47,7 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 SKIP_HINT = (f"the real Kubernetes control plane is not available: set {ASSETS_VARIABLE} to a folder with etcd, "
              "kube-apiserver, kube-scheduler and kube-controller-manager v1.36 (`setup-envtest use 1.36 -p path` "
              "plus a kube-scheduler and kube-controller-manager of the same version; .ci/run uses "
-             "../shared/testbeds/kube)")
+             "the test bed)")
 
 # Every DRA gate of 1.36 (the test bed's README). The scheduler runs without DRADeviceTaintRules: with it,
 # this build's scheduler panics on the next slice event once a DeviceTaintRule exists ("Known problems").

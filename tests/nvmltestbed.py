@@ -1,7 +1,7 @@
 """NVIDIA's mock libnvidia-ml.so as a test bed: the real pynvml over the real NVML C ABI, without a GPU.
 
 ``DRA_EXPORTER_TESTBED_NVML`` names the test bed's folder: the library as ``libnvidia-ml.so.1`` or as
-``libnvidia-ml.so.<version>.xz`` (``../shared/testbeds/nvml`` holds that), and NVIDIA's board profiles in
+``libnvidia-ml.so.<version>.xz`` (the test bed CI uses holds that), and NVIDIA's board profiles in
 ``configs/`` and ``configs-derived/``. A packed library is unpacked once into a cache folder keyed by its
 size and date.
 
@@ -25,7 +25,7 @@ FOLDER_VARIABLE = "DRA_EXPORTER_TESTBED_NVML"
 LIBRARY = "libnvidia-ml.so.1"
 SKIP_HINT = (f"NVIDIA's mock NVML is not available: set {FOLDER_VARIABLE} to a folder with {LIBRARY} (or its .xz) "
              "and the board profiles (configs/, configs-derived/) — NVIDIA/k8s-test-infra pkg/gpu/mocknvml builds "
-             "it; .ci/run uses ../shared/testbeds/nvml")
+             "it; .ci/run points it at the test bed")
 
 
 class TestbedError(RuntimeError):

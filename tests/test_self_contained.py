@@ -41,9 +41,16 @@ def test_the_recordings_the_tests_replay_are_in_the_repository() -> None:
         assert (FIXTURES / name).is_file(), name
 
 
+# CI's entry point is the one file that may name the test beds beside the clone: it hands them to the
+# tests through KUBEBUILDER_ASSETS and DRA_EXPORTER_TESTBED_NVML, and a clone alone skips those tests.
+MAY_NAME_THE_TEST_BEDS = {".ci/run"}
+
+
 def test_no_file_of_the_repository_names_a_path_outside_it() -> None:
     offenders = []
     for name in repository_files():
+        if name in MAY_NAME_THE_TEST_BEDS:
+            continue
         try:
             text = (REPO / name).read_text()
         except UnicodeDecodeError:
