@@ -287,6 +287,50 @@ def test_a_not_supported_field_is_dropped_from_the_batch(make_source: Make) -> N
     assert value(gpu, cat.GPU_ENERGY.name) == pytest.approx(35663.512)
 
 
+def test_an_error_outside_nvml_costs_that_family_only(make_source: Make, caplog: pytest.LogCaptureFixture) -> None:
+    # pynvml raises more than NVMLError: NVMLLibraryMismatchError (drivers before R510), a ctypes
+    # error from a struct it cannot fill. One such call must not take the GPU, let alone the node.
+    nvml = ReplayNvml(gpus=2)
+    calls = []
+
+    def broken(handle: object) -> int:
+        calls.append(handle)
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
+
+    nvml.nvmlDeviceGetPowerUsage = broken  # type: ignore[method-assign]
+    source = make_source(nvml)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            snapshot = source.collect()
+    assert len(calls) == 2  # once per GPU: it would fail the same way every cycle
+    for gpu in snapshot.devices:
+        assert gpu.up
+        assert value(gpu, cat.GPU_POWER.name) is None
+        assert value(gpu, cat.GPU_POWER_LIMIT.name) == pytest.approx(700.0)
+    assert len([r for r in caplog.records if "NVMLLibraryMismatchError" in r.getMessage()]) == 1
+
+
+def test_processes_fall_back_to_v2_where_pynvml_refuses_v3(make_source: Make) -> None:
+    # Drivers before R510 have only the v2 process calls; pynvml's unversioned ones are v3 and raise.
+    nvml = ReplayNvml()
+    v3 = nvml.nvmlDeviceGetComputeRunningProcesses
+    graphics_v3 = nvml.nvmlDeviceGetGraphicsRunningProcesses
+
+    def refuse(handle: object) -> list[object]:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called")
+
+    nvml.nvmlDeviceGetComputeRunningProcesses = refuse  # type: ignore[method-assign]
+    nvml.nvmlDeviceGetGraphicsRunningProcesses = refuse  # type: ignore[method-assign]
+    nvml.nvmlDeviceGetComputeRunningProcesses_v2 = v3  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetGraphicsRunningProcesses_v2 = graphics_v3  # type: ignore[attr-defined]
+    source = make_source(nvml)
+    for _ in range(2):
+        snapshot = source.collect()
+    assert snapshot.devices[0].up
+    assert snapshot.processes and {p.pid for p in snapshot.processes} == {
+        p["pid"] for p in nvml.recording["devices"][0]["getters"]["nvmlDeviceGetComputeRunningProcesses"]["ok"]}
+
+
 # --- init --------------------------------------------------------------------------------------
 
 
