@@ -470,18 +470,19 @@ def test_gpm_ratios_come_from_this_and_the_previous_sample(make_source: Make) ->
 def test_nvlink_bytes_integrate_gpm_rates_over_time(make_source: Make,
                                                     clock: FakeClock) -> None:
     nvml = ReplayNvml()
-    nvml.gpm_overrides = {pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 1e9,
-                          pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 2e8}
+    # nvml.h: the GPM NVLink rates are "in MiB/sec"; the family counts bytes.
+    nvml.gpm_overrides = {pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 1000.0,
+                          pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 200.0}
     source = make_source(nvml)
     source.collect()
     clock.now += 1.0
     gpu = source.collect().devices[0]
-    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="rx") == pytest.approx(1e9)
-    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(2e8)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="rx") == pytest.approx(1000 * 2**20)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(200 * 2**20)
     clock.now += 2.5
     gpu = source.collect().devices[0]
-    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="rx") == pytest.approx(3.5e9)
-    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(7e8)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="rx") == pytest.approx(3500 * 2**20)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(700 * 2**20)
 
 
 def test_a_gpu_without_gpm_is_probed_once_and_never_sampled(make_source: Make) -> None:
