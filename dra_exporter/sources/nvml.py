@@ -530,8 +530,10 @@ class NvmlSource(Source[NvmlSnapshot]):
             raise SourceError("nvml: the source is closed")
         if self._ready:
             return
-        if wait := self._backoff.remaining():
-            raise SourceError(f"nvml: init failed: {self._init_error}; retrying in {_seconds(wait)}s")
+        if self._backoff.remaining():
+            # The failed attempt's words, not a countdown: a message that changes every cycle is
+            # logged every cycle (the runner logs changes), and this one changes once per attempt.
+            raise SourceError(self._init_error)
         nvml = self._nvml
         self._attempts += 1
         try:
@@ -559,8 +561,8 @@ class NvmlSource(Source[NvmlSnapshot]):
         for const, hint in _INIT_HINTS.items():
             if getattr(err, "value", None) == getattr(self._nvml, const, object()):
                 reason = f"{reason} ({hint})"
-        self._init_error = reason
         message = f"nvml: init failed: {reason}; retrying in {_seconds(delay)}s"
+        self._init_error = message
         if self._backoff.failures == 1:
             self._log.warning("%s", message)  # later failures repeat it: the agent reports them
         raise SourceError(message) from None
