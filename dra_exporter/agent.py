@@ -76,10 +76,17 @@ class SourceRunner(Generic[T]):
         self._last_error = ""
         self.attempted = threading.Event()
         """Set once the first collection has finished, successfully or not."""
+        self.answered = threading.Event()
+        """Set once a collection has succeeded."""
 
     @property
     def name(self) -> str:
         return self.source.name
+
+    @property
+    def last_error(self) -> str:
+        """Why the latest collection failed; ``""`` after a success."""
+        return self._last_error
 
     def latest(self) -> tuple[T | None, SourceHealth]:
         with self._lock:
@@ -113,6 +120,7 @@ class SourceRunner(Generic[T]):
         with self._lock:
             self._snapshot = snapshot
             self._health = SourceHealth(self.name, True, duration, self._health.errors_total, self._wall_clock())
+        self.answered.set()
         if self._last_error:
             log.info("source %s recovered", self.name, extra={"source": self.name})
             self._last_error = ""
@@ -217,6 +225,10 @@ class Agent:
     def health(self) -> LoopHealth:
         """What /readyz and /healthz answer: cheap (two clock reads), safe from any thread."""
         ready = self.ready.is_set()
+        if ready and not self.primary.answered.is_set():
+            # Frames are out, but without the primary source in any of them there is nothing to serve.
+            error = self.primary.last_error or "no answer yet"
+            return LoopHealth(ready=False, live=True, reason=f"{self.primary.name} has never answered: {error}")
         bound = self._bound()  # read before _finished_at: both change together, bound last
         finished_at = self._finished_at
         if finished_at is None:

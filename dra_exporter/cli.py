@@ -307,7 +307,11 @@ def snapshot(fmt: str, naming: str, log_level: str, **kw: Any) -> None:
     settings = dataclasses.replace(_settings(**kw), naming=naming)
     _logging("error" if log_level == "info" else log_level)
     # The table is the native view (its columns are native families); the other formats follow --naming.
-    frame = runtime.snapshot(settings, renamed=fmt != "table")
+    try:
+        frame = runtime.snapshot(settings, renamed=fmt != "table")
+    except runtime.NothingUsable as exc:
+        click.echo(f"dra-exporter: {exc}", err=True)
+        sys.exit(1)  # ran, but found nothing usable
     if fmt in ("prometheus", "openmetrics"):
         from .sinks.prometheus import render
 

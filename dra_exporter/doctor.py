@@ -70,18 +70,18 @@ def _nvml(nvml: Any) -> Iterator[Finding]:
                       "libnvidia-ml.so.1 and /dev/nvidia*), e.g. runtimeClassName: nvidia.")
         return
     try:
-        yield Finding("OK", "nvml", f"driver {_text(nvml.nvmlSystemGetDriverVersion())}, "
-                                    f"NVML {_text(nvml.nvmlSystemGetNVMLVersion())}")
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        yield Finding("OK", "nvml", f"driver {driver}, NVML {_text(nvml.nvmlSystemGetNVMLVersion())}")
         count = nvml.nvmlDeviceGetCount()
         if count == 0:
             yield Finding("WARN", "gpus", "NVML sees no GPU", "Check that the pod is granted the node's GPUs.")
         for i in range(count):
-            yield from _gpu(nvml, i)
+            yield from _gpu(nvml, i, driver)
     finally:
         nvml.nvmlShutdown()
 
 
-def _gpu(nvml: Any, i: int) -> Iterator[Finding]:
+def _gpu(nvml: Any, i: int, driver: str) -> Iterator[Finding]:
     try:
         h = nvml.nvmlDeviceGetHandleByIndex(i)
         name, uuid = _text(nvml.nvmlDeviceGetName(h)), _text(nvml.nvmlDeviceGetUUID(h))
@@ -89,15 +89,49 @@ def _gpu(nvml: Any, i: int) -> Iterator[Finding]:
         yield Finding("FAIL", f"gpu {i}", f"unreadable: {exc}", "Check `nvidia-smi -i {i}` and dmesg for XIDs.")
         return
     try:
-        mig = "MIG enabled" if nvml.nvmlDeviceGetMigMode(h)[0] else "MIG disabled"
+        mig_on = nvml.nvmlDeviceGetMigMode(h)[0] == nvml.NVML_DEVICE_MIG_ENABLE
+        mig = "MIG enabled" if mig_on else "MIG disabled"
     except nvml.NVMLError:
-        mig = "MIG not supported"
+        mig_on, mig = False, "MIG not supported"
+    gpm, hint = _gpm(nvml, h, driver)
+    level: Level = "OK"
+    if mig_on and not _has_mig_devices(nvml, h):
+        level, mig = "WARN", "MIG enabled but no MIG devices"
+        hint = ("Nothing can run on it and no partition is reported until MIG devices exist: create them "
+                "(nvidia-smi mig -cgi … -C, or let the DRA driver's dynamic MIG do it)" + (f". {hint}" if hint else "."))
+    yield Finding(level, f"gpu {i}", f"{name} {uuid}, {mig}, {gpm}", hint)
+
+
+def _gpm(nvml: Any, handle: Any, driver: str) -> tuple[str, str]:
+    """GPM's state and, where missing, what would bring it: a newer GPU, or a newer driver."""
     try:
-        gpm = bool(nvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
+        supported = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+    except nvml.NVMLError as exc:
+        if getattr(exc, "value", None) == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            return (f"GPM not available: driver {driver} lacks it",
+                    "Profiling ratios (SM active, tensor active…) need a driver with the GPM API; "
+                    "update the NVIDIA driver.")
+        return f"GPM unknown ({exc})", ""
+    except AttributeError:  # a pynvml older than GPM
+        return "GPM not available: this pynvml lacks it", "Install a newer nvidia-ml-py."
+    if supported:
+        return "GPM supported", ""
+    return "GPM not supported", "Profiling ratios (SM active, tensor active…) need GPM (Hopper or newer)."
+
+
+def _has_mig_devices(nvml: Any, handle: Any) -> bool:
+    try:
+        slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
     except nvml.NVMLError:
-        gpm = False
-    yield Finding("OK", f"gpu {i}", f"{name} {uuid}, {mig}, GPM {'supported' if gpm else 'not supported'}",
-                  "" if gpm else "Profiling ratios (SM active, tensor active…) need GPM (Hopper or newer).")
+        return True  # cannot tell: say nothing rather than something wrong
+    for slot in range(slots):
+        try:
+            nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            return True
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) != nvml.NVML_ERROR_NOT_FOUND:
+                return True
+    return False
 
 
 def _kubelet(path: str) -> Iterator[Finding]:

@@ -191,6 +191,10 @@ def _self_pod(settings: Settings, sim: SimulatedNode | None) -> tuple[str, str] 
     return None
 
 
+class NothingUsable(RuntimeError):
+    """The run finished, but the primary source never answered: there is nothing to show."""
+
+
 def snapshot(settings: Settings, *, renamed: bool = False) -> Frame:
     """One collection cycle, taken twice so that rates (GPM, process utilisation) have two samples.
 
@@ -203,6 +207,9 @@ def snapshot(settings: Settings, *, renamed: bool = False) -> Frame:
         else:
             time.sleep(settings.interval)
         frame = runtime.agent.cycle(collect_side=True)
+        primary = runtime.agent.primary
+        if not primary.answered.is_set():
+            raise NothingUsable(primary.last_error or f"{primary.name} did not answer")
         if renamed and settings.naming != "native":
             from .naming import apply
 

@@ -60,6 +60,9 @@ _CLOCK_NAMES: Final = {pynvml.NVML_CLOCK_GRAPHICS: "graphics", pynvml.NVML_CLOCK
 _VALUE_MEMBERS: Final = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 _PCIE_GPM: Final = {pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: "tx",
                     pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: "rx"}
+#: NVLink traffic over all links, in MiB/s as nvml.h defines them (answered where the profile has NVLink).
+_NVLINK_GPM: Final = {pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: "tx",
+                      pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: "rx"}
 
 
 def _fail(code: int) -> pynvml.NVMLError:
@@ -756,6 +759,10 @@ class FakeNvml:
         activity = self._gpm_activity(first, second)
         for i in range(metrics_get.numMetrics):
             metric = metrics_get.metrics[i]
+            if metric.metricId in _NVLINK_GPM and self._links is not None:
+                metric.nvmlReturn = pynvml.NVML_SUCCESS
+                metric.value = self._gpm_nvlink(first, second, _NVLINK_GPM[metric.metricId])
+                continue
             spec = self._gpm_specs.get(metric.metricId)
             if spec is None or spec.ret != pynvml.NVML_SUCCESS:
                 metric.nvmlReturn = spec.ret if spec else pynvml.NVML_ERROR_INVALID_ARGUMENT
@@ -774,6 +781,23 @@ class FakeNvml:
             return self._gpu_activity(gpu, second.t)
         mig = next(m for m in gpu.mig if m.gi_id == second.gi_id)
         return self._work.utilization(mig.uuid, second.t)
+
+    def _gpm_nvlink(self, first: _GpmSnapshot, second: _GpmSnapshot, direction: str) -> float:
+        """MiB/s over the links between two samples: the link counters' growth; a GPU instance gets the part
+        of it its share of the GPU's work moved."""
+        assert self._links is not None
+        if second.t <= first.t:
+            return 0.0
+        gpu = self._gpus[second.gpu]
+        moved = sum(self._links.link_bytes(gpu, link, direction, second.t)
+                    - self._links.link_bytes(gpu, link, direction, first.t) for link in range(self._links.spec.links))
+        if second.gi_id is not None:
+            mig = next(m for m in gpu.mig if m.gi_id == second.gi_id)
+            whole = self._activity[gpu.index](second.t) - self._activity[gpu.index](first.t)
+            own = (second.activity_integral - first.activity_integral) * mig.compute_slices \
+                / self._profile.mig_compute_slices
+            moved *= own / whole if whole > 0 else 0.0
+        return max(0.0, moved) / (second.t - first.t) / _MIB
 
     def _gpm_value(self, metric_id: int, idle: float, load: float, activity: float) -> float:
         if metric_id in _PCIE_GPM:

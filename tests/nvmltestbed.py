@@ -94,3 +94,92 @@ def run_python(library: Path, profile: Path, code: str, *, timeout: float = 120,
     if not lines:
         raise TestbedError(f"{profile.name}: printed nothing\n{proc.stderr[-4000:]}")
     return json.loads(lines[-1])
+
+
+# -- the product's own NVML source against the mock ------------------------------------------------
+
+#: The script ``run_source`` runs: the real ``NvmlSource`` over the real pynvml, nothing faked.
+SOURCE_RUNNER = Path(__file__).with_name("nvml_source_run.py")
+
+
+def copy_profile(profile: Path, folder: Path) -> Path:
+    """A private copy of ``profile`` in ``folder``: the mock reads ``overrides.yaml`` beside the profile
+    it loaded, so a test that changes the GPUs at run time must never do it beside the shared one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / profile.name
+    shutil.copyfile(profile, copy)
+    return copy
+
+
+def write_overrides(profile: Path, doc: dict[str, Any] | None) -> Path:
+    """Write (``None``: remove) the mock's runtime overrides beside ``profile``, atomically.
+
+    The format is the mock's ``overrides.yaml`` (NVIDIA/k8s-test-infra docs/nvml-mock-ctl.md):
+    ``{"version": 1, "all": {...}, "devices": {"<index>": {...}}}``, each block deep-merged over the
+    device's profile config; the mock re-reads it every ``MOCK_NVML_OVERRIDES_TTL`` (default 1 s).
+    """
+    import yaml
+
+    path = profile.parent / "overrides.yaml"
+    if doc is None:
+        path.unlink(missing_ok=True)
+        return path
+    tmp = path.with_name(f".overrides.{os.getpid()}.tmp")
+    tmp.write_text(yaml.safe_dump({"version": 1, **doc}, sort_keys=False))
+    tmp.replace(path)
+    return path
+
+
+def run_source(library: Path, profile: Path, steps: list[dict[str, Any]] | None = None, *,
+               interval: float = 0.25, timeout: float = 120,
+               extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run the product's ``NvmlSource`` (real pynvml) against the mock with ``profile``, in a process of
+    its own, and return one record per ``collect()``.
+
+    ``steps``: ``[{"cycles": n, "overrides": doc, "settle": seconds}, ...]`` (default: two cycles, so
+    GPM and the link families have two samples). Before a step's cycles the runner writes ``overrides``
+    with ``write_overrides`` (``{}`` removes the file) and waits ``settle`` seconds for the mock to re-read
+    it. A record is ``{"error": str}`` where ``collect()`` raised ``SourceError``, else ``{"driver",
+    "nvml", "devices": [{identity..., "up", "error", "readings": [[metric, {labels}, value], ...]}],
+    "processes": [...], "step": i}``.
+    """
+    plan = {"steps": steps or [{"cycles": 2}], "interval": interval,
+            "overrides_ttl": "100ms"}
+    env = {"MOCK_NVML_OVERRIDES_TTL": plan["overrides_ttl"], **(extra_env or {})}
+    proc = subprocess.run([sys.executable, str(SOURCE_RUNNER), json.dumps(plan)],
+                          env=environment(library, profile, env), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise TestbedError(f"{profile.name}: exit {proc.returncode}\n{proc.stderr[-4000:]}")
+    records: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for record in records:
+        record["log"] = proc.stderr
+    return records
+
+
+# -- what a profile means (NVIDIA/k8s-test-infra docs/configuration.md, engine/config.go) -------------
+
+
+def load_profile(profile: Path) -> dict[str, Any]:
+    import yaml
+
+    doc: dict[str, Any] = yaml.safe_load(profile.read_text())
+    return doc
+
+
+def device_config(doc: dict[str, Any], index: int) -> dict[str, Any]:
+    """The configuration of GPU ``index``: ``device_defaults`` with the device's own entry on top. As the
+    mock merges them, a block the device names (``power:``, ``utilization:``) replaces the default block
+    whole; ``pci:`` is merged field by field."""
+    merged = dict(doc["device_defaults"])
+    for entry in doc["devices"]:
+        if entry["index"] == index:
+            for key, value in entry.items():
+                merged[key] = {**merged.get(key, {}), **value} if key == "pci" else value
+    return merged
+
+
+def nvml_bus_id(bus_id: str) -> str:
+    """A profile's ``0000:1A:00.0`` as NVML writes it in ``nvmlPciInfo_t.busId``: ``00000000:1A:00.0``."""
+    domain, rest = bus_id.split(":", 1)
+    return f"{int(domain, 16):08X}:{rest.upper()}"

@@ -238,6 +238,28 @@ def test_traffic_curves_spread_over_the_links_and_counters_only_grow(nodes: list
         assert all(g == pytest.approx(rate / LINKS * 10, abs=2048) for g in grown)  # KiB granularity
 
 
+def test_gpm_nvlink_rates_are_the_links_traffic_in_mib_per_second() -> None:
+    # nvml.h: NVML_GPM_METRIC_NVLINK_TOTAL_{RX,TX}_PER_SEC are MiB/s. The simulator must say what a real
+    # GPU says, or the source's unit would be tested against the fake's mistake.
+    clock = SimClock(100.0, frozen=True)
+    fake = FakeNvml(scenario("gb200", gpus=[{"index": 0, "nvlink": {"tx": 18e9, "rx": 36e9}}]), clock)
+    fake.nvmlInit()
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    first, second = fake.nvmlGpmSampleAlloc(), fake.nvmlGpmSampleAlloc()
+    fake.nvmlGpmSampleGet(handle, first)
+    clock.advance(10)
+    fake.nvmlGpmSampleGet(handle, second)
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version, request.numMetrics = pynvml.NVML_GPM_METRICS_GET_VERSION, 2
+    request.sample1, request.sample2 = first, second
+    request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
+    request.metrics[1].metricId = pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
+    answer = fake.nvmlGpmMetricsGet(request)
+    assert [answer.metrics[i].nvmlReturn for i in range(2)] == [pynvml.NVML_SUCCESS] * 2
+    assert answer.metrics[0].value == pytest.approx(18e9 / 2**20)
+    assert answer.metrics[1].value == pytest.approx(36e9 / 2**20)
+
+
 class _Wrapping32(FakeNvml):
     """Reports the throughput counters as 32-bit values, as an NVML that wraps them would."""
 

@@ -287,6 +287,50 @@ def test_a_not_supported_field_is_dropped_from_the_batch(make_source: Make) -> N
     assert value(gpu, cat.GPU_ENERGY.name) == pytest.approx(35663.512)
 
 
+def test_an_error_outside_nvml_costs_that_family_only(make_source: Make, caplog: pytest.LogCaptureFixture) -> None:
+    # pynvml raises more than NVMLError: NVMLLibraryMismatchError (drivers before R510), a ctypes
+    # error from a struct it cannot fill. One such call must not take the GPU, let alone the node.
+    nvml = ReplayNvml(gpus=2)
+    calls = []
+
+    def broken(handle: object) -> int:
+        calls.append(handle)
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
+
+    nvml.nvmlDeviceGetPowerUsage = broken  # type: ignore[method-assign]
+    source = make_source(nvml)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            snapshot = source.collect()
+    assert len(calls) == 2  # once per GPU: it would fail the same way every cycle
+    for gpu in snapshot.devices:
+        assert gpu.up
+        assert value(gpu, cat.GPU_POWER.name) is None
+        assert value(gpu, cat.GPU_POWER_LIMIT.name) == pytest.approx(700.0)
+    assert len([r for r in caplog.records if "NVMLLibraryMismatchError" in r.getMessage()]) == 1
+
+
+def test_processes_fall_back_to_v2_where_pynvml_refuses_v3(make_source: Make) -> None:
+    # Drivers before R510 have only the v2 process calls; pynvml's unversioned ones are v3 and raise.
+    nvml = ReplayNvml()
+    v3 = nvml.nvmlDeviceGetComputeRunningProcesses
+    graphics_v3 = nvml.nvmlDeviceGetGraphicsRunningProcesses
+
+    def refuse(handle: object) -> list[object]:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called")
+
+    nvml.nvmlDeviceGetComputeRunningProcesses = refuse  # type: ignore[method-assign]
+    nvml.nvmlDeviceGetGraphicsRunningProcesses = refuse  # type: ignore[method-assign]
+    nvml.nvmlDeviceGetComputeRunningProcesses_v2 = v3  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetGraphicsRunningProcesses_v2 = graphics_v3  # type: ignore[attr-defined]
+    source = make_source(nvml)
+    for _ in range(2):
+        snapshot = source.collect()
+    assert snapshot.devices[0].up
+    assert snapshot.processes and {p.pid for p in snapshot.processes} == {
+        p["pid"] for p in nvml.recording["devices"][0]["getters"]["nvmlDeviceGetComputeRunningProcesses"]["ok"]}
+
+
 # --- init --------------------------------------------------------------------------------------
 
 
@@ -300,7 +344,9 @@ def test_init_failure_backs_off_then_recovers(make_source: Make, clock: FakeCloc
         source.collect()
     assert source.init_attempts == 1
     clock.now += 0.5
-    with pytest.raises(SourceError, match=r"retrying in 0\.5s$"):
+    # While backing off, the attempt's own words: a countdown would change the message, and so the
+    # log line, every cycle.
+    with pytest.raises(SourceError, match=r"retrying in 1s$"):
         source.collect()
     assert source.init_attempts == 1  # still backing off: nvmlInit not called
 
@@ -426,18 +472,19 @@ def test_gpm_ratios_come_from_this_and_the_previous_sample(make_source: Make) ->
 def test_nvlink_bytes_integrate_gpm_rates_over_time(make_source: Make,
                                                     clock: FakeClock) -> None:
     nvml = ReplayNvml()
-    nvml.gpm_overrides = {pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 1e9,
-                          pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 2e8}
+    # nvml.h: the GPM NVLink rates are "in MiB/sec"; the family counts bytes.
+    nvml.gpm_overrides = {pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 1000.0,
+                          pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 200.0}
     source = make_source(nvml)
     source.collect()
     clock.now += 1.0
     gpu = source.collect().devices[0]
-    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="rx") == pytest.approx(1e9)
-    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(2e8)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="rx") == pytest.approx(1000 * 2**20)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(200 * 2**20)
     clock.now += 2.5
     gpu = source.collect().devices[0]
-    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="rx") == pytest.approx(3.5e9)
-    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(7e8)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="rx") == pytest.approx(3500 * 2**20)
+    assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(700 * 2**20)
 
 
 def test_a_gpu_without_gpm_is_probed_once_and_never_sampled(make_source: Make) -> None:

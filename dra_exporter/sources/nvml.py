@@ -167,6 +167,15 @@ class _DeviceReader:
 
     def __init__(self, nvml: Any, logger: logging.Logger) -> None:
         self._nvml = nvml
+        self._log = logger
+        self._broken: set[str] = set()
+        """Families already logged as failing outside NVML (logged once per source, not per device)."""
+        # pynvml's unversioned process calls are v3 (R510+); against an older library they raise
+        # NVMLLibraryMismatchError instead of calling it. Those drivers have the v2 calls.
+        self._mismatch: tuple[type[BaseException], ...] = tuple(
+            c for c in (getattr(nvml, "NVMLLibraryMismatchError", None),) if isinstance(c, type))
+        self._process_calls = {function: function for function in (
+            "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")}
         self._unsupported_codes = frozenset(
             int(code) for code in (getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", None),
                                    getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None)) if code is not None)
@@ -233,7 +242,7 @@ class _DeviceReader:
         memory: dict[int, float | None] = {}
         for family, function in (("compute_processes", "nvmlDeviceGetComputeRunningProcesses"),
                                  ("graphics_processes", "nvmlDeviceGetGraphicsRunningProcesses")):
-            for proc in self._guarded(state, family, getattr(nvml, function), handle):
+            for proc in self._guarded(state, family, self._running_processes, function, handle):
                 pid = int(proc.pid)
                 if memory.get(pid) is None:  # a pid in both lists: keep the first known size
                     used = proc.usedGpuMemory
@@ -253,6 +262,31 @@ class _DeviceReader:
                 state.unsupported.add(family)
                 return []
             raise _DeviceFault(family, err) from err
+        except Exception as exc:  # noqa: BLE001 - whatever one call raises costs that family only
+            self._lost(state, family, exc)
+            return []
+
+    def _lost(self, state: _DeviceState, family: str, exc: Exception) -> None:
+        """A call that failed outside NVML (the binding could not make it against this library): it would
+        fail the same way every cycle, so the family is dropped for this device, said once per source."""
+        state.unsupported.add(family)
+        if family not in self._broken:
+            self._broken.add(family)
+            self._log.warning("nvml: %s failed in the NVML binding (%s: %s); %s is not collected",
+                              family, type(exc).__name__, exc, family)
+
+    def _running_processes(self, function: str, handle: Any) -> Any:
+        """``function`` (v3 in pynvml), or its ``_v2`` from the first time pynvml refuses v3 for this library."""
+        name = self._process_calls[function]
+        try:
+            return getattr(self._nvml, name)(handle)
+        except self._mismatch:
+            fallback = f"{function}_v2"
+            if name == fallback or not hasattr(self._nvml, fallback):
+                raise
+            self._process_calls[function] = fallback
+            self._log.info("nvml: this NVML library predates %s v3 (R510); using v2", function)
+            return getattr(self._nvml, fallback)(handle)
 
     def _process_sm(self, handle: Any, state: _DeviceState) -> dict[int, float]:
         """Mean SM utilisation per pid over the samples newer than the last ones seen."""
@@ -269,6 +303,9 @@ class _DeviceReader:
                 state.unsupported.add(family)
                 return {}
             raise _DeviceFault(family, err) from err
+        except Exception as exc:  # noqa: BLE001 - see _guarded
+            self._lost(state, family, exc)
+            return {}
         sums: dict[int, list[float]] = {}
         newest = since
         for sample in samples:
@@ -493,8 +530,10 @@ class NvmlSource(Source[NvmlSnapshot]):
             raise SourceError("nvml: the source is closed")
         if self._ready:
             return
-        if wait := self._backoff.remaining():
-            raise SourceError(f"nvml: init failed: {self._init_error}; retrying in {_seconds(wait)}s")
+        if self._backoff.remaining():
+            # The failed attempt's words, not a countdown: a message that changes every cycle is
+            # logged every cycle (the runner logs changes), and this one changes once per attempt.
+            raise SourceError(self._init_error)
         nvml = self._nvml
         self._attempts += 1
         try:
@@ -522,8 +561,8 @@ class NvmlSource(Source[NvmlSnapshot]):
         for const, hint in _INIT_HINTS.items():
             if getattr(err, "value", None) == getattr(self._nvml, const, object()):
                 reason = f"{reason} ({hint})"
-        self._init_error = reason
         message = f"nvml: init failed: {reason}; retrying in {_seconds(delay)}s"
+        self._init_error = message
         if self._backoff.failures == 1:
             self._log.warning("%s", message)  # later failures repeat it: the agent reports them
         raise SourceError(message) from None
@@ -681,6 +720,10 @@ class NvmlSource(Source[NvmlSnapshot]):
             gpu.gpm_supported = gpm_supported(self._nvml, gpu.handle)
         except self._nvml.NVMLError as err:
             raise _DeviceFault("GPM support", err) from err
+        except Exception as exc:  # noqa: BLE001 - see _DeviceReader._guarded
+            gpu.gpm_supported = False
+            self._log.warning("nvml: GPU %s: GPM support cannot be asked (%s: %s); no GPM families",
+                              gpu.device.uuid, type(exc).__name__, exc)
         if gpu.gpm_supported:
             gpu.state.gpm = GpmReader(self._nvml, gpu.handle)
 

@@ -3,8 +3,8 @@
 GPM metrics are rates over an interval, so one reader per device keeps two NVML sample
 buffers: each cycle fills one, diffs it against the other (last cycle's) and swaps them.
 There is nothing to report on the first cycle. Ratios come back from NVML in percent and
-leave here as 0-1; NVLink bytes are integrated from GPM's per-second rates times the
-seconds between the two samples, into a counter that only grows.
+leave here as 0-1; NVLink bytes are integrated from GPM's per-second rates (MiB/s, nvml.h) times
+the seconds between the two samples, into a counter of bytes that only grows.
 
 NVML errors propagate (the caller marks the device down and calls ``reset()``); a metric
 that answers NOT_SUPPORTED is dropped from this device's request for good.
@@ -27,11 +27,12 @@ _RATIO_METRICS: Final = (
     ("NVML_GPM_METRIC_FP32_UTIL", cat.GPU_FP32_ACTIVE),
     ("NVML_GPM_METRIC_FP16_UTIL", cat.GPU_FP16_ACTIVE),
 )
-#: (NVML constant, direction) for NVLink rates in bytes per second.
+#: (NVML constant, direction) for NVLink rates; nvml.h: "in MiB/sec".
 _NVLINK_METRICS: Final = (
     ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", "rx"),
     ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", "tx"),
 )
+_MIB: Final = float(1 << 20)
 
 
 def gpm_supported(nvml: Any, handle: Any) -> bool:
@@ -128,7 +129,7 @@ class GpmReader:
                 continue
             metric, labels, is_rate = self._wanted[mid]
             if is_rate:
-                out.append(Reading(metric, self._integrate(labels, float(answer.value) * seconds), labels))
+                out.append(Reading(metric, self._integrate(labels, float(answer.value) * _MIB * seconds), labels))
             else:
                 out.append(Reading(metric, float(answer.value) / 100.0, labels))
         for mid in dropped:
