@@ -188,6 +188,31 @@ def test_recorded_h200_has_no_link_or_fabric_families_and_no_error(nodes: list[N
     assert calls["nvmlDeviceGetNvLinkState"] == 2 * pynvml.NVML_NVLINK_MAX_LINKS
 
 
+# --- which links: every index NVML answers a state for -----------------------------------------------
+
+
+class _NoLink3(FakeNvml):
+    """A GPU whose link 3 is absent (NVML refuses its state), links above it present."""
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        if link == 3:
+            self.calls["nvmlDeviceGetNvLinkState"] += 1
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return super().nvmlDeviceGetNvLinkState(handle, link)
+
+
+def test_links_are_the_indices_nvml_answers_for_not_0_to_the_count(nodes: list[Node]) -> None:
+    node = make(nodes, scenario("gb200"), _NoLink3)
+    gpu = node.gpu()
+    assert set(values(gpu, cat.GPU_NVLINK_LINK_UP.name)) == {(("link", str(n)),) for n in range(LINKS) if n != 3}
+    assert not values(gpu, cat.GPU_NVLINK_LINK_BYTES.name, link="3")
+    # Found once, on the first cycle: every index up to the binding's maximum, never again.
+    asked = node.nvml.calls["nvmlDeviceGetNvLinkState"]
+    assert asked == pynvml.NVML_NVLINK_MAX_LINKS
+    node.gpu(after=5)
+    assert node.nvml.calls["nvmlDeviceGetNvLinkState"] == asked
+
+
 # --- one batched call, NOT_SUPPORTED dropped once ---------------------------------------------------
 
 
