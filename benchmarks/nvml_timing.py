@@ -3,8 +3,8 @@
 ``TimedNvml(nvml)`` stands in for the pynvml module (or the simulator's fake): attribute reads
 pass through, and every ``nvml*`` function is wrapped so that the time spent inside it is
 added to ``seconds`` and counted in ``calls``; so is every C function taken from pynvml's
-``_nvmlGetFunctionPointer`` (the source calls ``nvmlDeviceGetFieldValues`` that way). The clock is wall time (``perf_counter``: what
-real NVML makes a cycle wait) unless another is given (``thread_time``: the CPU the
+``_nvmlGetFunctionPointer`` (the source calls ``nvmlDeviceGetFieldValues`` that way). The clock
+is wall time (``perf_counter``: what real NVML makes a cycle wait) unless another is given (``thread_time``: the CPU the
 simulator's fake burns, which a CPU budget must leave out). The NVML source reads functions and
 constants from the object it is given, so it cannot tell the difference.
 
