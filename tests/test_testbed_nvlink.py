@@ -14,6 +14,7 @@ differs from real NVML (tests/nvmltestbed.py's README list), the expectation fol
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,18 @@ def test_with_a_link_down_every_link_appears_and_the_down_one_reads_0(nvml_testb
         # Before: the links were taken as 0..LINK_COUNT-1, and the mock counts only active links,
         # so on GPU 0 (link 3 down, 17 links active) link 17 never appeared.
         assert up == {link: 1.0 if is_up else 0.0 for link, is_up in expected.items()}, gpu
+
+
+def test_the_mock_benchmark_runs_and_writes_its_figures(nvml_testbed: NvmlTestbed, tmp_path: Path) -> None:
+    """``benchmarks/bench_nvml_mock.py`` does not rot: a tiny run, its JSON shape (never a timing)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "mock.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.bench_nvml_mock", "--profiles", "gb200", "--cycles", "2",
+                    "--serve-seconds", "0", "--out", str(out)], cwd=repo, check=True, capture_output=True, timeout=120)
+    (row,) = json.loads(out.read_text())
+    assert row["profile"] == "gb200" and row["models"] == ["NVIDIA GB200"]
+    assert row["cycle_cpu_ms"] > 0 and row["nvml_floor_ms"] > 0 and row["c_calls"] > 0
+    assert row["c_calls_by_function"]["nvmlDeviceGetFieldValues"] == row["devices"]  # one per GPU per cycle
