@@ -182,9 +182,35 @@ def test_recorded_h200_has_no_link_or_fabric_families_and_no_error(nodes: list[N
         assert gpu.up and not gpu.error
         assert not families(gpu) & (NVLINK_FAMILIES | FABRIC_FAMILIES)
     calls = node.nvml.calls
-    assert calls["nvmlDeviceGetFieldValues"] == 3 * 2  # one per GPU per cycle, the link probe riding along
+    assert calls["nvmlDeviceGetFieldValues"] == 3 * 2  # one per GPU per cycle
     assert calls["nvmlDeviceGetGpuFabricInfoV"] == 2  # NOT_SUPPORTED: asked once per GPU
-    assert calls["nvmlDeviceGetNvLinkState"] == 2  # the link-count field was refused: probed once by state
+    # Every link index refused its state on the first cycle: never asked again.
+    assert calls["nvmlDeviceGetNvLinkState"] == 2 * pynvml.NVML_NVLINK_MAX_LINKS
+
+
+# --- which links: every index NVML answers a state for -----------------------------------------------
+
+
+class _NoLink3(FakeNvml):
+    """A GPU whose link 3 is absent (NVML refuses its state), links above it present."""
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        if link == 3:
+            self.calls["nvmlDeviceGetNvLinkState"] += 1
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return super().nvmlDeviceGetNvLinkState(handle, link)
+
+
+def test_links_are_the_indices_nvml_answers_for_not_0_to_the_count(nodes: list[Node]) -> None:
+    node = make(nodes, scenario("gb200"), _NoLink3)
+    gpu = node.gpu()
+    assert set(values(gpu, cat.GPU_NVLINK_LINK_UP.name)) == {(("link", str(n)),) for n in range(LINKS) if n != 3}
+    assert not values(gpu, cat.GPU_NVLINK_LINK_BYTES.name, link="3")
+    # Found once, on the first cycle: every index up to the binding's maximum, never again.
+    asked = node.nvml.calls["nvmlDeviceGetNvLinkState"]
+    assert asked == pynvml.NVML_NVLINK_MAX_LINKS
+    node.gpu(after=5)
+    assert node.nvml.calls["nvmlDeviceGetNvLinkState"] == asked
 
 
 # --- one batched call, NOT_SUPPORTED dropped once ---------------------------------------------------
@@ -204,11 +230,11 @@ def test_link_entries_ride_in_one_call_and_refused_ones_are_dropped_once(nodes: 
         node.collect(after)
     assert node.nvml.calls["nvmlDeviceGetFieldValues"] == 4
     first, second, third, fourth = node.nvml.requests  # type: ignore[attr-defined]
-    assert pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT in first and not any(isinstance(r, tuple) for r in first)
     hopper_only = (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC, 4)
-    assert hopper_only in second  # asked once: Blackwell answers NOT_SUPPORTED
-    assert hopper_only not in third and third == fourth
+    assert hopper_only in first  # asked once: Blackwell answers NOT_SUPPORTED
+    assert hopper_only not in second and second == third == fourth
     assert (pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, 17) in fourth
+    assert (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 17) in fourth
 
 
 # --- counters ---------------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ FIELD_IDS = {pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, pynvml.NVML_FI_DEV_MEM
              pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, pynvml.NVML_FI_DEV_REMAPPED_COR,
              pynvml.NVML_FI_DEV_REMAPPED_UNC, pynvml.NVML_FI_DEV_REMAPPED_PENDING,
              pynvml.NVML_FI_DEV_REMAPPED_FAILURE}
-NVLINK_COUNT = pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT
 GPM_RATIOS = (cat.GPU_SM_ACTIVE.name, cat.GPU_SM_OCCUPANCY.name, cat.GPU_TENSOR_ACTIVE.name, cat.GPU_DRAM_ACTIVE.name,
               cat.GPU_FP64_ACTIVE.name, cat.GPU_FP32_ACTIVE.name, cat.GPU_FP16_ACTIVE.name)
 REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
@@ -250,10 +249,8 @@ def test_field_values_come_from_one_call_per_device_per_cycle(make_source: Make)
     assert nvml.calls["nvmlDeviceGetFieldValues"] == 6
     for gpu in nvml.gpus:
         assert nvml.device_calls[("nvmlDeviceGetFieldValues", gpu.uuid)] == 3
-    # The NVLink count rides in each GPU's first call (this recording has no NVLink: never again).
-    first, later = nvml.field_requests[:2], nvml.field_requests[2:]
-    assert all(set(ids) == FIELD_IDS | {NVLINK_COUNT} for _, ids in first)
-    assert all(set(ids) == FIELD_IDS for _, ids in later)
+    # No NVLink field is ever asked: this recording has no link (found by state calls, see test_nvlink.py).
+    assert all(set(ids) == FIELD_IDS for _, ids in nvml.field_requests)
 
 
 def test_not_supported_families_are_asked_once_per_device(make_source: Make) -> None:
@@ -280,7 +277,7 @@ def test_a_not_supported_field_is_dropped_from_the_batch(make_source: Make) -> N
     for _ in range(3):
         gpu = source.collect().devices[0]
     first, *later = [set(ids) for _, ids in nvml.field_requests]
-    assert first == FIELD_IDS | {NVLINK_COUNT}
+    assert first == FIELD_IDS
     assert all(ids == FIELD_IDS - {temp} for ids in later)  # the transient error is asked again
     assert value(gpu, cat.GPU_MEMORY_TEMPERATURE.name) is None
     assert value(gpu, cat.GPU_PCIE_BYTES.name, direction="tx") is None

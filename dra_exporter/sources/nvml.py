@@ -11,7 +11,8 @@ Contract (DESIGN §1, §6):
 - An NVML error on one device marks only that device down this cycle (``up=False``, no
   readings, ``error`` set); it is read again next cycle and recovers by itself. NOT_SUPPORTED
   is remembered per (device, family) and never asked again. All field-value families come
-  from one ``nvmlDeviceGetFieldValues`` call per device per cycle.
+  from one ``nvmlDeviceGetFieldValues`` call per device per cycle (``nvml_fields``: the request
+  built once per device, the answers unpacked from the array's bytes).
 - Processes are read from whole GPUs outside MIG mode and from MIG devices, never from a
   MIG-enabled parent (which would count every process twice).
 - XIDs are counted on a background thread (``nvml_events``); GPM comes from ``nvml_gpm``; NVLink
@@ -38,6 +39,7 @@ from ..model import DeviceSample, GpuDevice, Labels, NvmlSnapshot, ProcessSample
 from . import Source, SourceError
 from .nvml_events import EventWatcher, XidCounter, XidTally
 from .nvml_fabric import FabricReader, FabricState
+from .nvml_fields import Answer, FieldBatch, FieldValues
 from .nvml_gpm import GpmReader, gpm_supported
 from .nvml_nvlink import LinkReader, LinkState, unwrap32
 
@@ -94,17 +96,6 @@ _FIELDS: Final = (
     ("NVML_FI_DEV_REMAPPED_FAILURE", _FieldSpec(cat.GPU_ROW_REMAP_FAILURE)),
 )
 
-#: ``c_nvmlValue_t`` member for each ``NVML_VALUE_TYPE_*``.
-_VALUE_MEMBERS: Final = (
-    ("NVML_VALUE_TYPE_DOUBLE", "dVal"),
-    ("NVML_VALUE_TYPE_UNSIGNED_INT", "uiVal"),
-    ("NVML_VALUE_TYPE_UNSIGNED_LONG", "ulVal"),
-    ("NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", "ullVal"),
-    ("NVML_VALUE_TYPE_SIGNED_LONG_LONG", "sllVal"),
-    ("NVML_VALUE_TYPE_SIGNED_INT", "siVal"),
-    ("NVML_VALUE_TYPE_UNSIGNED_SHORT", "usVal"),
-)
-
 #: What an operator should check when ``nvmlInit`` fails with these errors.
 _INIT_HINTS: Final = {
     "NVML_ERROR_DRIVER_NOT_LOADED": "is the NVIDIA driver loaded, and are /dev/nvidia* visible "
@@ -129,6 +120,8 @@ class _DeviceState:
     """What the source remembers about one device between cycles (mutable on purpose)."""
 
     field_ids: list[int]
+    batch: FieldBatch | None = None
+    """``field_ids`` and the links' entries as one request; None: to be built (again)."""
     unsupported: set[str] = field(default_factory=set)
     wraps: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Field id -> (last raw 32-bit value, offset added for wraps so far)."""
@@ -184,8 +177,6 @@ class _DeviceReader:
         self._memory_v2 = getattr(nvml, "nvmlMemory_v2", None)
         self._temperature_gpu = nvml.NVML_TEMPERATURE_GPU
         self._uint = getattr(nvml, "NVML_VALUE_TYPE_UNSIGNED_INT", None)
-        self._value_members = {int(getattr(nvml, const)): member
-                               for const, member in _VALUE_MEMBERS if hasattr(nvml, const)}
         self._fields = {int(getattr(nvml, const)): spec for const, spec in _FIELDS if hasattr(nvml, const)}
         self.field_ids: tuple[int, ...] = tuple(self._fields)
         self._reasons = tuple(
@@ -212,7 +203,8 @@ class _DeviceReader:
                  ("fields", "nvmlDeviceGetFieldValues", self._field_values)]
         # A binding too old for a family loses that family, loudly once, not every cycle.
         self._plan = tuple((family, reader) for family, function, reader in plan if hasattr(nvml, function))
-        self._links = LinkReader(nvml, self._value, self._uint)
+        self._field_values_reader = FieldValues(nvml)
+        self._links = LinkReader(nvml, self._field_values_reader, self._uint)
         self._fabric = FabricReader(nvml, logger)
         for family, function, _ in plan:
             if not hasattr(nvml, function):
@@ -229,10 +221,9 @@ class _DeviceReader:
             readings += self._guarded(state, "fabric", self._fabric.read, handle, state.fabric, uuid)
         if state.gpm is not None:
             gpm = self._guarded(state, "gpm", state.gpm.read, now)
-            nvlink_bytes = cat.GPU_NVLINK_BYTES.name
-            if any(r.metric == nvlink_bytes for r in readings):
+            if state.links is not None and state.links.has_bytes:
                 # The per-link counters' sum counts since the driver loaded: it replaces GPM's integral.
-                gpm = [r for r in gpm if r.metric != nvlink_bytes]
+                gpm = [r for r in gpm if r.metric != cat.GPU_NVLINK_BYTES.name]
             readings += gpm
         return readings
 
@@ -366,41 +357,41 @@ class _DeviceReader:
                 for bit, labels in self._reasons]
 
     def _field_values(self, handle: Any, state: _DeviceState) -> list[Reading]:
-        links = self._links.requests(state.links) if state.links is not None else []
-        if not state.field_ids and not links:
-            return []
+        links = state.links
+        if links is not None and links.links is None:
+            self._links.discover(handle, links)
+        if state.batch is None or (links is not None and links.changed):
+            link_requests = self._links.requests(links) if links is not None else []
+            state.batch = self._field_values_reader.batch([(fid, 0) for fid in state.field_ids] + link_requests)
+        answers = self._field_values_reader.read(handle, state.batch)
+        board = len(state.field_ids)
+        out = self._board_fields(state, answers[:board])
+        if links is not None and links.entries:
+            out += self._links.readings(handle, links, answers[board:])
+        return out
+
+    def _board_fields(self, state: _DeviceState, answers: list[Answer]) -> list[Reading]:
         out: list[Reading] = []
         dropped: set[int] = set()
-        link_values = []
-        for value in self._nvml.nvmlDeviceGetFieldValues(handle, [*state.field_ids, *links]):
-            field_id, ret = int(value.fieldId), int(value.nvmlReturn)
-            if field_id in self._links.field_ids:
-                link_values.append(value)
-                continue
+        for field_id, answer in zip(state.field_ids, answers, strict=True):
+            value_type, ret = answer[0], answer[1]
             if ret != self._success:
                 if ret in self._unsupported_codes:
                     dropped.add(field_id)
                 continue  # any other per-field error: absent this cycle, asked again next cycle
             spec = self._fields.get(field_id)
-            member = self._value_members.get(int(value.valueType))
-            if spec is None or member is None:
+            raw = self._field_values_reader.number(answer)
+            if spec is None or raw is None:
                 continue
-            raw = getattr(value.value, member)
-            if spec.counter and int(value.valueType) == self._uint:
+            if spec.counter and value_type == self._uint:
                 # The PCIe byte counters are 32-bit (see the H200 recording) and wrap after 4 GiB;
                 # exported raw they would look like counter resets.
                 raw = unwrap32(state.wraps, field_id, int(raw))
             out.append(Reading(spec.family.name, float(raw) * spec.scale, spec.labels))
         if dropped:
             state.field_ids = [fid for fid in state.field_ids if fid not in dropped]
-        if state.links is not None:
-            out += self._links.readings(handle, state.links, link_values)
+            state.batch = None
         return out
-
-    def _value(self, value: Any) -> float | None:
-        """The number in a ``c_nvmlFieldValue_t``; None for a value type this binding does not know."""
-        member = self._value_members.get(int(value.valueType))
-        return None if member is None else float(getattr(value.value, member))
 
 
 def _text(value: Any) -> str:

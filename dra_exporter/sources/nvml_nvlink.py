@@ -2,16 +2,20 @@
 
 Contract (one ``LinkState`` per whole GPU; MIG devices own no links):
 
-- The links are found once per GPU: ``NVML_FI_DEV_NVLINK_LINK_COUNT`` rides in the GPU's first
-  field-value call (so the link families start on its second cycle); where that field is
-  NOT_SUPPORTED, by asking ``nvmlDeviceGetNvLinkState`` link after link until one is refused. No
-  link (the recorded H200, PCIe boards, pre-NVLink GPUs) means nothing more is ever asked, and no
-  family appears.
+- The links are found once per GPU, on its first cycle: ``nvmlDeviceGetNvLinkState`` is asked for
+  every link index up to the binding's ``NVML_NVLINK_MAX_LINKS`` (nvml.h: 18 up to R550, 36 after),
+  and every link it answers for, up or down, is one. NOT_SUPPORTED or INVALID_ARGUMENT means no link
+  at that index, not the end of the links: links need not be numbered 0..count-1 (a link missing in
+  the middle), and ``NVML_FI_DEV_NVLINK_LINK_COUNT`` is not asked (real NVML counts the links present,
+  NVIDIA's mock the ones up: neither numbers them). No link (the recorded H200, PCIe boards,
+  pre-NVLink GPUs) means nothing more is ever asked, and no family appears.
 - Every cycle, each link's ``(fieldId, scopeId)`` entries ride in the device's one batched
-  ``nvmlDeviceGetFieldValues`` call (``requests()`` in, ``readings()`` out). An entry that answers
-  NOT_SUPPORTED while its link is up is dropped for good (Blackwell refuses the Hopper counters and
-  the other way round); on a link that is down it is only absent this cycle, since a counter may
-  not answer on an untrained link and must come back with it.
+  ``nvmlDeviceGetFieldValues`` call (``requests()`` in, ``readings()`` out, in the same order; read
+  by ``nvml_fields``). An entry that answers NOT_SUPPORTED while its link is up is dropped for good
+  (Blackwell refuses the Hopper counters and the other way round); on a link that is down it is only
+  absent, since a counter may not answer on an untrained link and must come back with it.
+- An entry whose answer is what it was last cycle gives last cycle's reading again: on 8 GB200s
+  that is ~2,900 entries a cycle, most of them error counters that never move.
 - Link identity (NVLink version, the far end's device type) does not change while the driver is
   loaded: read once per link with ``nvmlDeviceGetNvLinkVersion``/``RemoteDeviceType``, when the
   link is first seen up.
@@ -26,12 +30,15 @@ NVML errors other than NOT_SUPPORTED propagate: the caller marks the device down
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import ne
 from typing import Any, Final
 
 from .. import catalog as cat
 from ..model import Labels, Reading
+from .nvml_fields import Answer, FieldValues
 
 #: Per-link field values (scopeId = link): NVML constant -> (family, labels, scale, counter).
 _SCOPED: Final = (
@@ -59,20 +66,27 @@ _SCOPED: Final = (
 #: data CRC and ECC counters of links 0-11, which the scoped DL fields above do not cover.
 _PER_INDEX = re.compile(r"NVML_FI_DEV_NVLINK_(CRC_DATA|ECC_DATA)_ERROR_COUNT_L(\d+)")
 _STATE: Final = "NVML_FI_DEV_NVLINK_GET_STATE"
-_LINK_COUNT: Final = "NVML_FI_DEV_NVLINK_LINK_COUNT"
 #: Link states that count as up: ACTIVE, and SLEEP (a trained link in a low-power state, not broken).
 _UP_STATES: Final = ("NVML_NVLINK_STATE_ACTIVE", "NVML_NVLINK_STATE_SLEEP")
 _WRAP_32: Final = 1 << 32
+#: Without ``NVML_NVLINK_MAX_LINKS`` in the binding: nvml.h's value up to R550.
+_DEFAULT_MAX_LINKS: Final = 18
 
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    family: cat.MetricSpec
+    """One ``(fieldId, scopeId)`` of a link in the batch, and what its answer becomes."""
+
+    key: tuple[int, int]
+    metric: str
     labels: Labels
-    """The family's own labels after ``link``."""
+    """``link`` and the family's own labels."""
     scale: float
     counter: bool
     link: int
+    direction: str = ""
+    """``tx``/``rx`` for the data counters, whose sum is ``dra_gpu_nvlink_bytes_total``."""
+    is_state: bool = False
 
 
 @dataclass(slots=True)
@@ -80,13 +94,29 @@ class LinkState:
     """What the source remembers about one GPU's links between cycles (mutable on purpose)."""
 
     links: tuple[int, ...] | None = None
-    """None until probed; ``()`` for a GPU without NVLink."""
-    requests: dict[tuple[int, int], _Entry] = field(default_factory=dict)
+    """None until discovered; ``()`` for a GPU without NVLink."""
+    entries: list[_Entry] = field(default_factory=list)
+    """This GPU's part of the field-value batch, in order."""
+    changed: bool = True
+    """``entries`` changed since the caller last built its batch from ``requests()``."""
+    answers: Sequence[Answer | None] = field(default_factory=list)
+    readings: list[Reading | None] = field(default_factory=list)
+    """Per entry: the last answer, and the reading made of it (None: absent)."""
+    refused: set[int] = field(default_factory=set)
+    """Entries whose last answer was NOT_SUPPORTED: dropped once their link is up."""
+    up: dict[int, bool] = field(default_factory=dict)
     state_by_call: set[int] = field(default_factory=set)
     """Links whose state field is NOT_SUPPORTED: asked with ``nvmlDeviceGetNvLinkState`` instead."""
-    info: dict[int, Labels] = field(default_factory=dict)
+    info: dict[int, Reading] = field(default_factory=dict)
     wraps: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
-    last_bytes: dict[tuple[int, str], float] = field(default_factory=dict)
+    last_bytes: dict[str, dict[int, float]] = field(default_factory=dict)
+    """Direction -> link -> the last value of its data counter."""
+    totals: tuple[Reading, ...] = ()
+
+    @property
+    def has_bytes(self) -> bool:
+        """The per-link data counters answer: their sum is the GPU's NVLink traffic."""
+        return bool(self.last_bytes)
 
 
 def unwrap32(wraps: dict[Any, tuple[int, int]], key: Any, raw: int) -> int:
@@ -101,19 +131,22 @@ def unwrap32(wraps: dict[Any, tuple[int, int]], key: Any, raw: int) -> int:
 class LinkReader:
     """Reads the NVLink families of whole GPUs; one instance per source, state per GPU."""
 
-    def __init__(self, nvml: Any, value_of: Callable[[Any], float | None], uint_type: int | None) -> None:
+    def __init__(self, nvml: Any, fields: FieldValues, uint_type: int | None) -> None:
         self._nvml = nvml
-        self._value_of = value_of
-        """The number in a ``c_nvmlFieldValue_t`` (None for an unknown value type)."""
+        self._fields = fields
         self._uint = uint_type
         self._unsupported = frozenset(int(getattr(nvml, c)) for c in ("NVML_ERROR_NOT_SUPPORTED",
                                                                         "NVML_ERROR_FUNCTION_NOT_FOUND")
                                       if hasattr(nvml, c))
+        #: What ``nvmlDeviceGetNvLinkState`` answers for an index where the GPU has no link.
+        self._no_link = frozenset(int(getattr(nvml, c)) for c in ("NVML_ERROR_NOT_SUPPORTED",
+                                                                    "NVML_ERROR_INVALID_ARGUMENT")
+                                  if hasattr(nvml, c))
+        self._no_function = _const(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND")
         self._success = int(nvml.NVML_SUCCESS)
         self._state_field = _const(nvml, _STATE)
-        self._count_field = _const(nvml, _LINK_COUNT)
         self._up_states = frozenset(v for c in _UP_STATES if (v := _const(nvml, c)) is not None)
-        self._scoped = tuple((fid, _Entry(family, labels, scale, counter, -1))
+        self._scoped = tuple((fid, family, labels, scale, counter)
                              for const, family, labels, scale, counter in _SCOPED
                              if (fid := _const(nvml, const)) is not None)
         self._per_index: dict[int, list[tuple[int, str]]] = {}
@@ -124,113 +157,133 @@ class LinkReader:
                                      lambda m: f"{m[1]}.{m[2]}")
         self._remote_types = _enum_names(nvml, re.compile(r"NVML_NVLINK_DEVICE_TYPE_([A-Z]+)"),
                                          lambda m: m[1].lower())
-        self.field_ids = frozenset({fid for fid, _ in self._scoped} | {self._state_field or -1}
-                                   | {self._count_field or -1}
-                                   | {fid for entries in self._per_index.values() for fid, _ in entries})
-        """Every field id this reader asks for: the caller hands their answers back to ``readings()``."""
+        self._up_readings = {(link, up): Reading(cat.GPU_NVLINK_LINK_UP.name, 1.0 if up else 0.0,
+                                                 (("link", str(link)),))
+                             for link in range(self._max_links()) for up in (False, True)}
 
     # -- one cycle ---------------------------------------------------------------------------
 
-    def requests(self, state: LinkState) -> list[int | tuple[int, int]]:
-        """The entries for this cycle's field-value call: the link count until the links are known."""
-        if state.links is None:
-            return [] if self._count_field is None else [self._count_field]
-        return list(state.requests)
+    def requests(self, state: LinkState) -> list[tuple[int, int]]:
+        """This GPU's entries for the field-value call, in the order ``readings()`` expects them back."""
+        state.changed = False
+        return [entry.key for entry in state.entries]
 
-    def readings(self, handle: Any, state: LinkState, values: Iterable[Any]) -> list[Reading]:
+    def readings(self, handle: Any, state: LinkState, answers: Sequence[Answer]) -> list[Reading]:
         """The link families from this cycle's answers to ``requests()`` (and the few per-link calls)."""
-        answers = {(int(v.fieldId), int(v.scopeId)): v for v in values}
-        if state.links is None:
-            self._probe(handle, state, answers.get((self._count_field or -1, 0)))
-            return []
-        up: dict[int, bool] = {}
-        out: list[Reading] = []
-        for link in state.links:
-            is_up = self._link_up(handle, state, link, answers.get((self._state_field or -1, link)))
-            if is_up is not None:
-                up[link] = is_up
-                out.append(Reading(cat.GPU_NVLINK_LINK_UP.name, 1.0 if is_up else 0.0, (("link", str(link)),)))
-            if is_up and link not in state.info:
+        # Only the entries whose answer changed are looked at in Python (on an idle GB200: the two data
+        # counters of each link); finding them and collecting the readings run in C.
+        made, entries = state.readings, state.entries
+        bytes_moved = False
+        for i in compress(range(len(answers)), map(ne, answers, state.answers)):
+            entry = entries[i]
+            made[i] = self._reading(state, i, entry, answers[i])
+            bytes_moved = bytes_moved or bool(entry.direction)
+        state.answers = list(answers)
+        out: list[Reading] = list(filter(None, made))
+        for link in sorted(state.state_by_call):
+            up = self._state_by_call(handle, link)
+            if up is None:
+                state.up.pop(link, None)
+            else:
+                state.up[link] = up
+                out.append(self._up_readings.get((link, up)) or Reading(
+                    cat.GPU_NVLINK_LINK_UP.name, 1.0 if up else 0.0, (("link", str(link)),)))
+        self._drop_refused(state)
+        for link in state.links or ():
+            if state.up.get(link) and link not in state.info:
                 self._read_info(handle, state, link)
-            if link in state.info:
-                out.append(Reading(cat.GPU_NVLINK_LINK_INFO.name, 1.0, (("link", str(link)), *state.info[link])))
-        dropped = []
-        for key, answer in answers.items():
-            entry = state.requests.get(key)
-            if entry is None or entry.family is cat.GPU_NVLINK_LINK_UP:
-                continue
-            ret = int(answer.nvmlReturn)
-            if ret != self._success:
-                if ret in self._unsupported and up.get(entry.link, False):
-                    dropped.append(key)
-                continue
-            number = self._value_of(answer)
-            if number is None:
-                continue
-            if entry.counter and int(answer.valueType) == self._uint:
-                number = unwrap32(state.wraps, key, int(number))
-            value = float(number) * entry.scale
-            if entry.family is cat.GPU_NVLINK_LINK_BYTES:
-                state.last_bytes[(entry.link, entry.labels[0][1])] = value
-            out.append(Reading(entry.family.name, value, (("link", str(entry.link)), *entry.labels)))
-        for key in dropped:
-            del state.requests[key]
-        for direction in ("rx", "tx"):
-            per_link = [v for (_, d), v in state.last_bytes.items() if d == direction]
-            if per_link:
-                out.append(Reading(cat.GPU_NVLINK_BYTES.name, sum(per_link),
-                                   cat.GPU_NVLINK_BYTES.extra(direction=direction)))
+            info = state.info.get(link)
+            if info is not None:
+                out.append(info)
+        if bytes_moved:
+            state.totals = tuple(Reading(cat.GPU_NVLINK_BYTES.name, sum(per_link.values()),
+                                         cat.GPU_NVLINK_BYTES.extra(direction=direction))
+                                 for direction, per_link in sorted(state.last_bytes.items()) if per_link)
+        out += state.totals
         return out
+
+    def _reading(self, state: LinkState, index: int, entry: _Entry, answer: Answer) -> Reading | None:
+        ret = answer[1]
+        if ret != self._success:
+            if entry.is_state:
+                state.up.pop(entry.link, None)
+                if ret in self._unsupported:
+                    state.state_by_call.add(entry.link)  # asked by call from now on
+                    state.refused.add(index)
+            elif ret in self._unsupported:
+                state.refused.add(index)
+            return None  # any other error: absent this cycle, asked again next cycle
+        state.refused.discard(index)
+        number = self._fields.number(answer)
+        if number is None:
+            return None
+        if entry.is_state:
+            up = number in self._up_states
+            state.up[entry.link] = up
+            return self._up_readings.get((entry.link, up)) or Reading(entry.metric, float(up), entry.labels)
+        if entry.counter and answer[0] == self._uint:
+            number = unwrap32(state.wraps, entry.key, int(number))
+        value = float(number) * entry.scale
+        if entry.direction:
+            state.last_bytes.setdefault(entry.direction, {})[entry.link] = value
+        return Reading(entry.metric, value, entry.labels)
+
+    def _drop_refused(self, state: LinkState) -> None:
+        """Entries NOT_SUPPORTED on a link that is up never answer: out of the batch."""
+        drop = {i for i in state.refused
+                if (entry := state.entries[i]).is_state or state.up.get(entry.link, False)}
+        if not drop:
+            return
+        keep = [i for i in range(len(state.entries)) if i not in drop]
+        state.entries = [state.entries[i] for i in keep]
+        state.answers = [state.answers[i] for i in keep]
+        state.readings = [state.readings[i] for i in keep]
+        state.refused = {new for new, old in enumerate(keep) if old in state.refused}
+        state.changed = True
 
     # -- finding the links -------------------------------------------------------------------
 
-    def _probe(self, handle: Any, state: LinkState, count: Any) -> None:
-        if count is not None and int(count.nvmlReturn) == self._success:
-            links = max(0, min(int(self._value_of(count) or 0), self._max_links()))
-        elif count is None or int(count.nvmlReturn) in self._unsupported:
-            links = self._count_by_state(handle)
-        else:
-            return  # a passing error: asked again next cycle
-        state.links = tuple(range(links))
-        for link in state.links:
-            if self._state_field is not None:
-                state.requests[(self._state_field, link)] = _Entry(cat.GPU_NVLINK_LINK_UP, (), 1.0, False, link)
-            for fid, entry in self._scoped:
-                state.requests[(fid, link)] = _Entry(entry.family, entry.labels, entry.scale, entry.counter, link)
-            for fid, kind in self._per_index.get(link, ()):
-                state.requests[(fid, 0)] = _Entry(cat.GPU_NVLINK_LINK_ERRORS, (("type", kind),), 1.0, True, link)
-
-    def _count_by_state(self, handle: Any) -> int:
-        """Without a link count: a link exists while ``nvmlDeviceGetNvLinkState`` answers for it."""
+    def discover(self, handle: Any, state: LinkState) -> None:
+        """Find the GPU's links (once): every index ``nvmlDeviceGetNvLinkState`` answers for."""
         nvml = self._nvml
-        if not hasattr(nvml, "nvmlDeviceGetNvLinkState"):
-            return 0
-        count = 0
-        while count < self._max_links():
+        call = getattr(nvml, "nvmlDeviceGetNvLinkState", None)
+        links: list[int] = []
+        for link in range(self._max_links() if call is not None else 0):
             try:
-                nvml.nvmlDeviceGetNvLinkState(handle, count)
+                call(handle, link)  # type: ignore[misc]
             except nvml.NVMLError as err:
-                if err.value in self._unsupported or err.value == nvml.NVML_ERROR_INVALID_ARGUMENT:
+                if err.value in self._no_link:
+                    continue  # no link at this index; a higher one may exist
+                if err.value == self._no_function:
                     break
-                raise
-            count += 1
-        return count
+                raise  # a GPU error: discovered again next cycle
+            links.append(link)
+        state.links = tuple(links)
+        entries: list[_Entry] = []
+        for link in state.links:
+            name = str(link)
+            if self._state_field is not None:
+                entries.append(_Entry((self._state_field, link), cat.GPU_NVLINK_LINK_UP.name, (("link", name),),
+                                      1.0, False, link, is_state=True))
+            else:
+                state.state_by_call.add(link)
+            for fid, family, labels, scale, counter in self._scoped:
+                direction = labels[0][1] if family is cat.GPU_NVLINK_LINK_BYTES else ""
+                entries.append(_Entry((fid, link), family.name, (("link", name), *labels), scale, counter, link,
+                                      direction))
+            for fid, kind in self._per_index.get(link, ()):
+                entries.append(_Entry((fid, 0), cat.GPU_NVLINK_LINK_ERRORS.name, (("link", name), ("type", kind)),
+                                      1.0, True, link))
+        state.entries = entries
+        state.answers = [None] * len(entries)
+        state.readings = [None] * len(entries)
+        state.changed = True
 
     def _max_links(self) -> int:
-        return int(getattr(self._nvml, "NVML_NVLINK_MAX_LINKS", 18))
+        return int(getattr(self._nvml, "NVML_NVLINK_MAX_LINKS", _DEFAULT_MAX_LINKS))
 
-    def _link_up(self, handle: Any, state: LinkState, link: int, answer: Any) -> bool | None:
+    def _state_by_call(self, handle: Any, link: int) -> bool | None:
         nvml = self._nvml
-        if link not in state.state_by_call:
-            if answer is None:
-                return None
-            ret = int(answer.nvmlReturn)
-            if ret == self._success:
-                return self._value_of(answer) in self._up_states
-            if ret not in self._unsupported:
-                return None  # absent this cycle, asked again next cycle
-            state.state_by_call.add(link)
-            state.requests.pop((self._state_field or -1, link), None)
         try:
             return bool(nvml.nvmlDeviceGetNvLinkState(handle, link) == nvml.NVML_FEATURE_ENABLED)
         except nvml.NVMLError as err:
@@ -242,7 +295,8 @@ class LinkReader:
         version = self._static(handle, "nvmlDeviceGetNvLinkVersion", link, self._versions)
         remote = self._static(handle, "nvmlDeviceGetNvLinkRemoteDeviceType", link, self._remote_types)
         if version is not None and remote is not None:
-            state.info[link] = (("version", version), ("remote_type", remote))
+            state.info[link] = Reading(cat.GPU_NVLINK_LINK_INFO.name, 1.0,
+                                       (("link", str(link)), ("version", version), ("remote_type", remote)))
 
     def _static(self, handle: Any, function: str, link: int, names: Mapping[int, str]) -> str | None:
         """A per-link enum as its name; ``""`` where NVML does not say; None on another error (try later)."""
