@@ -245,13 +245,20 @@ def test_families_are_present_and_absent_as_the_board_has_them(board: Board) -> 
         present = {metric for metric, _, _ in device["readings"]}
         expect = {
             "gpm": (GPM_FAMILIES, gpm_expected(doc) if driver_major(doc) != 525 else None),
-            "nvlink per link": (LINK_FAMILIES, True if has_switch_links(doc) else
-                                (False if not doc.get("nvlink") else None)),
+            # Not settled where the profile has no NVLink: real NVML answers NOT_SUPPORTED for every link
+            # index there (no link, no family), the mock answers "disabled" for all 18 (a quirk), which the
+            # source reads as 18 links down — checked below as down and silent, never as traffic.
+            "nvlink per link": (LINK_FAMILIES, True if has_switch_links(doc) else None),
             "nvlink bytes": ((cat.GPU_NVLINK_BYTES,), True if has_switch_links(doc) or (doc.get("nvlink") and gpm_expected(doc))
-                             else (False if not doc.get("nvlink") else None)),
+                             else None),
             "fabric": (FABRIC_FAMILIES, "fabric" in cfg),
             "xid": ((cat.GPU_XID_ERRORS, cat.GPU_LAST_XID), False),  # no XID without a failure
         }
+        if not doc.get("nvlink"):
+            ups = [value for metric, _, value in device["readings"] if metric == cat.GPU_NVLINK_LINK_UP.name]
+            moved = [value for metric, _, value in device["readings"]
+                     if metric in (cat.GPU_NVLINK_LINK_BYTES.name, cat.GPU_NVLINK_BYTES.name) and value]
+            assert not any(ups) and not moved, (board.name, device["index"], "a board without NVLink has traffic")
         for what, (families, expected) in expect.items():
             if expected is None:
                 continue  # not settled by the profile (see gpm_expected and has_switch_links)
@@ -347,12 +354,17 @@ def test_every_switch_link_is_up_at_the_profiles_speed_towards_a_switch(board: B
     links = [str(n) for n in range(nvlink["links_per_gpu"])]
     for device in board.healthy_devices():
         got = values(device, (cat.GPU_NVLINK_LINK_UP, cat.GPU_NVLINK_LINK_SPEED))
+        # Mock quirk: an index past the board's links answers "disabled" where real NVML answers
+        # NOT_SUPPORTED, so the source reads such indices as links down: they must be down and nothing else.
+        extra = {k: v for k, v in got.items() if dict(k[1])["link"] not in links}
+        assert all(k[0] == cat.GPU_NVLINK_LINK_UP.name and v == 0.0 for k, v in extra.items()), extra
+        got = {k: v for k, v in got.items() if k not in extra}
         assert got == {**{key(cat.GPU_NVLINK_LINK_UP, link=n): 1.0 for n in links},
                        # MBps in the profile and in NVML (nvml.h: NVML_FI_DEV_NVLINK_GET_SPEED), bytes/s here
                        **{key(cat.GPU_NVLINK_LINK_SPEED, link=n): nvlink["bandwidth_per_link_mbps"] * 1e6
                           for n in links}}
         remote = {labels["link"]: labels["remote_type"] for metric, labels, _ in device["readings"]
-                  if metric == cat.GPU_NVLINK_LINK_INFO.name}
+                  if metric == cat.GPU_NVLINK_LINK_INFO.name and labels["link"] in links}
         assert remote == dict.fromkeys(links, "switch")
         if "nvlink_error" not in board.cfg(device["index"]):
             errors = values(device, (cat.GPU_NVLINK_LINK_ERRORS, cat.GPU_NVLINK_LINK_RECOVERIES))
