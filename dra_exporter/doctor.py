@@ -98,7 +98,8 @@ def _gpu(nvml: Any, i: int, driver: str) -> Iterator[Finding]:
     if mig_on and not _has_mig_devices(nvml, h):
         level, mig = "WARN", "MIG enabled but no MIG devices"
         hint = ("Nothing can run on it and no partition is reported until MIG devices exist: create them "
-                "(nvidia-smi mig -cgi … -C, or let the DRA driver's dynamic MIG do it)" + (f". {hint}" if hint else "."))
+                "(nvidia-smi mig -cgi … -C, or let the DRA driver's dynamic MIG do it)"
+                + (f". {hint}" if hint else "."))
     yield Finding(level, f"gpu {i}", f"{name} {uuid}, {mig}, {gpm}", hint)
 
 

@@ -68,7 +68,8 @@ def reading(device: dict[str, Any], family: cat.MetricSpec, **labels: str) -> fl
 
 
 @pytest.mark.parametrize("run", failing_profiles(), indirect=True)
-def test_a_lost_gpu_is_down_alone_and_comes_back_when_it_heals(run: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+def test_a_lost_gpu_is_down_alone_and_comes_back_when_it_heals(
+        run: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
     doc, records = run
     assert not [r["error"] for r in records if "error" in r]
     lost = {i for i, f in failures(doc).items() if f["mode"] in LOST_MODES}

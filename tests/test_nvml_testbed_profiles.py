@@ -249,8 +249,8 @@ def test_families_are_present_and_absent_as_the_board_has_them(board: Board) -> 
             # index there (no link, no family), the mock answers "disabled" for all 18 (a quirk), which the
             # source reads as 18 links down — checked below as down and silent, never as traffic.
             "nvlink per link": (LINK_FAMILIES, True if has_switch_links(doc) else None),
-            "nvlink bytes": ((cat.GPU_NVLINK_BYTES,), True if has_switch_links(doc) or (doc.get("nvlink") and gpm_expected(doc))
-                             else None),
+            "nvlink bytes": ((cat.GPU_NVLINK_BYTES,),
+                             True if has_switch_links(doc) or (doc.get("nvlink") and gpm_expected(doc)) else None),
             "fabric": (FABRIC_FAMILIES, "fabric" in cfg),
             "xid": ((cat.GPU_XID_ERRORS, cat.GPU_LAST_XID), False),  # no XID without a failure
         }
@@ -338,7 +338,8 @@ def test_fabric_clique_cluster_state_and_health_are_the_profiles(board: Board) -
     for device in board.healthy_devices():
         fabric = board.cfg(device["index"])["fabric"]
         want = fabric_expected(fabric)
-        got = values(device, FABRIC_FAMILIES if "health_mask" not in fabric else FABRIC_FAMILIES[:3] + FABRIC_FAMILIES[4:])
+        families = FABRIC_FAMILIES if "health_mask" not in fabric else FABRIC_FAMILIES[:3] + FABRIC_FAMILIES[4:]
+        got = values(device, families)
         if got != want:
             wrong[device["index"]] = {k: (got.get(k), want.get(k)) for k in got.keys() | want.keys()
                                       if got.get(k) != want.get(k)}
@@ -382,11 +383,13 @@ def test_codec_utilisation_is_the_profiles(board: Board) -> None:
     for device in board.healthy_devices():
         util = board.cfg(device["index"])["utilization"]
         assert values(device, (cat.GPU_ENCODER_UTILIZATION, cat.GPU_DECODER_UTILIZATION)) == {
-            key(cat.GPU_ENCODER_UTILIZATION): util["encoder"] / 100, key(cat.GPU_DECODER_UTILIZATION): util["decoder"] / 100}
+            key(cat.GPU_ENCODER_UTILIZATION): util["encoder"] / 100,
+            key(cat.GPU_DECODER_UTILIZATION): util["decoder"] / 100}
 
 
 @pytest.mark.xfail(strict=True, reason="mock quirk: the PCIe replay counter is fixed at 0 (test bed README)")
-@pytest.mark.parametrize("board", names(lambda doc: doc["device_defaults"]["pcie"].get("replay_counter")), indirect=True)
+@pytest.mark.parametrize("board", names(lambda doc: doc["device_defaults"]["pcie"].get("replay_counter")),
+                         indirect=True)
 def test_pcie_replays_are_the_profiles(board: Board) -> None:
     for device in board.healthy_devices():
         assert values(device, (cat.GPU_PCIE_REPLAYS,)) == {

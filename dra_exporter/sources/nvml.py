@@ -229,7 +229,6 @@ class _DeviceReader:
 
     def processes(self, handle: Any, state: _DeviceState, uuid: str) -> list[ProcessSample]:
         """Compute and graphics processes of one device, deduplicated by pid, with their SM share."""
-        nvml = self._nvml
         memory: dict[int, float | None] = {}
         for family, function in (("compute_processes", "nvmlDeviceGetComputeRunningProcesses"),
                                  ("graphics_processes", "nvmlDeviceGetGraphicsRunningProcesses")):
