@@ -30,6 +30,7 @@ from simnode import SCENARIOS, eventually
 
 from dra_exporter import catalog as cat
 from dra_exporter import cli, runtime
+from dra_exporter.runtime import JoinCore
 from dra_exporter.agent import Agent, SourceRunner
 from dra_exporter.config import Settings, default_stall_timeout
 from dra_exporter.model import Frame, LoopHealth
@@ -128,8 +129,8 @@ def watched(primary: Any, *, followers: tuple[Any, ...] = (), sink: ListSink | N
         return SourceRunner(source, keep_last_good=False, interval=0.01, monotonic=clock)
 
     side = SourceRunner(GatedSource("podresources"), keep_last_good=True, interval=0.01, monotonic=clock)
-    agent = Agent(runner(primary), [side], [sink], interval=0.01, followers=[runner(f) for f in followers],
-                  stall_after=STALL, liveness_grace=GRACE, monotonic=clock)
+    agent = Agent([runner(primary)], [side], [sink], core=JoinCore(), interval=0.01,
+                  followers=[runner(f) for f in followers], stall_after=STALL, liveness_grace=GRACE, monotonic=clock)
     agent.start(startup_wait=startup_wait)
     try:
         yield agent, clock, sink
@@ -183,11 +184,11 @@ def test_the_default_bound_is_ten_intervals_and_never_under_30_s() -> None:
     assert default_stall_timeout(0.05) == 30.0
     assert default_stall_timeout(10.0) == 100.0
     nvml = SourceRunner(GatedSource("nvml"), keep_last_good=False)
-    agent = Agent(nvml, [], [], interval=5.0)
+    agent = Agent([nvml], [], [], core=JoinCore(), interval=5.0)
     assert (agent.stall_after, agent.liveness_grace) == (50.0, 50.0)
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="stall_after must be positive"):
-            Agent(nvml, [], [], stall_after=bad)
+            Agent([nvml], [], [], core=JoinCore(), stall_after=bad)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -304,7 +305,7 @@ def test_a_cycle_stuck_inside_a_sink_never_blocks_the_watchdog(caplog: pytest.Lo
         done.join(GUARD_S)
         assert not done.is_alive(), "the watchdog waited for the wedged sink"
         assert agent.health() == LoopHealth(False, False, "stalled: no collection cycle has finished for 60 s")
-        assert "stuck after collecting (join or publish)" in caplog.text
+        assert "stuck after collecting (in the core or a sink)" in caplog.text
         sink.release.set()
 
 
