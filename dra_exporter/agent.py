@@ -1,35 +1,32 @@
-"""The loop: run the sources, join their latest snapshots, publish the frame.
+"""The loop of every long-running program: run the sources, hand their latest snapshots to the
+program's pure core, publish the frame.
 
-NVML is the primary source: each cycle collects it, joins it with the latest
-snapshot of every side source (kubelet, API server, /proc), and publishes one
-frame to every sink. Side sources run on their own threads, so a hanging kubelet
-never delays NVML data. A failing source never fails the cycle; its health is
-published as self-metrics.
+Each cycle collects the primary sources (the node agent: NVML; the cluster mode: the cluster's
+objects) and their followers, gives the latest snapshot of every source to the ``core`` (the
+node agent: ``join``; the cluster mode: the capacity arithmetic), and publishes the one frame it
+returns to every sink. Side sources run on their own threads, so a hanging kubelet never delays
+NVML data. A failing source never fails the cycle; its health is published as self-metrics.
 
-A cycle that never returns (a wedged NVML call, a FIFO under ``--procfs``) cannot
-report itself, so a watchdog thread watches when the last cycle finished. Past
-``stall_after`` seconds the cycle counts as stalled: ``health()`` says not ready at
-once and not alive ``liveness_grace`` seconds later (the probes, so the kubelet
-restarts the pod), the watchdog logs one line naming the source the cycle is stuck
-in, and it publishes frames of its own in which NVML (and that source) are down.
+A cycle that never returns (a wedged NVML call, a FIFO under ``--procfs``, an API server that
+answers one byte a second) cannot report itself, so a watchdog thread watches when the last cycle
+finished. Past ``stall_after`` seconds the cycle counts as stalled: ``health()`` says not ready at
+once and not alive ``liveness_grace`` seconds later (the probes, so the kubelet restarts the pod),
+the watchdog logs one line naming the source the cycle is stuck in, and it publishes frames of its
+own in which the primary sources (and that source) are down.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import platform
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar
 
-from . import __version__
 from .config import default_stall_timeout
-from .join import JoinInput, join
 from .model import Frame, LoopHealth, SourceHealth
-from .resolve import Resolver
 from .sources import Snapshots, Source
 
 log = logging.getLogger(__name__)
@@ -41,10 +38,11 @@ class Sink(Protocol):
     def publish(self, frame: Frame) -> None: ...
 
 
-class ReportingSink(Sink, Protocol):
-    """A sink whose own health is worth a self-metric (a push that can fail)."""
+class Core(Protocol):
+    """A program's pure core: the latest snapshot and health of every source (and of the sinks
+    that report one), sorted by source, and the wall-clock time → the frame to publish."""
 
-    def health(self) -> SourceHealth: ...
+    def __call__(self, snapshots: Snapshots, health: tuple[SourceHealth, ...], timestamp: float) -> Frame: ...
 
 
 class SourceRunner(Generic[T]):
@@ -54,7 +52,7 @@ class SourceRunner(Generic[T]):
     API server: attribution that is a few seconds old beats none) instead of dropping it
     (NVML: stale device values would be misleading).
 
-    ``place`` puts the snapshot into the join's ``Snapshots`` (``sources.registry`` gives
+    ``place`` puts the snapshot into the core's ``Snapshots`` (``sources.registry`` gives
     each source's); without it only the source's health reaches the frame.
     """
 
@@ -153,27 +151,28 @@ class SourceRunner(Generic[T]):
 
 
 class Agent:
-    """Schedules sources, joins, publishes. ``cycle()`` is one synchronous round.
+    """Schedules sources, runs the core, publishes. ``cycle()`` is one synchronous round.
 
     ``stall_after`` (default ``config.default_stall_timeout(interval)``) and
     ``liveness_grace`` (default: as long again) are the watchdog's bounds, measured on
     ``monotonic``; see the module docstring.
     """
 
-    def __init__(self, primary: SourceRunner[Any], side: Sequence[SourceRunner[Any]], sinks: Sequence[Sink], *,
-                 interval: float = 1.0, self_pod: tuple[str, str] | None = None,
+    def __init__(self, primaries: Sequence[SourceRunner[Any]], side: Sequence[SourceRunner[Any]],
+                 sinks: Sequence[Sink], *, core: Core, interval: float = 1.0,
                  wall_clock: Callable[[], float] = time.time,
-                 resolvers: Callable[[], Sequence[Resolver]] = tuple,
                  followers: Sequence[SourceRunner[Any]] = (), stall_after: float | None = None,
                  liveness_grace: float | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.primary = primary
+        if not primaries:
+            raise ValueError("a program needs a primary source: the one its cycle collects")
+        self.primaries = tuple(primaries)
+        self.core = core
         self.side = tuple(side)
         self.followers = tuple(followers)
-        """Collected right after the primary source in the same cycle, because they read its
+        """Collected right after the primary sources in the same cycle, because they read its
         snapshot (the /proc lookup of the PIDs NVML just reported)."""
         self.sinks = list(sinks)
         self.interval = interval
-        self.self_pod = self_pod
         self.ready = threading.Event()
         self.stall_after = default_stall_timeout(interval) if stall_after is None else stall_after
         self.liveness_grace = self.stall_after if liveness_grace is None else liveness_grace
@@ -182,13 +181,14 @@ class Agent:
                              f"{self.stall_after!r} and {self.liveness_grace!r}")
         self._wall_clock = wall_clock
         self._monotonic = monotonic
-        self._resolvers = resolvers
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
-        # Sinks get one frame at a time, from the cycle or from the watchdog; the watchdog
-        # only tries the lock, so a cycle wedged inside a sink cannot wedge it too.
+        # Sinks get one frame at a time, from the cycle or from the watchdog, and the core runs
+        # for one of them at a time (it may keep memos between frames); the watchdog only tries
+        # the locks, so a cycle wedged inside a sink or the core cannot wedge it too.
         self._publish_lock = threading.Lock()
+        self._core_lock = threading.Lock()
         # When the last cycle finished (or the loop started): None while no loop runs.
         self._finished_at: float | None = None
         # The first cycle may also wait ``startup_wait`` for the side sources: not a stall.
@@ -199,7 +199,7 @@ class Agent:
         self.cycles = 0
 
     def cycle(self, *, collect_side: bool = False) -> Frame:
-        """Collect the primary source (and, if asked, each side source), join, publish."""
+        """Collect the primary sources (and, if asked, each side source), run the core, publish."""
         if collect_side:
             for runner in self.side:
                 runner.collect_once()
@@ -207,12 +207,16 @@ class Agent:
         return self._publish()
 
     def _collect_primary(self) -> None:
-        self.primary.collect_once()
-        for runner in self.followers:
+        for runner in (*self.primaries, *self.followers):
             runner.collect_once()
 
+    def _frame(self, down: Mapping[str, float | None] = MappingProxyType({})) -> Frame:
+        snapshots, health = self._latest(down)
+        return self.core(snapshots, health, self._wall_clock())
+
     def _publish(self) -> Frame:
-        frame = join(self._join_input())
+        with self._core_lock:
+            frame = self._frame()
         with self._publish_lock:
             for sink in self.sinks:
                 sink.publish(frame)
@@ -246,9 +250,9 @@ class Agent:
         """One look at the cycle; the watchdog thread calls this every tick.
 
         While the cycle is stalled: log it once per episode, and publish a frame in which the
-        primary source (its values are no longer fresh) and the source the cycle is stuck in
-        are down, with the other sources' latest snapshots. A join here is no scrape-path
-        cost: it replaces the join the stuck cycle would have made.
+        primary sources (their values are no longer fresh) and the source the cycle is stuck in
+        are down, with the other sources' latest snapshots. A core run here is no scrape-path
+        cost: it replaces the one the stuck cycle would have made.
         """
         bound = self._bound()
         finished_at, cycles = self._finished_at, self.cycles
@@ -257,16 +261,21 @@ class Agent:
         stalled = self._monotonic() - finished_at
         if stalled < bound:
             return
-        stuck = next(((r, t) for r in (self.primary, *self.followers) if (t := r.collecting_for()) is not None),
-                     None)
+        stuck = next(((r, t) for r in (*self.primaries, *self.followers)
+                      if (t := r.collecting_for()) is not None), None)
         self._log_stall(finished_at, stalled, stuck)
+        if not self._core_lock.acquire(blocking=False):
+            return  # the cycle is stuck inside the core: only the probes can say so
+        try:
+            down: dict[str, float | None] = dict.fromkeys((r.name for r in self.primaries), None)
+            if stuck is not None:
+                down[stuck[0].name] = stuck[1]
+            frame = self._frame(down)
+        finally:
+            self._core_lock.release()
         if not self._publish_lock.acquire(blocking=False):
             return  # the cycle is stuck inside a sink: only the probes can say so
         try:
-            down: dict[str, float | None] = {self.primary.name: None}
-            if stuck is not None:
-                down[stuck[0].name] = stuck[1]
-            frame = join(self._join_input(down))
             if (self._finished_at, self.cycles) == (finished_at, cycles):  # still the same stall
                 for sink in self.sinks:
                     sink.publish(frame)
@@ -278,12 +287,12 @@ class Agent:
         with self._stall_lock:
             if self._stall_logged is not None or self._finished_at != finished_at:
                 return  # logged already, or a cycle has just finished
-            self._stall_logged = stuck[0].name if stuck else "join or publish"
+            self._stall_logged = stuck[0].name if stuck else "the core or a sink"
         where = (f"the {stuck[0].name} source has been collecting for {stuck[1]:.0f} s" if stuck
-                 else "it is stuck after collecting (join or publish)")
+                 else "it is stuck after collecting (in the core or a sink)")
         log.warning("collection cycle stalled: no cycle has finished for %.0f s; %s. Until one does, %s is "
                     "reported down and /readyz fails; /healthz fails %.0f s after the last finished cycle",
-                    stalled, where, self.primary.name, self._bound() + self.liveness_grace,
+                    stalled, where, " and ".join(r.name for r in self.primaries), self._bound() + self.liveness_grace,
                     extra={"source": stuck[0].name if stuck else ""})
 
     def _cycle_finished(self) -> None:
@@ -308,10 +317,10 @@ class Agent:
 
     @property
     def runners(self) -> tuple[SourceRunner[Any], ...]:
-        """Every source's runner: the primary, its followers, the side sources."""
-        return (self.primary, *self.followers, *self.side)
+        """Every source's runner: the primaries, their followers, the side sources."""
+        return (*self.primaries, *self.followers, *self.side)
 
-    def _join_input(self, down: Mapping[str, float | None] = MappingProxyType({})) -> JoinInput:
+    def _latest(self, down: Mapping[str, float | None]) -> tuple[Snapshots, tuple[SourceHealth, ...]]:
         """The latest snapshot and health of every source; those in ``down`` are reported down
         (with the seconds their collection has been running, if it is stuck), without their
         snapshot unless they keep the last good one. Error counts stay: a hang is no failed
@@ -328,23 +337,13 @@ class Agent:
             snapshots = runner.placed(snapshots, snapshot)
             health.append(h)
         health.extend(sink.health() for sink in self.sinks if hasattr(sink, "health"))
-        return JoinInput(
-            owners=snapshots.owners,
-            nvml=snapshots.nvml,
-            pods=snapshots.pods,
-            cluster=snapshots.cluster,
-            health=tuple(sorted(health, key=lambda h: h.source)),
-            self_pod=self.self_pod,
-            resolvers=tuple(self._resolvers()),
-            version=__version__,
-            python_version=platform.python_version(),
-            timestamp=self._wall_clock(),
-        )
+        return snapshots, tuple(sorted(health, key=lambda h: h.source))
 
     def start(self, *, startup_wait: float = 10.0) -> None:
         """Run side sources on their threads and the cycle on another; returns at once.
 
-        The first NVML collection starts right away (it registers the XID event set), but
+        The first collection of the primary sources starts right away (NVML registers the XID
+        event set), but
         the first frame waits up to ``startup_wait`` seconds for every side source's first
         answer, so it already carries attribution — a slow API client import or a kubelet
         that hangs cannot hold back readiness for longer than that.
@@ -352,7 +351,7 @@ class Agent:
         for runner in self.side:
             runner.start(self._stop)
         self._finished_at = self._monotonic()  # a first cycle that never ends is a stall too
-        self._first_allowance = startup_wait
+        self._first_allowance = startup_wait if self.side else 0.0  # it waits for side sources only
         self._thread = threading.Thread(target=self._loop, args=(startup_wait,), name="agent-cycle",
                                         daemon=True)
         self._thread.start()
@@ -365,14 +364,14 @@ class Agent:
             runner.attempted.wait(max(0.0, deadline - time.monotonic()))
 
     def _loop(self, startup_wait: float) -> None:
-        self._collect_primary()  # at once: NVML init and XID event registration
+        self._collect_primary()  # at once: NVML init and XID event registration, the cluster's lists
         self._wait_for_side_sources(startup_wait)
         deadline = time.monotonic()
         failing = False
         first = True
         while not self._stop.is_set():
             try:
-                if first:  # NVML was just collected above; join and publish what we have
+                if first:  # the primaries were just collected above; publish what we have
                     self._publish()
                     first = False
                 else:

@@ -20,9 +20,14 @@ import click
 from . import __version__
 from .boundedio import require_regular_file
 from .config import (
+    CLUSTER_INTERVAL_RANGE,
     DEFAULT_CLAIM_REFRESH,
+    DEFAULT_CLUSTER_INTERVAL,
+    DEFAULT_CLUSTER_LISTEN,
     DEFAULT_INTERVAL,
     DEFAULT_LISTEN,
+    NODE_INTERVAL_RANGE,
+    ClusterSettings,
     ConfigError,
     Settings,
     check_stall_timeout,
@@ -73,15 +78,89 @@ def _regular_file(ctx: click.Context, param: click.Parameter, value: str | None)
     return value
 
 
-simulate_option = _opt(
-    "--simulate", "simulate", is_flag=False, flag_value="demo", default=None, metavar="[SCENARIO]",
-    help="Run on a simulated node: a built-in scenario (default 'demo') or a scenario YAML file.")
+class Interval(FiniteFloat):
+    """The type of every program's ``--interval``: seconds, in the program's one range
+    (``config.NODE_INTERVAL_RANGE``, ``config.CLUSTER_INTERVAL_RANGE``)."""
+
+    name = "seconds"
+
+    def __init__(self, bounds: tuple[float, float]) -> None:
+        super().__init__(min=bounds[0], max=bounds[1])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgramOptions:
+    """Where the shared options of the node agent and the cluster mode differ: defaults and words."""
+
+    listen: str
+    interval: float
+    interval_range: tuple[float, float]
+    interval_help: str
+    simulate_default: str
+    simulate_help: str
+
+
+NODE_OPTIONS = ProgramOptions(
+    DEFAULT_LISTEN, DEFAULT_INTERVAL, NODE_INTERVAL_RANGE, "Seconds between collection cycles",
+    "demo", "Run on a simulated node: a built-in scenario (default 'demo') or a scenario YAML file.")
+CLUSTER_OPTIONS = ProgramOptions(
+    DEFAULT_CLUSTER_LISTEN, DEFAULT_CLUSTER_INTERVAL, CLUSTER_INTERVAL_RANGE,
+    "Seconds between frames (the objects arrive by watch as they change)",
+    "cluster", "Run on a simulated cluster: the built-in 'cluster', or a cluster dump (kubectl get "
+               "resourceslices,resourceclaims,deviceclasses,pods -A -o yaml).")
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _apply(options: list[Decorator]) -> Decorator:
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return decorate
+
+
+def environment_options(program: ProgramOptions) -> Decorator:
+    """What every program's environment needs: --simulate, --interval, --kubeconfig, --log-level
+    (read back by ``_shell_settings``)."""
+    low, high = program.interval_range
+    return _apply([
+        _opt("--simulate", "simulate", is_flag=False, flag_value=program.simulate_default, default=None,
+             metavar="[SCENARIO]", help=program.simulate_help),
+        _opt("--interval", type=Interval(program.interval_range), default=program.interval, show_default=True,
+             help=f"{program.interval_help}, {low:g} to {high:g}."),
+        _opt("--kubeconfig", default=None, metavar="PATH",
+             type=click.Path(exists=True, dir_okay=False, readable=True), callback=_regular_file,
+             help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
+                  "~/.kube/config]. With --simulate it replaces the simulated API server."),
+        log_level_option,
+    ])
+
+
+def publishing_options(program: ProgramOptions) -> Decorator:
+    """What every serving program publishes through: --listen, --[no-]prometheus, --web-config,
+    --stall-timeout and the --otlp-* options (read back by ``_shell_settings``)."""
+    return _apply([
+        _opt("--listen", default=program.listen, show_default=True, metavar="HOST:PORT",
+             help="Address for /metrics, /healthz and /readyz."),
+        _opt("--prometheus/--no-prometheus", default=True, show_default=True,
+             help="Serve the Prometheus endpoint (turn off to only push OTLP)."),
+        _opt("--web-config", default=None, metavar="FILE",
+             help="TLS, client certificates, basic auth and headers for the endpoint "
+                  "(the Prometheus exporter-toolkit web-config format)."),
+        _opt("--stall-timeout", type=FiniteFloat(min=0, min_open=True), default=None, metavar="S",
+             help="Seconds without a finished collection cycle (a hung NVML call, an API server that stopped "
+                  "answering) after which the primary source is reported down and /readyz fails; /healthz "
+                  "fails after as long again, so the kubelet restarts the pod [default: 10 intervals, at "
+                  "least 30]."),
+        _otlp_options,
+    ])
+
+
 kubelet_socket_option = _opt(
     "--kubelet-socket", default=None, metavar="PATH",
     help="Kubelet pod-resources socket [default: /var/lib/kubelet/pod-resources/kubelet.sock]. "
          "With --simulate it replaces the simulated kubelet.")
-interval_option = _opt("--interval", type=FiniteFloat(min=0.05, max=3600), default=DEFAULT_INTERVAL,
-                       show_default=True, help="Seconds between collection cycles.")
 node_name_option = _opt(
     "--node-name", default=None,
     help="Node name, for the API server's spec.nodeName selectors [default: $NODE_NAME, else the "
@@ -92,12 +171,12 @@ procfs_option = _opt(
          "hostPID: true]. With --simulate it replaces the simulated /proc.")
 
 
-def _source_switches() -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
+def _source_switches() -> list[Decorator]:
     """``--source-<name>/--no-source-<name>`` for every source a flag may turn off, from the
     registry (as node_exporter's ``--[no-]collector.<name>``), each also read from
     ``DRA_EXPORTER_SOURCE_<NAME>``; a source's ``aliases`` keep older spellings working
     (``--no-kubeapi``, ``DRA_EXPORTER_KUBEAPI``)."""
-    switches: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = []
+    switches: list[Decorator] = []
     for spec in registry.sources():
         if not spec.switchable:
             continue
@@ -118,16 +197,6 @@ def _sources(kw: dict[str, Any]) -> frozenset[str]:
                              for spec in registry.sources() if spec.switchable})
 
 
-kubeapi_options = [
-    _opt("--kubeconfig", default=None, metavar="PATH",
-         type=click.Path(exists=True, dir_okay=False, readable=True), callback=_regular_file,
-         help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
-              "~/.kube/config]. With --simulate it replaces the simulated API server."),
-    _opt("--claim-refresh", type=FiniteFloat(min=10, max=86400), default=DEFAULT_CLAIM_REFRESH,
-         show_default=True, metavar="S",
-         help="Seconds after which each ResourceClaim in use on this node is fetched again, for the status "
-              "its driver writes (device conditions); each claim costs 3600/S API requests an hour."),
-]
 pod_options = [
     _opt("--pod-namespace", default=None, help="Namespace of the exporter's own pod (downward API)."),
     _opt("--pod-name", default=None, help="Name of the exporter's own pod; its claims count as monitoring."),
@@ -140,32 +209,64 @@ log_level_option = _opt("--log-level", type=click.Choice(["debug", "info", "warn
                         default="info", show_default=True)
 
 
-def _common(f: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed([simulate_option, kubelet_socket_option, interval_option, node_name_option,
-                            procfs_option, *_source_switches(), *kubeapi_options, *pod_options,
-                            log_level_option]):
-        f = option(f)
-    return f
+def node_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The node agent's programs (serve, snapshot, doctor): the environment and what only a node has."""
+    return _apply([environment_options(NODE_OPTIONS), kubelet_socket_option, node_name_option, procfs_option,
+                   *_source_switches(),
+                   _opt("--claim-refresh", type=FiniteFloat(min=10, max=86400), default=DEFAULT_CLAIM_REFRESH,
+                        show_default=True, metavar="S",
+                        help="Seconds after which each ResourceClaim in use on this node is fetched again, for "
+                             "the status its driver writes (device conditions); each claim costs 3600/S API "
+                             "requests an hour."),
+                   *pod_options])(f)
 
 
-def _settings(listen: str = DEFAULT_LISTEN, **kw: Any) -> Settings:
+def _shell_settings(kw: dict[str, Any], *, publishing: bool) -> dict[str, Any]:
+    """The ``ShellSettings`` fields from the shared options (popped from ``kw``), checked together:
+    one line and exit 2 for what cannot work. ``publishing``: the program serves (the publishing
+    options are there)."""
     from .sinks.http import ListenAddressError, parse_listen
 
+    shared: dict[str, Any] = {name: kw.pop(name) for name in ("interval", "kubeconfig", "simulate")}
+    if not publishing:
+        return shared
+    listen, prometheus, web_config, stall_timeout = (kw.pop(k) for k in ("listen", "prometheus", "web_config",
+                                                                         "stall_timeout"))
     try:
         parse_listen(listen)  # fail at start-up, before anything else is built
-        return Settings(
-            listen=listen,
-            interval=kw["interval"],
-            node_name=kw["node_name"] or os.environ.get("NODE_NAME") or "",
-            simulate=kw["simulate"],
-            kubelet_socket=kw["kubelet_socket"],
-            sources=_sources(kw),
-            procfs=kw["procfs"],
-            kubeconfig=kw["kubeconfig"],
-            claim_refresh=kw["claim_refresh"],
-            self_pod=parse_self_pod(kw["pod_namespace"], kw["pod_name"]),
-        )
+        if stall_timeout is not None:
+            check_stall_timeout(stall_timeout, shared["interval"])
     except (ConfigError, ListenAddressError) as exc:
+        raise click.UsageError(str(exc)) from None
+    otlp = _otlp_settings(kw)
+    if not prometheus and otlp is None:
+        raise click.UsageError("--no-prometheus needs --otlp-endpoint: otherwise nothing is published")
+    if web_config and not prometheus:
+        raise click.UsageError("--web-config protects the Prometheus endpoint, which --no-prometheus turns off")
+    return {**shared, "listen": listen, "prometheus": prometheus, "otlp": otlp, "stall_timeout": stall_timeout,
+            "web_config": _web_config(web_config) if web_config else None}
+
+
+def _web_config(path: str) -> Any:
+    from .sinks.webconfig import load_web_config
+
+    return load_web_config(path)
+
+
+def _settings(kw: dict[str, Any], *, publishing: bool = False) -> Settings:
+    """The node agent's ``Settings`` from its options (popped from ``kw``)."""
+    shell = _shell_settings(kw, publishing=publishing)
+    try:
+        return Settings(
+            **shell,
+            node_name=kw.pop("node_name") or os.environ.get("NODE_NAME") or "",
+            kubelet_socket=kw.pop("kubelet_socket"),
+            sources=_sources(kw),
+            procfs=kw.pop("procfs"),
+            claim_refresh=kw.pop("claim_refresh"),
+            self_pod=parse_self_pod(kw.pop("pod_namespace"), kw.pop("pod_name")),
+        )
+    except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
 
 
@@ -254,43 +355,18 @@ def _otlp_settings(kw: dict[str, Any]) -> OtlpSettings | None:
 
 
 @main.command()
-@_opt("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
-      help="Address for /metrics, /healthz and /readyz.")
-@_opt("--prometheus/--no-prometheus", default=True, show_default=True,
-      help="Serve the Prometheus endpoint (turn off to only push OTLP).")
-@_opt("--web-config", default=None, metavar="FILE",
-      help="TLS, client certificates, basic auth and headers for the endpoint "
-           "(the Prometheus exporter-toolkit web-config format).")
-@_opt("--stall-timeout", type=FiniteFloat(min=0, min_open=True), default=None, metavar="S",
-      help="Seconds without a finished collection cycle (a hung NVML call) after which NVML is reported "
-           "down and /readyz fails; /healthz fails after as long again, so the kubelet restarts the pod "
-           "[default: 10 intervals, at least 30].")
 @naming_option
-@_otlp_options
-@_common
+@publishing_options(NODE_OPTIONS)
+@node_options
 @_user_errors
-def serve(listen: str, prometheus: bool, web_config: str | None, naming: str, log_level: str,
-          stall_timeout: float | None, **kw: Any) -> None:
+def serve(naming: str, log_level: str, **kw: Any) -> None:
     """Collect every interval; serve the latest frame on /metrics and/or push it over OTLP."""
     from . import runtime
-    from .sinks.webconfig import load_web_config
 
-    if stall_timeout is not None:
-        try:
-            check_stall_timeout(stall_timeout, kw["interval"])
-        except ConfigError as exc:
-            raise click.UsageError(str(exc)) from None
-    otlp = _otlp_settings(kw)
-    if not prometheus and otlp is None:
-        raise click.UsageError("--no-prometheus needs --otlp-endpoint: otherwise nothing is published")
-    if web_config and not prometheus:
-        raise click.UsageError("--web-config protects the Prometheus endpoint, which --no-prometheus turns off")
-    if naming != "native" and not prometheus:
+    if naming != "native" and not kw["prometheus"]:
         raise click.UsageError("--naming renames the Prometheus endpoint, which --no-prometheus turns off")
     _logging(log_level)  # before the web config, whose loading may warn
-    settings = dataclasses.replace(_settings(listen, **kw), prometheus=prometheus, otlp=otlp, naming=naming,
-                                   web_config=load_web_config(web_config) if web_config else None,
-                                   stall_timeout=stall_timeout)
+    settings = dataclasses.replace(_settings(kw, publishing=True), naming=naming)
     runtime.serve(settings)
 
 
@@ -298,13 +374,13 @@ def serve(listen: str, prometheus: bool, web_config: str | None, naming: str, lo
 @_opt("--format", "fmt", type=click.Choice(["prometheus", "openmetrics", "json", "table"]), default="table",
       show_default=True, help="Output format.")
 @naming_option
-@_common
+@node_options
 @_user_errors
 def snapshot(fmt: str, naming: str, log_level: str, **kw: Any) -> None:
     """Run one collection cycle (two samples, for rates) and print it."""
     from . import runtime
 
-    settings = dataclasses.replace(_settings(**kw), naming=naming)
+    settings = dataclasses.replace(_settings(kw), naming=naming)
     _logging("error" if log_level == "info" else log_level)
     # The table is the native view (its columns are native families); the other formats follow --naming.
     try:
@@ -327,13 +403,13 @@ def snapshot(fmt: str, naming: str, log_level: str, **kw: Any) -> None:
 
 
 @main.command()
-@_common
+@node_options
 @_user_errors
 def doctor(log_level: str, **kw: Any) -> None:
     """Check what this node offers and print actionable findings."""
     from . import doctor as checks
 
-    settings = _settings(**kw)
+    settings = _settings(kw)
     _logging("error" if log_level == "info" else log_level)
     findings = checks.run(settings)
     click.echo(checks.format_findings(findings))
@@ -346,8 +422,9 @@ def doctor(log_level: str, **kw: Any) -> None:
 @_opt("--base-port", type=click.IntRange(1, 65535), default=9401, show_default=True,
       help="Port of the first node's exporter; the others follow on consecutive ports.")
 @_opt("--host", default="127.0.0.1", show_default=True, help="The address the exporters listen on.")
-@_opt("--interval", type=FiniteFloat(min=0.1), default=DEFAULT_INTERVAL, show_default=True,
-      help="Seconds between collection cycles (and the printed scrape interval).")
+@_opt("--interval", type=Interval(NODE_INTERVAL_RANGE), default=DEFAULT_INTERVAL, show_default=True,
+      help=f"Seconds between collection cycles (and the printed scrape interval), {NODE_INTERVAL_RANGE[0]:g} to "
+           f"{NODE_INTERVAL_RANGE[1]:g}.")
 @_user_errors
 def demo(scenario: str, base_port: int, host: str, interval: float) -> None:
     """Start an exporter per node of a simulated cluster and print their Prometheus scrape config."""
@@ -378,8 +455,9 @@ def healthcheck(listen: str, web_config: str | None) -> None:
 
 
 @main.command()
-@_opt("--prometheus", required=True, metavar="URL",
-      help="Base URL of the Prometheus HTTP API (or Thanos, Mimir, VictoriaMetrics), e.g. http://prometheus:9090.")
+@_opt("--prometheus-url", "--prometheus", "prometheus", required=True, metavar="URL",
+      help="Base URL of the Prometheus HTTP API (or Thanos, Mimir, VictoriaMetrics), e.g. http://prometheus:9090 "
+           "(--prometheus is the older spelling).")
 @_opt("--since", default=None, metavar="DURATION", help="Window ending at --end: 30m, 12h, 7d, 2w [default: 7d].")
 @_opt("--start", default=None, metavar="TIME", help="Window start: RFC 3339 or Unix seconds (instead of --since).")
 @_opt("--end", default=None, metavar="TIME", help="Window end: RFC 3339 or Unix seconds [default: now].")
@@ -439,58 +517,30 @@ def report(prometheus: str, since: str | None, start: str | None, end: str | Non
 
 
 @main.command()
-@_opt("--listen", default="0.0.0.0:9402", show_default=True, metavar="HOST:PORT",
-      help="Address for /metrics, /healthz and /readyz.")
-@_opt("--prometheus/--no-prometheus", default=True, show_default=True,
-      help="Serve the Prometheus endpoint (turn off to only push OTLP).")
-@_opt("--interval", type=FiniteFloat(min=1, max=3600), default=15.0, show_default=True,
-      help="Seconds between frames (the objects arrive by watch as they change).")
-@_opt("--kubeconfig", default=None, metavar="PATH", type=click.Path(exists=True, dir_okay=False, readable=True),
-      callback=_regular_file,
-      help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
-           "~/.kube/config]. With --simulate it replaces the simulated API server.")
-@_opt("--simulate", "simulate", is_flag=False, flag_value="cluster", default=None, metavar="[SCENARIO]",
-      help="Run on a simulated cluster: the built-in 'cluster', or a cluster dump (kubectl get resourceslices,"
-           "resourceclaims,deviceclasses,pods -A -o yaml).")
-@_opt("--web-config", default=None, metavar="FILE",
-      help="TLS, client certificates, basic auth and headers for the endpoint (exporter-toolkit format).")
 @_opt("--once", is_flag=True, default=False,
       help="Print one frame (Prometheus text) and exit instead of serving.")
-@log_level_option
-@_otlp_options
+@publishing_options(CLUSTER_OPTIONS)
+@environment_options(CLUSTER_OPTIONS)
 @_user_errors
-def cluster(listen: str, prometheus: bool, interval: float, kubeconfig: str | None, simulate: str | None,
-            web_config: str | None, once: bool, log_level: str, **kw: Any) -> None:
+def cluster(once: bool, log_level: str, **kw: Any) -> None:
     """The DRA state of the whole cluster: capacity, free devices, partitions that fit, pending claims,
     pools, taint rules, on /metrics and/or pushed over OTLP (one replica per cluster; reads the API server
     only)."""
-    from .cluster import runtime as cluster_runtime
-    from .sinks.http import ListenAddressError, parse_listen
-    from .sinks.webconfig import load_web_config
+    from . import runtime
+    from .cluster.runtime import CLUSTER
 
-    try:
-        parse_listen(listen)
-    except ListenAddressError as exc:
-        raise click.UsageError(str(exc)) from None
-    if once and (kw["otlp_endpoint"] or not prometheus):
-        raise click.UsageError("--once prints one frame and exits: --otlp-endpoint and --no-prometheus "
-                               "are for serving")
-    otlp = None if once else _otlp_settings(kw)  # --once ignores an OTEL_EXPORTER_OTLP_* environment
-    if not prometheus and otlp is None:
-        raise click.UsageError("--no-prometheus needs --otlp-endpoint: otherwise nothing is published")
-    if web_config and not prometheus:
-        raise click.UsageError("--web-config protects the Prometheus endpoint, which --no-prometheus turns off")
-    settings = cluster_runtime.ClusterSettings(
-        listen=listen, interval=interval, kubeconfig=kubeconfig, simulate=simulate,
-        web_config=load_web_config(web_config) if web_config else None, prometheus=prometheus, otlp=otlp)
     if once:
+        if kw["otlp_endpoint"] or not kw["prometheus"]:
+            raise click.UsageError("--once prints one frame and exits: --otlp-endpoint and --no-prometheus "
+                                   "are for serving")
         from .sinks.prometheus import render
 
+        settings = ClusterSettings(**_shell_settings(kw, publishing=False))
         _logging("error" if log_level == "info" else log_level)
-        click.echo(render(cluster_runtime.snapshot(settings)).decode(), nl=False)
+        click.echo(render(runtime.snapshot(settings, CLUSTER)).decode(), nl=False)
         return
-    _logging(log_level)
-    cluster_runtime.serve(settings)
+    _logging(log_level)  # before the web config, whose loading may warn
+    runtime.serve(ClusterSettings(**_shell_settings(kw, publishing=True)), CLUSTER)
 
 
 if __name__ == "__main__":

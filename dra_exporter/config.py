@@ -1,4 +1,9 @@
-"""One frozen ``Settings`` object, built by the CLI from flags and ``DRA_EXPORTER_*`` env vars."""
+"""The programs' settings, built by the CLI from flags and ``DRA_EXPORTER_*`` env vars.
+
+``ShellSettings`` is what every long-running program shares (where it serves, how often it builds
+a frame, where it pushes, whether it runs simulated); ``Settings`` (the node agent: ``serve``,
+``snapshot``, ``doctor``) and ``ClusterSettings`` (``cluster``) add their own on top.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,13 @@ if TYPE_CHECKING:
 
 DEFAULT_LISTEN = "0.0.0.0:9401"  # 9400 is dcgm-exporter's: both can run side by side
 DEFAULT_INTERVAL = 1.0
+DEFAULT_CLUSTER_LISTEN = "0.0.0.0:9402"  # beside the node agent's 9401
+DEFAULT_CLUSTER_INTERVAL = 15.0
+#: The seconds ``--interval`` may be, per program. The node agent's cycle reads NVML (a 50 ms cycle
+#: is a benchmark's, an hour the most that still makes a gauge); the cluster mode's objects arrive
+#: by watch, and a frame of 5,000 nodes costs ~0.1-1 s, so a frame a second is the fastest asked.
+NODE_INTERVAL_RANGE: tuple[float, float] = (0.05, 3600.0)
+CLUSTER_INTERVAL_RANGE: tuple[float, float] = (1.0, 3600.0)
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_CLAIM_REFRESH = 300.0
 #: A cycle counts as stalled once none has finished for this many intervals, and never sooner
@@ -47,11 +59,44 @@ def parse_self_pod(namespace: str | None, name: str | None) -> tuple[str, str] |
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
+class ShellSettings:
+    """What every long-running program shares: the one option block of the CLI (``cli.shell_options``)."""
+
     listen: str = DEFAULT_LISTEN
     """Where /metrics, /healthz and /readyz are served."""
     interval: float = DEFAULT_INTERVAL
-    """Seconds between NVML collection cycles (and rendered frames)."""
+    """Seconds between collection cycles (and rendered frames)."""
+    kubeconfig: str | None = None
+    """Kubeconfig for the API server; None: the in-cluster service account, else $KUBECONFIG or
+    ~/.kube/config (under --simulate: the simulated API server)."""
+    simulate: str | None = None
+    """A built-in scenario (the cluster mode: ``cluster``) or a scenario / cluster dump file; None
+    runs against the real node or cluster."""
+    prometheus: bool = True
+    """Serve /metrics; off with --no-prometheus (then /healthz and /readyz are off too)."""
+    web_config: WebConfig | None = None
+    """TLS / client certificates / basic auth for the Prometheus endpoint (--web-config)."""
+    otlp: OtlpSettings | None = None
+    """Push to an OpenTelemetry collector when set."""
+    stall_timeout: float | None = None
+    """Seconds without a finished collection cycle after which the cycle counts as stalled (its
+    primary source reported down, /readyz failing; /healthz fails after as long again); None:
+    ``default_stall_timeout``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings(ShellSettings):
+    """The cluster mode's settings: the shared ones, with its own defaults."""
+
+    listen: str = DEFAULT_CLUSTER_LISTEN
+    interval: float = DEFAULT_CLUSTER_INTERVAL
+    """Seconds between frames; the objects themselves arrive by watch, whenever they change."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings(ShellSettings):
+    """The node agent's settings: the shared ones and what only a node has."""
+
     node_name: str = ""
     """This node's name: the field selector for node-local API objects, and NVIDIA's pool name.
     ``""``: the simulated scenario's node, else the hostname."""
@@ -63,24 +108,10 @@ class Settings:
     claim_refresh: float = DEFAULT_CLAIM_REFRESH
     """Seconds after which a claim in use is fetched again for its status (device conditions):
     each claim costs the API server 3600 / claim_refresh GETs an hour."""
-    kubeconfig: str | None = None
-    """Kubeconfig for the API server; None: the in-cluster service account, else $KUBECONFIG or
-    ~/.kube/config (under --simulate: the simulated API server)."""
-    simulate: str | None = None
-    """Built-in scenario name or scenario file; None runs against the real node."""
     kubelet_socket: str | None = None
     """Pod-resources socket; None means the default (or the simulated kubelet under --simulate)."""
     self_pod: tuple[str, str] | None = None
     """(namespace, name) of the exporter's own pod; its claims are monitoring claims."""
-    prometheus: bool = True
-    """Serve /metrics; off with --no-prometheus (then /healthz and /readyz are off too)."""
-    web_config: WebConfig | None = None
-    """TLS / client certificates / basic auth for the Prometheus endpoint (--web-config)."""
-    otlp: OtlpSettings | None = None
-    """Push to an OpenTelemetry collector when set."""
-    stall_timeout: float | None = None
-    """Seconds without a finished collection cycle after which the cycle counts as stalled (NVML
-    reported down, /readyz failing; /healthz fails after as long again); None: ``default_stall_timeout``."""
     naming: str = "native"
     """Metric names on the Prometheus endpoint: ``native``, ``dcgm`` (dcgm-exporter's names, units and
     labels) or ``both``; see ``dra_exporter.naming``. OTLP always uses the semantic names."""

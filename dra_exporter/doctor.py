@@ -8,7 +8,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .config import DEFAULT_KUBELET_SOCKET, Settings
+from . import environment
+from .config import Settings
+from .environment import Environment
+from .runtime import SNAPSHOT_SIM_TIME
 
 Level = Literal["OK", "WARN", "FAIL"]
 
@@ -22,31 +25,13 @@ class Finding:
 
 
 def run(settings: Settings) -> list[Finding]:
-    sim = None
-    if settings.simulate is not None:
-        from dra_exporter_sim import SimClock, SimulatedNode, load_scenario
-
-        from .runtime import SNAPSHOT_SIM_TIME
-
-        scenario = load_scenario(settings.simulate, settings.node_name or None)
-        sim = SimulatedNode(scenario, SimClock(SNAPSHOT_SIM_TIME, frozen=True),
-                            kubelet=settings.kubelet_socket is None,
-                            apiserver=settings.kubeapi and not settings.kubeconfig).start()
+    """The findings on the environment the node agent would run in (``environment.node``, the
+    simulated one under --simulate, on the frozen clock ``snapshot`` looks at)."""
+    env = environment.node(settings, sim_time=SNAPSHOT_SIM_TIME)
     try:
-        nvml: Any
-        if sim is not None:
-            nvml = sim.nvml
-        else:
-            import pynvml
-
-            nvml = pynvml
-        socket = settings.kubelet_socket or (sim.kubelet.socket_path if sim and sim.kubelet
-                                             else DEFAULT_KUBELET_SOCKET)
-        findings = [*_nvml(nvml), *_kubelet(socket), *_apiserver(settings, sim)]
+        return [*_nvml(env.context.nvml), *_kubelet(env.context.kubelet_socket), *_apiserver(settings, env)]
     finally:
-        if sim is not None:
-            sim.close()
-    return findings
+        env.close()
 
 
 def format_findings(findings: list[Finding]) -> str:
@@ -164,18 +149,17 @@ def _kubelet(path: str) -> Iterator[Finding]:
                       "Kubernetes < 1.34 needs the kubelet feature gate KubeletPodResourcesDynamicResources=true.")
 
 
-def _apiserver(settings: Settings, sim: Any) -> Iterator[Finding]:
+def _apiserver(settings: Settings, env: Environment) -> Iterator[Finding]:
     """Discovery, the resource.k8s.io version read, and the access the source needs (RBAC)."""
     if not settings.kubeapi:
         yield Finding("WARN", "apiserver", "turned off (--no-kubeapi): node-local attribution only")
         return
-    from .runtime import node_name
     from .sources import SourceError
     from .sources.kubeapi import discover, load_client, probe
 
-    simulated = sim is not None and sim.apiserver is not None and not settings.kubeconfig
+    ctx = env.context
     try:
-        client = load_client(sim.apiserver.kubeconfig_path if simulated else settings.kubeconfig)
+        client = ctx.kube_client() if ctx.kube_client is not None else load_client(ctx.kubeconfig)
     except SourceError as exc:
         yield Finding("WARN", "apiserver", str(exc).removeprefix("kubeapi: "),
                       "Run in a pod with a service account (or pass --kubeconfig): without the API server, "
@@ -191,7 +175,7 @@ def _apiserver(settings: Settings, sim: Any) -> Iterator[Finding]:
         host = client.configuration.host
         yield Finding("OK", "apiserver", f"{host} serves resource.k8s.io {', '.join(served)}; reading {version}")
         # The simulated API server allows everything and has no authoriser to ask.
-        for result in probe(client, node_name(settings, sim), version, timeout=5.0, access_review=not simulated):
+        for result in probe(client, ctx.node_name, version, timeout=5.0, access_review=not env.simulated_apiserver):
             yield Finding("OK" if result.ok else "FAIL", "apiserver", result.message,
                           "" if result.ok else "Bind a ClusterRole with get/list/watch on resourceslices, "
                                                "resourceclaims and pods to the exporter's service account.")

@@ -1,25 +1,36 @@
-"""The imperative shell: from ``Settings`` to running sources, agent and sinks."""
+"""The one runtime every long-running program is an instance of: registered sources → the
+program's pure core → sinks, with the agent's loop, watchdog and probes.
+
+A ``Program`` says what differs: its source registry, its environment (``environment``: real or
+simulated), its core, how it names itself. Everything else is here, once, for every program:
+building the sources, the sinks (Prometheus with the probes answered from the loop's health, and
+OTLP), the loop with its watchdog, signal handling and shutdown, ``snapshot`` (a one-shot run of
+the same pipeline). The node agent (``NODE``: NVML, the kubelet, the API server and /proc joined
+by ``join``) is defined here; the cluster mode's program is ``cluster.runtime.CLUSTER``.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
+import platform
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import __version__
-from .agent import Agent, Sink, SourceRunner, latest_snapshots
-from .config import DEFAULT_KUBELET_SOCKET, Settings
-from .model import Frame
-from .sources import registry
-from .sources.procs import DEFAULT_PROCFS
-from .sources.registry import Role, SourceContext
+from . import __version__, environment
+from .agent import Agent, Core, Sink, SourceRunner, latest_snapshots
+from .config import Settings, ShellSettings
+from .environment import Environment
+from .join import JoinInput, join
+from .model import Frame, SourceHealth
+from .sources import Snapshots
+from .sources.registry import NODE as NODE_SOURCES
+from .sources.registry import Registry, Role
 
 if TYPE_CHECKING:
     from dra_exporter_sim import SimulatedNode
@@ -28,77 +39,148 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+S = TypeVar("S", bound=ShellSettings)
+
 #: Simulated seconds at which `snapshot --simulate` looks at the scenario: late enough
 #: that the demo's pods run and its XID has fired, fixed so the output is reproducible.
 SNAPSHOT_SIM_TIME = 60.0
+#: The build labels of ``dra_exporter_build_info``.
+BUILD_LABELS = (("version", __version__), ("python_version", platform.python_version()))
+
+
+class Program(Generic[S]):
+    """What makes a program of the runtime. Subclasses say how they differ from the defaults."""
+
+    name = ""
+    """How the log lines name the program."""
+    registry: Registry
+    snapshot_cycles = 1
+    """Cycles ``snapshot`` runs (the node agent: two, so that rates have two samples)."""
+
+    def environment(self, settings: S, sim_time: float | None) -> Environment:
+        raise NotImplementedError
+
+    def core(self, settings: S, env: Environment) -> Core:
+        raise NotImplementedError
+
+    def enabled(self, settings: S) -> frozenset[str]:
+        """The names of the sources to build."""
+        return self.registry.default_enabled()
+
+    def otlp_node_name(self, env: Environment) -> str:
+        """``k8s.node.name`` of the OTLP resource ("" for none)."""
+        return env.context.node_name
+
+    def scrape_sink(self, settings: S, env: Environment, sink: Sink) -> Sink:
+        """What the Prometheus endpoint is published through (the node agent: its ``--naming``)."""
+        return sink
+
+    def renamed(self, settings: S, env: Environment, frame: Frame) -> Frame:
+        """``frame`` as the Prometheus endpoint shows it."""
+        return frame
+
+    def describe(self, settings: S, env: Environment) -> str:
+        """The start-up line saying what the program collects."""
+        return f"{self.name}: a frame every {settings.interval:g}s"
+
+
+class NodeProgram(Program[Settings]):
+    """The node agent (``serve``, ``snapshot``): NVML, the kubelet, the API server and /proc, joined."""
+
+    name = "serve"
+    registry = NODE_SOURCES
+    snapshot_cycles = 2
+
+    def environment(self, settings: Settings, sim_time: float | None) -> Environment:
+        return environment.node(settings, sim_time=sim_time)
+
+    def core(self, settings: Settings, env: Environment) -> Core:
+        return JoinCore(env.self_pod)
+
+    def enabled(self, settings: Settings) -> frozenset[str]:
+        return settings.sources
+
+    def scrape_sink(self, settings: Settings, env: Environment, sink: Sink) -> Sink:
+        # Only the scrape endpoint is renamed: OTLP keeps the semantic names.
+        return sink if settings.naming == "native" else RenamingSink(sink, settings.naming, env.context.node_name)
+
+    def renamed(self, settings: Settings, env: Environment, frame: Frame) -> Frame:
+        if settings.naming == "native":
+            return frame
+        from .naming import apply
+
+        return apply(frame, settings.naming, hostname=env.context.node_name)
+
+    def describe(self, settings: Settings, env: Environment) -> str:
+        # The node is what the series describe; the scenario only says where a simulated one came from.
+        simulated = f" (simulated from scenario {settings.simulate})" if settings.simulate is not None else ""
+        return f"collecting every {settings.interval:g}s on node '{env.context.node_name}'{simulated}"
+
+
+@dataclass(frozen=True, slots=True)
+class JoinCore:
+    """The node agent's core: ``join`` of the latest snapshots."""
+
+    self_pod: tuple[str, str] | None = None
+
+    def __call__(self, snapshots: Snapshots, health: tuple[SourceHealth, ...], timestamp: float) -> Frame:
+        return join(JoinInput(nvml=snapshots.nvml, pods=snapshots.pods, cluster=snapshots.cluster,
+                              owners=snapshots.owners, health=health, self_pod=self.self_pod,
+                              version=__version__, python_version=platform.python_version(), timestamp=timestamp))
+
+
+NODE: NodeProgram = NodeProgram()
 
 
 @dataclass
 class Runtime:
+    """A built program: its environment, its loop (``agent``) and, when publishing, its sinks."""
+
     agent: Agent
-    sim: SimulatedNode | None = None
+    env: Environment
     prometheus: PrometheusSink | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def sim(self) -> SimulatedNode | None:
+        return self.env.sim
 
     def close(self) -> None:
         self.agent.stop()
         for close in reversed(self.closers):
             close()
+        self.env.close()
 
 
-def build(settings: Settings, *, sim_time: float | None = None, publish: bool = False) -> Runtime:
-    """Wire sources, agent and (with ``publish``) the sinks. ``sim_time`` freezes the simulated clock there.
+def build(settings: S, program: Program[S] | None = None, *, sim_time: float | None = None,
+          publish: bool = False) -> Runtime:
+    """Wire the environment, the sources, the loop and (with ``publish``) the sinks of ``program``
+    (the node agent by default). ``sim_time`` freezes a simulated node's clock there.
 
     If anything fails half-way, what was already started is closed again before the error
     propagates (no simulated kubelet socket is left behind).
     """
+    prog: Program[Any] = NODE if program is None else program
+    env = prog.environment(settings, sim_time)
     closers: list[Callable[[], None]] = []
     try:
-        return _build(settings, sim_time, publish, closers)
+        return _build(settings, prog, env, publish, closers)
     except BaseException:
         for close in reversed(closers):
             close()
+        env.close()
         raise
 
 
-def _build(settings: Settings, sim_time: float | None, publish: bool,
+def _build(settings: S, program: Program[S], env: Environment, publish: bool,
            closers: list[Callable[[], None]]) -> Runtime:
-    sim: SimulatedNode | None = None
-    wall_clock: Callable[[], float] = time.time
-    monotonic: Callable[[], float] = time.monotonic
-    if settings.simulate is not None:
-        from dra_exporter_sim import SimClock, SimulatedNode, load_scenario
-
-        # --node-name picks the node of a cluster dump; an ordinary scenario names its own.
-        scenario = load_scenario(settings.simulate, settings.node_name or None)
-        clock = SimClock(sim_time or 0.0, frozen=sim_time is not None)
-        # An explicit --kubelet-socket replaces the simulated kubelet, an explicit --kubeconfig the
-        # simulated API server (NVML stays simulated).
-        sim = SimulatedNode(scenario, clock, kubelet=settings.kubelet_socket is None,
-                            apiserver=settings.kubeapi and not settings.kubeconfig).start()
-        closers.append(sim.close)
-        # On a simulated node, timestamps, backoffs and rate integrals follow simulated time.
-        wall_clock, monotonic = sim.wall_clock, clock.now
-        nvml: Any = sim.nvml
-        kubelet_socket = sim.kubelet.socket_path if sim.kubelet else (settings.kubelet_socket or
-                                                                      DEFAULT_KUBELET_SOCKET)
-    else:
-        import pynvml
-
-        nvml = pynvml
-        kubelet_socket = settings.kubelet_socket or DEFAULT_KUBELET_SOCKET
-
-    runners = _source_runners(settings, sim, SourceContext(
-        node_name=node_name(settings, sim), nvml=nvml, kubelet_socket=kubelet_socket,
-        kubeconfig=settings.kubeconfig, claim_refresh=settings.claim_refresh,
-        procfs=settings.procfs or (sim.procfs.root if sim is not None and sim.procfs else DEFAULT_PROCFS),
-        wall_clock=wall_clock, monotonic=monotonic))
+    runners = _source_runners(settings, program, env)
     sinks: list[Sink] = []
     prometheus = None
     if publish and settings.otlp is not None:
         from .sinks.otlp import OtlpSink
 
-        otlp = OtlpSink(settings.otlp, node_name=node_name(settings, sim), host_name=socket.gethostname(),
+        otlp = OtlpSink(settings.otlp, node_name=program.otlp_node_name(env), host_name=socket.gethostname(),
                         version=__version__)
         closers.append(otlp.shutdown)
         sinks.append(otlp)
@@ -108,16 +190,13 @@ def _build(settings: Settings, sim_time: float | None, publish: bool,
         prometheus = PrometheusSink(settings.listen, web_config=settings.web_config)
         prometheus.start()
         closers.append(prometheus.stop)
-        # Only the scrape endpoint is renamed: OTLP keeps the semantic names.
-        sinks.append(prometheus if settings.naming == "native"
-                     else RenamingSink(prometheus, settings.naming, node_name(settings, sim)))
-    (primary,) = runners[Role.PRIMARY]
-    agent = Agent(primary, runners[Role.SIDE], sinks, interval=settings.interval,
-                  self_pod=_self_pod(settings, sim), wall_clock=wall_clock, followers=runners[Role.FOLLOWER],
+        sinks.append(program.scrape_sink(settings, env, prometheus))
+    agent = Agent(runners[Role.PRIMARY], runners[Role.SIDE], sinks, core=program.core(settings, env),
+                  interval=settings.interval, wall_clock=env.context.wall_clock, followers=runners[Role.FOLLOWER],
                   stall_after=settings.stall_timeout)
     if prometheus is not None:
         prometheus.answer_probes_from(agent.health)
-    return Runtime(agent, sim, prometheus, closers)
+    return Runtime(agent, env, prometheus, closers)
 
 
 class RenamingSink:
@@ -135,25 +214,15 @@ class RenamingSink:
         self.inner.publish(apply(frame, self.naming, hostname=self.hostname, xid=self._xid))
 
 
-def node_name(settings: Settings, sim: SimulatedNode | None) -> str:
-    """The simulated scenario's node (which --node-name chose for a dump), else --node-name
-    (or $NODE_NAME), else the hostname."""
-    if sim is not None:
-        return str(sim.scenario.node_name)
-    return settings.node_name or socket.gethostname()
-
-
-def _source_runners(settings: Settings, sim: SimulatedNode | None,
-                    ctx: SourceContext) -> dict[Role, list[SourceRunner[Any]]]:
-    """A runner for every enabled source (``settings.sources``; the primary always), in registry
-    order, by role. The agent closes them when it stops."""
+def _source_runners(settings: S, program: Program[S], env: Environment) -> dict[Role, list[SourceRunner[Any]]]:
+    """A runner for every enabled source of ``program`` (its primaries always), in registry order,
+    by role. The agent closes them when it stops."""
     built: list[SourceRunner[Any]] = []
-    ctx = dataclasses.replace(ctx, latest=lambda: latest_snapshots(built))
-    if settings.kubeapi:
-        ctx = dataclasses.replace(ctx, **_kube_access(settings, sim))
+    ctx = replace(env.context, latest=lambda: latest_snapshots(built))
+    enabled = program.enabled(settings)
     by_role: dict[Role, list[SourceRunner[Any]]] = {role: [] for role in Role}
-    for spec in registry.sources():
-        if spec.switchable and spec.name not in settings.sources:
+    for spec in program.registry.sources():
+        if spec.switchable and spec.name not in enabled:
             continue
         runner = SourceRunner(spec.factory(ctx), keep_last_good=spec.keep_last_good, place=spec.place,
                               wall_clock=ctx.wall_clock, interval=settings.interval)
@@ -162,59 +231,29 @@ def _source_runners(settings: Settings, sim: SimulatedNode | None,
     return by_role
 
 
-def _kube_access(settings: Settings, sim: SimulatedNode | None) -> dict[str, Any]:
-    """How the API server source reaches the API server: ``SourceContext`` fields.
-
-    A kubeconfig the operator named must work: a broken one is a start-up error, not a source
-    outage. Without it: the simulated API server under --simulate, else in-cluster or $KUBECONFIG."""
-    from .config import ConfigError
-    from .sources import SourceError
-    from .sources.kubeapi import load_client
-
-    if settings.kubeconfig:
-        try:
-            api_client = load_client(settings.kubeconfig)
-        except SourceError as exc:
-            raise ConfigError(f"--kubeconfig: {exc}".replace("kubeapi: ", "")) from None
-        return {"kubeconfig": settings.kubeconfig, "kube_client": lambda: api_client}
-    if sim is not None and sim.apiserver is not None:
-        return {"kubeconfig": sim.apiserver.kubeconfig_path}
-    return {}
-
-
-def _self_pod(settings: Settings, sim: SimulatedNode | None) -> tuple[str, str] | None:
-    if settings.self_pod:
-        return settings.self_pod
-    if sim is not None and sim.scenario.exporter_pod:
-        pod = sim.scenario.exporter_pod
-        return (pod.namespace, pod.name)
-    return None
-
-
 class NothingUsable(RuntimeError):
     """The run finished, but the primary source never answered: there is nothing to show."""
 
 
-def snapshot(settings: Settings, *, renamed: bool = False) -> Frame:
-    """One collection cycle, taken twice so that rates (GPM, process utilisation) have two samples.
+def snapshot(settings: S, program: Program[S] | None = None, *, renamed: bool = False) -> Frame:
+    """A one-shot run of the program's pipeline: its cycles (the node agent: two, so that rates —
+    GPM, process utilisation — have two samples), the last frame returned.
 
-    ``renamed``: under ``settings.naming`` (as /metrics shows it) instead of the native names."""
-    runtime = build(settings, sim_time=SNAPSHOT_SIM_TIME if settings.simulate is not None else None)
+    ``renamed``: as the Prometheus endpoint shows it (the node agent's ``--naming``)."""
+    prog: Program[Any] = NODE if program is None else program
+    runtime = build(settings, prog, sim_time=SNAPSHOT_SIM_TIME if settings.simulate is not None else None)
     try:
-        runtime.agent.cycle(collect_side=True)
-        if runtime.sim is not None:
-            runtime.sim.clock.advance(settings.interval)
-        else:
-            time.sleep(settings.interval)
         frame = runtime.agent.cycle(collect_side=True)
+        for _ in range(prog.snapshot_cycles - 1):
+            if runtime.sim is not None:
+                runtime.sim.clock.advance(settings.interval)
+            else:
+                time.sleep(settings.interval)
+            frame = runtime.agent.cycle(collect_side=True)
         primary = runtime.agent.primary
         if not primary.answered.is_set():
             raise NothingUsable(primary.last_error or f"{primary.name} did not answer")
-        if renamed and settings.naming != "native":
-            from .naming import apply
-
-            frame = apply(frame, settings.naming, hostname=node_name(settings, runtime.sim))
-        return frame
+        return prog.renamed(settings, runtime.env, frame) if renamed else frame
     finally:
         runtime.close()
 
@@ -245,21 +284,20 @@ def settle_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-def serve(settings: Settings, *, stop: threading.Event | None = None) -> None:
-    """Serve until SIGTERM/SIGINT (or ``stop`` is set)."""
+def serve(settings: S, program: Program[S] | None = None, *, stop: threading.Event | None = None) -> None:
+    """Serve ``program`` (the node agent by default) until SIGTERM/SIGINT (or ``stop`` is set)."""
+    prog: Program[Any] = NODE if program is None else program
     stop = stop or threading.Event()
-    runtime = build(settings, publish=True)
+    runtime = build(settings, prog, publish=True)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     if runtime.prometheus is not None:
-        log.info("serving /metrics on %s (port %d)", settings.listen, runtime.prometheus.port)
+        log.info("%s: serving /metrics on %s (port %d)", prog.name, settings.listen, runtime.prometheus.port)
     if settings.otlp is not None:
-        log.info("pushing OTLP (%s) to %s every %ss", settings.otlp.protocol,
+        log.info("%s: pushing OTLP (%s) to %s every %ss", prog.name, settings.otlp.protocol,
                  settings.otlp.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint", settings.otlp.interval)
-    # The node is what the series describe; the scenario only says where a simulated one came from.
-    log.info("collecting every %ss on node '%s'%s", settings.interval, node_name(settings, runtime.sim),
-             f" (simulated from scenario {settings.simulate})" if settings.simulate is not None else "")
+    log.info("%s", prog.describe(settings, runtime.env))
     try:
         runtime.agent.start()
         # Settle once start-up is over (the first frame is out, clients exist); if the first

@@ -66,9 +66,11 @@ def cluster_frame() -> Frame:
 
 def cluster_mode_frame() -> Frame:
     """``dra-exporter cluster`` on its built-in simulated cluster (the dra_cluster_* families)."""
-    from dra_exporter.cluster import runtime as cluster_runtime
+    from dra_exporter import runtime
+    from dra_exporter.cluster.runtime import CLUSTER
+    from dra_exporter.config import ClusterSettings
 
-    return cluster_runtime.snapshot(cluster_runtime.ClusterSettings(simulate="cluster"))
+    return runtime.snapshot(ClusterSettings(simulate="cluster"), CLUSTER)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from typing import Any
 
 from deploy_tools import NAMESPACE, render_chart
 
-from dra_exporter.cluster.runtime import DEFAULT_CLUSTER_LISTEN
+from dra_exporter.config import DEFAULT_CLUSTER_LISTEN
 
 ON = {"cluster": {"enabled": True}, "serviceMonitor": {"enabled": True}}
 

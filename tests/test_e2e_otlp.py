@@ -15,7 +15,9 @@ from otlp_receiver import GrpcReceiver, HttpReceiver, Received, running
 from simnode import ATTRIBUTION
 
 from dra_exporter import catalog
-from dra_exporter.cluster.runtime import ClusterSettings, snapshot
+from dra_exporter.cluster.runtime import CLUSTER
+from dra_exporter.config import ClusterSettings
+from dra_exporter.runtime import snapshot
 from dra_exporter_sim import load_scenario
 
 
@@ -119,7 +121,7 @@ CLUSTER_DEVICE_ATTRIBUTES = {"driver": "dra.driver", "pool": "dra.pool", "node":
 
 
 def test_cluster_mode_pushes_its_families_with_the_frames_values(receiver) -> None:  # type: ignore[no-untyped-def]
-    family = snapshot(ClusterSettings(simulate="cluster")).family(catalog.CLUSTER_DEVICES.name)
+    family = snapshot(ClusterSettings(simulate="cluster"), CLUSTER).family(catalog.CLUSTER_DEVICES.name)
     assert family is not None and family.samples
     expected = {tuple(sorted((CLUSTER_DEVICE_ATTRIBUTES[k], v) for k, v in s.labels if v)): s.value
                 for s in family.samples}

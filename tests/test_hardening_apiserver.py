@@ -21,7 +21,7 @@ from simnode import eventually, scrape, simulated
 
 from dra_exporter import catalog as cat
 from dra_exporter import runtime
-from dra_exporter.sources import SourceError, kubeapi
+from dra_exporter.sources import SourceError, kubeapi, reflector
 from dra_exporter.sources.kubeapi import MAX_LIST_BYTES, MAX_OBJECT_BYTES, KubeApiSource, Timeouts
 from dra_exporter_sim.apiserver import ERROR, GONE, GONE_410, WATCH_DROP
 
@@ -293,15 +293,15 @@ class _Endless:
 def test_endless_answers_are_read_only_up_to_the_limit() -> None:
     endless = _Endless()
     with pytest.raises(SourceError, match="4 MiB limit"):
-        for _ in kubeapi._lines(endless, MAX_OBJECT_BYTES, "watch pods"):
+        for _ in reflector.watch_lines(endless, MAX_OBJECT_BYTES, "watch pods"):
             pass
     assert endless.closed and endless.read_bytes <= MAX_OBJECT_BYTES + 128 * 1024
     endless = _Endless()
     with pytest.raises(SourceError, match="32 MiB limit"):
-        kubeapi._json(endless, "list pods", MAX_LIST_BYTES)
+        reflector.read_json(endless, "list pods", MAX_LIST_BYTES)
     assert endless.closed and endless.read_bytes == MAX_LIST_BYTES + 1
     announced = _Endless()
     announced.headers = {"Content-Length": str(MAX_OBJECT_BYTES + 1)}
     with pytest.raises(SourceError, match="4 MiB limit"):
-        kubeapi._json(announced, "get resourceclaims", MAX_OBJECT_BYTES)
+        reflector.read_json(announced, "get resourceclaims", MAX_OBJECT_BYTES)
     assert announced.read_bytes == 0, "refused from its Content-Length, unread"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from dra_exporter import model
+from dra_exporter.quantity import quantity
 from dra_exporter.sources.kubeapi_normalize import (
     attribute_value,
     choose_version,
@@ -19,7 +20,6 @@ from dra_exporter.sources.kubeapi_normalize import (
     claim_requests,
     current_slices,
     pod_from_dict,
-    quantity,
     resource_id,
     served_versions,
     slice_from_dict,

@@ -447,9 +447,11 @@ def test_every_otlp_name_in_the_catalogue_is_one_consistent_instrument() -> None
 
 
 def test_every_cluster_mode_family_is_pushed_from_a_cluster_frame() -> None:
-    from dra_exporter.cluster.runtime import ClusterSettings, snapshot
+    from dra_exporter.cluster.runtime import CLUSTER
+    from dra_exporter.config import ClusterSettings
+    from dra_exporter.runtime import snapshot
 
-    frame = snapshot(ClusterSettings(simulate="cluster"))
+    frame = snapshot(ClusterSettings(simulate="cluster"), CLUSTER)
     cluster = [s for s in catalog.CATALOG if s.name.startswith("dra_cluster_")]
     assert all(s.otlp and s.otlp.name.startswith("dra.cluster.") for s in cluster)
     built = _built(_builder().build(frame, 1))

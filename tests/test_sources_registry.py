@@ -28,8 +28,6 @@ def test_the_registered_sources_their_roles_and_defaults() -> None:
 def test_a_source_is_registered_once() -> None:
     with pytest.raises(ValueError, match="registered twice"):
         registry.register(dataclasses.replace(registry.PROCS))
-    with pytest.raises(ValueError, match="one primary source"):
-        registry.register(dataclasses.replace(registry.NVML, name="another-gpu-library"))
     assert [s.name for s in registry.sources()] == ["nvml", "podresources", "kubeapi", "procs"]
 
 

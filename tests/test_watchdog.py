@@ -15,11 +15,13 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import socket
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,12 @@ from simnode import SCENARIOS, eventually
 
 from dra_exporter import catalog as cat
 from dra_exporter import cli, runtime
-from dra_exporter.agent import Agent, SourceRunner
-from dra_exporter.config import Settings, default_stall_timeout
+from dra_exporter.agent import Agent, Core, SourceRunner
+from dra_exporter.cluster.runtime import CLUSTER as CLUSTER_PROGRAM
+from dra_exporter.cluster.runtime import CapacityCore
+from dra_exporter.config import ClusterSettings, Settings, default_stall_timeout
 from dra_exporter.model import Frame, LoopHealth
+from dra_exporter.runtime import JoinCore
 from dra_exporter.sinks.prometheus import PrometheusSink
 from dra_exporter.sources.procs import ProcsSource
 from dra_exporter.sources.registry import without
@@ -116,20 +121,42 @@ def by_source(frame: Frame, family: str) -> dict[str, float]:
     return {dict(s.labels)["source"]: s.value for s in fam.samples} if fam else {}
 
 
+@dataclass(frozen=True)
+class Program:
+    """What the watchdog tests need of a program of the runtime: its core, its primary source's
+    name and its side sources' names."""
+
+    name: str
+    core: Callable[[], Core]
+    primary: str
+    side: tuple[str, ...]
+
+
+NODE = Program("serve", JoinCore, "nvml", ("podresources",))
+CLUSTER = Program("cluster", CapacityCore, "kubeapi", ())
+
+
+@pytest.fixture(params=[NODE, CLUSTER], ids=lambda p: p.name)
+def program(request: pytest.FixtureRequest) -> Program:
+    """Each watchdog test runs against both programs: the same loop, the same bounds and probes."""
+    return request.param  # type: ignore[no-any-return]
+
+
 @contextmanager
-def watched(primary: Any, *, followers: tuple[Any, ...] = (), sink: ListSink | None = None,
+def watched(primary: Any, *, program: Program = NODE, followers: tuple[Any, ...] = (), sink: ListSink | None = None,
             startup_wait: float = GUARD_S) -> Iterator[tuple[Agent, FakeClock, ListSink]]:
-    """A started agent (interval 10 ms, bounds 30 s + 30 s on a fake clock) with one side source,
-    whose first cycle waits up to ``startup_wait`` for it (which answers at once)."""
+    """A started agent of ``program`` (interval 10 ms, bounds 30 s + 30 s on a fake clock) with its
+    side sources, whose first cycle waits up to ``startup_wait`` for them (they answer at once)."""
     clock = FakeClock()
     sink = sink or ListSink()
 
     def runner(source: Any) -> SourceRunner:
         return SourceRunner(source, keep_last_good=False, interval=0.01, monotonic=clock)
 
-    side = SourceRunner(GatedSource("podresources"), keep_last_good=True, interval=0.01, monotonic=clock)
-    agent = Agent(runner(primary), [side], [sink], interval=0.01, followers=[runner(f) for f in followers],
-                  stall_after=STALL, liveness_grace=GRACE, monotonic=clock)
+    side = [SourceRunner(GatedSource(name), keep_last_good=True, interval=0.01, monotonic=clock)
+            for name in program.side]
+    agent = Agent([runner(primary)], side, [sink], core=program.core(), interval=0.01,
+                  followers=[runner(f) for f in followers], stall_after=STALL, liveness_grace=GRACE, monotonic=clock)
     agent.start(startup_wait=startup_wait)
     try:
         yield agent, clock, sink
@@ -142,9 +169,9 @@ def watched(primary: Any, *, followers: tuple[Any, ...] = (), sink: ListSink | N
 # --- the bounds -------------------------------------------------------------------------------------
 
 
-def test_a_wedged_cycle_fails_readyz_at_the_bound_and_healthz_after_the_grace() -> None:
-    nvml = GatedSource("nvml", block_from=2)
-    with watched(nvml) as (agent, clock, _):
+def test_a_wedged_cycle_fails_readyz_at_the_bound_and_healthz_after_the_grace(program: Program) -> None:
+    nvml = GatedSource(program.primary, block_from=2)
+    with watched(nvml, program=program) as (agent, clock, _):
         eventually(agent.ready.is_set, GUARD_S)
         nvml.wait_blocked()
         assert agent.health() == LoopHealth(ready=True, live=True)
@@ -162,20 +189,25 @@ def test_a_wedged_cycle_fails_readyz_at_the_bound_and_healthz_after_the_grace() 
         eventually(lambda: agent.health() == LoopHealth(ready=True, live=True), GUARD_S)
 
 
-def test_a_first_cycle_that_never_ends_fails_healthz_too() -> None:
-    nvml = GatedSource("nvml", block_from=1)  # NVML hangs in its first call (nvmlInit)
+def test_a_first_cycle_that_never_ends_fails_healthz_too(program: Program) -> None:
+    # NVML hangs in its first call (nvmlInit), the cluster mode in its first list.
+    nvml = GatedSource(program.primary, block_from=1)
     startup_wait = 10.0
-    with watched(nvml, startup_wait=startup_wait) as (agent, clock, sink):
+    # The first cycle may wait for the side sources on top of the bound; with none, it does not.
+    allowance = startup_wait if program.side else 0.0
+    with watched(nvml, program=program, startup_wait=startup_wait) as (agent, clock, sink):
         nvml.wait_blocked()
         assert agent.health() == LoopHealth(ready=False, live=True)
-        clock.advance(STALL + startup_wait - 0.5)
-        assert agent.health().reason == "", "the first cycle may wait for the side sources on top"
-        clock.advance(0.5 + GRACE - 0.5)
+        clock.advance(STALL + allowance - 0.5)
+        assert agent.health().reason == ""
+        clock.advance(0.5)
+        assert agent.health().reason.startswith("stalled")
+        clock.advance(GRACE - 0.5)
         assert agent.health().live
         clock.advance(0.5)
         assert not agent.health().live
         agent.watch()
-        assert sink.frames and by_source(sink.frames[-1], cat.SOURCE_UP.name)["nvml"] == 0.0
+        assert sink.frames and by_source(sink.frames[-1], cat.SOURCE_UP.name)[program.primary] == 0.0
 
 
 def test_the_default_bound_is_ten_intervals_and_never_under_30_s() -> None:
@@ -183,11 +215,11 @@ def test_the_default_bound_is_ten_intervals_and_never_under_30_s() -> None:
     assert default_stall_timeout(0.05) == 30.0
     assert default_stall_timeout(10.0) == 100.0
     nvml = SourceRunner(GatedSource("nvml"), keep_last_good=False)
-    agent = Agent(nvml, [], [], interval=5.0)
+    agent = Agent([nvml], [], [], core=JoinCore(), interval=5.0)
     assert (agent.stall_after, agent.liveness_grace) == (50.0, 50.0)
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="stall_after must be positive"):
-            Agent(nvml, [], [], stall_after=bad)
+            Agent([nvml], [], [], core=JoinCore(), stall_after=bad)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -205,33 +237,35 @@ def test_a_stall_timeout_that_cannot_tell_a_stall_from_a_cycle_is_refused(args: 
 # --- what the watchdog publishes and logs -------------------------------------------------------------
 
 
-def test_while_stalled_the_frames_say_nvml_is_down_and_keep_the_rest() -> None:
-    nvml = GatedSource("nvml", block_from=2)
-    with watched(nvml) as (agent, clock, sink):
+def test_while_stalled_the_frames_say_the_primary_is_down_and_keep_the_rest(program: Program) -> None:
+    nvml = GatedSource(program.primary, block_from=2)
+    with watched(nvml, program=program) as (agent, clock, sink):
         eventually(agent.ready.is_set, GUARD_S)
         nvml.wait_blocked()
         healthy = sink.frames[-1]
-        assert by_source(healthy, cat.SOURCE_UP.name) == {"nvml": 1.0, "podresources": 1.0}
+        assert by_source(healthy, cat.SOURCE_UP.name) == dict.fromkeys((program.primary, *program.side), 1.0)
         agent.watch()
         assert sink.frames[-1] is healthy, "no stall frame before the bound"
         clock.advance(STALL + 1)
         agent.watch()
         stalled = sink.frames[-1]
-        assert by_source(stalled, cat.SOURCE_UP.name) == {"nvml": 0.0, "podresources": 1.0}
-        assert by_source(stalled, cat.COLLECT_DURATION.name)["nvml"] == STALL + 1, "how long the call has hung"
+        assert by_source(stalled, cat.SOURCE_UP.name) == {program.primary: 0.0, **dict.fromkeys(program.side, 1.0)}
+        assert by_source(stalled, cat.COLLECT_DURATION.name)[program.primary] == STALL + 1, \
+            "how long the call has hung"
         assert by_source(stalled, cat.COLLECT_ERRORS.name) == by_source(healthy, cat.COLLECT_ERRORS.name), \
             "a counter must not jump now and fall back when the call returns"
         assert agent.cycles == 1, "a stall frame is no cycle"
         nvml.release.set()
         eventually(lambda: agent.cycles >= 3, GUARD_S)
         agent.watch()
-        assert by_source(sink.frames[-1], cat.SOURCE_UP.name)["nvml"] == 1.0
+        assert by_source(sink.frames[-1], cat.SOURCE_UP.name)[program.primary] == 1.0
 
 
-def test_one_log_line_per_episode_names_the_source_and_how_long(caplog: pytest.LogCaptureFixture) -> None:
-    nvml = GatedSource("nvml", block_from=2)
+def test_one_log_line_per_episode_names_the_source_and_how_long(program: Program,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    nvml = GatedSource(program.primary, block_from=2)
     caplog.set_level(logging.INFO, logger="dra_exporter.agent")
-    with watched(nvml) as (agent, clock, _):
+    with watched(nvml, program=program) as (agent, clock, _):
         eventually(agent.ready.is_set, GUARD_S)
         nvml.wait_blocked()
         clock.advance(STALL)
@@ -240,11 +274,11 @@ def test_one_log_line_per_episode_names_the_source_and_how_long(caplog: pytest.L
             clock.advance(1)
         stalls = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(stalls) == 1, stalls
-        assert "the nvml source has been collecting for 30 s" in stalls[0]
+        assert f"the {program.primary} source has been collecting for 30 s" in stalls[0]
         assert "/readyz fails" in stalls[0] and "/healthz fails" in stalls[0]
         nvml.release.set()
         eventually(lambda: "finish again" in caplog.text, GUARD_S)
-        assert "after a 35 s stall in nvml" in caplog.text
+        assert f"after a 35 s stall in {program.primary}" in caplog.text
         # A second episode is a second line.
         blocked = nvml.blocked
         nvml.release.clear()
@@ -294,9 +328,10 @@ def _open_writer(fifo: Path, opened: list[int]) -> bool:
     return True
 
 
-def test_a_cycle_stuck_inside_a_sink_never_blocks_the_watchdog(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_cycle_stuck_inside_a_sink_never_blocks_the_watchdog(program: Program,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     sink = BlockingSink()
-    with watched(GatedSource("nvml"), sink=sink) as (agent, clock, _):
+    with watched(GatedSource(program.primary), program=program, sink=sink) as (agent, clock, _):
         assert sink.entered.wait(GUARD_S)
         clock.advance(STALL + GRACE)
         done = threading.Thread(target=agent.watch)
@@ -304,7 +339,7 @@ def test_a_cycle_stuck_inside_a_sink_never_blocks_the_watchdog(caplog: pytest.Lo
         done.join(GUARD_S)
         assert not done.is_alive(), "the watchdog waited for the wedged sink"
         assert agent.health() == LoopHealth(False, False, "stalled: no collection cycle has finished for 60 s")
-        assert "stuck after collecting (join or publish)" in caplog.text
+        assert "stuck after collecting (in the core or a sink)" in caplog.text
         sink.release.set()
 
 
@@ -425,4 +460,125 @@ def test_a_simulated_nvml_hang_fails_the_probes_reports_nvml_down_and_recovers(
         assert "collection cycles finish again" in caplog.text
     finally:
         rt.sim.clock.set(30.0)
+        rt.close()
+
+
+# --- a failing core: one traceback per episode, for both programs ---------------------------------------
+
+
+class FailingCore:
+    """The program's core, failing while ``failing`` is set (a bug, an object it cannot take)."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.failing = threading.Event()
+        self.calls = 0
+
+    def __call__(self, *args: Any) -> Frame:
+        self.calls += 1
+        if self.failing.is_set():
+            raise RuntimeError("the core cannot take this")
+        return self.core(*args)
+
+
+def test_a_failing_core_logs_one_traceback_per_episode(program: Program, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dra_exporter.agent")
+    core = FailingCore(program.core())
+    runner = SourceRunner(GatedSource(program.primary), keep_last_good=False, interval=0.01)
+    agent = Agent([runner], [], [ListSink()], core=core, interval=0.01, stall_after=STALL)
+    agent.start()
+    try:
+        eventually(agent.ready.is_set, GUARD_S)
+        for episode in (1, 2):
+            core.failing.set()
+            calls = core.calls
+            eventually(lambda calls=calls: core.calls > calls + 20, GUARD_S)  # many failed cycles
+            core.failing.clear()
+            eventually(lambda n=episode: caplog.text.count("cycles work again") == n, GUARD_S)
+            errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+            assert len(errors) == episode, [r.getMessage() for r in errors]
+            assert errors[-1].exc_info is not None, "the traceback, once"
+    finally:
+        agent.stop()
+
+
+# --- end to end: the cluster mode against an API server that never answers ----------------------------
+
+
+class SilentServer:
+    """A TCP server that accepts connections and never answers, until ``release`` closes them all
+    (and itself: later connections are refused)."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self._held.append(conn)
+
+    def release(self) -> None:
+        self._listener.close()
+        for conn in self._held:
+            conn.close()
+        self._thread.join(GUARD_S)
+
+    def kubeconfig(self, path: Path) -> str:
+        path.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: silent\n"
+            f"clusters: [{{name: silent, cluster: {{server: 'http://127.0.0.1:{self.port}'}}}}]\n"
+            "users: [{name: nobody, user: {}}]\n"
+            "contexts: [{name: silent, context: {cluster: silent, user: nobody}}]\n")
+        return str(path)
+
+
+def test_a_cluster_mode_whose_first_list_never_ends_fails_the_probes_and_recovers(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dra_exporter.agent")
+    server = SilentServer()
+    # Bounds far below the CLI's (at least twice an interval of 1 s) keep the test short.
+    settings = ClusterSettings(listen="127.0.0.1:0", kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"),
+                               interval=0.1, stall_timeout=0.5)
+    rt = runtime.build(settings, CLUSTER_PROGRAM, publish=True)
+    try:
+        assert rt.prometheus is not None
+        port = rt.prometheus.port
+        rt.agent.start()
+        eventually(lambda: get(port, "/healthz")[0] == 503, GUARD_S)
+        assert b"no collection cycle has finished" in get(port, "/healthz")[1]
+        assert get(port, "/readyz")[0] == 503
+        stalls = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(stalls) == 1 and "the kubeapi source has been collecting" in stalls[0], stalls
+        server.release()  # the discovery request fails now: the cycle finishes, with the source down
+        eventually(lambda: get(port, "/readyz")[0] == get(port, "/healthz")[0] == 200, GUARD_S)
+        assert source_up_on_metrics(port)["kubeapi"] == 0.0
+        assert "collection cycles finish again" in caplog.text
+    finally:
+        server.release()
+        rt.close()
+
+
+@pytest.mark.parametrize("settings, program", [
+    (Settings(listen="127.0.0.1:0", simulate="demo", sources=without("kubeapi")), runtime.NODE),
+    (ClusterSettings(listen="127.0.0.1:0", simulate="cluster", interval=1.0), CLUSTER_PROGRAM),
+], ids=["serve", "cluster"])
+def test_both_programs_probes_say_ready_and_live_once_a_frame_is_out(settings: Any, program: Any) -> None:
+    rt = runtime.build(settings, program, publish=True)
+    try:
+        assert rt.prometheus is not None
+        port = rt.prometheus.port
+        assert get(port, "/readyz")[0] == 503, "no frame yet"
+        assert get(port, "/healthz")[0] == 200, "alive: no cycle has stalled"
+        rt.agent.start()
+        eventually(lambda: get(port, "/readyz")[0] == 200, GUARD_S)
+        assert get(port, "/healthz") == (200, b"ok\n")
+        assert all(source_up_on_metrics(port)[r.name] == 1.0 for r in rt.agent.primaries)
+    finally:
         rt.close()

@@ -32,7 +32,7 @@ from typing import Any, Final
 import cel
 
 from ..model import DeviceClassInfo, SliceDevice
-from ..sources.kubeapi_normalize import quantity
+from ..quantity import quantity
 
 #: ``device.attributes['dom'].name`` / ``device.capacity["dom"]["name"]``: a literal reference.
 _REFERENCE: Final = re.compile(

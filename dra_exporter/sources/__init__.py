@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from ..model import ClusterSnapshot, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
+from ..model import ClusterSnapshot, ClusterState, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -52,3 +52,5 @@ class Snapshots:
     """The API server's view of this node (source ``kubeapi``)."""
     owners: ProcessOwnersSnapshot | None = None
     """Pod and container of each GPU process, from /proc (source ``procs``)."""
+    state: ClusterState | None = None
+    """The DRA objects of the whole cluster (the cluster mode's source ``kubeapi``)."""

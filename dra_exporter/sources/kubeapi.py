@@ -24,7 +24,8 @@ What it asks the API server, and why the load per node does not grow with the cl
   Claims no local pod uses any more are forgotten without a request. Cost: at most 12 GETs per
   claim in use per hour, plus one per claim per pod start.
 
-What it does when the API server misbehaves (``docs/reliability.md`` names the tests):
+What it does when the API server misbehaves (``docs/reliability.md`` names the tests; the lists and
+watches are ``reflector.Reflector``'s):
 
 * errors, timeouts, connection refused: ``SourceError`` (the last good view stays in use) and
   retries with exponential backoff (``Timeouts.backoff``), for ``collect`` and each watch alike;
@@ -49,16 +50,15 @@ not used because it discovers every group of the cluster and caches discovery in
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, TypeVar
 
 import urllib3
 from kubernetes import client as k8s
@@ -86,25 +86,14 @@ from .kubeapi_normalize import (
     slices_for_node,
     taint_rule_from_dict,
 )
+from .reflector import MAX_LIST_BYTES as MAX_LIST_BYTES
+from .reflector import MAX_OBJECT_BYTES as MAX_OBJECT_BYTES
+from .reflector import RBAC_HINT, Reflector, api_error, close_watches, read_json, request, unreachable
+from .reflector import Timeouts as Timeouts
 
 SOURCE: Final = "kubeapi"
 NO_ACCESS: Final = ("kubeapi: no API server access (no in-cluster service account, no kubeconfig): "
                     "node-local attribution only")
-RBAC_HINT: Final = "the exporter needs get/list/watch on resourceslices, resourceclaims and pods"
-#: One object (a claim GET, one watch event): the API server refuses to store objects over 3 MiB
-#: (its request body limit; etcd's default is 1.5 MiB), so anything bigger is not a real object.
-MAX_OBJECT_BYTES: Final = 4 * 2**20
-#: One list (this node's slices or pods): room for 110 pods (the kubelet's default maximum) of
-#: ~300 KiB each; real ones are ~10-50 KiB.
-MAX_LIST_BYTES: Final = 32 * 2**20
-#: A watch that ends sooner than this after its start (including its list) is "short": the next
-#: one waits for the backoff instead of starting at once.
-HEALTHY_WATCH_S: Final = 10.0
-#: Short watches in a row after which the watch counts as failing (``source_up`` 0). Each resumed
-#: watch (or re-list) brings the view up to date, so a few are routine; with the default backoff,
-#: eight take about three minutes, and by then the view can be a backoff period (60 s) old.
-SHORT_WATCHES_ARE_AN_ERROR: Final = 8
-_READ_CHUNK: Final = 64 * 1024
 #: A claim's next refresh falls due at a random point of [1, 1 + REFRESH_SPREAD] x claim_refresh.
 REFRESH_SPREAD: Final = 0.2
 
@@ -149,10 +138,10 @@ def discover(api_client: k8s.ApiClient, timeout: float = 10.0) -> tuple[tuple[st
         if exc.status == 404:
             raise SourceError(f"kubeapi: the API server does not serve {GROUP} "
                               "(Kubernetes before 1.32, or DRA turned off)") from None
-        raise _api_error(exc, f"discover {GROUP}") from None
+        raise api_error(exc, f"discover {GROUP}") from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise _unreachable(exc) from None
-    served = served_versions(_json(response, f"discover {GROUP}"))
+        raise unreachable(exc) from None
+    served = served_versions(read_json(response, f"discover {GROUP}"))
     version = choose_version(served, SUPPORTED_VERSIONS)
     if version is None:
         raise SourceError(f"kubeapi: no {GROUP} version both served ({', '.join(served) or 'none'}) and "
@@ -180,7 +169,7 @@ def probe(api_client: k8s.ApiClient, node_name: str, version: str, *, timeout: f
     results = []
     for kind, path in (("resourceslices", http.slices_path(version)), ("pods", http.PODS_PATH)):
         try:
-            body = _json(_request(f"list {kind}", lambda path=path: http.get(  # type: ignore[misc]
+            body = read_json(request(f"list {kind}", lambda path=path: http.get(  # type: ignore[misc]
                 api_client, path, [("fieldSelector", selector)], timeout=timeout)), f"list {kind}", MAX_LIST_BYTES)
         except SourceError as exc:
             results.append(Probe(False, str(exc).removeprefix("kubeapi: ")))
@@ -196,12 +185,12 @@ def _review(api_client: k8s.ApiClient, verb: str, group: str, resource: str, tim
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
               "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}}}
     try:
-        answer = _json(http.post(api_client, http.ACCESS_REVIEW_PATH, review, timeout=timeout),
+        answer = read_json(http.post(api_client, http.ACCESS_REVIEW_PATH, review, timeout=timeout),
                        f"check whether it may {what}")
     except ApiException as exc:
         return Probe(False, f"could not check whether it may {what}: HTTP {exc.status}")
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        return Probe(False, str(_unreachable(exc)).removeprefix("kubeapi: "))
+        return Probe(False, str(unreachable(exc)).removeprefix("kubeapi: "))
     except SourceError as exc:
         return Probe(False, str(exc).removeprefix("kubeapi: "))
     status = answer.get("status")
@@ -209,222 +198,6 @@ def _review(api_client: k8s.ApiClient, verb: str, group: str, resource: str, tim
     return Probe(allowed, f"may {what}" if allowed else f"may not {what} ({RBAC_HINT})")
 
 
-class _Gone(SourceError):
-    """The watch's resourceVersion is too old (HTTP 410): list again."""
-
-    def __init__(self) -> None:
-        super().__init__("kubeapi: resourceVersion too old (410 Gone)")
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    request: float = 10.0
-    """Seconds a list or get may take."""
-    watch: tuple[int, int] = (300, 600)
-    """Each watch asks the server to end it after a random number of seconds in this range."""
-    backoff: tuple[float, float] = (1.0, 60.0)
-    """Initial and maximum wait after a failure (doubling in between, ±20 % jitter: ``backoff.Backoff``)."""
-
-
-class _Reflector(Generic[T]):
-    """Lists one kind, then watches it from the list's resourceVersion on its own thread.
-
-    Keeps every object normalised by ``normalize``, keyed ``namespace/name``. A failure is kept in
-    ``error`` (``""`` while healthy) and retried with backoff, resuming from the last
-    resourceVersion; 410 Gone (as an HTTP status or as a watch ERROR event) lists again.
-    ``changed(key, old, new)`` is called for every object that changes (None: absent).
-    """
-
-    def __init__(self, kind: str, api_client: k8s.ApiClient, path: str, field_selector: str | None,
-                 normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
-                 changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
-                 on_update: Callable[[], None] = lambda: None, page_size: int = 0,
-                 label_selector: str | None = None) -> None:
-        self.kind = kind
-        self._page_size = page_size
-        self._labels = label_selector
-        self._client = api_client
-        self._path = path
-        self._selector = field_selector
-        self._normalize = normalize
-        self._timeouts = timeouts
-        self._requests = requests
-        self._changed = changed
-        self._on_update = on_update
-        self._lock = threading.Lock()
-        self.items: dict[str, T] = {}
-        self.resource_version: str | None = None
-        self.error = ""
-        self._response: Any = None
-        self._thread: threading.Thread | None = None
-
-    def snapshot(self) -> list[T]:
-        with self._lock:
-            return list(self.items.values())
-
-    def _query(self) -> list[tuple[str, str | int | bool]]:
-        # None: no selector (a cluster-scoped kind of which every object is wanted); "" is a real
-        # selector: ``spec.nodeName=`` selects the slices that name no node.
-        query: list[tuple[str, str | int | bool]] = [] if self._selector is None else [
-            ("fieldSelector", self._selector)]
-        return query + ([("labelSelector", self._labels)] if self._labels else [])
-
-    # --- list -------------------------------------------------------------------------------------
-
-    def list_once(self) -> None:
-        """One consistent list; replaces every object. Raises ``SourceError``.
-
-        With ``page_size``, the list comes in pages (``limit`` and ``continue``, as client-go's
-        pager does): each answer stays under ``MAX_LIST_BYTES`` and is normalised before the next
-        is read, so a cluster-wide list costs the memory of one page plus what is kept. A continue
-        token that expired (410) starts the list again, once."""
-        items: dict[str, T] = {}
-        token, version, restarted = "", None, False
-        while True:
-            self._requests[f"list {self.kind}"] += 1
-            query = list(self._query())
-            if self._page_size:
-                query.append(("limit", self._page_size))
-            if token:
-                query.append(("continue", token))
-            try:
-                response = _request(f"list {self.kind}", lambda q=query: http.get(  # type: ignore[misc]
-                    self._client, self._path, q, timeout=self._timeouts.request))
-            except _Gone:
-                if not token or restarted:
-                    raise
-                items, token, version, restarted = {}, "", None, True  # the pages' snapshot is gone
-                continue
-            body = _json(response, f"list {self.kind}", MAX_LIST_BYTES)
-            for obj in body.get("items") or ():
-                if isinstance(obj, Mapping):
-                    items[_key(obj)] = self._normalize(obj)
-            meta = body.get("metadata")
-            version = version or _str(meta, "resourceVersion") or None
-            token = _str(meta, "continue")
-            if not token or not self._page_size:
-                break
-        with self._lock:
-            old, self.items = self.items, items
-            self.resource_version = version
-            self.error = ""
-        for key in old.keys() | items.keys():
-            if old.get(key) != items.get(key):
-                self._changed(key, old.get(key), items.get(key))
-        self._on_update()
-
-    # --- watch --------------------------------------------------------------------------------------
-
-    def start(self, stop: threading.Event) -> None:
-        self._thread = threading.Thread(target=self._run, args=(stop,), name=f"kubeapi-{self.kind}", daemon=True)
-        self._thread.start()
-
-    def _run(self, stop: threading.Event) -> None:
-        backoff = Backoff(*self._timeouts.backoff, random=random.random)
-        short = 0
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                if self.resource_version is None:
-                    self.list_once()
-                self._watch_once(stop)
-                gone = False
-            except _Gone:
-                self.resource_version = None  # too old to resume: list again
-                gone = True
-            except SourceError as exc:
-                short = 0
-                self.error = str(exc)
-                self._on_update()
-                stop.wait(backoff.failed())
-                continue
-            except Exception as exc:
-                short = 0
-                self.error = f"kubeapi: watching {self.kind} failed: {type(exc).__name__}: {exc}"
-                logging.getLogger(__name__).debug("watch %s failed", self.kind, exc_info=True)
-                stop.wait(backoff.failed())
-                continue
-            if stop.is_set():
-                return
-            if time.monotonic() - started >= HEALTHY_WATCH_S:
-                short = 0  # a watch that lived: the next one starts at once
-                backoff.succeeded()
-                continue
-            # Ended (cut, or 410) right after it started: a server or proxy that does this to every
-            # watch must not get a request storm. Wait, as after a failure.
-            short += 1
-            if short >= SHORT_WATCHES_ARE_AN_ERROR:
-                why = "expires every resourceVersion (410 Gone)" if gone else "cuts every watch at once"
-                self.error = (f"kubeapi: watching {self.kind}: the API server {why} "
-                              f"({short} times in a row); retrying with backoff")
-                self._on_update()
-            stop.wait(backoff.failed())
-
-    def _watch_once(self, stop: threading.Event) -> None:
-        low, high = self._timeouts.watch
-        seconds = random.randint(low, high)
-        what = f"watch {self.kind}"
-        self._requests[what] += 1
-        query: http.Query = [*self._query(), ("watch", True),
-                             ("resourceVersion", self.resource_version or ""), ("allowWatchBookmarks", True),
-                             ("timeoutSeconds", seconds)]
-        # The server ends the watch after `seconds`; a read timeout catches a silently dead peer.
-        response = _request(what, lambda: http.get(self._client, self._path, query,
-                                                    timeout=(self._timeouts.request, float(seconds + 30))))
-        self._response = response
-        if self.error:
-            self.error = ""
-            self._on_update()
-        try:
-            for line in _lines(response, MAX_OBJECT_BYTES, f"watch {self.kind}"):
-                if stop.is_set():
-                    return
-                if line.strip():
-                    self._event(line)
-        except (urllib3.exceptions.HTTPError, OSError):
-            # A dropped watch is routine (API server restart, load balancer); resume from our version.
-            return
-        finally:
-            self._response = None
-            response.release_conn()
-
-    def _event(self, line: str) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            raise SourceError(f"kubeapi: the API server sent a watch event for {self.kind} that is not JSON") from None
-        kind, obj = event.get("type"), event.get("object")
-        if not isinstance(obj, Mapping):
-            return
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise _Gone()
-            raise SourceError(f"kubeapi: watching {self.kind} failed: {obj.get('code')} {obj.get('message', '')}")
-        version = _str(obj.get("metadata"), "resourceVersion")
-        if kind in ("ADDED", "MODIFIED", "DELETED"):
-            key = _key(obj)
-            new = self._normalize(obj) if kind != "DELETED" else None
-            with self._lock:
-                old = self.items.pop(key, None) if new is None else self.items.get(key)
-                if new is not None:
-                    self.items[key] = new
-            if old != new:
-                self._changed(key, old, new)
-                self._on_update()
-        if version:
-            self.resource_version = version
-
-    def stop(self) -> None:
-        response = self._response
-        if response is not None:
-            try:
-                response.shutdown()  # unblocks the thread's read at once
-            except Exception:  # closing anyway: a failure only means the watch thread ends later
-                logging.getLogger(__name__).debug("shutting down the %s watch failed", self.kind, exc_info=True)
-
-    def join(self, timeout: float) -> None:
-        if self._thread:
-            self._thread.join(timeout)
 
 
 @dataclass(slots=True)
@@ -435,18 +208,6 @@ class _CachedClaim:
     """When it is fetched again (``monotonic`` time)."""
 
 
-def close_watches(reflectors: Iterable[_Reflector[Any] | None], client: k8s.ApiClient | None,
-                  log: logging.Logger) -> None:
-    """Stop every reflector (waiting up to 2 s for each), then close the API client."""
-    for reflector in reflectors:
-        if reflector is not None:
-            reflector.stop()
-            reflector.join(2.0)
-    if client is not None:
-        try:
-            client.close()
-        except Exception:  # noqa: BLE001 - shutting down anyway
-            log.debug("closing the API client failed", exc_info=True)
 
 
 def taint_rule_version(client: k8s.ApiClient, served: Iterable[str], timeouts: Timeouts,
@@ -457,7 +218,7 @@ def taint_rule_version(client: k8s.ApiClient, served: Iterable[str], timeouts: T
         requests["discover"] += 1
         what = f"discover {GROUP}/{version}"
         get = functools.partial(http.get, client, f"{http.GROUP_PATH}/{version}", timeout=timeouts.request)
-        body = _json(_request(what, get), what)
+        body = read_json(request(what, get), what)
         if "devicetaintrules" in resource_names(body):
             return version
     return None
@@ -488,12 +249,12 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
         self._stop = threading.Event()
         self._client: k8s.ApiClient | None = None
         self.api_version: str | None = None
-        self._slices: _Reflector[model.ResourceSliceInfo] | None = None
-        self._nodeless_slices: _Reflector[model.ResourceSliceInfo] | None = None
-        self._pods: _Reflector[model.PodInfo] | None = None
-        self._taint_rules: _Reflector[model.DeviceTaintRule] | None = None
-        self._domains: _Reflector[model.ComputeDomain] | None = None
-        self._cliques: _Reflector[model.ComputeDomainClique] | None = None
+        self._slices: Reflector[model.ResourceSliceInfo] | None = None
+        self._nodeless_slices: Reflector[model.ResourceSliceInfo] | None = None
+        self._pods: Reflector[model.PodInfo] | None = None
+        self._taint_rules: Reflector[model.DeviceTaintRule] | None = None
+        self._domains: Reflector[model.ComputeDomain] | None = None
+        self._cliques: Reflector[model.ComputeDomainClique] | None = None
         self.compute_domain_resources: frozenset[str] = frozenset()
         """Which of computedomains/computedomaincliques are read; empty: the CRDs are not served."""
         self.served: tuple[str, ...] = ()
@@ -545,16 +306,16 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
         if self._slices is None or self._pods is None:
             selector = f"spec.nodeName={self.node_name}"
             version, client = self.api_version, self._client
-            slices = _Reflector("resourceslices", client, http.slices_path(version), selector,
+            slices = Reflector("resourceslices", client, http.slices_path(version), selector,
                                 lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
                                 on_update=self._bump)
             # Slices that name no node (allNodes, nodeSelector, perDeviceNodeSelection): the API
             # server's field set has spec.nodeName "" for them, so this selector finds exactly those;
             # which of their devices cover this node is decided here (slices_for_node).
-            nodeless = _Reflector("resourceslices-nodeless", client, http.slices_path(version), "spec.nodeName=",
+            nodeless = Reflector("resourceslices-nodeless", client, http.slices_path(version), "spec.nodeName=",
                                   lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
                                   on_update=self._bump)
-            pods = _Reflector("pods", client, http.PODS_PATH, selector,
+            pods = Reflector("pods", client, http.PODS_PATH, selector,
                               pod_from_dict, self._timeouts, self.requests, changed=self._pod_changed,
                               on_update=self._bump)
             # The first lists happen here, so the first frame already has the cluster view.
@@ -586,7 +347,7 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
                 self._log.info("kubeapi: %s serves no DeviceTaintRules (gate DRADeviceTaintRules off, or "
                                "Kubernetes before 1.33): only the slices' own taints are shown", GROUP)
                 return
-            rules = _Reflector("devicetaintrules", self._client, http.taint_rules_path(version), None,
+            rules = Reflector("devicetaintrules", self._client, http.taint_rules_path(version), None,
                                taint_rule_from_dict, self._timeouts, self.requests, on_update=self._bump)
             rules.list_once()
         except SourceError as exc:
@@ -612,29 +373,29 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
         self.requests["discover"] += 1
         try:
             response = http.get(client, path, timeout=self._timeouts.request)
-            found = cd.served(_json(response, f"discover {cd.GROUP}/{cd.VERSION}"))
+            found = cd.served(read_json(response, f"discover {cd.GROUP}/{cd.VERSION}"))
         except ApiException as exc:
             if exc.status == 404:
                 self._log.info("kubeapi: %s/%s is not served (NVIDIA's ComputeDomain CRDs are not installed): "
                                "no ComputeDomain metrics", cd.GROUP, cd.VERSION)
             else:
                 self._log.warning("kubeapi: ComputeDomains not read: %s (the rest of the cluster view is)",
-                                  str(_api_error(exc, f"discover {cd.GROUP}")).removeprefix("kubeapi: "))
+                                  str(api_error(exc, f"discover {cd.GROUP}")).removeprefix("kubeapi: "))
             return
         except (urllib3.exceptions.HTTPError, OSError, SourceError) as exc:
-            why = exc if isinstance(exc, SourceError) else _unreachable(exc)
+            why = exc if isinstance(exc, SourceError) else unreachable(exc)
             self._log.warning("kubeapi: ComputeDomains not read: %s", str(why).removeprefix("kubeapi: "))
             return
-        readers: list[_Reflector[Any]] = []
+        readers: list[Reflector[Any]] = []
         try:
             if cd.DOMAINS in found:
-                self._domains = _Reflector(cd.DOMAINS, client, f"{path}/{cd.DOMAINS}", None,
+                self._domains = Reflector(cd.DOMAINS, client, f"{path}/{cd.DOMAINS}", None,
                                            cd.compute_domain_from_dict, self._timeouts, self.requests,
                                            on_update=self._bump)
                 readers.append(self._domains)
             if cd.CLIQUES in found:
                 # The driver namespace is the Helm release's: list every namespace, only labelled cliques.
-                self._cliques = _Reflector(cd.CLIQUES, client, f"{path}/{cd.CLIQUES}", None, cd.clique_from_dict,
+                self._cliques = Reflector(cd.CLIQUES, client, f"{path}/{cd.CLIQUES}", None, cd.clique_from_dict,
                                            self._timeouts, self.requests, on_update=self._bump,
                                            label_selector=DOMAIN_UID_LABEL)
                 readers.append(self._cliques)
@@ -667,17 +428,17 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
         try:
             response = http.get(self._client, f"{http.NODES_PATH}/{{name}}", timeout=self._timeouts.request,
                                 path_params={"name": self.node_name})
-            labels: dict[str, str] | None = node_labels(_json(response, "get nodes", MAX_OBJECT_BYTES))
+            labels: dict[str, str] | None = node_labels(read_json(response, "get nodes", MAX_OBJECT_BYTES))
         except ApiException as exc:
             if exc.status not in (403, 404):
-                raise _api_error(exc, f"get nodes {self.node_name}") from None
+                raise api_error(exc, f"get nodes {self.node_name}") from None
             if not self._node_warned:
                 self._node_warned = True
                 self._log.warning("kubeapi: cannot read node %s (HTTP %s): ResourceSlices that select nodes by "
                                   "label are not shown (grant get on nodes)", self.node_name, exc.status)
             labels = None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _unreachable(exc) from None
+            raise unreachable(exc) from None
         if labels != self._node_labels:
             self._node_labels = labels
             self._bump()
@@ -739,14 +500,14 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
             assert self._client is not None and self.api_version is not None
             response = http.get_claim(self._client, self.api_version, namespace, name,
                                       timeout=self._timeouts.request)
-            body = _json(response, "get resourceclaims", MAX_OBJECT_BYTES)
+            body = read_json(response, "get resourceclaims", MAX_OBJECT_BYTES)
             info: model.ClaimInfo | None = claim_from_dict(body, self.api_version or "")
         except ApiException as exc:
             if exc.status != 404:
-                raise _api_error(exc, f"get resourceclaims {namespace}/{name}") from None
+                raise api_error(exc, f"get resourceclaims {namespace}/{name}") from None
             info = None  # not created yet, or deleted: asked again on the next pod change or refresh
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _unreachable(exc) from None
+            raise unreachable(exc) from None
         old = self._claims.get((namespace, name))
         due = now + self._claim_refresh * random.uniform(1.0, 1.0 + REFRESH_SPREAD)
         self._claims[(namespace, name)] = _CachedClaim(info, due)
@@ -791,106 +552,8 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
 # --- helpers ------------------------------------------------------------------------------------------
 
 
-def _request(what: str, call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except ApiException as exc:
-        if exc.status == 410:
-            raise _Gone() from None
-        raise _api_error(exc, what) from None
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise _unreachable(exc) from None
-
-
-def _api_error(exc: ApiException, what: str) -> SourceError:
-    status = exc.status
-    if status == 401:
-        return SourceError(f"kubeapi: the API server rejected our credentials (401) on {what}")
-    if status == 403:
-        return SourceError(f"kubeapi: forbidden (403) to {what}: {RBAC_HINT}")
-    return SourceError(f"kubeapi: {what} failed: HTTP {status} {exc.reason or ''}".rstrip())
-
-
-def _unreachable(exc: BaseException) -> SourceError:
-    # The exception's own text names objects by memory address; a stable message is logged once.
-    reason = getattr(exc, "reason", None) or exc
-    for kind, words in _TRANSPORT_ERRORS:
-        if isinstance(reason, kind):
-            return SourceError(f"kubeapi: API server unreachable ({words})")
-    return SourceError(f"kubeapi: API server unreachable ({type(reason).__name__})")
-
-
-_TRANSPORT_ERRORS: Final = (
-    # NewConnectionError is a ConnectTimeoutError subclass (urllib3 compatibility): test it first.
-    (urllib3.exceptions.NewConnectionError, "cannot connect"),
-    (urllib3.exceptions.ConnectTimeoutError, "connecting timed out"),
-    (urllib3.exceptions.ReadTimeoutError, "no answer in time"),
-    (urllib3.exceptions.SSLError, "TLS handshake failed"),
-    (urllib3.exceptions.ProtocolError, "connection dropped"),
-)
-
-
-def _json(response: Any, what: str, limit: int = MAX_OBJECT_BYTES) -> Mapping[str, Any]:
-    """The answer's JSON object, read up to ``limit`` bytes; a bigger answer is refused unread."""
-    try:
-        data = _read_bounded(response, limit, what)
-        body = json.loads(data)
-    except (ValueError, urllib3.exceptions.HTTPError, OSError) as exc:
-        raise SourceError(f"kubeapi: {what}: the API server's answer is not JSON ({type(exc).__name__})") from None
-    finally:
-        response.release_conn()
-    if not isinstance(body, Mapping):
-        raise SourceError(f"kubeapi: {what}: the API server's answer is not a JSON object")
-    return body
-
-
-def _too_big(what: str, limit: int) -> SourceError:
-    return SourceError(f"kubeapi: {what}: the API server's answer is over the {limit // 2**20} MiB limit; "
-                       "refused (the last good view is kept)")
-
-
-def _read_bounded(response: Any, limit: int, what: str) -> bytes:
-    length = response.headers.get("Content-Length") if response.headers else None
-    if length is not None and length.isdigit() and int(length) > limit:
-        response.close()  # never read it; the connection cannot be reused with the body unread
-        raise _too_big(what, limit)
-    data = response.read(limit + 1)
-    if len(data) > limit:
-        response.close()
-        raise _too_big(what, limit)
-    return bytes(data)
-
-
-def _lines(response: Any, limit: int, what: str) -> Iterator[str]:
-    """The watch stream's lines, each at most ``limit`` bytes: a longer one is refused (and the
-    stream closed) as soon as the buffer passes the limit, before it is complete."""
-    buffer = bytearray()
-    for chunk in response.stream(_READ_CHUNK, decode_content=False):
-        start = len(buffer)
-        buffer += chunk
-        end = buffer.find(b"\n", start)
-        while end != -1:
-            if end > limit:
-                break
-            line = bytes(buffer[:end])
-            del buffer[:end + 1]
-            yield line.decode("utf-8", errors="replace")
-            end = buffer.find(b"\n")
-        if len(buffer) > limit:
-            response.close()
-            raise _too_big(what, limit)
-
 
 def _needs_labels(sl: model.ResourceSliceInfo) -> bool:
     placements = [sl.placement, *(d.placement for d in sl.devices if d.placement is not None)]
     return any(p.node_selector is not None and p.node_selector.needs_labels for p in placements)
 
-
-def _key(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata")
-    return f"{_str(meta, 'namespace')}/{_str(meta, 'name')}"
-
-
-def _str(obj: Any, key: str) -> str:
-    value = obj.get(key) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, str) else ""

@@ -6,7 +6,7 @@ keeps the last good state during an outage, as for the node agent.
 
 What it asks the API server: discovery (``GET /apis/resource.k8s.io``, the node agent's choice of
 v1, v1beta2, v1beta1), then one list and one watch per kind, cluster-wide, with the node agent's
-reflector (``kubeapi._Reflector``: resume from the last resourceVersion, bookmarks, list again on
+reflector (``kubeapi.Reflector``: resume from the last resourceVersion, bookmarks, list again on
 410, backoff, bounded answers). Lists are paged (``LIST_PAGE``), so a 5,000-node cluster's slices
 never sit in memory as one JSON document. DeviceTaintRules are read in the first of v1, v1beta2,
 v1alpha3 that serves them, or left out with a log line. Never polling: after the lists, the load
@@ -31,15 +31,17 @@ from typing import Any, Final
 from kubernetes import client as k8s
 
 from .. import model
+from ..dra_versions import GROUP
 from . import SourceError
 from . import kubeapi_http as http
-from .kubeapi import GROUP, Timeouts, _Reflector, close_watches, discover, load_client, taint_rule_version
+from .kubeapi import discover, load_client, taint_rule_version
 from .kubeapi_normalize import (
     claim_from_dict,
     device_class_from_dict,
     slice_from_dict,
     taint_rule_from_dict,
 )
+from .reflector import Reflector, Timeouts, close_watches
 
 SOURCE: Final = "kubeapi"
 #: Objects per list page (client-go's pager uses 500).
@@ -86,7 +88,7 @@ class ClusterSource:
         self.api_version: str | None = None
         self.served: tuple[str, ...] = ()
         self.taint_rule_version: str | None = None
-        self._reflectors: dict[str, _Reflector[Any]] = {}
+        self._reflectors: dict[str, Reflector[Any]] = {}
         self._revision = 0
         self._revision_lock = threading.Lock()
         self._state: tuple[int, model.ClusterState] | None = None
@@ -127,7 +129,7 @@ class ClusterSource:
 
     def _add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any]) -> None:
         assert self._client is not None
-        reflector: _Reflector[Any] = _Reflector(kind, self._client, path, None, normalize, self._timeouts,
+        reflector: Reflector[Any] = Reflector(kind, self._client, path, None, normalize, self._timeouts,
                                                 self.requests, on_update=self._bump, page_size=self._page_size)
         reflector.list_once()  # here, so the first frame already has the whole cluster
         reflector.start(self._stop)

@@ -24,13 +24,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
 from typing import Any, Final
-
-from kubernetes.utils.quantity import parse_quantity
 
 from .. import model
 from ..dra_versions import SUPPORTED_VERSIONS, device_fields, exact_request
+from ..quantity import quantity
 
 __all__ = ["SUPPORTED_VERSIONS"]  # the exporter's sources read the versions from here
 _ATTRIBUTE_SCALARS: Final = ("string", "int", "bool", "version")
@@ -185,17 +183,6 @@ def _counters(raw: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(
         (key, number) for key, value in raw.items()
         if isinstance(key, str) and (number := quantity(_map_of(value).get("value"))) is not None))
-
-
-def quantity(value: Any) -> float | None:
-    """A Kubernetes quantity (``80Gi``, ``500m``, ``12``) as a float in base units; None if invalid."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number: Decimal = parse_quantity(value)
-    except (ValueError, TypeError, InvalidOperation):
-        return None
-    return float(number)
 
 
 def slices_for_node(slices: Iterable[model.ResourceSliceInfo], node: str,

@@ -23,9 +23,9 @@ import enum
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
-from ..model import ClusterSnapshot, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
+from ..model import ClusterSnapshot, ClusterState, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
 from . import Snapshots, Source
 
 T = TypeVar("T")
@@ -82,47 +82,53 @@ class SourceSpec(Generic[T]):
         return self.role is not Role.PRIMARY
 
 
-_REGISTRY: dict[str, SourceSpec[Any]] = {}
+class Registry:
+    """The sources of one program, in registration order (the order they are built in)."""
+
+    def __init__(self, program: str) -> None:
+        self.program = program
+        self._specs: dict[str, SourceSpec[Any]] = {}
+
+    def register(self, spec: SourceSpec[T]) -> SourceSpec[T]:
+        """Add a source; each name once."""
+        if spec.name in self._specs:
+            raise ValueError(f"source {spec.name!r} is registered twice")
+        self._specs[spec.name] = spec
+        return spec
+
+    def sources(self) -> tuple[SourceSpec[Any], ...]:
+        return tuple(self._specs.values())
+
+    def default_enabled(self) -> frozenset[str]:
+        return frozenset(s.name for s in self._specs.values() if s.enabled_by_default or not s.switchable)
+
+    def enabled(self, switches: Mapping[str, bool]) -> frozenset[str]:
+        """The sources to build: the registry's defaults, with the switches given applied."""
+        unknown = set(switches) - set(self._specs)
+        if unknown:
+            raise ValueError(f"unknown sources: {', '.join(sorted(unknown))}; known: {', '.join(self._specs)}")
+        fixed = [n for n, on in switches.items() if not on and not self._specs[n].switchable]
+        if fixed:
+            raise ValueError(f"the {fixed[0]} source cannot be turned off")
+        return frozenset(n for n, s in self._specs.items()
+                         if switches.get(n, s.enabled_by_default) or not s.switchable)
+
+    def without(self, *names: str) -> frozenset[str]:
+        """The default sources less ``names`` (e.g. ``without("kubeapi")``: ``--no-kubeapi``)."""
+        return self.enabled(dict.fromkeys(names, False))
+
+    def spec(self, name: str) -> SourceSpec[Any]:
+        return self._specs[name]
 
 
-def register(spec: SourceSpec[T]) -> SourceSpec[T]:
-    """Add a source; each name once, and one primary source."""
-    if spec.name in _REGISTRY:
-        raise ValueError(f"source {spec.name!r} is registered twice")
-    if spec.role is Role.PRIMARY and any(s.role is Role.PRIMARY for s in _REGISTRY.values()):
-        raise ValueError(f"source {spec.name!r}: there is one primary source")
-    _REGISTRY[spec.name] = spec
-    return spec
+NODE: Final = Registry("serve")
+"""The node agent's sources (``serve``, ``snapshot``, ``doctor``)."""
+CLUSTER: Final = Registry("cluster")
+"""The cluster mode's sources."""
 
-
-def sources() -> tuple[SourceSpec[Any], ...]:
-    """Every registered source, in registration order (the order they are built in)."""
-    return tuple(_REGISTRY.values())
-
-
-def default_enabled() -> frozenset[str]:
-    return frozenset(s.name for s in _REGISTRY.values() if s.enabled_by_default or not s.switchable)
-
-
-def enabled(switches: Mapping[str, bool]) -> frozenset[str]:
-    """The sources to build: the registry's defaults, with the switches given applied."""
-    unknown = set(switches) - set(_REGISTRY)
-    if unknown:
-        raise ValueError(f"unknown sources: {', '.join(sorted(unknown))}; known: {', '.join(_REGISTRY)}")
-    fixed = [n for n, on in switches.items() if not on and not _REGISTRY[n].switchable]
-    if fixed:
-        raise ValueError(f"the {fixed[0]} source cannot be turned off")
-    return frozenset(n for n, s in _REGISTRY.items()
-                     if switches.get(n, s.enabled_by_default) or not s.switchable)
-
-
-def without(*names: str) -> frozenset[str]:
-    """The default sources less ``names`` (e.g. ``without("kubeapi")``: ``--no-kubeapi``)."""
-    return enabled(dict.fromkeys(names, False))
-
-
-def spec(name: str) -> SourceSpec[Any]:
-    return _REGISTRY[name]
+# The node agent's registry is the one the command line derives its switches from.
+register, sources, default_enabled, enabled, without, spec = (
+    NODE.register, NODE.sources, NODE.default_enabled, NODE.enabled, NODE.without, NODE.spec)
 
 
 # --- the sources --------------------------------------------------------------------------------
@@ -182,3 +188,18 @@ PROCS: SourceSpec[ProcessOwnersSnapshot] = register(SourceSpec(
     "procs", Role.FOLLOWER, _procs, lambda s, v: dataclasses.replace(s, owners=v), keep_last_good=False,
     help="Find the pod and container of each GPU process in the host's /proc (needs hostPID: true). "
          "Off: GPU processes are not matched to containers."))
+
+
+# --- the cluster mode's source ----------------------------------------------------------------------
+
+
+def _cluster_state(ctx: SourceContext) -> Source[ClusterState]:
+    from .kubeapi_cluster import ClusterSource
+
+    return ClusterSource(kubeconfig=ctx.kubeconfig, client_factory=ctx.kube_client)
+
+
+CLUSTER_STATE: SourceSpec[ClusterState] = CLUSTER.register(SourceSpec(
+    "kubeapi", Role.PRIMARY, _cluster_state, lambda s, v: dataclasses.replace(s, state=v), keep_last_good=True,
+    help="Every ResourceSlice, ResourceClaim, DeviceClass and DeviceTaintRule of the cluster, listed once and "
+         "then watched."))

@@ -1,0 +1,160 @@
+"""Where a program's sources read from: the real node or cluster, or a simulated one.
+
+The one place that decides between real and simulated systems, for every program: ``serve`` and
+``snapshot`` (``node``), ``doctor`` (``node`` too, on a frozen clock), the cluster mode (``cluster``).
+What it decides ends up in a ``SourceContext`` (what the registered sources' factories are given)
+and a few facts the runtime needs besides (the simulated node, the exporter's own pod, the clock
+the objects are stamped on).
+
+The rules, the same for each program:
+
+* without ``--simulate``: NVML is the ``pynvml`` binding, the kubelet socket the one named or the
+  default, the API server in-cluster, ``$KUBECONFIG`` or ``~/.kube/config``;
+* with ``--simulate``: everything is simulated, except what an option names explicitly —
+  ``--kubeconfig`` replaces the simulated API server, ``--kubelet-socket`` the simulated kubelet
+  (NVML always stays simulated);
+* a kubeconfig the operator named must work: a broken one is a start-up error (``ConfigError``),
+  not a source outage;
+* on a simulated node, timestamps, backoffs and rate integrals follow the simulated clock.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .config import DEFAULT_KUBELET_SOCKET, ClusterSettings, ConfigError, Settings
+from .sources.procs import DEFAULT_PROCFS
+from .sources.registry import SourceContext
+
+if TYPE_CHECKING:
+    from dra_exporter_sim import SimulatedNode
+
+Clock = Callable[[], float]
+"""Seconds, on some clock (``time.time``, a simulated clock)."""
+
+
+@dataclass
+class Environment:
+    """What a program's sources are built against; ``close`` stops whatever was simulated."""
+
+    context: SourceContext
+    sim: SimulatedNode | None = None
+    """The simulated node (``serve --simulate``), None elsewhere."""
+    simulated_apiserver: bool = False
+    """Whether the API server the sources talk to is a simulated one (it allows everything)."""
+    self_pod: tuple[str, str] | None = None
+    """(namespace, name) of the exporter's own pod: its claims are monitoring claims."""
+    object_clock: Clock | None = None
+    """The clock the objects' own times (creation, allocation) are on, for ages; None: the wall
+    clock. A simulated cluster stamps its objects on the simulator's fixed epoch."""
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            close()
+        self.closers.clear()
+
+
+def node(settings: Settings, *, sim_time: float | None = None) -> Environment:
+    """The node agent's environment. ``sim_time`` freezes the simulated clock there."""
+    env = Environment(SourceContext(node_name="", nvml=None, kubelet_socket=""))
+    try:
+        _node(settings, sim_time, env)
+    except BaseException:
+        env.close()  # no simulated kubelet socket is left behind
+        raise
+    return env
+
+
+def _node(settings: Settings, sim_time: float | None, env: Environment) -> None:
+    wall_clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    kubelet_socket = settings.kubelet_socket or DEFAULT_KUBELET_SOCKET
+    procfs = settings.procfs or DEFAULT_PROCFS
+    node_name = settings.node_name or socket.gethostname()
+    self_pod = settings.self_pod
+    nvml: Any
+    sim = None
+    if settings.simulate is not None:
+        from dra_exporter_sim import SimClock, SimulatedNode, load_scenario
+
+        # --node-name picks the node of a cluster dump; an ordinary scenario names its own.
+        scenario = load_scenario(settings.simulate, settings.node_name or None)
+        clock = SimClock(sim_time or 0.0, frozen=sim_time is not None)
+        sim = SimulatedNode(scenario, clock, kubelet=settings.kubelet_socket is None,
+                            apiserver=settings.kubeapi and not settings.kubeconfig).start()
+        env.closers.append(sim.close)
+        env.sim = sim
+        wall_clock, monotonic = sim.wall_clock, clock.now
+        nvml = sim.nvml
+        if sim.kubelet is not None:
+            kubelet_socket = sim.kubelet.socket_path
+        if not settings.procfs and sim.procfs is not None:
+            procfs = sim.procfs.root
+        # The node is what the series describe; the scenario only says where a simulated one came from.
+        node_name = str(scenario.node_name)
+        if self_pod is None and scenario.exporter_pod is not None:
+            self_pod = (scenario.exporter_pod.namespace, scenario.exporter_pod.name)
+    else:
+        import pynvml
+
+        nvml = pynvml
+    access = _kube_access(settings.kubeconfig) if settings.kubeapi else {}
+    if settings.kubeapi and not settings.kubeconfig and sim is not None and sim.apiserver is not None:
+        access = {"kubeconfig": sim.apiserver.kubeconfig_path}
+        env.simulated_apiserver = True
+    env.self_pod = self_pod
+    env.context = SourceContext(node_name=node_name, nvml=nvml, kubelet_socket=kubelet_socket,
+                                claim_refresh=settings.claim_refresh, procfs=procfs, wall_clock=wall_clock,
+                                monotonic=monotonic, **access)
+
+
+def cluster(settings: ClusterSettings) -> Environment:
+    """The cluster mode's environment: the real API server, or a simulated one serving a cluster."""
+    env = Environment(SourceContext(node_name="", nvml=None, kubelet_socket=""))
+    try:
+        _cluster(settings, env)
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def _cluster(settings: ClusterSettings, env: Environment) -> None:
+    access = _kube_access(settings.kubeconfig)
+    if settings.simulate is not None and not settings.kubeconfig:
+        from dra_exporter_sim import FIXED_EPOCH, SimClock, SimulatedApiServer, load_cluster
+
+        clock = SimClock(0.0)
+        apiserver = SimulatedApiServer(load_cluster(settings.simulate), clock, taint_rule_versions=("v1",)).start()
+        env.closers.append(apiserver.stop)
+        access = {"kubeconfig": apiserver.kubeconfig_path}
+        env.simulated_apiserver = True
+
+        def simulated_object_time() -> float:  # what the simulated objects are stamped on
+            return FIXED_EPOCH + clock.now()
+
+        env.object_clock = simulated_object_time
+    env.context = SourceContext(node_name="", nvml=None, kubelet_socket="", **access)
+
+
+def _kube_access(kubeconfig: str | None) -> dict[str, Any]:
+    """``SourceContext`` fields for the API server: a named kubeconfig, loaded and checked now."""
+    if not kubeconfig:
+        return {}
+    from .sources import SourceError
+    from .sources.kubeapi import load_client
+
+    try:
+        api_client = load_client(kubeconfig)
+    except SourceError as exc:
+        raise ConfigError(f"--kubeconfig: {exc}".replace("kubeapi: ", "")) from None
+
+    def given_client() -> Any:
+        return api_client
+
+    return {"kubeconfig": kubeconfig, "kube_client": given_client}
