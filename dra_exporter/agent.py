@@ -226,13 +226,18 @@ class Agent:
 
     # --- the watchdog ---------------------------------------------------------------------------
 
+    def never_answered(self) -> SourceRunner[Any] | None:
+        """The first primary source that has not once succeeded, or None."""
+        return next((p for p in self.primaries if not p.answered.is_set()), None)
+
     def health(self) -> LoopHealth:
         """What /readyz and /healthz answer: cheap (two clock reads), safe from any thread."""
         ready = self.ready.is_set()
-        if ready and not self.primary.answered.is_set():
-            # Frames are out, but without the primary source in any of them there is nothing to serve.
-            error = self.primary.last_error or "no answer yet"
-            return LoopHealth(ready=False, live=True, reason=f"{self.primary.name} has never answered: {error}")
+        silent = self.never_answered()
+        if ready and silent is not None:
+            # Frames are out, but without a primary source in any of them there is nothing to serve.
+            error = silent.last_error or "no answer yet"
+            return LoopHealth(ready=False, live=True, reason=f"{silent.name} has never answered: {error}")
         bound = self._bound()  # read before _finished_at: both change together, bound last
         finished_at = self._finished_at
         if finished_at is None:

@@ -250,9 +250,9 @@ def snapshot(settings: S, program: Program[S] | None = None, *, renamed: bool = 
             else:
                 time.sleep(settings.interval)
             frame = runtime.agent.cycle(collect_side=True)
-        primary = runtime.agent.primary
-        if not primary.answered.is_set():
-            raise NothingUsable(primary.last_error or f"{primary.name} did not answer")
+        silent = runtime.agent.never_answered()
+        if silent is not None:
+            raise NothingUsable(silent.last_error or f"{silent.name} did not answer")
         return prog.renamed(settings, runtime.env, frame) if renamed else frame
     finally:
         runtime.close()
