@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import __version__, environment
+from . import catalog as cat
 from .agent import Agent, Core, Sink, SourceRunner, latest_snapshots
 from .config import Settings, ShellSettings
 from .environment import Environment
@@ -232,7 +233,12 @@ def _source_runners(settings: S, program: Program[S], env: Environment) -> dict[
 
 
 class NothingUsable(RuntimeError):
-    """The run finished, but the primary source never answered: there is nothing to show."""
+    """The run finished, but the primary source never answered and no device is known: nothing to show."""
+
+
+def _names_a_device(frame: Frame) -> bool:
+    return any((family := frame.family(spec.name)) is not None and bool(family.samples)
+               for spec in (cat.GPU_INFO, cat.DEVICE_INFO))
 
 
 def snapshot(settings: S, program: Program[S] | None = None, *, renamed: bool = False) -> Frame:
@@ -250,8 +256,10 @@ def snapshot(settings: S, program: Program[S] | None = None, *, renamed: bool = 
             else:
                 time.sleep(settings.interval)
             frame = runtime.agent.cycle(collect_side=True)
+        # Nothing usable: a primary source never answered and the frame names no device at all. A node
+        # without NVIDIA's driver whose API server answered (another driver's devices) is worth printing.
         silent = runtime.agent.never_answered()
-        if silent is not None:
+        if silent is not None and not _names_a_device(frame):
             raise NothingUsable(silent.last_error or f"{silent.name} did not answer")
         return prog.renamed(settings, runtime.env, frame) if renamed else frame
     finally:

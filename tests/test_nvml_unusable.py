@@ -15,6 +15,7 @@ from nvml_replay import ReplayNvml
 
 from dra_exporter import cli
 from dra_exporter.agent import Agent, SourceRunner
+from dra_exporter.runtime import JoinCore
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.nvml import NvmlSource
 
@@ -57,7 +58,7 @@ class Failing:
 
 def test_readyz_is_not_ready_while_nvml_has_never_answered() -> None:
     source = Failing()
-    agent = Agent(SourceRunner(source, keep_last_good=False), [], [], interval=1.0)
+    agent = Agent([SourceRunner(source, keep_last_good=False)], [], [], core=JoinCore(), interval=1.0)
     agent.cycle()
     health = agent.health()
     assert not health.ready and "nvml" in health.reason and "Not Found" in health.reason
