@@ -162,7 +162,7 @@ def test_garbage_requests_get_errors_not_tracebacks(caplog: pytest.LogCaptureFix
 
 def test_a_failing_cycle_keeps_the_last_frame_on_metrics_and_the_loop_goes_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from dra_exporter import agent as agent_module
+    from dra_exporter import runtime as runtime_module  # the node agent's core (JoinCore) calls its join
 
     with simulated("demo", http=True, interval=0.05) as rt:
         rt.agent.start()
@@ -173,7 +173,7 @@ def test_a_failing_cycle_keeps_the_last_frame_on_metrics_and_the_loop_goes_on(
             failures.append(1)
             raise RuntimeError("a bug in the join")
 
-        monkeypatch.setattr(agent_module, "join", broken_join)
+        monkeypatch.setattr(runtime_module, "join", broken_join)
         eventually(lambda: len(failures) >= 3)
         last = scrape(rt.prometheus.port)
         assert scrape(rt.prometheus.port) == last, "no new frame while the join fails"
