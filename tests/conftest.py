@@ -42,8 +42,10 @@ TESTBED_FIXTURES = {"kube": "testbed_kube", "nvml_testbed": "testbed_nvml"}
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        # A parametrized argument of the same name is not the fixture.
+        params = getattr(getattr(item, "callspec", None), "params", {})
         for fixture, marker in TESTBED_FIXTURES.items():
-            if fixture in getattr(item, "fixturenames", ()):
+            if fixture in getattr(item, "fixturenames", ()) and fixture not in params:
                 item.add_marker(marker)
 
 

@@ -85,7 +85,7 @@ def names(items: list[Any]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("preferred", "served", "kube"),
+    ("preferred", "served", "kube_version"),
     [
         ("v1", ["v1", "v1beta2", "v1beta1"], "v1.35"),
         ("v1beta2", ["v1beta2", "v1beta1"], "v1.33"),
@@ -93,7 +93,7 @@ def names(items: list[Any]) -> list[str]:
     ],
 )
 def test_discovery_names_the_served_versions(
-    clock: SimClock, preferred: str, served: list[str], kube: str
+    clock: SimClock, preferred: str, served: list[str], kube_version: str
 ) -> None:
     with SimulatedApiServer(small(api_version=preferred), clock) as server:
         api = api_client(server)
@@ -101,7 +101,7 @@ def test_discovery_names_the_served_versions(
         assert [v.version for v in group.versions] == served
         assert group.preferred_version.version == preferred
         assert k8s.ResourceApi(api).get_api_group().preferred_version.version == preferred
-        assert k8s.VersionApi(api).get_code().git_version.startswith(kube + ".")
+        assert k8s.VersionApi(api).get_code().git_version.startswith(kube_version + ".")
         assert k8s.CoreApi(api).get_api_versions().versions == ["v1"]
         assert "pods" in {r.name for r in k8s.CoreV1Api(api).get_api_resources().resources}
         typed = {
