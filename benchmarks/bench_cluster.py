@@ -105,6 +105,7 @@ def _serve(nodes: int, ready: Any, stop: Any) -> None:
 
 def run(nodes: int, cycles: int = 5) -> dict[str, Any]:
     from dra_exporter.cluster.capacity import Capacity
+    from dra_exporter.cluster.cel_worker import CelWorker
     from dra_exporter.sources.kubeapi_cluster import ClusterSource
 
     ctx = multiprocessing.get_context("spawn")
@@ -117,7 +118,7 @@ def run(nodes: int, cycles: int = 5) -> dict[str, Any]:
         gc.collect()
         rss_before = _rss_mib()
         source = ClusterSource(kubeconfig=kubeconfig)
-        capacity = Capacity()
+        capacity = Capacity(CelWorker())  # as the cluster mode runs CEL: in its worker process
         started, cpu0 = time.perf_counter(), time.process_time()
         state = source.collect()
         frame = capacity.frame(state, time.time())

@@ -41,7 +41,7 @@ from ..model import (
     SliceDevice,
     SourceHealth,
 )
-from .selectors import ClassSelector
+from .selectors import CelEngine, ClassSelector, MemoBudget
 
 ALLOCATED, TAINTED, BLOCKED, FREE = "allocated", "tainted", "blocked", "free"
 STATES = (ALLOCATED, TAINTED, BLOCKED, FREE)
@@ -181,7 +181,10 @@ class Capacity:
     """Builds cluster frames; keeps compiled DeviceClass selectors and each slice's class matches
     between frames (recomputed only for classes and slices that changed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: CelEngine | None = None) -> None:
+        """``engine`` runs the classes' CEL (default: in this process, without a time limit)."""
+        self._engine = engine
+        self._memo_budget = MemoBudget()
         self._selectors: dict[str, tuple[DeviceClassInfo, ClassSelector]] = {}
         self._matches: dict[str, tuple[ResourceSliceInfo, tuple[tuple[int, ...], ...]]] = {}
         self._class_order: tuple[str, ...] = ()
@@ -254,7 +257,7 @@ class Capacity:
             if known is not None and known[0] == c:
                 fresh[c.name] = known
             else:
-                fresh[c.name] = (c, ClassSelector(c))
+                fresh[c.name] = (c, ClassSelector(c, self._engine, self._memo_budget))
                 changed = True
         self._selectors, self._class_order = fresh, order
         if changed:

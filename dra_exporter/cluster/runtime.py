@@ -15,6 +15,7 @@ from ..runtime import BUILD_LABELS, Program
 from ..sources import Snapshots
 from ..sources.registry import CLUSTER as CLUSTER_SOURCES
 from .capacity import Capacity
+from .cel_worker import CelWorker
 
 
 class CapacityCore:
@@ -24,7 +25,9 @@ class CapacityCore:
     than the host's (a simulated cluster); the frame's time is the host's either way."""
 
     def __init__(self, object_clock: environment.Clock | None = None) -> None:
-        self.capacity = Capacity()
+        # DeviceClass CEL runs in a worker process: a runaway or crashing class costs the worker,
+        # never the probes or the process (see cel_worker).
+        self.capacity = Capacity(CelWorker())
         self.object_clock = object_clock
 
     def __call__(self, snapshots: Snapshots, health: tuple[SourceHealth, ...], timestamp: float) -> Frame:

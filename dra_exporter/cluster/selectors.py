@@ -20,14 +20,25 @@ as a version here, not rejected), the cost limit, and ``device.allowMultipleAllo
 Cost: a device's result depends only on the attributes and capacities the expression names. When
 every ``device.attributes[...]``/``device.capacity[...]`` use is a literal ``['domain'].name`` (the
 usual class), results are memoised by the driver and those values, so 40,000 GPUs of ten models cost
-ten evaluations; otherwise by the whole device.
+ten evaluations; otherwise by the whole device. One ``MemoBudget`` bounds the memoised results of all
+classes together (a class each for 300 teams must not hold a result per device each).
+
+What a hostile class can do is bounded as the API server bounds it: an expression over
+``MAX_EXPRESSION_BYTES`` (the server's ``CELSelectorExpressionMaxLength``) is refused before the
+library sees it (longer ones crash it: 20,000 terms overflow its stack, a column past 65,535 panics,
+1.5 MB take 2 GB to compile). The library has no cost counter and holds the GIL while it evaluates,
+so the scheduler's runtime cost limit is enforced as a time limit by the engine that runs the
+programs: ``InProcessEngine`` here (tests, one-shot tools) or the cluster mode's worker process
+(``cluster/cel_worker.py``), which a runaway or crashing evaluation cannot stop. A class that
+exceeds it is refused as a whole (``error``), as one the scheduler cannot evaluate.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Any, Final
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Protocol
 
 import cel
 
@@ -39,13 +50,18 @@ _REFERENCE: Final = re.compile(
     r"""device\s*\.\s*(attributes|capacity)\s*\[\s*(['"])([^'"]+)\2\s*\]\s*"""
     r"""(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*(['"])([^'"]+)\5\s*\])""")
 _ANY_MAP: Final = re.compile(r"\b(attributes|capacity)\b")
-#: Memoised results kept per class (a bound: a hostile class cannot grow memory without limit).
-MAX_MEMO: Final = 100_000
+#: Memoised results kept for all classes together (~200 bytes each: a bound of ~50 MB).
+MAX_MEMO: Final = 250_000
+#: ``resource.k8s.io`` ``CELSelectorExpressionMaxLength``: the API server refuses longer selectors.
+MAX_EXPRESSION_BYTES: Final = 10 * 1024
 _UNKNOWN_FUNCTION: Final = "Undefined variable or function"
+#: What the library's errors must never swallow (its Rust panics derive from BaseException too).
+_FATAL: Final = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
-
-class SelectorError(Exception):
-    """The expression cannot be evaluated by this library at all."""
+Verdict = bool | None | str
+"""What running a class's programs over one device gives: True (every expression holds), False
+(one is false), None (one failed for this device: a missing attribute, a type error), or a string:
+the class cannot be run at all (the message)."""
 
 
 def _semver_key(text: Any) -> tuple[int, int, int, tuple[tuple[int, int | str], ...]]:
@@ -147,21 +163,121 @@ def device_view(driver: str, device: SliceDevice) -> dict[str, Any]:
     return {"driver": driver, "attributes": attributes, "capacity": capacity, "allowMultipleAllocations": False}
 
 
+def refusal(expression: str) -> str:
+    """Why the API server would refuse this selector before any evaluation ("" when it would not)."""
+    size = len(expression.encode("utf-8", "surrogatepass"))
+    if size > MAX_EXPRESSION_BYTES:
+        return f"expression of {size} bytes exceeds the API server's limit of {MAX_EXPRESSION_BYTES}"
+    return ""
+
+
+def compile_programs(expressions: Sequence[str]) -> list[Any] | str:
+    """The compiled programs of a class's expressions, or why they cannot be compiled (one line)."""
+    programs = []
+    for expression in expressions:
+        if why := refusal(expression):
+            return why
+        try:
+            programs.append(cel.compile(expression))
+        except _FATAL:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - ValueError and others; a Rust panic is a BaseException
+            return _first_line(exc)
+    return programs
+
+
+def run_programs(programs: Sequence[Any], view: dict[str, Any]) -> Verdict:
+    """Every program over one device's ``device`` variable (see ``Verdict``)."""
+    context = {"device": view, **FUNCTIONS}
+    for program in programs:
+        try:
+            result = program.execute(context)
+        except RuntimeError as exc:
+            if _UNKNOWN_FUNCTION in str(exc):
+                return _first_line(exc)  # the library cannot run it for any device
+            return None
+        except _FATAL:
+            raise
+        except BaseException:  # noqa: BLE001 - KeyError, TypeError, ValueError, a panic: this device fails it
+            return None
+        if result is not True:
+            return None if not isinstance(result, bool) else False
+    return True
+
+
+class CelEngine(Protocol):
+    """Runs a class's expressions (compiled once per engine): where, and within what bound, is the
+    engine's business (in this process, or in a worker process that a runaway cannot stop)."""
+
+    def check(self, name: str, expressions: tuple[str, ...]) -> str:
+        """"" when the expressions of class ``name`` compile, else why not (one line)."""
+        ...
+
+    def evaluate(self, name: str, expressions: tuple[str, ...], view: dict[str, Any]) -> Verdict:
+        ...
+
+
+class InProcessEngine:
+    """Compiles and evaluates in this process, without a time limit: for tests and tools that run
+    one evaluation at a time; the cluster mode uses the worker process."""
+
+    def __init__(self) -> None:
+        self._programs: dict[tuple[str, ...], list[Any] | str] = {}
+
+    def _compiled(self, expressions: tuple[str, ...]) -> list[Any] | str:
+        found = self._programs.get(expressions)
+        if found is None:
+            found = self._programs[expressions] = compile_programs(expressions)
+        return found
+
+    def check(self, name: str, expressions: tuple[str, ...]) -> str:
+        found = self._compiled(expressions)
+        return found if isinstance(found, str) else ""
+
+    def evaluate(self, name: str, expressions: tuple[str, ...], view: dict[str, Any]) -> Verdict:
+        found = self._compiled(expressions)
+        return found if isinstance(found, str) else run_programs(found, view)
+
+
+class MemoBudget:
+    """How many memoised results all selectors together may keep; a selector's share comes back
+    when it is dropped (a class changed or deleted)."""
+
+    def __init__(self, limit: int = MAX_MEMO) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self) -> bool:
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def give_back(self, count: int) -> None:
+        self.used = max(0, self.used - count)
+
+
+_IN_PROCESS: Final = InProcessEngine()
+_SHARED_BUDGET: Final = MemoBudget()
+
+
 class ClassSelector:
     """The compiled selectors of one DeviceClass; see the module docstring."""
 
-    def __init__(self, device_class: DeviceClassInfo) -> None:
+    def __init__(self, device_class: DeviceClassInfo, engine: CelEngine | None = None,
+                 budget: MemoBudget | None = None) -> None:
         self.name = device_class.name
-        self.error = ""
-        self._programs: list[Any] = []
+        self._expressions = tuple(device_class.selectors)
+        self._engine = engine if engine is not None else _IN_PROCESS
+        self._budget = budget if budget is not None else _SHARED_BUDGET
         self._references: list[tuple[str, str, str]] | None = []
         self._memo: dict[Any, bool | None] = {}
-        for expression in device_class.selectors:
-            try:
-                self._programs.append(cel.compile(expression))
-            except Exception as exc:  # noqa: BLE001 - the library raises ValueError and others for bad input
-                self.error = _first_line(exc)
-                return
+        # The memo's share of the budget comes back however the selector goes.
+        weakref.finalize(self, _release, self._budget, self._memo)
+        self.error = self._engine.check(self.name, self._expressions) if self._expressions else ""
+        if self.error:
+            return
+        for expression in self._expressions:
             refs = [(m[1], m[3], m[4] or m[6]) for m in _REFERENCE.finditer(expression)]
             if self._references is not None and len(refs) == len(_ANY_MAP.findall(expression)):
                 self._references.extend(refs)
@@ -171,15 +287,19 @@ class ClassSelector:
     def matches(self, driver: str, device: SliceDevice) -> bool | None:
         if self.error:
             return False
-        if not self._programs:
+        if not self._expressions:
             return True  # a class without selectors takes every device
         key = self._key(driver, device)
         if key in self._memo:
             return self._memo[key]
-        result = self._evaluate(driver, device)
-        if len(self._memo) < MAX_MEMO:
-            self._memo[key] = result
-        return result
+        verdict = self._engine.evaluate(self.name, self._expressions, device_view(driver, device))
+        if isinstance(verdict, str):
+            self.error = verdict  # refused as a whole: what is memoised no longer matters
+            _release(self._budget, self._memo)
+            return False
+        if self._budget.take():
+            self._memo[key] = verdict
+        return verdict
 
     def _key(self, driver: str, device: SliceDevice) -> Any:
         if self._references is None:
@@ -191,21 +311,10 @@ class ClassSelector:
             values.append((attrs.get(key), kinds.get(key)) if kind == "attributes" else caps.get(key))
         return driver, tuple(values)
 
-    def _evaluate(self, driver: str, device: SliceDevice) -> bool | None:
-        context = {"device": device_view(driver, device), **FUNCTIONS}
-        for program in self._programs:
-            try:
-                result = program.execute(context)
-            except RuntimeError as exc:
-                if _UNKNOWN_FUNCTION in str(exc):
-                    self.error = _first_line(exc)  # the library cannot run it for any device
-                    return False
-                return None
-            except Exception:  # noqa: BLE001 - KeyError, TypeError, ValueError: this device fails it
-                return None
-            if result is not True:
-                return None if not isinstance(result, bool) else False
-        return True
+
+def _release(budget: MemoBudget, memo: dict[Any, bool | None]) -> None:
+    budget.give_back(len(memo))
+    memo.clear()
 
 
 def _first_line(exc: BaseException) -> str:
