@@ -181,9 +181,6 @@ class Claim:
     def all_requests(self) -> tuple[ClaimRequest, ...]:
         return self.requests or (ClaimRequest(self.request, self.devices),)
 
-    def request_of(self, device: str) -> ClaimRequest | None:
-        return next((r for r in self.all_requests() if device in r.devices), None)
-
 
 @dataclass(frozen=True, slots=True)
 class SliceDevice:
