@@ -46,9 +46,11 @@ def _env(name: str) -> str:
 
 
 def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A click option that also reads DRA_EXPORTER_<NAME> from the environment."""
+    """A click option that also reads DRA_EXPORTER_<NAME> from the environment (``envvar=`` names
+    another variable where one name would mean two things: ``tests/test_cli_environment.py``)."""
     long = next(d for d in decls if d.startswith("--")).lstrip("-").split("/")[0]
-    return click.option(*decls, envvar=_env(long), show_envvar=True, **kw)
+    kw.setdefault("envvar", _env(long))
+    return click.option(*decls, show_envvar=True, **kw)
 
 
 class FiniteFloat(click.FloatRange):
@@ -96,16 +98,19 @@ class ProgramOptions:
     interval: float
     interval_range: tuple[float, float]
     interval_help: str
+    interval_envvar: str
+    """Its own variable per range: DRA_EXPORTER_INTERVAL is the node agent's (0.05 s and up), so a
+    value meant for a node cannot reach the cluster mode, whose range starts at 1 s."""
     simulate_default: str
     simulate_help: str
 
 
 NODE_OPTIONS = ProgramOptions(
-    DEFAULT_LISTEN, DEFAULT_INTERVAL, NODE_INTERVAL_RANGE, "Seconds between collection cycles",
+    DEFAULT_LISTEN, DEFAULT_INTERVAL, NODE_INTERVAL_RANGE, "Seconds between collection cycles", _env("interval"),
     "demo", "Run on a simulated node: a built-in scenario (default 'demo') or a scenario YAML file.")
 CLUSTER_OPTIONS = ProgramOptions(
     DEFAULT_CLUSTER_LISTEN, DEFAULT_CLUSTER_INTERVAL, CLUSTER_INTERVAL_RANGE,
-    "Seconds between frames (the objects arrive by watch as they change)",
+    "Seconds between frames (the objects arrive by watch as they change)", _env("cluster-interval"),
     "cluster", "Run on a simulated cluster: the built-in 'cluster', or a cluster dump (kubectl get "
                "resourceslices,resourceclaims,deviceclasses,pods -A -o yaml).")
 
@@ -120,15 +125,20 @@ def _apply(options: list[Decorator]) -> Decorator:
     return decorate
 
 
+def interval_option(program: ProgramOptions, what: str | None = None) -> Decorator:
+    """A program's ``--interval``: its one type, range and variable; the range said in --help."""
+    low, high = program.interval_range
+    return _opt("--interval", type=Interval(program.interval_range), default=program.interval, show_default=True,
+                envvar=program.interval_envvar, help=f"{what or program.interval_help}, {low:g} to {high:g}.")
+
+
 def environment_options(program: ProgramOptions) -> Decorator:
     """What every program's environment needs: --simulate, --interval, --kubeconfig, --log-level
     (read back by ``_shell_settings``)."""
-    low, high = program.interval_range
     return _apply([
         _opt("--simulate", "simulate", is_flag=False, flag_value=program.simulate_default, default=None,
              metavar="[SCENARIO]", help=program.simulate_help),
-        _opt("--interval", type=Interval(program.interval_range), default=program.interval, show_default=True,
-             help=f"{program.interval_help}, {low:g} to {high:g}."),
+        interval_option(program),
         _opt("--kubeconfig", default=None, metavar="PATH",
              type=click.Path(exists=True, dir_okay=False, readable=True), callback=_regular_file,
              help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
@@ -422,9 +432,7 @@ def doctor(log_level: str, **kw: Any) -> None:
 @_opt("--base-port", type=click.IntRange(1, 65535), default=9401, show_default=True,
       help="Port of the first node's exporter; the others follow on consecutive ports.")
 @_opt("--host", default="127.0.0.1", show_default=True, help="The address the exporters listen on.")
-@_opt("--interval", type=Interval(NODE_INTERVAL_RANGE), default=DEFAULT_INTERVAL, show_default=True,
-      help=f"Seconds between collection cycles (and the printed scrape interval), {NODE_INTERVAL_RANGE[0]:g} to "
-           f"{NODE_INTERVAL_RANGE[1]:g}.")
+@interval_option(NODE_OPTIONS, "Seconds between collection cycles (and the printed scrape interval)")
 @_user_errors
 def demo(scenario: str, base_port: int, host: str, interval: float) -> None:
     """Start an exporter per node of a simulated cluster and print their Prometheus scrape config."""
@@ -464,7 +472,7 @@ def healthcheck(listen: str, web_config: str | None) -> None:
 @_opt("--step", default=None, metavar="DURATION",
       help="Resolution [default: 60s, the rules' interval; window/60 under an hour; coarser past 11000 points].")
 @_opt("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
-      help="Output format (csv: one row per claim).")
+      envvar=_env("report-format"), help="Output format (csv: one row per claim).")
 @_opt("--price-per-gpu-hour", type=FiniteFloat(min=0), default=None, metavar="PRICE",
       help="Price of one hour of a whole GPU (a MIG device pays its share); adds cost columns.")
 @_opt("--price-file", default=None, metavar="FILE",
