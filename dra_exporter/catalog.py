@@ -231,12 +231,6 @@ class MetricSpec:
         with ``GPU_ID_LABELS`` for a ``gpu_identity`` family."""
         return self.extra_labels is not None
 
-    @property
-    def otel_attributes(self) -> tuple[str, ...]:
-        """The OTel attribute of each label, in label order."""
-        form = self.otlp
-        return tuple(form.attribute(label) if form else attribute_name(label) for label in self.labels)
-
 
 def device_labels(*, uuid: str, gpu: str, profile: str, parent_uuid: str, namespace: str, pod: str,
                   pod_uid: str, container: str, claim: str, request: str) -> Labels:

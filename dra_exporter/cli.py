@@ -46,9 +46,11 @@ def _env(name: str) -> str:
 
 
 def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A click option that also reads DRA_EXPORTER_<NAME> from the environment."""
+    """A click option that also reads DRA_EXPORTER_<NAME> from the environment (``envvar=`` names
+    another variable where one name would mean two things: ``tests/test_cli_environment.py``)."""
     long = next(d for d in decls if d.startswith("--")).lstrip("-").split("/")[0]
-    return click.option(*decls, envvar=_env(long), show_envvar=True, **kw)
+    kw.setdefault("envvar", _env(long))
+    return click.option(*decls, show_envvar=True, **kw)
 
 
 class FiniteFloat(click.FloatRange):
@@ -67,15 +69,49 @@ class FiniteFloat(click.FloatRange):
         return super().convert(number, param, ctx)
 
 
-def _regular_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """For a file a library opens itself (the Kubernetes client's kubeconfig): a FIFO or a device
-    would block or never end there, so refuse it here."""
-    if value:
+#: The largest kubeconfig read (it is parsed here before the Kubernetes client reads it again): one
+#: with embedded certificates for a few hundred contexts stays well under this.
+MAX_KUBECONFIG_BYTES = 16 << 20
+
+
+class FileOption(click.types.StringParamType):
+    """The type of every option that names a file for the program to read: a web-config, a price file,
+    a token, a certificate, a kubeconfig, a scenario.
+
+    Refused here, in one line naming the option, unless it is a regular file: no reader may block on
+    a FIFO or read /dev/zero for ever. The readers themselves go through ``boundedio`` and
+    ``strict_yaml``; ``tests/test_cli_files.py`` feeds every option of this type a FIFO, a directory
+    and /dev/zero, and every ``yaml`` one a repeated key.
+
+    ``yaml``: the file is YAML. ``library_parses``: a library reads it itself (the Kubernetes
+    client's kubeconfig, with a YAML loader that keeps the last of a repeated key), so it is read
+    and parsed strictly here first. ``or_name``: a built-in name is accepted too (a scenario); the
+    check applies where a file of that name exists.
+    """
+
+    name = "file"
+
+    def __init__(self, *, yaml: bool = False, library_parses: bool = False, or_name: bool = False) -> None:
+        self.yaml = yaml
+        self.library_parses = library_parses
+        self.or_name = or_name
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = os.fspath(value)
+        if self.or_name and not os.path.lexists(path):
+            return path
         try:
-            require_regular_file(value)
+            if self.library_parses:
+                from . import strict_yaml
+
+                strict_yaml.load(strict_yaml.read_text(path, MAX_KUBECONFIG_BYTES))
+            else:
+                require_regular_file(path)
         except OSError as exc:
-            raise click.BadParameter(f"{value}: {exc.strerror}", ctx, param) from None
-    return value
+            self.fail(f"{path}: {exc.strerror or exc}", param, ctx)
+        except ValueError as exc:  # strict_yaml.YamlFileError: one line, never the file's content
+            self.fail(f"{path}: {exc}", param, ctx)
+        return path
 
 
 class Interval(FiniteFloat):
@@ -96,16 +132,19 @@ class ProgramOptions:
     interval: float
     interval_range: tuple[float, float]
     interval_help: str
+    interval_envvar: str
+    """Its own variable per range: DRA_EXPORTER_INTERVAL is the node agent's (0.05 s and up), so a
+    value meant for a node cannot reach the cluster mode, whose range starts at 1 s."""
     simulate_default: str
     simulate_help: str
 
 
 NODE_OPTIONS = ProgramOptions(
-    DEFAULT_LISTEN, DEFAULT_INTERVAL, NODE_INTERVAL_RANGE, "Seconds between collection cycles",
+    DEFAULT_LISTEN, DEFAULT_INTERVAL, NODE_INTERVAL_RANGE, "Seconds between collection cycles", _env("interval"),
     "demo", "Run on a simulated node: a built-in scenario (default 'demo') or a scenario YAML file.")
 CLUSTER_OPTIONS = ProgramOptions(
     DEFAULT_CLUSTER_LISTEN, DEFAULT_CLUSTER_INTERVAL, CLUSTER_INTERVAL_RANGE,
-    "Seconds between frames (the objects arrive by watch as they change)",
+    "Seconds between frames (the objects arrive by watch as they change)", _env("cluster-interval"),
     "cluster", "Run on a simulated cluster: the built-in 'cluster', or a cluster dump (kubectl get "
                "resourceslices,resourceclaims,deviceclasses,pods -A -o yaml).")
 
@@ -120,17 +159,21 @@ def _apply(options: list[Decorator]) -> Decorator:
     return decorate
 
 
+def interval_option(program: ProgramOptions, what: str | None = None) -> Decorator:
+    """A program's ``--interval``: its one type, range and variable; the range said in --help."""
+    low, high = program.interval_range
+    return _opt("--interval", type=Interval(program.interval_range), default=program.interval, show_default=True,
+                envvar=program.interval_envvar, help=f"{what or program.interval_help}, {low:g} to {high:g}.")
+
+
 def environment_options(program: ProgramOptions) -> Decorator:
     """What every program's environment needs: --simulate, --interval, --kubeconfig, --log-level
     (read back by ``_shell_settings``)."""
-    low, high = program.interval_range
     return _apply([
         _opt("--simulate", "simulate", is_flag=False, flag_value=program.simulate_default, default=None,
-             metavar="[SCENARIO]", help=program.simulate_help),
-        _opt("--interval", type=Interval(program.interval_range), default=program.interval, show_default=True,
-             help=f"{program.interval_help}, {low:g} to {high:g}."),
-        _opt("--kubeconfig", default=None, metavar="PATH",
-             type=click.Path(exists=True, dir_okay=False, readable=True), callback=_regular_file,
+             type=FileOption(yaml=True, or_name=True), metavar="[SCENARIO]", help=program.simulate_help),
+        interval_option(program),
+        _opt("--kubeconfig", default=None, metavar="PATH", type=FileOption(yaml=True, library_parses=True),
              help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
                   "~/.kube/config]. With --simulate it replaces the simulated API server."),
         log_level_option,
@@ -145,7 +188,7 @@ def publishing_options(program: ProgramOptions) -> Decorator:
              help="Address for /metrics, /healthz and /readyz."),
         _opt("--prometheus/--no-prometheus", default=True, show_default=True,
              help="Serve the Prometheus endpoint (turn off to only push OTLP)."),
-        _opt("--web-config", default=None, metavar="FILE",
+        _opt("--web-config", default=None, metavar="FILE", type=FileOption(yaml=True),
              help="TLS, client certificates, basic auth and headers for the endpoint "
                   "(the Prometheus exporter-toolkit web-config format)."),
         _opt("--stall-timeout", type=FiniteFloat(min=0, min_open=True), default=None, metavar="S",
@@ -320,9 +363,11 @@ def _otlp_options(f: Callable[..., Any]) -> Callable[..., Any]:
              help="Seconds one push may take, retries included."),
         _opt("--otlp-insecure/--otlp-secure", default=None,
              help="gRPC without TLS [default: from the URL scheme]."),
-        _opt("--otlp-certificate", default=None, metavar="FILE", help="CA bundle for the collector's certificate."),
-        _opt("--otlp-client-certificate", default=None, metavar="FILE", help="Client certificate (mTLS)."),
-        _opt("--otlp-client-key", default=None, metavar="FILE", help="Client key (mTLS)."),
+        _opt("--otlp-certificate", default=None, metavar="FILE", type=FileOption(),
+             help="CA bundle for the collector's certificate."),
+        _opt("--otlp-client-certificate", default=None, metavar="FILE", type=FileOption(),
+             help="Client certificate (mTLS)."),
+        _opt("--otlp-client-key", default=None, metavar="FILE", type=FileOption(), help="Client key (mTLS)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -418,13 +463,12 @@ def doctor(log_level: str, **kw: Any) -> None:
 
 @main.command()
 @_opt("--scenario", default="gb200-domain", show_default=True, metavar="SCENARIO",
+      type=FileOption(yaml=True, or_name=True),
       help="A built-in scenario or a scenario file; every node of a multi-node one gets its exporter.")
 @_opt("--base-port", type=click.IntRange(1, 65535), default=9401, show_default=True,
       help="Port of the first node's exporter; the others follow on consecutive ports.")
 @_opt("--host", default="127.0.0.1", show_default=True, help="The address the exporters listen on.")
-@_opt("--interval", type=Interval(NODE_INTERVAL_RANGE), default=DEFAULT_INTERVAL, show_default=True,
-      help=f"Seconds between collection cycles (and the printed scrape interval), {NODE_INTERVAL_RANGE[0]:g} to "
-           f"{NODE_INTERVAL_RANGE[1]:g}.")
+@interval_option(NODE_OPTIONS, "Seconds between collection cycles (and the printed scrape interval)")
 @_user_errors
 def demo(scenario: str, base_port: int, host: str, interval: float) -> None:
     """Start an exporter per node of a simulated cluster and print their Prometheus scrape config."""
@@ -442,7 +486,8 @@ def demo(scenario: str, base_port: int, host: str, interval: float) -> None:
 @main.command()
 @_opt("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
       help="The address the exporter listens on.")
-@_opt("--web-config", default=None, metavar="FILE", help="The exporter's web-config (TLS: ask over HTTPS).")
+@_opt("--web-config", default=None, metavar="FILE", type=FileOption(yaml=True),
+      help="The exporter's web-config (TLS: ask over HTTPS).")
 @_user_errors
 def healthcheck(listen: str, web_config: str | None) -> None:
     """Ask the exporter on this machine for /healthz (the image's HEALTHCHECK); exit 1 when unhealthy."""
@@ -464,20 +509,21 @@ def healthcheck(listen: str, web_config: str | None) -> None:
 @_opt("--step", default=None, metavar="DURATION",
       help="Resolution [default: 60s, the rules' interval; window/60 under an hour; coarser past 11000 points].")
 @_opt("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
-      help="Output format (csv: one row per claim).")
+      envvar=_env("report-format"), help="Output format (csv: one row per claim).")
 @_opt("--price-per-gpu-hour", type=FiniteFloat(min=0), default=None, metavar="PRICE",
       help="Price of one hour of a whole GPU (a MIG device pays its share); adds cost columns.")
-@_opt("--price-file", default=None, metavar="FILE",
+@_opt("--price-file", default=None, metavar="FILE", type=FileOption(yaml=True),
       help='Prices per GPU model, YAML or JSON: {"NVIDIA H200": 4.5, "default": 3.0}.')
 @_opt("--idle-below", type=FiniteFloat(min=0, max=1), default=0.01, show_default=True, metavar="RATIO",
       help="A claim is idle while its busy share of what it holds stays below this.")
 @_opt("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle claims to list.")
 @_opt("--raw", is_flag=True, default=False,
       help="Compute from the raw series even where the recording rules run (slower).")
-@_opt("--bearer-token-file", default=None, metavar="FILE", help="Send this file's token as a bearer token.")
+@_opt("--bearer-token-file", default=None, metavar="FILE", type=FileOption(),
+      help="Send this file's token as a bearer token.")
 @_opt("--basic-auth-user", default=None, metavar="USER", help="Basic auth user (with --basic-auth-password-file).")
-@_opt("--basic-auth-password-file", default=None, metavar="FILE", help="Basic auth password file.")
-@_opt("--ca-file", default=None, metavar="FILE", help="CA bundle for the server's TLS certificate.")
+@_opt("--basic-auth-password-file", default=None, metavar="FILE", type=FileOption(), help="Basic auth password file.")
+@_opt("--ca-file", default=None, metavar="FILE", type=FileOption(), help="CA bundle for the server's TLS certificate.")
 @_opt("--timeout", type=FiniteFloat(min=1), default=60.0, show_default=True, metavar="S",
       help="Seconds one query may take.")
 @_user_errors

@@ -78,8 +78,6 @@ class JoinInput:
     self_pod: tuple[str, str] | None = None
     """(namespace, name) of the exporter's own pod: its claims are monitoring claims (rule 4)
     unless the API server says otherwise."""
-    resolvers: tuple[Resolver, ...] = ()
-    """Resolvers asked first, before the ResourceSlice and NVIDIA name resolvers."""
     version: str = ""
     python_version: str = ""
     timestamp: float = 0.0
@@ -193,7 +191,7 @@ def join(inp: JoinInput) -> Frame:
     devices = [s.device for s in inp.nvml.devices] if inp.nvml else []
     cluster = inp.cluster
     slice_resolvers = (SliceResolver(cluster.slices), ClaimStatusResolver(cluster.claims)) if cluster else ()
-    resolver = ChainResolver((*inp.resolvers, *slice_resolvers, NvidiaNameResolver(devices)))
+    resolver = ChainResolver((*slice_resolvers, NvidiaNameResolver(devices)))
     view = _View(cluster, inp.self_pod)
     pods = _with_cluster_pods(inp.pods, view)
 

@@ -34,12 +34,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final
 
 from . import catalog as cat
 from .model import Family, Frame, Labels, Sample
 
-Naming = Literal["native", "dcgm", "both"]
 NAMINGS: Final[tuple[str, ...]] = ("native", "dcgm", "both")
 
 #: Native families the ``dcgm`` naming replaces by their DCGM counterpart.

@@ -19,12 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from . import showback
+from . import boundedio, showback, strict_yaml
 from .showback import Prices, Report, Series, ShowbackError
 
 MAX_ANSWER_BYTES: Final = 256 << 20
 """Largest answer read from the server: a week of one-minute points for ~4000 claims."""
 MAX_PRICE_FILE_BYTES: Final = 1 << 20
+#: A bearer token or a password: a service account's token is ~1 KiB.
+MAX_SECRET_BYTES: Final = 64 << 10
 
 
 class ReportError(ShowbackError):
@@ -129,12 +131,16 @@ def _series(data: dict[str, Any], *, range_: bool) -> list[Series]:
 
 
 def read_secret(path: str, what: str) -> str:
-    """A token or password file (its first line; Kubernetes secrets carry no newline, editors do)."""
+    """A token or password file, its whitespace stripped (Kubernetes secrets carry no newline, editors
+    do); read through ``boundedio``: a FIFO or /dev/zero is refused, not waited on."""
     try:
-        with open(path, "rb") as f:
-            text = f.read(64 << 10).decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        text = boundedio.read_bytes(path, MAX_SECRET_BYTES).decode("utf-8").strip()
+    except boundedio.FileTooLargeError:
+        raise ReportError(f"{what} {path}: larger than {MAX_SECRET_BYTES >> 10} KiB; not a token") from None
+    except OSError as exc:
+        raise ReportError(f"{what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ReportError(f"{what} {path}: not a UTF-8 text file") from None
     if not text:
         raise ReportError(f"{what} {path} is empty")
     return text
@@ -142,21 +148,10 @@ def read_secret(path: str, what: str) -> str:
 
 def read_prices(path: str) -> Prices:
     """A price file: ``{model: price per GPU-hour of a whole GPU}``, optionally ``default``; YAML or JSON."""
-    import yaml
-
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_PRICE_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ShowbackError(f"price file {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_PRICE_FILE_BYTES:
-        raise ShowbackError(f"price file {path} is over {MAX_PRICE_FILE_BYTES >> 20} MiB")
-    try:
-        doc = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise ShowbackError(f"price file {path} is not YAML or JSON{where}") from None
+        doc = strict_yaml.load(strict_yaml.read_text(path, MAX_PRICE_FILE_BYTES))
+    except strict_yaml.YamlFileError as exc:
+        raise ShowbackError(f"price file {path}: {exc}") from None
     if not isinstance(doc, dict) or not doc:
         raise ShowbackError(f"price file {path}: expected a mapping of GPU model to price per GPU-hour, "
                             'e.g. {"NVIDIA H200": 4.5, "default": 3.0}')

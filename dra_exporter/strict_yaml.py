@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import yaml
 
 from . import boundedio
+
+_T = TypeVar("_T")
 
 
 class YamlFileError(ValueError):
@@ -140,7 +142,7 @@ def load_all(text: str) -> list[Any]:
     return _errors(lambda: list(yaml.load_all(text, Loader=_StrictLoader)))  # noqa: S506 - SafeLoader subclass
 
 
-def _errors(load: Callable[[], Any]) -> Any:
+def _errors(load: Callable[[], _T]) -> _T:
     try:
         return load()
     except yaml.MarkedYAMLError as e:

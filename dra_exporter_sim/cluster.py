@@ -21,13 +21,14 @@ import os
 from collections.abc import Mapping
 from typing import Any, Final
 
+from dra_exporter.dra_versions import GROUP
 from dra_exporter.resolve import NVIDIA_DRIVER
 from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
 
 from . import k8s_objects
-from .k8s_objects import GROUP, JSON, timestamp
+from .k8s_objects import JSON, timestamp
 from .loader import load_scenario
-from .scenario import API_VERSIONS, Scenario, ScenarioError
+from .scenario import API_VERSIONS, Scenario, ScenarioError, derived_uuid
 from .scenario_builder import read_documents
 
 BUILTIN: Final = "cluster"
@@ -87,9 +88,9 @@ def _claim(namespace: str, name: str, device_class: str, results: list[tuple[str
             {"request": "gpu", "driver": d, "pool": p, "device": dev} for d, p, dev in results]}}
     if reserved_by:
         status["reservedFor"] = [{"resource": "pods", "name": reserved_by,
-                                  "uid": k8s_objects.derived_uuid(1, "pod", namespace, reserved_by)}]
+                                  "uid": derived_uuid(1, "pod", namespace, reserved_by)}]
     return {"apiVersion": f"{GROUP}/v1", "kind": "ResourceClaim",
-            "metadata": {"namespace": namespace, "name": name, "uid": k8s_objects.derived_uuid(1, "claim", name),
+            "metadata": {"namespace": namespace, "name": name, "uid": derived_uuid(1, "claim", name),
                          "creationTimestamp": timestamp(created)},
             "spec": {"devices": {"requests": [request]}}, "status": status}
 
@@ -98,7 +99,7 @@ def _plain_slice(node: str, driver: str, devices: list[JSON], *, count: int = 1,
                  pool: str = "") -> JSON:
     pool = pool or node
     return {"apiVersion": f"{GROUP}/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{node}-{driver}-{index}", "uid": k8s_objects.derived_uuid(1, "slice", node, driver,
+            "metadata": {"name": f"{node}-{driver}-{index}", "uid": derived_uuid(1, "slice", node, driver,
                                                                                             str(index)),
                          "creationTimestamp": timestamp(-86400)},
             "spec": {"driver": driver, "nodeName": node,
@@ -107,7 +108,7 @@ def _plain_slice(node: str, driver: str, devices: list[JSON], *, count: int = 1,
 
 def _a100(node: str, i: int) -> JSON:
     device: JSON = {"name": f"gpu-{i}", "attributes": {
-        "type": {"string": "gpu"}, "uuid": {"string": k8s_objects.derived_uuid(1, "gpu", node, str(i)).upper()},
+        "type": {"string": "gpu"}, "uuid": {"string": derived_uuid(1, "gpu", node, str(i)).upper()},
         "productName": {"string": "NVIDIA A100-SXM4-80GB"}, "brand": {"string": "Nvidia"},
         "architecture": {"string": "Ampere"}, "cudaComputeCapability": {"version": "8.0.0"},
         "driverVersion": {"version": "580.82.7"}}, "capacity": {"memory": {"value": "80Gi"}}}
@@ -118,7 +119,7 @@ def _a100(node: str, i: int) -> JSON:
 
 def _example(node: str, i: int) -> JSON:
     return {"name": f"gpu-{i}", "attributes": {
-        "index": {"int": i}, "uuid": {"string": f"gpu-{k8s_objects.derived_uuid(1, 'example', node, str(i))}"},
+        "index": {"int": i}, "uuid": {"string": f"gpu-{derived_uuid(1, 'example', node, str(i))}"},
         "model": {"string": "LATEST-GPU-MODEL"}, "driverVersion": {"version": "1.0.0"}},
         "capacity": {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}}
 

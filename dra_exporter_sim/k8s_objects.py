@@ -7,7 +7,8 @@ the scenario's other drivers, the claims that exist at ``t`` and the pods alive 
 ``dra_exporter.dra_versions.convert`` turns them into any other served version, so the
 server can answer v1, v1beta2 and v1beta1 requests from one store. A scenario loaded
 from a cluster dump carries its own objects (``Scenario.raw_objects``); they are
-returned unchanged.
+returned unchanged. A node of a multi-node scenario (``Scenario.cluster``) gets every
+node's objects, plus the ComputeDomains and their cliques.
 
 Shapes follow ``reference/dra-api.md`` §2 and NVIDIA's driver (§4.1): one slice per node,
 pool = node name, devices ``gpu-<minor>`` and MIG devices in the 25.12+ name format with
@@ -32,13 +33,18 @@ from .clock import FIXED_EPOCH
 from .profile import MigProfile
 from .scenario import (
     API_VERSIONS,
+    CD_DRIVER,
+    CHANNEL_REQUEST,
+    DAEMON_REQUEST,
     Claim,
+    ClusterScenario,
     Container,
     DriverSlice,
     Gpu,
     MigDevice,
     Pod,
     Scenario,
+    SimComputeDomain,
     cdi_devices,
     derived_uuid,
     unit_hash,
@@ -60,6 +66,10 @@ _GPU_SMS: Final = 132
 _NODE_FIELD_SELECTOR_KEY: Final = "metadata.name"
 _DELETE_PROTECTION: Final = "resource.kubernetes.io/delete-protection"
 _POD_CLAIM_NAME: Final = "resource.kubernetes.io/pod-claim-name"
+# NVIDIA's ComputeDomain objects (a multi-node scenario's).
+CD_GROUP_VERSION: Final = "resource.nvidia.com/v1beta1"
+DOMAIN_LABEL: Final = "resource.nvidia.com/computeDomain"
+_FINALIZER: Final = "resource.nvidia.com/computeDomain"
 # generateName suffixes use this alphabet (no vowels, no look-alikes), as the API server does.
 _SUFFIX_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
 
@@ -125,9 +135,7 @@ def cluster_objects(scenario: Scenario, t: float) -> ClusterObjects:
     if scenario.raw_objects:
         return _raw_objects(scenario.raw_objects)
     if scenario.cluster is not None:
-        from .multinode import objects  # multinode builds on this module
-
-        return objects(scenario.cluster, t)
+        return _cluster_objects(scenario.cluster, t)
     slices = (*nvidia_slices(scenario), *(driver_slice(scenario, s) for s in scenario.slices))
     return ClusterObjects(
         resourceslices=tuple(r for s in slices for r in _rolled_out(scenario, s, t)),
@@ -145,9 +153,7 @@ def changes_key(scenario: Scenario, t: float) -> object:
     if scenario.raw_objects:
         return ()
     if scenario.cluster is not None:
-        from .multinode import changes
-
-        return changes(scenario.cluster, t)
+        return _cluster_changes(scenario.cluster, t)
     return (
         tuple(p.uid for p in scenario.pods_at(t)),
         tuple(c.at <= t for claim in scenario.claims for s in claim.device_status for c in s.conditions),
@@ -741,3 +747,97 @@ def pod(scenario: Scenario, p: Pod) -> JSON:
         "spec": spec,
         "status": status,
     }
+
+
+# --- a multi-node scenario's objects -----------------------------------------------------------------
+
+
+def _cluster_objects(cluster: ClusterScenario, t: float) -> ClusterObjects:
+    """Every object of the simulated cluster at ``t``: each node's, plus ComputeDomains and cliques."""
+    parts = [cluster_objects(n, t) for n in cluster.nodes]
+    claims = tuple(_with_config(cluster, c) for p in parts for c in p.resourceclaims)
+    domains = tuple(compute_domain(cluster, d, t) for d in cluster.compute_domains)
+    cliques = tuple(c for d in cluster.compute_domains if d.cliques for c in cliques_of(cluster, d, t))
+    return ClusterObjects(
+        resourceslices=tuple(s for p in parts for s in p.resourceslices),
+        resourceclaims=claims,
+        pods=tuple(o for p in parts for o in p.pods),
+        computedomains=domains,
+        computedomaincliques=cliques,
+    )
+
+
+def _cluster_changes(cluster: ClusterScenario, t: float) -> object:
+    """Equal for two instants exactly when ``_cluster_objects`` gives the same objects (see ``changes_key``)."""
+    return (tuple(changes_key(n, t) for n in cluster.nodes), tuple(f.active_at(t) for f in cluster.faults))
+
+
+def _with_config(cluster: ClusterScenario, claim: JSON) -> JSON:
+    """A compute-domain claim with the opaque config its template gives it (``status.allocation
+    .devices.config``: the driver reads it at prepare time; the exporter reads the domain's UID there)."""
+    meta = claim["metadata"]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    if not any(r["driver"] == CD_DRIVER for r in results):
+        return claim
+    domain_name = cluster.channel_claims.get((meta["namespace"], meta["name"]))
+    if domain_name is not None:
+        domain = cluster.domain(meta["namespace"], domain_name)
+        assert domain is not None
+        request, params = CHANNEL_REQUEST, {"kind": "ComputeDomainChannelConfig", "domainID": domain.uid}
+        if domain.status_form != "v25.3":
+            params["allocationMode"] = domain.allocation_mode
+    else:  # a daemon's claim: its template names the domain by UID
+        uid = str(meta.get("annotations", {}).get("resource.kubernetes.io/pod-claim-name", ""))
+        uid = uid.removeprefix("computedomain-daemon-")
+        request, params = DAEMON_REQUEST, {"kind": "ComputeDomainDaemonConfig", "domainID": uid}
+    out = copy.deepcopy(claim)
+    config = {"source": "FromClaim", "requests": [request],
+              "opaque": {"driver": CD_DRIVER, "parameters": {"apiVersion": CD_GROUP_VERSION, **params}}}
+    out["status"]["allocation"]["devices"]["config"] = [config]
+    out["spec"]["devices"]["config"] = [{k: v for k, v in config.items() if k != "source"}]
+    return out
+
+
+def _daemon(cluster: ClusterScenario, d: SimComputeDomain, index: int, node: str, t: float) -> JSON:
+    entry: JSON = {"name": node, "ipAddress": f"10.244.{cluster.nodes.index(cluster.node(node)) + 1}.{10 + index}",
+                   "cliqueID": d.clique}
+    if d.status_form != "v25.3":
+        entry["index"] = index
+        entry["status"] = "NotReady" if cluster.imex_not_ready(node, t) else "Ready"
+    return entry
+
+
+def compute_domain(cluster: ClusterScenario, d: SimComputeDomain, t: float) -> JSON:
+    """The ComputeDomain as the driver's controller writes it at ``t``."""
+    nodes = [_daemon(cluster, d, i, n, t) for i, n in enumerate(d.nodes)]
+    if d.status_form == "v25.3":
+        # v25.3 lists a node once its daemon is up, and has no per-node status.
+        nodes = [n for n in nodes if not cluster.imex_not_ready(n["name"], t)]
+        ready = len(nodes) == len(d.nodes) and len(nodes) >= d.num_nodes
+    else:
+        ready = all(n["status"] == "Ready" for n in nodes) and len(nodes) >= d.num_nodes
+    channel: JSON = {"resourceClaimTemplate": {"name": d.channel_template}}
+    if d.status_form != "v25.3":
+        channel["allocationMode"] = d.allocation_mode
+    return {
+        "apiVersion": CD_GROUP_VERSION,
+        "kind": "ComputeDomain",
+        "metadata": object_metadata(0, "ComputeDomain", d.name, d.namespace, d.uid, generation=1,
+                              finalizers=[_FINALIZER]),
+        "spec": {"numNodes": d.num_nodes, "channel": channel},
+        "status": {"status": "Ready" if ready else "NotReady", "nodes": nodes},
+    }
+
+
+def cliques_of(cluster: ClusterScenario, d: SimComputeDomain, t: float) -> list[JSON]:
+    """The domain's ComputeDomainCliques (one: every member is in the cluster's one clique)."""
+    name = f"{d.uid}.{d.clique}"
+    return [{
+        "apiVersion": CD_GROUP_VERSION,
+        "kind": "ComputeDomainClique",
+        "metadata": object_metadata(0, "ComputeDomainClique", name, cluster.driver_namespace,
+                              derived_uuid(0, "clique", name),
+                              labels={DOMAIN_LABEL: d.uid, f"{DOMAIN_LABEL}.cliqueID": d.clique}),
+        "daemons": [{("nodeName" if k == "name" else k): v for k, v in _daemon(cluster, d, i, n, t).items()}
+                    for i, n in enumerate(d.nodes)],
+    }]

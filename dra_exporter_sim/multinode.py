@@ -9,7 +9,8 @@ objects of the whole cluster — every node's slices, claims and pods, the Compu
 their cliques — as a real API server would.
 
 What a ComputeDomain brings, as NVIDIA's DRA driver does it (reference:
-computedomain-nvlink.md §1), generated here so a scenario only names the domain:
+computedomain-nvlink.md §1), generated so a scenario only names the domain (the claims, pods and
+slice entries here, while parsing; the ComputeDomain objects by ``k8s_objects``):
 
 * on each member node, the ``compute-domain.nvidia.com`` slice (pool = node name) with
   ``channel-0`` and ``daemon-0``;
@@ -27,67 +28,30 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Final
 
-from .k8s_objects import JSON, ClusterObjects, changes_key, cluster_objects, object_metadata
-from .scenario import Fault, Scenario, ScenarioError, derived_uuid
+from .scenario import (
+    CD_DRIVER,
+    CHANNEL_REQUEST,
+    DAEMON_REQUEST,
+    DEFAULT_DRIVER_NAMESPACE,
+    ClusterScenario,
+    Fault,
+    Scenario,
+    ScenarioError,
+    SimComputeDomain,
+    derived_uuid,
+)
 from .scenario_builder import Cursor, parse_scenario
 
-CD_DRIVER: Final = "compute-domain.nvidia.com"
-CD_GROUP_VERSION: Final = "resource.nvidia.com/v1beta1"
-DOMAIN_LABEL: Final = "resource.nvidia.com/computeDomain"
 CHANNEL_CLASS: Final = "compute-domain-default-channel.nvidia.com"
 DAEMON_CLASS: Final = "compute-domain-daemon.nvidia.com"
-CHANNEL_REQUEST: Final = "channel"
-DAEMON_REQUEST: Final = "daemon"
 #: ``status_form`` values: the driver releases whose ComputeDomain status shapes differ.
 STATUS_FORMS: Final = ("v25.8", "v25.3")
 ALLOCATION_MODES: Final = ("Single", "All")
 CLUSTER_FAULTS: Final = ("imex_not_ready",)
-#: The driver's default namespace up to v25.12 (v0.4+ uses dra-driver-nvidia-gpu).
-DEFAULT_DRIVER_NAMESPACE: Final = "nvidia-dra-driver-gpu"
-_FINALIZER: Final = "resource.nvidia.com/computeDomain"
 
-
-@dataclass(frozen=True, slots=True)
-class SimComputeDomain:
-    namespace: str
-    name: str
-    uid: str
-    nodes: tuple[str, ...]
-    """Member nodes, in index order."""
-    clique: str
-    """``<clusterUUID>.<cliqueId>`` of every member (one NVLink clique)."""
-    num_nodes: int = 0
-    allocation_mode: str = "Single"
-    status_form: str = "v25.8"
-    cliques: bool = True
-    channel_template: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterScenario:
-    """The whole simulated cluster; ``Scenario.cluster`` of the node a process plays."""
-
-    name: str
-    nodes: tuple[Scenario, ...]
-    compute_domains: tuple[SimComputeDomain, ...] = ()
-    faults: tuple[Fault, ...] = ()
-    """Cluster faults; ``params["node"]`` names the node."""
-    driver_namespace: str = DEFAULT_DRIVER_NAMESPACE
-    channel_claims: Mapping[tuple[str, str], str] = dataclasses.field(default_factory=dict, hash=False)
-    """(namespace, claim) → the domain name whose IMEX channel the claim holds."""
-
-    def node(self, name: str) -> Scenario | None:
-        return next((n for n in self.nodes if n.node_name == name), None)
-
-    def domain(self, namespace: str, name: str) -> SimComputeDomain | None:
-        return next((d for d in self.compute_domains if (d.namespace, d.name) == (namespace, name)), None)
-
-    def imex_not_ready(self, node: str, t: float) -> bool:
-        return any(f.kind == "imex_not_ready" and f.params["node"] == node and f.active_at(t) for f in self.faults)
 
 
 def is_cluster(doc: Any) -> bool:
@@ -259,100 +223,6 @@ def _cluster_fault(cur: Cursor, names: Sequence[str]) -> Fault:
     if until is not None and until <= at:
         raise cur.key("until").error(f"must be after 'at' ({until:g} <= {at:g})")
     return Fault(kind, at, until, None, {"node": node})
-
-
-# --- the cluster's objects -----------------------------------------------------------------------
-
-
-def objects(cluster: ClusterScenario, t: float) -> ClusterObjects:
-    """Every object of the simulated cluster at ``t``: each node's, plus ComputeDomains and cliques."""
-    parts = [cluster_objects(n, t) for n in cluster.nodes]
-    claims = tuple(_with_config(cluster, c) for p in parts for c in p.resourceclaims)
-    domains = tuple(compute_domain(cluster, d, t) for d in cluster.compute_domains)
-    cliques = tuple(c for d in cluster.compute_domains if d.cliques for c in cliques_of(cluster, d, t))
-    return ClusterObjects(
-        resourceslices=tuple(s for p in parts for s in p.resourceslices),
-        resourceclaims=claims,
-        pods=tuple(o for p in parts for o in p.pods),
-        computedomains=domains,
-        computedomaincliques=cliques,
-    )
-
-
-def changes(cluster: ClusterScenario, t: float) -> object:
-    """Equal for two instants exactly when ``objects`` gives the same objects (see ``changes_key``)."""
-    return (tuple(changes_key(n, t) for n in cluster.nodes), tuple(f.active_at(t) for f in cluster.faults))
-
-
-def _with_config(cluster: ClusterScenario, claim: JSON) -> JSON:
-    """A compute-domain claim with the opaque config its template gives it (``status.allocation
-    .devices.config``: the driver reads it at prepare time; the exporter reads the domain's UID there)."""
-    meta = claim["metadata"]
-    results = claim["status"]["allocation"]["devices"]["results"]
-    if not any(r["driver"] == CD_DRIVER for r in results):
-        return claim
-    domain_name = cluster.channel_claims.get((meta["namespace"], meta["name"]))
-    if domain_name is not None:
-        domain = cluster.domain(meta["namespace"], domain_name)
-        assert domain is not None
-        request, params = CHANNEL_REQUEST, {"kind": "ComputeDomainChannelConfig", "domainID": domain.uid}
-        if domain.status_form != "v25.3":
-            params["allocationMode"] = domain.allocation_mode
-    else:  # a daemon's claim: its template names the domain by UID
-        uid = str(meta.get("annotations", {}).get("resource.kubernetes.io/pod-claim-name", ""))
-        uid = uid.removeprefix("computedomain-daemon-")
-        request, params = DAEMON_REQUEST, {"kind": "ComputeDomainDaemonConfig", "domainID": uid}
-    out = copy.deepcopy(claim)
-    config = {"source": "FromClaim", "requests": [request],
-              "opaque": {"driver": CD_DRIVER, "parameters": {"apiVersion": CD_GROUP_VERSION, **params}}}
-    out["status"]["allocation"]["devices"]["config"] = [config]
-    out["spec"]["devices"]["config"] = [{k: v for k, v in config.items() if k != "source"}]
-    return out
-
-
-def _daemon(cluster: ClusterScenario, d: SimComputeDomain, index: int, node: str, t: float) -> JSON:
-    entry: JSON = {"name": node, "ipAddress": f"10.244.{cluster.nodes.index(cluster.node(node)) + 1}.{10 + index}",
-                   "cliqueID": d.clique}
-    if d.status_form != "v25.3":
-        entry["index"] = index
-        entry["status"] = "NotReady" if cluster.imex_not_ready(node, t) else "Ready"
-    return entry
-
-
-def compute_domain(cluster: ClusterScenario, d: SimComputeDomain, t: float) -> JSON:
-    """The ComputeDomain as the driver's controller writes it at ``t``."""
-    nodes = [_daemon(cluster, d, i, n, t) for i, n in enumerate(d.nodes)]
-    if d.status_form == "v25.3":
-        # v25.3 lists a node once its daemon is up, and has no per-node status.
-        nodes = [n for n in nodes if not cluster.imex_not_ready(n["name"], t)]
-        ready = len(nodes) == len(d.nodes) and len(nodes) >= d.num_nodes
-    else:
-        ready = all(n["status"] == "Ready" for n in nodes) and len(nodes) >= d.num_nodes
-    channel: JSON = {"resourceClaimTemplate": {"name": d.channel_template}}
-    if d.status_form != "v25.3":
-        channel["allocationMode"] = d.allocation_mode
-    return {
-        "apiVersion": CD_GROUP_VERSION,
-        "kind": "ComputeDomain",
-        "metadata": object_metadata(0, "ComputeDomain", d.name, d.namespace, d.uid, generation=1,
-                              finalizers=[_FINALIZER]),
-        "spec": {"numNodes": d.num_nodes, "channel": channel},
-        "status": {"status": "Ready" if ready else "NotReady", "nodes": nodes},
-    }
-
-
-def cliques_of(cluster: ClusterScenario, d: SimComputeDomain, t: float) -> list[JSON]:
-    """The domain's ComputeDomainCliques (one: every member is in the cluster's one clique)."""
-    name = f"{d.uid}.{d.clique}"
-    return [{
-        "apiVersion": CD_GROUP_VERSION,
-        "kind": "ComputeDomainClique",
-        "metadata": object_metadata(0, "ComputeDomainClique", name, cluster.driver_namespace,
-                              derived_uuid(0, "clique", name),
-                              labels={DOMAIN_LABEL: d.uid, f"{DOMAIN_LABEL}.cliqueID": d.clique}),
-        "daemons": [{("nodeName" if k == "name" else k): v for k, v in _daemon(cluster, d, i, n, t).items()}
-                    for i, n in enumerate(d.nodes)],
-    }]
 
 
 def node_names(scenario: Scenario) -> tuple[str, ...]:

@@ -31,16 +31,13 @@ import uuid as uuidlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from dra_exporter import model
 from dra_exporter.dra_versions import SUPPORTED_VERSIONS
 from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaNameResolver, nvidia_device_name
 
 from .profile import GpuProfile, load_profile
-
-if TYPE_CHECKING:
-    from .multinode import ClusterScenario
 
 
 class ScenarioError(ValueError):
@@ -180,9 +177,6 @@ class Claim:
 
     def all_requests(self) -> tuple[ClaimRequest, ...]:
         return self.requests or (ClaimRequest(self.request, self.devices),)
-
-    def request_of(self, device: str) -> ClaimRequest | None:
-        return next((r for r in self.all_requests() if device in r.devices), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +377,54 @@ class Scenario:
                 if mig.uuid == uuid:
                     return gpu, mig
         return None
+
+
+# --- multi-node scenarios (parsed by ``multinode``, their objects built by ``k8s_objects``) -----
+
+CD_DRIVER: Final = "compute-domain.nvidia.com"
+CHANNEL_REQUEST: Final = "channel"
+DAEMON_REQUEST: Final = "daemon"
+#: The driver's default namespace up to v25.12 (v0.4+ uses dra-driver-nvidia-gpu).
+DEFAULT_DRIVER_NAMESPACE: Final = "nvidia-dra-driver-gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class SimComputeDomain:
+    namespace: str
+    name: str
+    uid: str
+    nodes: tuple[str, ...]
+    """Member nodes, in index order."""
+    clique: str
+    """``<clusterUUID>.<cliqueId>`` of every member (one NVLink clique)."""
+    num_nodes: int = 0
+    allocation_mode: str = "Single"
+    status_form: str = "v25.8"
+    cliques: bool = True
+    channel_template: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterScenario:
+    """The whole simulated cluster; ``Scenario.cluster`` of the node a process plays."""
+
+    name: str
+    nodes: tuple[Scenario, ...]
+    compute_domains: tuple[SimComputeDomain, ...] = ()
+    faults: tuple[Fault, ...] = ()
+    """Cluster faults; ``params["node"]`` names the node."""
+    driver_namespace: str = DEFAULT_DRIVER_NAMESPACE
+    channel_claims: Mapping[tuple[str, str], str] = field(default_factory=dict, hash=False)
+    """(namespace, claim) → the domain name whose IMEX channel the claim holds."""
+
+    def node(self, name: str) -> Scenario | None:
+        return next((n for n in self.nodes if n.node_name == name), None)
+
+    def domain(self, namespace: str, name: str) -> SimComputeDomain | None:
+        return next((d for d in self.compute_domains if (d.namespace, d.name) == (namespace, name)), None)
+
+    def imex_not_ready(self, node: str, t: float) -> bool:
+        return any(f.kind == "imex_not_ready" and f.params["node"] == node and f.active_at(t) for f in self.faults)
 
 
 def claim_use(claim: Claim, request: str = "") -> model.ClaimUse:

@@ -89,11 +89,13 @@ def test_every_source_but_nvml_has_a_switch_from_the_registry(captured: list[Set
     (["serve", "--no-prometheus"], "--otlp-endpoint"),
     (["serve", "--otlp-endpoint", "ftp://x:1"], "OTLP"),
     (["serve", "--otlp-endpoint", "http://c:4317", "--otlp-header", "novalue"], "KEY=VALUE"),
-    (["serve", "--otlp-endpoint", "http://c:4317", "--otlp-client-certificate", "/c.pem"], "key"),
+    # A file that exists (a file option refuses a missing one first): the missing key is the error.
+    (["serve", "--otlp-endpoint", "http://c:4317", "--otlp-client-certificate", __file__], "key"),
     (["cluster", "--no-prometheus"], "--otlp-endpoint"),
     (["cluster", "--otlp-endpoint", "ftp://x:1"], "OTLP"),
     (["cluster", "--once", "--otlp-endpoint", "http://c:4317"], "--once"),
-    (["cluster", "--no-prometheus", "--otlp-endpoint", "http://c:4317", "--web-config", "/w.yml"], "--web-config"),
+    (["cluster", "--no-prometheus", "--otlp-endpoint", "http://c:4317", "--web-config", __file__],
+     "turns off"),
 ])
 def test_bad_flags_exit_2_with_a_clear_line(args: list[str], needle: str, captured: list[Settings]) -> None:
     result = CliRunner().invoke(cli.main, args)

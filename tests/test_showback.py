@@ -181,8 +181,10 @@ def test_a_price_file_in_yaml_or_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("[1, 2]", "mapping"), ("H200: cheap", "number"), ("H200: -1", "number"), ("{: [", "not YAML"),
+    ("[1, 2]", "mapping"), ("H200: cheap", "number"), ("H200: -1", "number"), ("{: [", "invalid YAML at line 1"),
     ("H200: true", "number"),
+    # PyYAML's own loader kept the last price without a word; the strict loader refuses the file.
+    ("H200: 4.5\ndefault: 3\nH200: 0.5\n", "duplicate key 'H200'"),
 ])
 def test_a_bad_price_file_is_a_clear_error(tmp_path: Path, text: str, needle: str) -> None:
     from dra_exporter.report import read_prices
@@ -198,7 +200,7 @@ def test_a_huge_price_file_is_refused_after_a_bounded_read(tmp_path: Path) -> No
 
     path = tmp_path / "huge.yaml"
     path.write_bytes(b"#" * (MAX_PRICE_FILE_BYTES + 10))
-    with pytest.raises(ShowbackError, match="over 1 MiB"):
+    with pytest.raises(ShowbackError, match="larger than 1 MiB"):
         read_prices(str(path))
 
 
@@ -315,7 +317,7 @@ def test_server_errors_are_one_line_exit_2(fake: tuple[str, Any], status: int, b
     (["--prometheus", "http://x", "--start", "2025-06-02", "--end", "2025-06-01"], "before --end"),
     (["--prometheus", "http://x", "--since", "30d", "--step", "1s"], "11000"),
     (["--prometheus", "http://x", "--price-per-gpu-hour", "-1"], "--price-per-gpu-hour"),
-    (["--prometheus", "http://x", "--price-per-gpu-hour", "1", "--price-file", "p"], "give one"),
+    (["--prometheus", "http://x", "--price-per-gpu-hour", "1", "--price-file", __file__], "give one"),
     (["--prometheus", "http://x", "--price-file", "/nonexistent/prices.yaml"], "prices.yaml"),
     (["--prometheus", "http://x", "--basic-auth-user", "u"], "--basic-auth-password-file"),
     (["--prometheus", "http://x", "--bearer-token-file", "/nonexistent/token"], "token"),

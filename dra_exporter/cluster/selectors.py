@@ -84,7 +84,7 @@ def _compare(a: Any, b: Any) -> int:
         return (ka > kb) - (ka < kb)
     if isinstance(a, bool) or isinstance(b, bool):
         raise TypeError("no ordering of booleans")
-    return (a > b) - (a < b)
+    return int(a > b) - int(a < b)
 
 
 def _semver(text: Any) -> str:

@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, Final, Protocol
+from typing import Any, BinaryIO, Final, Protocol, cast
 from urllib.parse import urlsplit
 
 from ..model import LoopHealth
@@ -306,7 +306,7 @@ class _HeadReader:
     ``HeadTooLarge`` (the handler answers 431). ``end_of_request`` gives back what the
     request borrowed."""
 
-    def __init__(self, raw: Any, budget: _HeadBudget) -> None:
+    def __init__(self, raw: BinaryIO, budget: _HeadBudget) -> None:
         self._raw = raw
         self._budget = budget
         self._held = 0
@@ -546,7 +546,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.rfile = _HeadReader(self.rfile, self.server.head_budget)
+        # The stdlib's setup has just made rfile the socket's buffered reader; the class declares
+        # it as the _HeadReader that wraps that reader from here on.
+        self.rfile = _HeadReader(cast(BinaryIO, self.rfile), self.server.head_budget)
 
     def handle_one_request(self) -> None:
         # What send_error needs if the head is refused before its request line is parsed.

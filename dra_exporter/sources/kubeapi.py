@@ -62,7 +62,6 @@ from typing import Any, Final, TypeVar
 
 import urllib3
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from .. import model
@@ -106,11 +105,11 @@ def load_client(kubeconfig: str | None = None) -> k8s.ApiClient:
     cfg = k8s.Configuration()
     try:
         if kubeconfig:
-            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
+            http.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=cfg)
+            http.load_incluster_config(client_configuration=cfg)
         elif os.path.exists(_default_kubeconfig()):
-            k8s_config.load_kube_config(client_configuration=cfg, persist_config=False)
+            http.load_kube_config(client_configuration=cfg, persist_config=False)
         else:
             raise SourceError(NO_ACCESS)
     except SourceError:

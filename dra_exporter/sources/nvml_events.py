@@ -77,11 +77,14 @@ def handle_key(handle: Any) -> Hashable:
     """
     if isinstance(handle, ctypes._Pointer):
         return ("ptr", ctypes.cast(handle, ctypes.c_void_p).value)
-    try:
-        hash(handle)
-    except TypeError:
-        return ("id", id(handle))
-    return handle
+    if isinstance(handle, Hashable):
+        try:
+            hash(handle)
+        except TypeError:  # hashable by type, not by value: a tuple that holds a list
+            pass
+        else:
+            return handle
+    return ("id", id(handle))
 
 
 class EventWatcher:

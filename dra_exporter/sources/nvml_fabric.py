@@ -143,11 +143,13 @@ def _values(nvml: Any, prefix: str, suffixes: tuple[str, ...]) -> tuple[tuple[in
     return tuple((int(getattr(nvml, prefix + s)), s.lower()) for s in suffixes if hasattr(nvml, prefix + s))
 
 
-def _struct(nvml: Any, name: str) -> type:
+def _struct(nvml: Any, name: str) -> type[ctypes.Structure]:
     """A ctypes struct: from the given object, else pynvml's (only the type, never a call)."""
     struct = getattr(nvml, name, None)
     if struct is None:
         import pynvml  # the struct layout is NVML's ABI; the fake re-uses it too
 
         struct = getattr(pynvml, name)
+    if not (isinstance(struct, type) and issubclass(struct, ctypes.Structure)):
+        raise TypeError(f"{name} is not a ctypes struct")
     return struct

@@ -37,7 +37,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -77,6 +77,13 @@ _BACKOFF_CODES = frozenset(
 )
 
 
+
+class _ListCall(Protocol):
+    """The ``List`` method as this module calls it (grpc is untyped): the request and a timeout in,
+    the answer's raw bytes out (no response deserializer; ``_decode`` reads them)."""
+
+    def __call__(self, request: api_pb2.ListPodResourcesRequest, *, timeout: float) -> bytes: ...
+
 class AnswerOverLimitError(SourceError):
     """A ``List`` answer over ``MAX_PODS``, ``MAX_CONTAINERS`` or ``MAX_DEVICES``."""
 
@@ -113,7 +120,7 @@ class PodResourcesSource(Source[model.PodResourcesSnapshot]):
         self._log = logger or logging.getLogger(__name__)
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
-        self._list: grpc.UnaryUnaryMultiCallable | None = None
+        self._list: _ListCall | None = None
         self._socket_id: tuple[int, int, int] | None = None
         self._last_error = ""
         self._bridge = _ClaimGapBridge(claim_grace)
@@ -149,7 +156,7 @@ class PodResourcesSource(Source[model.PodResourcesSnapshot]):
             # error only when it changes, so a countdown here would log every cycle.
             raise SourceError(f"podresources: backing off after: {self._last_error}")
 
-    def _connect(self) -> grpc.UnaryUnaryMultiCallable:
+    def _connect(self) -> _ListCall:
         socket_id = self._stat_socket()
         if self._list is not None and socket_id == self._socket_id:
             return self._list
@@ -209,7 +216,7 @@ class PodResourcesSource(Source[model.PodResourcesSnapshot]):
 
     # --- the call -------------------------------------------------------------------------------
 
-    def _call_list(self, call: grpc.UnaryUnaryMultiCallable) -> bytes:
+    def _call_list(self, call: _ListCall) -> bytes:
         try:
             return call(api_pb2.ListPodResourcesRequest(), timeout=self._timeout)
         except grpc.RpcError as exc:

@@ -285,7 +285,7 @@ def close_watches(reflectors: Iterable[Reflector[Any] | None], client: k8s.ApiCl
             reflector.join(2.0)
     if client is not None:
         try:
-            client.close()
+            http.close_client(client)
         except Exception:  # noqa: BLE001 - shutting down anyway
             log.debug("closing the API client failed", exc_info=True)
 

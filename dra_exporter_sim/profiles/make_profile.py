@@ -86,7 +86,7 @@ def _latencies(load: dict[str, Any]) -> dict[str, float]:
 
 
 def _gpm_value(dev: dict[str, Any], name: str) -> float:
-    return next(m["value"] for m in dev["gpm"]["metrics"] if m["name"] == name)
+    return float(next(m["value"] for m in dev["gpm"]["metrics"] if m["name"] == name))
 
 
 def build_profile(fixtures: Path) -> dict[str, Any]:

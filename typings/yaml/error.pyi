@@ -1,0 +1,17 @@
+class Mark:
+    name: str
+    index: int
+    line: int
+    column: int
+
+class YAMLError(Exception): ...
+
+class MarkedYAMLError(YAMLError):
+    context: str | None
+    context_mark: Mark | None
+    problem: str | None
+    problem_mark: Mark | None
+    note: str | None
+    def __init__(self, context: str | None = None, context_mark: Mark | None = None,
+                 problem: str | None = None, problem_mark: Mark | None = None,
+                 note: str | None = None) -> None: ...

@@ -1,0 +1,5 @@
+from .constructor import SafeConstructor
+from .resolver import Resolver
+
+class SafeLoader(SafeConstructor, Resolver):
+    def __init__(self, stream: str | bytes) -> None: ...
