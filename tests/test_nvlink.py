@@ -307,6 +307,28 @@ def test_a_32_bit_link_counter_keeps_growing_across_a_wrap(nodes: list[Node]) ->
     assert seen[-1] - seen[0] == pytest.approx(900e9 / LINKS * 60 * 29, rel=1e-6)
 
 
+class _UnsignedLong(FakeNvml):
+    """Reports the throughput counters as C ``unsigned long`` values, one of the types NVML may answer in."""
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: Any) -> Any:
+        values = super().nvmlDeviceGetFieldValues(handle, field_ids)
+        for v in values:
+            if v.fieldId == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX and v.nvmlReturn == pynvml.NVML_SUCCESS:
+                v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG
+                v.value.ulVal = v.value.ullVal
+        return values
+
+
+def test_an_unsigned_long_value_is_read_in_all_its_bytes(nodes: list[Node]) -> None:
+    # C's unsigned long is 8 bytes on 64-bit Linux; read as 4 (struct's standard "=L"), a link's
+    # counter would drop back to 0 every 4 Ti KiB.
+    node = make(nodes, scenario("gb200", gpus=[{"index": 0, "nvlink": {"tx": 900e9}}]), _UnsignedLong)
+    gpu = node.gpu(after=200)
+    kib = raw_field(node, 0, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0)
+    assert kib > 1 << 32
+    assert one(gpu, cat.GPU_NVLINK_LINK_BYTES.name, link="0", direction="tx") == kib * 1024
+
+
 # --- faults: a link going down, errors, the fabric --------------------------------------------------
 
 

@@ -32,13 +32,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import ne
 from typing import Any, Final
 
 from .. import catalog as cat
 from ..model import Labels, Reading
-from .nvml_fields import Answer, FieldValues
+from .nvml_fields import Answer, FieldValues, changed
 
 #: Per-link field values (scopeId = link): NVML constant -> (family, labels, scale, counter).
 _SCOPED: Final = (
@@ -171,14 +169,29 @@ class LinkReader:
     def readings(self, handle: Any, state: LinkState, answers: Sequence[Answer]) -> list[Reading]:
         """The link families from this cycle's answers to ``requests()`` (and the few per-link calls)."""
         # Only the entries whose answer changed are looked at in Python (on an idle GB200: the two data
-        # counters of each link); finding them and collecting the readings run in C.
-        made, entries = state.readings, state.entries
+        # counters of each link); finding them and collecting the readings run in C. A changed answer
+        # that is a plain SUCCESS value (nearly all of them) is converted here, inline; states and
+        # errors go through ``_reading``.
+        made, entries, refused, wraps = state.readings, state.entries, state.refused, state.wraps
+        head, decoders, success, uint = self._fields.head, self._fields.decoders, self._success, self._uint
         bytes_moved = False
-        for i in compress(range(len(answers)), map(ne, answers, state.answers)):
-            entry = entries[i]
-            made[i] = self._reading(state, i, entry, answers[i])
-            bytes_moved = bytes_moved or bool(entry.direction)
-        state.answers = list(answers)
+        for i in changed(answers, state.answers):
+            entry, answer = entries[i], answers[i]
+            value_type, ret = head(answer)
+            decoder = decoders.get(value_type)
+            if ret != success or entry.is_state or decoder is None:
+                made[i] = self._reading(state, i, entry, answer)
+                continue
+            refused.discard(i)
+            number = decoder(answer)[0]
+            if entry.counter and value_type == uint:
+                number = unwrap32(wraps, entry.key, int(number))
+            value = number * entry.scale
+            if entry.direction:
+                state.last_bytes.setdefault(entry.direction, {})[entry.link] = value
+                bytes_moved = True
+            made[i] = Reading(entry.metric, value, entry.labels)
+        state.answers = answers
         out: list[Reading] = list(filter(None, made))
         for link in sorted(state.state_by_call):
             up = self._state_by_call(handle, link)
@@ -203,7 +216,8 @@ class LinkReader:
         return out
 
     def _reading(self, state: LinkState, index: int, entry: _Entry, answer: Answer) -> Reading | None:
-        ret = answer[1]
+        """A changed answer that is an error, a link state, or of a value type this binding lacks."""
+        ret = self._fields.head(answer)[1]
         if ret != self._success:
             if entry.is_state:
                 state.up.pop(entry.link, None)
@@ -221,12 +235,8 @@ class LinkReader:
             up = number in self._up_states
             state.up[entry.link] = up
             return self._up_readings.get((entry.link, up)) or Reading(entry.metric, float(up), entry.labels)
-        if entry.counter and answer[0] == self._uint:
-            number = unwrap32(state.wraps, entry.key, int(number))
-        value = float(number) * entry.scale
-        if entry.direction:
-            state.last_bytes.setdefault(entry.direction, {})[entry.link] = value
-        return Reading(entry.metric, value, entry.labels)
+        # Not reached for SUCCESS values of a known type (``readings`` converts those inline).
+        return None
 
     def _drop_refused(self, state: LinkState) -> None:
         """Entries NOT_SUPPORTED on a link that is up never answer: out of the batch."""
