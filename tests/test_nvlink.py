@@ -388,6 +388,14 @@ def test_unhealthy_fabric_sets_the_summary_and_route_unhealthy(nodes: list[Node]
     assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 1.0  # still registered: unhealthy is not unregistered
 
 
+def test_a_fabric_that_turns_unhealthy_and_heals_reads_so_each_cycle(nodes: list[Node]) -> None:
+    # An unchanged answer gives last cycle's readings again: each change, and the change back, must show.
+    faults = [{"kind": "fabric_unhealthy", "gpu": 0, "at": 110, "until": 130}]
+    node = make(nodes, scenario("gb200", faults=faults))
+    seen = [one(node.gpu(after), cat.GPU_FABRIC_HEALTH.name, summary="unhealthy") for after in (0, 5, 10, 5, 10, 5, 5)]
+    assert seen == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0]  # t=100, 105, 115, 120, 130, 135, 140
+
+
 def test_fabric_in_progress_has_no_clique_and_is_not_registered(nodes: list[Node],
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     node = make(nodes, scenario("gb200", faults=[{"kind": "fabric_in_progress", "at": 0, "until": 120}]))
