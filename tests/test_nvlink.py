@@ -329,6 +329,45 @@ def test_an_unsigned_long_value_is_read_in_all_its_bytes(nodes: list[Node]) -> N
     assert one(gpu, cat.GPU_NVLINK_LINK_BYTES.name, link="0", direction="tx") == kib * 1024
 
 
+class _OneLinkAnswersBadly(FakeNvml):
+    """Link 5's TX counter answers ``answer`` (an error code, or ``"ulong"``: its value as another type) while set."""
+
+    answer: int | str | None = None
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: Any) -> Any:
+        values = super().nvmlDeviceGetFieldValues(handle, field_ids)
+        for v in values:
+            if (v.fieldId, v.scopeId) == (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 5) and self.answer is not None:
+                if self.answer == "ulong":
+                    v.valueType, v.value.ulVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, v.value.ullVal
+                else:
+                    v.nvmlReturn = self.answer
+        return values
+
+
+def test_an_error_on_one_link_counter_costs_that_reading_only(nodes: list[Node]) -> None:
+    # The 18 links' TX counters are read as one group; one link answering an error (or a value of
+    # another type) must not cost the other 17 links, the device, or that link once it answers again.
+    node = make(nodes, scenario("gb200", gpus=[{"index": 0, "nvlink": {"tx": 18e9}}]), _OneLinkAnswersBadly)
+    nvml: _OneLinkAnswersBadly = node.nvml  # type: ignore[assignment]
+    node.collect()
+    seen: list[dict[tuple[tuple[str, str], ...], float]] = []
+    for answer in (None, pynvml.NVML_ERROR_UNKNOWN, "ulong", None):
+        nvml.answer = answer
+        gpu = node.gpu(after=10)
+        assert gpu.up
+        seen.append(values(gpu, cat.GPU_NVLINK_LINK_BYTES.name, direction="tx"))
+    link5 = (("link", "5"), ("direction", "tx"))
+    assert [link5 in links for links in seen] == [True, False, True, True]
+    for before, after in zip(seen, seen[1:], strict=False):
+        assert len(after) >= LINKS - 1
+        for key, value in after.items():
+            if key != link5:
+                assert value - before[key] == pytest.approx(18e9 / LINKS * 10, abs=2048), key
+    assert seen[2][link5] - seen[0][link5] == pytest.approx(18e9 / LINKS * 20, abs=2048)
+    assert seen[3][link5] - seen[0][link5] == pytest.approx(18e9 / LINKS * 30, abs=2048)
+
+
 # --- faults: a link going down, errors, the fabric --------------------------------------------------
 
 

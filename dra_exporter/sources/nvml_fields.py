@@ -79,13 +79,17 @@ class FieldValues:
         self._record_format = f"{vt}x{span}s{size - vt - span}x"
         self.head = struct.Struct(f"=I{ret - vt - 4}xI").unpack_from
         """``head(answer)`` -> ``(valueType, nvmlReturn)``."""
-        # Each member's format is its ctypes type's own code in native sizes: C's ``unsigned long`` is
-        # 8 bytes on 64-bit Linux, where struct's standard ``=L`` would read 4 of them.
         members = dict(dict(struct_type._fields_)["value"]._fields_)
-        self.decoders: dict[int, Callable[[Answer], tuple[float]]] = {
-            int(getattr(nvml, const)): _member_decoder(val - vt, members[member])
-            for const, member in _VALUE_MEMBERS if hasattr(nvml, const) and member in members}
-        """``valueType`` -> ``decoder(answer)`` -> ``(value,)``; a type this binding does not know is absent."""
+        tail = span - (val - vt)
+        #: valueType -> one answer's layout, its value in the member's own C type.
+        self._layouts = {int(getattr(nvml, const)): f"I{ret - vt - 4}xI{val - ret - 4}x{code}{tail - width}x"
+                         for const, member in _VALUE_MEMBERS if hasattr(nvml, const) and member in members
+                         for code, width in (_standard(members[member]),)}
+        self.decoders: dict[int, Callable[[Answer], tuple[int, int, float]]] = {
+            value_type: struct.Struct("=" + layout).unpack_from for value_type, layout in self._layouts.items()}
+        """``valueType`` -> ``decoder(answer)`` -> ``(valueType, nvmlReturn, value)``; a type this binding
+        does not know is absent."""
+        self._uniform: dict[tuple[int, int], Callable[[bytes], tuple[Any, ...]]] = {}
         pointer = getattr(nvml, "_nvmlGetFunctionPointer", None)
         self._pointer = pointer if callable(pointer) else None
         """pynvml's: the C function through the library it loaded. None for a fake NVML."""
@@ -118,7 +122,24 @@ class FieldValues:
     def number(self, answer: Answer) -> float | None:
         """The value of a SUCCESS answer as a number; None for a value type this binding does not know."""
         decoder = self.decoders.get(self.head(answer)[0])
-        return None if decoder is None else decoder(answer)[0]
+        return None if decoder is None else decoder(answer)[2]
+
+    def uniform(self, answers: Sequence[Answer]) -> tuple[int, Sequence[float]] | None:
+        """``(valueType, values)`` when every answer is a SUCCESS of one known type (one counter over a
+        GPU's links, as NVML answers it nearly always), decoded by one ``struct`` call; else None."""
+        value_type, ret = self.head(answers[0])
+        key = (value_type, len(answers))
+        unpack = self._uniform.get(key)
+        if unpack is None:
+            layout = self._layouts.get(value_type)
+            if ret != self._success or layout is None:
+                return None
+            unpack = self._uniform[key] = struct.Struct("=" + layout * len(answers)).unpack
+        flat = unpack(b"".join(answers))
+        count = len(answers)
+        if flat[1::3].count(self._success) != count or flat[0::3].count(value_type) != count:
+            return None
+        return value_type, flat[2::3]
 
 
 def changed(answers: Sequence[Answer], last: Sequence[Answer | None]) -> Iterator[int]:
@@ -126,9 +147,11 @@ def changed(answers: Sequence[Answer], last: Sequence[Answer | None]) -> Iterato
     return compress(range(len(answers)), map(ne, answers, last))
 
 
-def _member_decoder(offset: int, ctype: Any) -> Callable[[Answer], tuple[float]]:
-    code = ctype._type_
-    layout = struct.Struct(f"@{offset}x{code}")
-    if struct.calcsize(f"@{code}") != ctypes.sizeof(ctype) or layout.size != offset + ctypes.sizeof(ctype):
-        raise ValueError(f"unexpected layout of c_nvmlValue_t member {ctype.__name__}")
-    return layout.unpack_from
+def _standard(ctype: Any) -> tuple[str, int]:
+    """A ctypes number type's ``struct`` code in standard sizes (``=``), and its width. Its own code is
+    native: C's ``unsigned long`` is 8 bytes on 64-bit Linux, where ``=L`` reads 4."""
+    width, code = ctypes.sizeof(ctype), ctype._type_
+    if code in "fd":
+        return {4: "f", 8: "d"}[width], width
+    signed = {1: "b", 2: "h", 4: "i", 8: "q"}[width]
+    return (signed.upper() if code.isupper() else signed), width
