@@ -307,6 +307,67 @@ def test_a_32_bit_link_counter_keeps_growing_across_a_wrap(nodes: list[Node]) ->
     assert seen[-1] - seen[0] == pytest.approx(900e9 / LINKS * 60 * 29, rel=1e-6)
 
 
+class _UnsignedLong(FakeNvml):
+    """Reports the throughput counters as C ``unsigned long`` values, one of the types NVML may answer in."""
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: Any) -> Any:
+        values = super().nvmlDeviceGetFieldValues(handle, field_ids)
+        for v in values:
+            if v.fieldId == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX and v.nvmlReturn == pynvml.NVML_SUCCESS:
+                v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG
+                v.value.ulVal = v.value.ullVal
+        return values
+
+
+def test_an_unsigned_long_value_is_read_in_all_its_bytes(nodes: list[Node]) -> None:
+    # C's unsigned long is 8 bytes on 64-bit Linux; read as 4 (struct's standard "=L"), a link's
+    # counter would drop back to 0 every 4 Ti KiB.
+    node = make(nodes, scenario("gb200", gpus=[{"index": 0, "nvlink": {"tx": 900e9}}]), _UnsignedLong)
+    gpu = node.gpu(after=200)
+    kib = raw_field(node, 0, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0)
+    assert kib > 1 << 32
+    assert one(gpu, cat.GPU_NVLINK_LINK_BYTES.name, link="0", direction="tx") == kib * 1024
+
+
+class _OneLinkAnswersBadly(FakeNvml):
+    """Link 5's TX counter answers ``answer`` (an error code, or ``"ulong"``: its value as another type) while set."""
+
+    answer: int | str | None = None
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: Any) -> Any:
+        values = super().nvmlDeviceGetFieldValues(handle, field_ids)
+        for v in values:
+            if (v.fieldId, v.scopeId) == (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 5) and self.answer is not None:
+                if self.answer == "ulong":
+                    v.valueType, v.value.ulVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, v.value.ullVal
+                else:
+                    v.nvmlReturn = self.answer
+        return values
+
+
+def test_an_error_on_one_link_counter_costs_that_reading_only(nodes: list[Node]) -> None:
+    # The 18 links' TX counters are read as one group; one link answering an error (or a value of
+    # another type) must not cost the other 17 links, the device, or that link once it answers again.
+    node = make(nodes, scenario("gb200", gpus=[{"index": 0, "nvlink": {"tx": 18e9}}]), _OneLinkAnswersBadly)
+    nvml: _OneLinkAnswersBadly = node.nvml  # type: ignore[assignment]
+    node.collect()
+    seen: list[dict[tuple[tuple[str, str], ...], float]] = []
+    for answer in (None, pynvml.NVML_ERROR_UNKNOWN, "ulong", None):
+        nvml.answer = answer
+        gpu = node.gpu(after=10)
+        assert gpu.up
+        seen.append(values(gpu, cat.GPU_NVLINK_LINK_BYTES.name, direction="tx"))
+    link5 = (("link", "5"), ("direction", "tx"))
+    assert [link5 in links for links in seen] == [True, False, True, True]
+    for before, after in zip(seen, seen[1:], strict=False):
+        assert len(after) >= LINKS - 1
+        for key, value in after.items():
+            if key != link5:
+                assert value - before[key] == pytest.approx(18e9 / LINKS * 10, abs=2048), key
+    assert seen[2][link5] - seen[0][link5] == pytest.approx(18e9 / LINKS * 20, abs=2048)
+    assert seen[3][link5] - seen[0][link5] == pytest.approx(18e9 / LINKS * 30, abs=2048)
+
+
 # --- faults: a link going down, errors, the fabric --------------------------------------------------
 
 
@@ -364,6 +425,14 @@ def test_unhealthy_fabric_sets_the_summary_and_route_unhealthy(nodes: list[Node]
     assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM.name, field="route_unhealthy") == 1.0
     assert one(gpu, cat.GPU_FABRIC_HEALTH_PROBLEM.name, field="degraded_bw") == 0.0
     assert one(gpu, cat.GPU_FABRIC_REGISTERED.name) == 1.0  # still registered: unhealthy is not unregistered
+
+
+def test_a_fabric_that_turns_unhealthy_and_heals_reads_so_each_cycle(nodes: list[Node]) -> None:
+    # An unchanged answer gives last cycle's readings again: each change, and the change back, must show.
+    faults = [{"kind": "fabric_unhealthy", "gpu": 0, "at": 110, "until": 130}]
+    node = make(nodes, scenario("gb200", faults=faults))
+    seen = [one(node.gpu(after), cat.GPU_FABRIC_HEALTH.name, summary="unhealthy") for after in (0, 5, 10, 5, 10, 5, 5)]
+    assert seen == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0]  # t=100, 105, 115, 120, 130, 135, 140
 
 
 def test_fabric_in_progress_has_no_clique_and_is_not_registered(nodes: list[Node],

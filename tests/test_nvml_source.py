@@ -484,6 +484,27 @@ def test_nvlink_bytes_integrate_gpm_rates_over_time(make_source: Make,
     assert value(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(700 * 2**20)
 
 
+def test_gpm_ratios_follow_nvml_every_cycle_and_a_refused_metric_is_asked_no_more(make_source: Make) -> None:
+    # The request is built once per order of the two sample buffers (they alternate) and rebuilt
+    # without a metric NVML refuses; an answer repeated gives the same reading, a new one a new reading.
+    nvml = ReplayNvml()
+    sm, occupancy = pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY
+    del nvml._gpm_metrics[occupancy]  # this driver does not record it: NOT_SUPPORTED
+    source = make_source(nvml)
+    source.collect()
+    seen = []
+    for percent in (10.0, 20.0, 20.0, 35.0, 35.0, 50.0):
+        nvml.gpm_overrides = {sm: percent}
+        gpu = source.collect().devices[0]
+        seen.append(value(gpu, cat.GPU_SM_ACTIVE.name))
+        assert cat.GPU_SM_OCCUPANCY.name not in metrics(gpu)
+        assert value(gpu, cat.GPU_TENSOR_ACTIVE.name) == pytest.approx(0.9217768)
+    assert seen == pytest.approx([0.1, 0.2, 0.2, 0.35, 0.35, 0.5])
+    asked = [ids for _who, ids in nvml.gpm_requests]
+    assert occupancy in asked[0] and all(occupancy not in ids for ids in asked[1:])
+    assert len(set(asked[1:])) == 1 and sm in asked[-1]
+
+
 def test_a_gpu_without_gpm_is_probed_once_and_never_sampled(make_source: Make) -> None:
     nvml = ReplayNvml()
     nvml.gpus[0].gpm_supported = False

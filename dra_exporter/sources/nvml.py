@@ -28,7 +28,7 @@ import logging
 import math
 import random as _random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final, NoReturn
@@ -39,7 +39,7 @@ from ..model import DeviceSample, GpuDevice, Labels, NvmlSnapshot, ProcessSample
 from . import Source, SourceError
 from .nvml_events import EventWatcher, XidCounter, XidTally
 from .nvml_fabric import FabricReader, FabricState
-from .nvml_fields import Answer, FieldBatch, FieldValues
+from .nvml_fields import Answer, FieldBatch, FieldValues, changed
 from .nvml_gpm import GpmReader, gpm_supported
 from .nvml_nvlink import LinkReader, LinkState, unwrap32
 
@@ -125,6 +125,9 @@ class _DeviceState:
     unsupported: set[str] = field(default_factory=set)
     wraps: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Field id -> (last raw 32-bit value, offset added for wraps so far)."""
+    board_answers: Sequence[Answer | None] = ()
+    board_readings: list[Reading | None] = field(default_factory=list)
+    """Per board field (``field_ids``, in order): the last answer, and the reading made of it (None: absent)."""
     last_process_ts: int = 0
     gpm: GpmReader | None = None
     links: LinkState | None = None
@@ -369,11 +372,17 @@ class _DeviceReader:
             out += self._links.readings(handle, links, answers[board:])
         return out
 
-    def _board_fields(self, state: _DeviceState, answers: list[Answer]) -> list[Reading]:
-        out: list[Reading] = []
+    def _board_fields(self, state: _DeviceState, answers: Sequence[Answer]) -> list[Reading]:
+        """The board-level fields; an answer equal to last cycle's gives last cycle's reading again."""
+        if len(state.board_readings) != len(answers):
+            state.board_answers, state.board_readings = [None] * len(answers), [None] * len(answers)
+        made = state.board_readings
         dropped: set[int] = set()
-        for field_id, answer in zip(state.field_ids, answers, strict=True):
-            value_type, ret = answer[0], answer[1]
+        head = self._field_values_reader.head
+        for i in changed(answers, state.board_answers):
+            field_id, answer = state.field_ids[i], answers[i]
+            made[i] = None
+            value_type, ret = head(answer)
             if ret != self._success:
                 if ret in self._unsupported_codes:
                     dropped.add(field_id)
@@ -386,10 +395,13 @@ class _DeviceReader:
                 # The PCIe byte counters are 32-bit (see the H200 recording) and wrap after 4 GiB;
                 # exported raw they would look like counter resets.
                 raw = unwrap32(state.wraps, field_id, int(raw))
-            out.append(Reading(spec.family.name, float(raw) * spec.scale, spec.labels))
+            made[i] = Reading(spec.family.name, float(raw) * spec.scale, spec.labels)
+        state.board_answers = answers
+        out = list(filter(None, made))
         if dropped:
             state.field_ids = [fid for fid in state.field_ids if fid not in dropped]
             state.batch = None
+            state.board_readings = []  # re-indexed with the new batch
         return out
 
 

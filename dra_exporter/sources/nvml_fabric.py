@@ -15,6 +15,9 @@ Contract (one ``FabricState`` per whole GPU; one call per GPU per cycle, which c
   node, no multi-node clique, not an error.
 - A failed registration (COMPLETED with an error status, e.g. ``insufficient_resources``) is
   logged when it starts and when it ends, never per cycle.
+- The struct is made once per GPU and reset from its first bytes before each call; an answer whose
+  bytes are last cycle's gives last cycle's readings again (a fabric changes state rarely, and building
+  its ~17 readings through pynvml's struct attributes cost several times the call).
 """
 
 from __future__ import annotations
@@ -52,6 +55,12 @@ class FabricState:
     """``v3``, ``v2`` or ``v1`` once chosen."""
     failed_status: str = ""
     """The error status last logged, ``""`` while registration is fine."""
+    info: Any = None
+    """The struct of ``api``'s version NVML answers into, and its bytes before any answer."""
+    blank: bytes = b""
+    answer: bytes = b""
+    readings: tuple[Reading, ...] = ()
+    """The last answer's bytes and the readings made of them."""
 
 
 class FabricReader:
@@ -78,6 +87,13 @@ class FabricReader:
         if not self._available:
             return []
         info = self._fabric_info(handle, state)
+        answer = bytes(memoryview(info).cast("B"))
+        if answer != state.answer:
+            state.readings = tuple(self._readings(info, state, uuid))
+            state.answer = answer
+        return list(state.readings)
+
+    def _readings(self, info: Any, state: FabricState, uuid: str) -> list[Reading]:
         raw_uuid = bytes(info.clusterUuid)
         fabric_state, status = int(info.state), int(info.status)
         completed = fabric_state == self._completed
@@ -112,12 +128,17 @@ class FabricReader:
         if not state.api:
             state.api = "v3" if hasattr(nvml, "nvmlDeviceGetGpuFabricInfoV") else "v1"
         while True:
+            if state.info is None:
+                state.info = _struct(nvml, "c_nvmlGpuFabricInfo_t" if state.api == "v1"
+                                     else f"c_nvmlGpuFabricInfo_{state.api}_t")()
+                state.blank = bytes(memoryview(state.info).cast("B"))  # the version a V struct starts with
+                state.answer = b""
+            info = state.info
+            ctypes.memmove(ctypes.addressof(info), state.blank, len(state.blank))
             try:
                 if state.api == "v1":
-                    info = _struct(nvml, "c_nvmlGpuFabricInfo_t")()
                     nvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
                 else:
-                    info = _struct(nvml, f"c_nvmlGpuFabricInfo_{state.api}_t")()
                     nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
                 return info
             except nvml.NVMLError as err:
@@ -127,6 +148,7 @@ class FabricReader:
                     state.api = "v2"  # a driver whose V function knows only v2
                 else:
                     raise
+                state.info = None
 
     def _log_status(self, state: FabricState, uuid: str, status: int) -> None:
         word = "" if status == int(self._nvml.NVML_SUCCESS) else self._errors.get(status, str(status))

@@ -14,8 +14,10 @@ Contract (one ``LinkState`` per whole GPU; MIG devices own no links):
   by ``nvml_fields``). An entry that answers NOT_SUPPORTED while its link is up is dropped for good
   (Blackwell refuses the Hopper counters and the other way round); on a link that is down it is only
   absent, since a counter may not answer on an untrained link and must come back with it.
-- An entry whose answer is what it was last cycle gives last cycle's reading again: on 8 GB200s
-  that is ~2,900 entries a cycle, most of them error counters that never move.
+- The entries are ordered field by field, each over every link. A field whose answers are all what
+  they were last cycle gives last cycle's readings again (on 8 GB200s ~2,900 entries a cycle, most of
+  them error counters that never move); a changed one is decoded by one ``struct`` call when every
+  answer is a SUCCESS of one value type (``_Group``), entry by entry otherwise.
 - Link identity (NVLink version, the far end's device type) does not change while the driver is
   loaded: read once per link with ``nvmlDeviceGetNvLinkVersion``/``RemoteDeviceType``, when the
   link is first seen up.
@@ -32,13 +34,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import ne
+from itertools import repeat
+from operator import mul
 from typing import Any, Final
 
 from .. import catalog as cat
 from ..model import Labels, Reading
-from .nvml_fields import Answer, FieldValues
+from .nvml_fields import Answer, FieldValues, changed
 
 #: Per-link field values (scopeId = link): NVML constant -> (family, labels, scale, counter).
 _SCOPED: Final = (
@@ -89,6 +91,33 @@ class _Entry:
     is_state: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Consecutive entries of the batch that ask one field of every link (a per-index field: alone).
+
+    Their answers nearly always change together (the data counters of a busy GPU) or not at all,
+    and come back of one value type: such a group is decoded by one ``struct`` call and made into
+    readings by ``map``, in C; only a group with an error, a link state or mixed types is read entry
+    by entry."""
+
+    start: int
+    end: int
+    entries: tuple[_Entry, ...]
+    labels: tuple[Labels, ...]
+    links: tuple[int, ...]
+
+
+def _groups(entries: Sequence[_Entry]) -> list[_Group]:
+    out: list[_Group] = []
+    start = 0
+    for end in range(1, len(entries) + 1):
+        if end == len(entries) or entries[end].key[0] != entries[start].key[0]:
+            run = tuple(entries[start:end])
+            out.append(_Group(start, end, run, tuple(e.labels for e in run), tuple(e.link for e in run)))
+            start = end
+    return out
+
+
 @dataclass(slots=True)
 class LinkState:
     """What the source remembers about one GPU's links between cycles (mutable on purpose)."""
@@ -96,7 +125,8 @@ class LinkState:
     links: tuple[int, ...] | None = None
     """None until discovered; ``()`` for a GPU without NVLink."""
     entries: list[_Entry] = field(default_factory=list)
-    """This GPU's part of the field-value batch, in order."""
+    """This GPU's part of the field-value batch, in order: field by field, each over every link."""
+    groups: list[_Group] = field(default_factory=list)
     changed: bool = True
     """``entries`` changed since the caller last built its batch from ``requests()``."""
     answers: Sequence[Answer | None] = field(default_factory=list)
@@ -170,15 +200,33 @@ class LinkReader:
 
     def readings(self, handle: Any, state: LinkState, answers: Sequence[Answer]) -> list[Reading]:
         """The link families from this cycle's answers to ``requests()`` (and the few per-link calls)."""
-        # Only the entries whose answer changed are looked at in Python (on an idle GB200: the two data
-        # counters of each link); finding them and collecting the readings run in C.
-        made, entries = state.readings, state.entries
+        # Only the groups whose answers changed are looked at (on an idle GB200: the two data counters),
+        # and a changed group is converted in C where its answers allow (``_Group``).
+        made, last, refused, wraps = state.readings, state.answers, state.refused, state.wraps
+        uniform = self._fields.uniform
         bytes_moved = False
-        for i in compress(range(len(answers)), map(ne, answers, state.answers)):
-            entry = entries[i]
-            made[i] = self._reading(state, i, entry, answers[i])
-            bytes_moved = bytes_moved or bool(entry.direction)
-        state.answers = list(answers)
+        for group in state.groups:
+            start, end = group.start, group.end
+            new, old = answers[start:end], last[start:end]
+            if new == old:
+                continue
+            first = group.entries[0]
+            bytes_moved = bytes_moved or bool(first.direction)
+            decoded = None if first.is_state else uniform(new)
+            if decoded is None:
+                for i in changed(new, old):
+                    made[start + i] = self._reading(state, start + i, group.entries[i], new[i])
+                continue
+            value_type, numbers = decoded
+            if first.counter and value_type == self._uint:
+                numbers = [unwrap32(wraps, e.key, int(n)) for e, n in zip(group.entries, numbers, strict=True)]
+            values = list(map(mul, numbers, repeat(first.scale)))
+            made[start:end] = map(Reading, repeat(first.metric), values, group.labels)
+            if first.direction:
+                state.last_bytes.setdefault(first.direction, {}).update(zip(group.links, values, strict=True))
+            if refused:
+                refused.difference_update(range(start, end))
+        state.answers = answers
         out: list[Reading] = list(filter(None, made))
         for link in sorted(state.state_by_call):
             up = self._state_by_call(handle, link)
@@ -203,7 +251,8 @@ class LinkReader:
         return out
 
     def _reading(self, state: LinkState, index: int, entry: _Entry, answer: Answer) -> Reading | None:
-        ret = answer[1]
+        """One changed answer of a group that is not read as a whole."""
+        value_type, ret = self._fields.head(answer)
         if ret != self._success:
             if entry.is_state:
                 state.up.pop(entry.link, None)
@@ -221,7 +270,7 @@ class LinkReader:
             up = number in self._up_states
             state.up[entry.link] = up
             return self._up_readings.get((entry.link, up)) or Reading(entry.metric, float(up), entry.labels)
-        if entry.counter and answer[0] == self._uint:
+        if entry.counter and value_type == self._uint:
             number = unwrap32(state.wraps, entry.key, int(number))
         value = float(number) * entry.scale
         if entry.direction:
@@ -236,7 +285,8 @@ class LinkReader:
             return
         keep = [i for i in range(len(state.entries)) if i not in drop]
         state.entries = [state.entries[i] for i in keep]
-        state.answers = [state.answers[i] for i in keep]
+        state.groups = _groups(state.entries)
+        state.answers = tuple(state.answers[i] for i in keep)
         state.readings = [state.readings[i] for i in keep]
         state.refused = {new for new, old in enumerate(keep) if old in state.refused}
         state.changed = True
@@ -260,21 +310,20 @@ class LinkReader:
             links.append(link)
         state.links = tuple(links)
         entries: list[_Entry] = []
+        if self._state_field is not None:
+            entries += [_Entry((self._state_field, link), cat.GPU_NVLINK_LINK_UP.name, (("link", str(link)),),
+                               1.0, False, link, is_state=True) for link in state.links]
+        else:
+            state.state_by_call.update(state.links)
+        for fid, family, labels, scale, counter in self._scoped:
+            direction = labels[0][1] if family is cat.GPU_NVLINK_LINK_BYTES else ""
+            entries += [_Entry((fid, link), family.name, (("link", str(link)), *labels), scale, counter, link,
+                               direction) for link in state.links]
         for link in state.links:
-            name = str(link)
-            if self._state_field is not None:
-                entries.append(_Entry((self._state_field, link), cat.GPU_NVLINK_LINK_UP.name, (("link", name),),
-                                      1.0, False, link, is_state=True))
-            else:
-                state.state_by_call.add(link)
-            for fid, family, labels, scale, counter in self._scoped:
-                direction = labels[0][1] if family is cat.GPU_NVLINK_LINK_BYTES else ""
-                entries.append(_Entry((fid, link), family.name, (("link", name), *labels), scale, counter, link,
-                                      direction))
-            for fid, kind in self._per_index.get(link, ()):
-                entries.append(_Entry((fid, 0), cat.GPU_NVLINK_LINK_ERRORS.name, (("link", name), ("type", kind)),
-                                      1.0, True, link))
+            entries += [_Entry((fid, 0), cat.GPU_NVLINK_LINK_ERRORS.name, (("link", str(link)), ("type", kind)),
+                               1.0, True, link) for fid, kind in self._per_index.get(link, ())]
         state.entries = entries
+        state.groups = _groups(entries)
         state.answers = [None] * len(entries)
         state.readings = [None] * len(entries)
         state.changed = True
