@@ -121,7 +121,7 @@ class CelWorker:
                 code = self._stop()
                 how = f"signal {-code}" if code is not None and code < 0 else f"exit {code}"
                 return f"the CEL library crashed evaluating it ({how})"
-            return reply
+            return reply if isinstance(reply, (bool, str)) else None
 
     def _start(self) -> subprocess.Popen[bytes]:
         self._stop()
