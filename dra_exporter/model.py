@@ -76,11 +76,17 @@ class ProcessSample:
 
 
 @dataclass(frozen=True, slots=True)
-class NvmlSnapshot:
+class DeviceSnapshot:
+    """What one device source (a role: ``sources.registry.device_source``; NVML is the one today)
+    read in one cycle: its devices, the processes on them, and who makes them."""
+
     devices: tuple[DeviceSample, ...] = ()
     processes: tuple[ProcessSample, ...] = ()
     driver_version: str = ""
-    nvml_version: str = ""
+    library_version: str = ""
+    """The version of the library the source reads the devices through (NVML's)."""
+    vendor: str = ""
+    """The maker of these devices, as OpenTelemetry's ``hw.vendor`` names it (``NVIDIA``)."""
 
 
 # --- kubelet pod-resources ----------------------------------------------------------------
@@ -691,6 +697,9 @@ class Frame:
 
     families: tuple[Family, ...] = ()
     timestamp: float = 0.0
+    device_vendors: tuple[tuple[str, str], ...] = ()
+    """(uuid, vendor) of each device the device sources read (their snapshots' ``vendor``): OTLP's
+    ``hw.vendor``. Not a series: the Prometheus exposition does not show it."""
 
     def family(self, name: str) -> Family | None:
         for fam in self.families:
