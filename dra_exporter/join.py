@@ -63,9 +63,8 @@ _PLUGIN_MIG_PREFIX = "nvidia.com/mig-"
 #: NVIDIA CDI device names embed the claim UID: ``k8s.gpu.nvidia.com/claim=<uid>-<device>``.
 _NVIDIA_CDI_PREFIX = "k8s.gpu.nvidia.com/claim="
 _RUNNING = "Running"
-#: Device attributes behind ``dra_device_info`` labels (NVIDIA's names; ``model`` is the example driver's).
+#: Device attributes behind ``dra_device_info`` labels (NVIDIA's names; the model: ``SliceDevice.model_name``).
 _ATTR_TYPE, _ATTR_PROFILE, _ATTR_PARENT = "type", "profile", "parentUUID"
-_ATTR_MODELS = ("productName", "model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,7 +409,7 @@ def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolve
             out.add(cat.DEVICE_INFO, 1, node=dev.node_name or sl.node_name or cluster.node, **ident,
                     uuid=resolver.resolve(sl.driver, sl.pool, dev.name) or "", type=dev.attribute(_ATTR_TYPE),
                     profile=dev.attribute(_ATTR_PROFILE), parent_uuid=dev.attribute(_ATTR_PARENT),
-                    model=next((m for a in _ATTR_MODELS if (m := dev.attribute(a))), ""))
+                    model=dev.model_name)
             rules = ((rule.taint, rule.name) for rule in cluster.taint_rules
                      if rule.selects(sl.driver, sl.pool, dev.name))
             for taint, rule in (*((t, "") for t in dev.taints), *rules):

@@ -8,6 +8,7 @@ OpenTelemetry; metric names are catalogue keys (see ``catalog``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Final
 
 #: Label pairs in output order. Tuples keep records hashable and frames byte-stable.
 Labels = tuple[tuple[str, str], ...]
@@ -254,6 +255,10 @@ class NodePlacement:
         return self.node_selector is not None and self.node_selector.matches(node, labels)
 
 
+#: The device attributes that name a slice device's model, first found wins (``SliceDevice.model_name``).
+MODEL_ATTRIBUTES: Final = ("productName", "model")
+
+
 @dataclass(frozen=True, slots=True)
 class SliceDevice:
     """One device of a ResourceSlice."""
@@ -281,6 +286,11 @@ class SliceDevice:
             if k == key:
                 return v
         return ""
+
+    @property
+    def model_name(self) -> str:
+        """The model its driver publishes: NVIDIA's ``productName``, else the example driver's ``model``."""
+        return next((m for key in MODEL_ATTRIBUTES if (m := self.attribute(key))), "")
 
 
 @dataclass(frozen=True, slots=True)
