@@ -108,7 +108,7 @@ def measure(scenario_name: str, cycles: int) -> dict[str, list[float]]:
                 pods_cpu, pods = _cpu(time.process_time, pods_source.collect)
                 health = (SourceHealth("nvml", True, nvml_cpu, 0, clock.wall()),
                           SourceHealth("podresources", True, pods_cpu, 0, clock.wall()))
-                inp = JoinInput(nvml=snapshot, pods=pods, health=health,
+                inp = JoinInput(devices=(snapshot,), pods=pods, health=health,
                                 self_pod=(pod.namespace, pod.name) if pod else None, version=__version__,
                                 python_version=platform.python_version(), timestamp=clock.wall())
                 join_cpu, frame = _cpu(time.thread_time, join, inp)

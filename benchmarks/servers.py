@@ -100,7 +100,7 @@ def _per_scrape(scenario_name: str, listen: str) -> None:
     def cycle():  # type: ignore[no-untyped-def]
         # The kubelet's view is taken from the scenario directly (no gRPC call): that keeps the
         # baseline cheaper than the peers, which ask the kubelet on every scrape too.
-        return join(JoinInput(nvml=source.collect(), pods=scenario.pod_allocations_at(clock.now()),
+        return join(JoinInput(devices=(source.collect(),), pods=scenario.pod_allocations_at(clock.now()),
                               self_pod=self_pod, version=__version__,
                               python_version=platform.python_version(), timestamp=clock.wall()))
 

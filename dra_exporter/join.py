@@ -42,11 +42,11 @@ from .model import (
     ContainerAllocation,
     DeviceHealth,
     DeviceSample,
+    DeviceSnapshot,
     Family,
     Frame,
     GpuDevice,
     Labels,
-    NvmlSnapshot,
     PodAllocation,
     PodInfo,
     PodResourcesSnapshot,
@@ -63,16 +63,16 @@ _PLUGIN_MIG_PREFIX = "nvidia.com/mig-"
 #: NVIDIA CDI device names embed the claim UID: ``k8s.gpu.nvidia.com/claim=<uid>-<device>``.
 _NVIDIA_CDI_PREFIX = "k8s.gpu.nvidia.com/claim="
 _RUNNING = "Running"
-#: Device attributes behind ``dra_device_info`` labels (NVIDIA's names; ``model`` is the example driver's).
+#: Device attributes behind ``dra_device_info`` labels (NVIDIA's names; the model: ``SliceDevice.model_name``).
 _ATTR_TYPE, _ATTR_PROFILE, _ATTR_PARENT = "type", "profile", "parentUUID"
-_ATTR_MODELS = ("productName", "model")
 
 
 @dataclass(frozen=True, slots=True)
 class JoinInput:
     """Everything the join looks at: the latest snapshot of each source and static facts."""
 
-    nvml: NvmlSnapshot | None = None
+    devices: tuple[DeviceSnapshot, ...] = ()
+    """The latest snapshot of each device source (NVML today), each with its vendor."""
     pods: PodResourcesSnapshot | None = None
     health: tuple[SourceHealth, ...] = ()
     self_pod: tuple[str, str] | None = None
@@ -121,7 +121,7 @@ class _Builder:
     def add_device(self, spec: cat.MetricSpec, device: Labels, extra: Labels, value: float) -> None:
         self.samples[spec.name].append(Sample(spec.device_series(device, extra), float(value)))
 
-    def frame(self, timestamp: float) -> Frame:
+    def frame(self, timestamp: float, device_vendors: tuple[tuple[str, str], ...] = ()) -> Frame:
         families = []
         for spec in cat.CATALOG:
             found = self.samples.get(spec.name)
@@ -129,7 +129,7 @@ class _Builder:
                 # One sample per label set: a duplicate would make the exposition invalid.
                 unique = {s.labels: s for s in found}
                 families.append(Family(spec.name, tuple(sorted(unique.values(), key=lambda s: s.labels))))
-        return Frame(tuple(families), timestamp)
+        return Frame(tuple(families), timestamp, device_vendors)
 
 
 class _View:
@@ -188,7 +188,9 @@ class _View:
 def join(inp: JoinInput) -> Frame:
     """Build the frame for one cycle from the latest snapshots."""
     out = _Builder()
-    devices = [s.device for s in inp.nvml.devices] if inp.nvml else []
+    samples = [sample for snapshot in inp.devices for sample in snapshot.devices]
+    processes = [proc for snapshot in inp.devices for proc in snapshot.processes]
+    devices = [sample.device for sample in samples]
     cluster = inp.cluster
     slice_resolvers = (SliceResolver(cluster.slices), ClaimStatusResolver(cluster.claims)) if cluster else ()
     resolver = ChainResolver((*slice_resolvers, NvidiaNameResolver(devices)))
@@ -202,15 +204,16 @@ def join(inp: JoinInput) -> Frame:
         _health_families(out, cluster, pods, view)
         for spec, labels, value in domain_families(cluster, _gpu_holders(devices, consumers)):
             out.add_labels(spec, labels, value)
-    if inp.nvml:
-        processes = Counter(proc.uuid for proc in inp.nvml.processes)
-        for sample in inp.nvml.devices:
-            _device_families(out, sample, _attribution(consumers.get(sample.device.uuid, ())),
-                             processes[sample.device.uuid])
-        if inp.owners is not None:
-            _container_families(out, inp.nvml.processes, inp.owners, view, consumers)
+    per_device = Counter(proc.uuid for proc in processes)
+    for sample in samples:
+        uuid = sample.device.uuid
+        _device_families(out, sample, _attribution(consumers.get(uuid, ())), per_device[uuid])
+    if inp.devices and inp.owners is not None:
+        _container_families(out, processes, inp.owners, view, consumers)
     _self_families(out, inp)
-    return out.frame(inp.timestamp)
+    vendors = tuple((s.device.uuid, snapshot.vendor) for snapshot in inp.devices if snapshot.vendor
+                    for s in snapshot.devices)
+    return out.frame(inp.timestamp, vendors)
 
 
 # --- the cluster fallback for attribution ---------------------------------------------------------
@@ -406,7 +409,7 @@ def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolve
             out.add(cat.DEVICE_INFO, 1, node=dev.node_name or sl.node_name or cluster.node, **ident,
                     uuid=resolver.resolve(sl.driver, sl.pool, dev.name) or "", type=dev.attribute(_ATTR_TYPE),
                     profile=dev.attribute(_ATTR_PROFILE), parent_uuid=dev.attribute(_ATTR_PARENT),
-                    model=next((m for a in _ATTR_MODELS if (m := dev.attribute(a))), ""))
+                    model=dev.model_name)
             rules = ((rule.taint, rule.name) for rule in cluster.taint_rules
                      if rule.selects(sl.driver, sl.pool, dev.name))
             for taint, rule in (*((t, "") for t in dev.taints), *rules):

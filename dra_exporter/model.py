@@ -8,6 +8,7 @@ OpenTelemetry; metric names are catalogue keys (see ``catalog``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Final
 
 #: Label pairs in output order. Tuples keep records hashable and frames byte-stable.
 Labels = tuple[tuple[str, str], ...]
@@ -76,11 +77,17 @@ class ProcessSample:
 
 
 @dataclass(frozen=True, slots=True)
-class NvmlSnapshot:
+class DeviceSnapshot:
+    """What one device source (a role: ``sources.registry.device_source``; NVML is the one today)
+    read in one cycle: its devices, the processes on them, and who makes them."""
+
     devices: tuple[DeviceSample, ...] = ()
     processes: tuple[ProcessSample, ...] = ()
     driver_version: str = ""
-    nvml_version: str = ""
+    library_version: str = ""
+    """The version of the library the source reads the devices through (NVML's)."""
+    vendor: str = ""
+    """The maker of these devices, as OpenTelemetry's ``hw.vendor`` names it (``NVIDIA``)."""
 
 
 # --- kubelet pod-resources ----------------------------------------------------------------
@@ -248,6 +255,10 @@ class NodePlacement:
         return self.node_selector is not None and self.node_selector.matches(node, labels)
 
 
+#: The device attributes that name a slice device's model, first found wins (``SliceDevice.model_name``).
+MODEL_ATTRIBUTES: Final = ("productName", "model")
+
+
 @dataclass(frozen=True, slots=True)
 class SliceDevice:
     """One device of a ResourceSlice."""
@@ -275,6 +286,11 @@ class SliceDevice:
             if k == key:
                 return v
         return ""
+
+    @property
+    def model_name(self) -> str:
+        """The model its driver publishes: NVIDIA's ``productName``, else the example driver's ``model``."""
+        return next((m for key in MODEL_ATTRIBUTES if (m := self.attribute(key))), "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -691,6 +707,9 @@ class Frame:
 
     families: tuple[Family, ...] = ()
     timestamp: float = 0.0
+    device_vendors: tuple[tuple[str, str], ...] = ()
+    """(uuid, vendor) of each device the device sources read (their snapshots' ``vendor``): OTLP's
+    ``hw.vendor``. Not a series: the Prometheus exposition does not show it."""
 
     def family(self, name: str) -> Family | None:
         for fam in self.families:

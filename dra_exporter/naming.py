@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from . import catalog as cat
@@ -75,7 +75,7 @@ def apply(frame: Frame, naming: str, *, hostname: str, xid: XidMemory | None = N
         raise ValueError(f"unknown naming {naming!r}; expected one of {', '.join(NAMINGS)}")
     dcgm = dcgm_families(frame, hostname=hostname, xid=xid)
     kept = frame.families if naming == "both" else tuple(f for f in frame.families if f.name not in REPLACED)
-    return Frame(tuple(sorted(kept + dcgm, key=lambda f: f.name)), frame.timestamp)
+    return replace(frame, families=tuple(sorted(kept + dcgm, key=lambda f: f.name)))
 
 
 def dcgm_families(frame: Frame, *, hostname: str, xid: XidMemory | None = None) -> tuple[Family, ...]:

@@ -125,7 +125,7 @@ class JoinCore:
     self_pod: tuple[str, str] | None = None
 
     def __call__(self, snapshots: Snapshots, health: tuple[SourceHealth, ...], timestamp: float) -> Frame:
-        return join(JoinInput(nvml=snapshots.nvml, pods=snapshots.pods, cluster=snapshots.cluster,
+        return join(JoinInput(devices=snapshots.devices, pods=snapshots.pods, cluster=snapshots.cluster,
                               owners=snapshots.owners, health=health, self_pod=self.self_pod,
                               version=__version__, python_version=platform.python_version(), timestamp=timestamp))
 

@@ -26,6 +26,7 @@ from dra_exporter.resolve import NVIDIA_DRIVER
 from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
 
 from . import k8s_objects
+from .dump import kubernetes_objects
 from .k8s_objects import JSON, timestamp
 from .loader import load_scenario
 from .scenario import API_VERSIONS, Scenario, ScenarioError, derived_uuid
@@ -171,30 +172,20 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
     """Every DRA object (and pod) of a cluster dump; raises ``ScenarioError`` naming the object."""
     label, docs = read_documents(path)
     out: list[JSON] = []
-    for d, doc in enumerate(docs):
-        if doc is None:
+    for item, where in kubernetes_objects(docs, label):
+        kind = item["kind"]
+        if kind not in KINDS:
             continue
-        where = f"{label}: document {d + 1}" if len(docs) > 1 else label
-        if not isinstance(doc, Mapping):
-            raise ScenarioError(f"{where}: expected a Kubernetes object or a kind: List, got {type(doc).__name__}")
-        items = doc.get("items") if str(doc.get("kind", "")).endswith("List") else [doc]
-        if not isinstance(items, list):
-            raise ScenarioError(f"{where}: items: expected a list of objects")
-        for i, item in enumerate(items):
-            if not isinstance(item, Mapping) or not item.get("kind") or not isinstance(item.get("apiVersion"), str):
-                raise ScenarioError(f"{where}: items[{i}]: expected a Kubernetes object with kind and apiVersion")
-            kind = item["kind"]
-            if kind not in KINDS:
-                continue
-            meta = item.get("metadata")
-            if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
-                raise ScenarioError(f"{where}: items[{i}] ({kind}): metadata.name: required")
-            group, _, version = item["apiVersion"].rpartition("/")
-            versions = TAINT_RULE_VERSIONS if kind == "DeviceTaintRule" else API_VERSIONS
-            if kind != "Pod" and (group != GROUP or version not in versions):
-                raise ScenarioError(f"{where}: {kind}/{meta['name']}: apiVersion {item['apiVersion']!r} is not "
-                                    f"supported (supported: {', '.join(f'{GROUP}/{v}' for v in versions)})")
-            out.append(dict(item))
+        meta = item.get("metadata")
+        if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
+            raise ScenarioError(f"{where} ({kind}): metadata.name: required")
+        group, _, version = item["apiVersion"].rpartition("/")
+        versions = TAINT_RULE_VERSIONS if kind == "DeviceTaintRule" else API_VERSIONS
+        if kind != "Pod" and (group != GROUP or version not in versions):
+            raise ScenarioError(f"{where}: {kind}/{meta['name']}: apiVersion "
+                                f"{item['apiVersion']!r} is not supported "
+                                f"(supported: {', '.join(f'{GROUP}/{v}' for v in versions)})")
+        out.append(dict(item))
     if not any(o["kind"] == "ResourceSlice" for o in out):
         raise ScenarioError(f"{label}: the dump has no ResourceSlice (expected `kubectl get resourceslices,"
                             "resourceclaims,deviceclasses,pods -A -o yaml`)")

@@ -162,7 +162,7 @@ class _Objects:
         claims: list[_Claim] = []
         pods: list[_Pod] = []
         raw: list[dict[str, Any]] = []
-        for item, _where in _items(docs, label):
+        for item, _where in kubernetes_objects(docs, label):
             kind, api_version = str(item["kind"]), str(item["apiVersion"])
             if kind in CD_KINDS:
                 raw.append(_compute_domain_object(_plain(item), label))
@@ -218,8 +218,10 @@ def _compute_domain_object(obj: dict[str, Any], label: str) -> dict[str, Any]:
     return obj
 
 
-def _items(docs: list[Any], label: str) -> Iterator[tuple[Mapping[str, Any], str]]:
-    """Every object of the documents (a ``kind: List``'s items or the document itself)."""
+def kubernetes_objects(docs: list[Any], label: str) -> Iterator[tuple[Mapping[str, Any], str]]:
+    """Every object of the documents (a ``kind: List``'s items or the document itself), each with
+    where it is for messages (``<label>: document 2: items[3]``); the envelope is checked here, for
+    a node's dump and for the cluster mode's (``cluster.load_cluster_dump``)."""
     for d, doc in enumerate(docs):
         if doc is None:
             continue
@@ -232,11 +234,13 @@ def _items(docs: list[Any], label: str) -> Iterator[tuple[Mapping[str, Any], str
         if not isinstance(items, list):
             raise ScenarioError(f"{where}: items: expected a list of objects")
         for i, item in enumerate(items):
-            if not isinstance(item, Mapping) or not item.get("kind") or not item.get("apiVersion"):
+            api_version = item.get("apiVersion") if isinstance(item, Mapping) else None
+            if not isinstance(item, Mapping) or not item.get("kind") or not api_version or not isinstance(
+                    api_version, str):
                 raise ScenarioError(
                     f"{where}: items[{i}]: expected a Kubernetes object with kind and apiVersion"
                 )
-            yield item, where
+            yield item, f"{where}: items[{i}]"
 
 
 def _map(value: Any) -> Mapping[str, Any]:

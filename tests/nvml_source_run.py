@@ -20,14 +20,14 @@ import pynvml
 sys.path.insert(0, str(Path(__file__).parent))
 from nvmltestbed import write_overrides  # noqa: E402
 
-from dra_exporter.model import NvmlSnapshot  # noqa: E402
+from dra_exporter.model import DeviceSnapshot  # noqa: E402
 from dra_exporter.sources import SourceError  # noqa: E402
 from dra_exporter.sources.nvml import NvmlSource  # noqa: E402
 
 
-def record(snap: NvmlSnapshot) -> dict[str, Any]:
+def record(snap: DeviceSnapshot) -> dict[str, Any]:
     return {
-        "driver": snap.driver_version, "nvml": snap.nvml_version,
+        "driver": snap.driver_version, "nvml": snap.library_version,
         "devices": [{"uuid": d.device.uuid, "index": d.device.index, "minor": d.device.minor,
                      "model": d.device.model, "pci_bus_id": d.device.pci_bus_id,
                      "driver_version": d.device.driver_version, "mig_mode": d.device.mig_mode,

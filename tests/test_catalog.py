@@ -20,11 +20,11 @@ from dra_exporter.model import (
     CounterSet,
     DeviceHealth,
     DeviceSample,
+    DeviceSnapshot,
     DeviceToleration,
     Frame,
     GpuDevice,
     NetworkDeviceData,
-    NvmlSnapshot,
     PodInfo,
     Reading,
     ResourceSliceInfo,
@@ -60,8 +60,8 @@ def cluster_frame() -> Frame:
     pods = (PodInfo("ml", "p", "uid-p", "Running", ("c",),
                     (ContainerInfo("ctr", "containerd://1", (ContainerClaim("c", "c"),), (health,)),)),)
     device = GpuDevice("GPU-0", 0, 0, "NVIDIA H200", "00000000:01:00.0")
-    nvml_snapshot = NvmlSnapshot((DeviceSample(device, True, (Reading(cat.GPU_POWER.name, 100.0),)),))
-    return join(JoinInput(nvml=nvml_snapshot, cluster=ClusterSnapshot("node", "v1", slices, claims, pods)))
+    nvml_snapshot = DeviceSnapshot((DeviceSample(device, True, (Reading(cat.GPU_POWER.name, 100.0),)),))
+    return join(JoinInput(devices=(nvml_snapshot,), cluster=ClusterSnapshot("node", "v1", slices, claims, pods)))
 
 
 def cluster_mode_frame() -> Frame:
@@ -130,9 +130,9 @@ def test_a_device_familys_own_labels_are_checked() -> None:
 def test_the_join_refuses_a_reading_whose_labels_its_family_does_not_declare() -> None:
     device = GpuDevice("GPU-0", 0, 0, "NVIDIA H200", "00000000:01:00.0")
     for labels in ((), (("direction", "tx"),), (("clock", "sm"), ("direction", "tx"))):
-        snapshot = NvmlSnapshot((DeviceSample(device, True, (Reading(cat.GPU_CLOCK.name, 1.4e9, labels),)),))
+        snapshot = DeviceSnapshot((DeviceSample(device, True, (Reading(cat.GPU_CLOCK.name, 1.4e9, labels),)),))
         with pytest.raises(cat.LabelError, match="dra_gpu_clock_hertz"):
-            join(JoinInput(nvml=snapshot))
+            join(JoinInput(devices=(snapshot,)))
 
 
 def test_nvml_fields_name_catalogue_families_and_their_labels() -> None:

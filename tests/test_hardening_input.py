@@ -40,10 +40,10 @@ from dra_exporter.model import (
     ClaimUse,
     ContainerAllocation,
     DeviceSample,
+    DeviceSnapshot,
     Family,
     Frame,
     GpuDevice,
-    NvmlSnapshot,
     PluginDevices,
     PodAllocation,
     PodResourcesSnapshot,
@@ -98,7 +98,7 @@ def join_inputs(draw: st.DrawFn) -> JoinInput:
             ) for _ in range(draw(st.integers(1, 2)))))
         for _ in range(draw(st.integers(0, 3))))
     self_pod = (pods[0].namespace, pods[0].name) if pods and draw(st.booleans()) else None
-    return JoinInput(nvml=NvmlSnapshot(devices=samples), pods=PodResourcesSnapshot(pods),
+    return JoinInput(devices=(DeviceSnapshot(devices=samples),), pods=PodResourcesSnapshot(pods),
                      self_pod=self_pod, version=draw(outside), python_version=draw(outside))
 
 
@@ -165,7 +165,7 @@ def test_very_long_label_values_pass_through_intact() -> None:
     name = "p" * (1 << 20)
     gpu = GpuDevice(uuid="GPU-1", index=0, minor=0, model="m", pci_bus_id="b")
     frame = join(JoinInput(
-        nvml=NvmlSnapshot(devices=(DeviceSample(gpu, up=True),)),
+        devices=(DeviceSnapshot(devices=(DeviceSample(gpu, up=True),)),),
         pods=PodResourcesSnapshot((PodAllocation("ns", name, (ContainerAllocation("c", (ClaimUse(
             "ns", "claim", (ClaimDevice("gpu.nvidia.com", "node", "gpu-0"),)),)),)),))))
     assert device_labels(frame)["GPU-1"]["pod"] == name

@@ -22,13 +22,13 @@ from dra_exporter.model import (
     DeviceCondition,
     DeviceHealth,
     DeviceSample,
+    DeviceSnapshot,
     DeviceTaint,
     DeviceTaintRule,
     DeviceToleration,
     Frame,
     GpuDevice,
     NetworkDeviceData,
-    NvmlSnapshot,
     PluginDevices,
     PodAllocation,
     PodInfo,
@@ -74,7 +74,7 @@ def ctr(name: str, *claims: ClaimUse, plugin: tuple[PluginDevices, ...] = ()) ->
 
 
 def run(devices: list[DeviceSample], pods: list[PodAllocation], **kw: object) -> Frame:
-    return join(JoinInput(NvmlSnapshot(tuple(devices)), PodResourcesSnapshot(tuple(pods)), **kw))  # type: ignore[arg-type]
+    return join(JoinInput((DeviceSnapshot(tuple(devices)),), PodResourcesSnapshot(tuple(pods)), **kw))  # type: ignore[arg-type]
 
 
 def series(frame: Frame, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -542,7 +542,7 @@ def test_api_server_attributes_running_pods_while_the_kubelet_never_answered() -
                            claim_info("ml", "h", result("gpu", "gpu-1"))),
                    pods=(pod_info("ml", "p", ctr_info("c", ("g", ""))),
                          pod_info("ml", "waiting", ctr_info("c", ("h", "")), phase="Pending")))
-    frame = join(JoinInput(NvmlSnapshot((sample(gpu(0)), sample(gpu(1)))), None, cluster=view))
+    frame = join(JoinInput((DeviceSnapshot((sample(gpu(0)), sample(gpu(1)))),), None, cluster=view))
     assert attribution(frame, "GPU-0")["pod"] == "p"
     assert attribution(frame, "GPU-1") == EMPTY, "a pending pod runs nothing yet"
     # The kubelet answering (and listing nobody) wins over the API server.
@@ -572,8 +572,8 @@ def procs_frame(processes: tuple[ProcessSample, ...], owners: tuple[ProcessOwner
     infos = (pod_info("team", "alice", ctr_info("nb", ("shared", ""))),
              pod_info("team", "bob", ctr_info("nb", ("shared", ""))),
              pod_info("team", "carol", ctr_info("srv", ("mig", ""))))
-    nvml = NvmlSnapshot((sample(gpu(0)), sample(gpu(1, "enabled")), sample(mig_dev)), processes)
-    return join(JoinInput(nvml, PodResourcesSnapshot(tuple(pods)),
+    nvml = DeviceSnapshot((sample(gpu(0)), sample(gpu(1, "enabled")), sample(mig_dev)), processes)
+    return join(JoinInput((nvml,), PodResourcesSnapshot(tuple(pods)),
                           cluster=cluster(pods=infos) if with_cluster else None,
                           owners=ProcessOwnersSnapshot(owners, unresolved)))
 
@@ -638,7 +638,7 @@ def test_every_readable_device_counts_its_processes_whether_or_not_their_pods_ar
     # The idle alert's signal for MIG devices of GPUs without GPM: no owners are needed.
     mig_dev = mig(1, 19, 0, 1, "1g.18gb", 9)
     processes = (ProcessSample(mig_dev.uuid, 101), ProcessSample(mig_dev.uuid, 102), ProcessSample("GPU-0", 7))
-    nvml = NvmlSnapshot((sample(gpu(0)), sample(gpu(1, "enabled")), sample(mig_dev), sample(gpu(2), up=False)),
+    nvml = DeviceSnapshot((sample(gpu(0)), sample(gpu(1, "enabled")), sample(mig_dev), sample(gpu(2), up=False)),
                         processes)
-    counts = {dict(lbl)["uuid"]: v for lbl, v in series(join(JoinInput(nvml, None)), cat.GPU_PROCESSES.name).items()}
+    counts = {dict(lbl)["uuid"]: v for lbl, v in series(join(JoinInput((nvml,), None)), cat.GPU_PROCESSES.name).items()}
     assert counts == {"GPU-0": 1, "GPU-1": 0, mig_dev.uuid: 2}  # a device NVML cannot read has none

@@ -21,7 +21,7 @@ import pytest
 from dra_exporter import catalog as cat
 from dra_exporter import naming
 from dra_exporter.join import JoinInput, join
-from dra_exporter.model import DeviceSample, NvmlSnapshot
+from dra_exporter.model import DeviceSample, DeviceSnapshot
 from dra_exporter.sources.nvml import NvmlSource
 from dra_exporter_sim.clock import SimClock
 from dra_exporter_sim.fake_nvml import FakeNvml
@@ -46,7 +46,7 @@ class Node:
         self.nvml = fake_type(sc, self.clock)
         self.source = NvmlSource(self.nvml, monotonic=self.clock.now, events=False)
 
-    def collect(self, after: float = 0.0) -> NvmlSnapshot:
+    def collect(self, after: float = 0.0) -> DeviceSnapshot:
         if after:
             self.clock.advance(after)
         return self.source.collect()
@@ -519,7 +519,7 @@ def test_the_fake_fills_the_structs_callers_pass_by_reference() -> None:
 def test_link_identity_carries_no_attribution_and_counters_carry_it(nodes: list[Node]) -> None:
     node = make(nodes, scenario("gb200"))
     node.collect()
-    frame = join(JoinInput(nvml=node.collect(after=5)))
+    frame = join(JoinInput(devices=(node.collect(after=5),)))
     for name in (cat.GPU_NVLINK_LINK_INFO.name, cat.GPU_NVLINK_LINK_SPEED.name, cat.GPU_FABRIC_INFO.name,
                  cat.GPU_FABRIC_STATE.name, cat.GPU_NVLINK_LINK_UP.name, cat.GPU_NVLINK_LINK_BYTES.name,
                  cat.GPU_NVLINK_LINK_ERRORS.name):
@@ -553,7 +553,7 @@ def test_bad_nvlink_scenarios_are_refused_with_the_field(doc: dict[str, Any], me
 
 def dcgm(node: Node, after: float) -> dict[str, dict[str, float]]:
     """DCGM family -> UUID -> value, under ``--naming dcgm``; and the native families kept."""
-    frame = naming.apply(join(JoinInput(nvml=node.collect(after=after))), "dcgm", hostname="node-a")
+    frame = naming.apply(join(JoinInput(devices=(node.collect(after=after),))), "dcgm", hostname="node-a")
     out: dict[str, dict[str, float]] = {f.name: {} for f in frame.families}
     for family in frame.families:
         for s in family.samples:

@@ -18,7 +18,7 @@ import pytest
 from nvml_replay import EVENTS_ALL, IDLE, NO_INSTANCE, MigSpec, ReplayNvml
 
 from dra_exporter import catalog as cat
-from dra_exporter.model import DeviceSample, NvmlSnapshot
+from dra_exporter.model import DeviceSample, DeviceSnapshot
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.nvml import NvmlSource
 from dra_exporter.sources.nvml_events import handle_key
@@ -66,7 +66,7 @@ def make_source(clock: FakeClock) -> Iterator[Make]:
         source.close()
 
 
-def device(snapshot: NvmlSnapshot, uuid: str) -> DeviceSample:
+def device(snapshot: DeviceSnapshot, uuid: str) -> DeviceSample:
     matches = [d for d in snapshot.devices if d.device.uuid == uuid]
     assert len(matches) == 1, f"{uuid} appears {len(matches)} times"
     return matches[0]
@@ -83,7 +83,7 @@ def metrics(sample: DeviceSample) -> set[str]:
     return {r.metric for r in sample.readings}
 
 
-def collect_until(source: NvmlSource, done: Callable[[NvmlSnapshot], bool]) -> NvmlSnapshot:
+def collect_until(source: NvmlSource, done: Callable[[DeviceSnapshot], bool]) -> DeviceSnapshot:
     """Collect until ``done`` holds; events arrive on another thread. Fails after ~10 s."""
     for _ in range(2000):
         snapshot = source.collect()
@@ -117,7 +117,7 @@ def test_every_family_parses_the_recorded_h200_to_base_units(make_source: Make) 
     source.collect()
     snapshot = source.collect()
 
-    assert (snapshot.driver_version, snapshot.nvml_version) == ("580.159.04", "13.580.159.04")
+    assert (snapshot.driver_version, snapshot.library_version) == ("580.159.04", "13.580.159.04")
     gpu = device(snapshot, "GPU-5f1c2a7e-3b9d-4c1a-9e2f-7a6b8c0d1e22")
     assert gpu.up and gpu.error == ""
     identity = gpu.device
@@ -628,7 +628,7 @@ def test_an_xid_with_a_gpu_instance_counts_on_that_mig_device(make_source: Make)
     nvml.push_event(0, 31, gpu_instance=7, compute_instance=NO_INSTANCE)
     nvml.push_event(0, 48)
 
-    def arrived(snapshot: NvmlSnapshot) -> bool:
+    def arrived(snapshot: DeviceSnapshot) -> bool:
         return value(device(snapshot, nvml.gpus[0].uuid), cat.GPU_XID_ERRORS.name, xid="48") == 1
 
     snapshot = collect_until(source, arrived)

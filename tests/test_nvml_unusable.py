@@ -48,9 +48,9 @@ class Failing:
     def collect(self) -> object:
         if self.fail:
             raise SourceError("nvml: init failed: NVML Shared Library Not Found")
-        from dra_exporter.model import NvmlSnapshot
+        from dra_exporter.model import DeviceSnapshot
 
-        return NvmlSnapshot()
+        return DeviceSnapshot()
 
     def close(self) -> None:
         pass

@@ -93,7 +93,7 @@ def node_frame(timestamp: float = T0, *, trainer: bool = True, utilization: floa
             (labels(catalog.CLAIM_CONSUMER_INFO.name, namespace="serve", claim="mig-small", pod="infer-0",
                     pod_uid="pod-uid-2", container="server"), 1.0)),
         fam(catalog.BUILD_INFO.name, (labels(catalog.BUILD_INFO.name, version="9.9.9", python_version="3.11"), 1.0)),
-    ), timestamp)
+    ), timestamp, tuple((d["uuid"], "NVIDIA") for d in (GPU0, GPU1, MIG)))  # as the NVML source's snapshot says
 
 
 # --- decoding what the receiver got ----------------------------------------------------------------------

@@ -6,10 +6,19 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from simnode import simulated
+from simnode import simulated, values_of
 
 from dra_exporter import catalog as cat
-from dra_exporter.model import ClusterSnapshot, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
+from dra_exporter.model import (
+    ClusterSnapshot,
+    DeviceSample,
+    DeviceSnapshot,
+    GpuDevice,
+    PodResourcesSnapshot,
+    ProcessOwnersSnapshot,
+    Reading,
+)
+from dra_exporter.sinks import otlp_mapping
 from dra_exporter.sources import Snapshots, registry
 from dra_exporter.sources.registry import Role, SourceSpec, without
 
@@ -40,17 +49,19 @@ def test_switches_apply_to_the_defaults_and_refuse_unknown_sources_and_nvml() ->
         without("nvml")
 
 
-@pytest.mark.parametrize("spec, snapshot, field", [
-    (registry.NVML, NvmlSnapshot((), (), "580", "13"), "nvml"),
-    (registry.PODRESOURCES, PodResourcesSnapshot(()), "pods"),
-    (registry.KUBEAPI, ClusterSnapshot(node="n"), "cluster"),
-    (registry.PROCS, ProcessOwnersSnapshot((), ()), "owners"),
+NVML_SNAPSHOT = DeviceSnapshot((), (), "580", "13", "NVIDIA")
+
+
+@pytest.mark.parametrize("spec, snapshot, field, placed", [
+    (registry.NVML, NVML_SNAPSHOT, "devices", (NVML_SNAPSHOT,)),
+    (registry.PODRESOURCES, PodResourcesSnapshot(()), "pods", None),
+    (registry.KUBEAPI, ClusterSnapshot(node="n"), "cluster", None),
+    (registry.PROCS, ProcessOwnersSnapshot((), ()), "owners", None),
 ])
 def test_each_source_places_its_snapshot_in_its_own_field(spec: SourceSpec[object], snapshot: object,
-                                                          field: str) -> None:
-    placed = spec.place(Snapshots(), snapshot)
-    assert {f.name: getattr(placed, f.name) for f in dataclasses.fields(Snapshots)} == {
-        f.name: snapshot if f.name == field else None for f in dataclasses.fields(Snapshots)}
+                                                          field: str, placed: object) -> None:
+    # A device source's snapshot joins the other device sources' (``devices``); the others have a field each.
+    assert spec.place(Snapshots(), snapshot) == dataclasses.replace(Snapshots(), **{field: placed or snapshot})
 
 
 @pytest.mark.parametrize("off", [set(), {"kubeapi"}, {"procs"}, {"podresources", "kubeapi", "procs"}])
@@ -64,3 +75,42 @@ def test_the_runtime_builds_the_enabled_sources_and_the_frame_reports_those(off:
         pods = {dict(s.labels)["pod"] for s in frame.family(cat.GPU_UP.name).samples}  # type: ignore[union-attr]
         # Attribution comes from the kubelet or the API server; with neither, no device has a pod.
         assert (pods == {""}) is (off >= {"podresources", "kubeapi"})
+
+
+class AcmeSource:
+    """A second device source, as another vendor's would be written: its devices and its vendor."""
+
+    name = "acme"
+    device = GpuDevice(uuid="ACME-0001", index=0, minor=0, model="Acme A1", pci_bus_id="0000:c1:00.0")
+
+    def collect(self) -> DeviceSnapshot:
+        readings = (Reading(cat.GPU_UTILIZATION.name, 0.25),)
+        return DeviceSnapshot((DeviceSample(self.device, True, readings),), vendor="Acme")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_second_device_source_is_one_register_call_and_its_devices_carry_its_vendor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The registry's promise: a new source is one register call (and its module). The registration
+    # ends with this test.
+    monkeypatch.setattr(registry.NODE, "_specs", dict(registry.NODE._specs))
+    registry.register(registry.device_source("acme", lambda ctx: AcmeSource(), help="Acme's accelerators."))
+
+    with simulated("demo") as rt:
+        frame = rt.agent.cycle(collect_side=True)
+    up = values_of(frame, cat.SOURCE_UP.name, key="source")
+    assert up["acme"] == 1.0 and up["nvml"] == 1.0
+    utilization = values_of(frame, cat.GPU_UTILIZATION.name)
+    assert utilization["ACME-0001"] == 0.25
+    nvidia = {uuid for uuid in utilization if uuid != "ACME-0001"}
+    assert nvidia, "the NVML devices are still there beside it"
+
+    # OTLP names each device's vendor as its own source says it.
+    inst = next(i for i in otlp_mapping.instruments() if i.name == "hw.gpu.utilization")
+    vendors = {dict(attrs)["hw.id"]: (dict(attrs)["hw.vendor"], dict(attrs).get("hw.model"))
+               for attrs, _ in otlp_mapping.observations(frame, inst)}
+    assert vendors["ACME-0001"] == ("Acme", "Acme A1")
+    assert {vendors[uuid][0] for uuid in nvidia} == {"NVIDIA"}
+

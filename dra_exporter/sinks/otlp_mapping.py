@@ -8,8 +8,9 @@ UpDownCounters (memory usage/limit, ``hw.status``) become non-monotonic sums.
 
 Attributes follow the catalogue's ``OTEL_ATTRIBUTES`` (``uuid`` -> ``hw.id``; any other label
 ``x`` becomes ``dra.x``) unless a family's ``OtlpForm.attributes`` say otherwise. Empty values
-are omitted. Device series also carry ``hw.type=gpu``, ``hw.vendor=NVIDIA`` and ``hw.model``
-(taken from the same frame's GPU info series of that UUID).
+are omitted. Device series also carry ``hw.type=gpu``, ``hw.vendor`` (the vendor of the device
+source that read that UUID: ``Frame.device_vendors``) and ``hw.model`` (from the same frame's GPU
+info series of that UUID).
 
 Why the frame is turned into OTLP points here instead of through SDK observable instruments:
 the Python SDK (checked on 1.45) never forgets an attribute set an asynchronous instrument has
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Literal
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -40,8 +41,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import catalog, model
-
-VENDOR: Final = "NVIDIA"
 
 InstrumentKind = Literal["gauge", "counter", "updowncounter"]
 #: Attribute pairs sorted by key: hashable, and equal for equal attribute sets.
@@ -83,42 +82,41 @@ def instruments(specs: Iterable[catalog.MetricSpec] = catalog.CATALOG) -> tuple[
     return tuple(result)
 
 
-def gpu_models(frame: model.Frame) -> dict[str, str]:
-    """UUID -> model name, from the frame's GPU info series."""
+def device_attributes(frame: model.Frame) -> dict[str, dict[str, str]]:
+    """UUID -> the hardware attributes every series of that device carries: ``hw.vendor`` from its
+    device source (``Frame.device_vendors``), ``hw.model`` from the frame's GPU info series."""
+    devices: dict[str, dict[str, str]] = {uuid: {"hw.vendor": vendor} for uuid, vendor in frame.device_vendors}
     info = frame.family(catalog.GPU_INFO.name)
-    models: dict[str, str] = {}
     for sample in info.samples if info else ():
         labels = dict(sample.labels)
         if labels.get("uuid") and labels.get("model"):
-            models[labels["uuid"]] = labels["model"]
-    return models
+            devices.setdefault(labels["uuid"], {})["hw.model"] = labels["model"]
+    return devices
 
 
 def _attributes(labels: model.Labels, form: catalog.OtlpForm, device: bool,
-                models: Mapping[str, str]) -> dict[str, str]:
+                devices: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
     spelling = catalog.OTEL_VALUES
     naming = form.attribute if form.attributes else catalog.attribute_name
     attrs = {naming(name): spelling.get(name, {}).get(value, value) for name, value in labels if value}
     if device:
         attrs["hw.type"] = "gpu"
-        attrs["hw.vendor"] = VENDOR
-        if model_name := models.get(dict(labels).get("uuid", "")):
-            attrs["hw.model"] = model_name
+        attrs.update(devices.get(dict(labels).get("uuid", ""), {}))
     attrs.update(form.constant)
     return attrs
 
 
 def observations(frame: model.Frame, instrument: Instrument,
-                 models: Mapping[str, str] | None = None) -> Iterator[tuple[Attributes, float]]:
+                 devices: Mapping[str, Mapping[str, str]] | None = None) -> Iterator[tuple[Attributes, float]]:
     """Every (attributes, value) the frame holds for ``instrument``, values scaled to its unit."""
-    models = gpu_models(frame) if models is None else models
+    devices = device_attributes(frame) if devices is None else devices
     for spec in instrument.families:
         family = frame.family(spec.name)
         form = spec.otlp
         if family is None or form is None:
             continue
         for sample in family.samples:
-            attrs = _attributes(sample.labels, form, spec.is_device, models)
+            attrs = _attributes(sample.labels, form, spec.is_device, devices)
             value = sample.value * form.scale
             if form.stateset is None:
                 yield tuple(sorted(attrs.items())), value
@@ -150,12 +148,12 @@ class MetricsBuilder:
     def build(self, frame: model.Frame, now_ns: int) -> MetricsData:
         # Points carry the time the frame was collected, not the push time: the data's age stays visible.
         time_ns = int(frame.timestamp * 1e9) if frame.timestamp > 0 else now_ns
-        models = gpu_models(frame)
+        devices = device_attributes(frame)
         start: dict[tuple[str, Attributes], int] = {}
         last: dict[tuple[str, Attributes], tuple[float, int]] = {}
         metrics = []
         for inst in self._instruments:
-            points = list(self._points(inst, observations(frame, inst, models), time_ns, start, last))
+            points = list(self._points(inst, observations(frame, inst, devices), time_ns, start, last))
             if points:
                 metrics.append(Metric(inst.name, inst.description, inst.unit, self._data(inst, points)))
         # Swapping in fresh maps is what forgets the series this frame no longer has.

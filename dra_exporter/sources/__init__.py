@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from ..model import ClusterSnapshot, ClusterState, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
+from ..model import ClusterSnapshot, ClusterState, DeviceSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -45,7 +45,8 @@ class Source(Protocol[T_co]):
 class Snapshots:
     """The latest snapshot of every source; None where a source is off, failing or not yet collected."""
 
-    nvml: NvmlSnapshot | None = None
+    devices: tuple[DeviceSnapshot, ...] = ()
+    """One snapshot per device source that answered (``registry.device_source``: NVML today)."""
     pods: PodResourcesSnapshot | None = None
     """The kubelet's pod-resources answer (source ``podresources``)."""
     cluster: ClusterSnapshot | None = None

@@ -223,7 +223,43 @@ def taint_rule_version(client: k8s.ApiClient, served: Iterable[str], timeouts: T
     return None
 
 
-class KubeApiSource(Source[model.ClusterSnapshot]):
+class ApiServerSource:
+    """What both API-server sources (the node's ``KubeApiSource``, the cluster mode's
+    ``ClusterSource``) hold: a client made on first use, the resource.k8s.io version discovered
+    once, the requests they sent, and the stop event of their watches."""
+
+    def __init__(self, *, client_factory: Callable[[], k8s.ApiClient] | None, kubeconfig: str | None,
+                 timeouts: Timeouts, logger: logging.Logger | None) -> None:
+        self._client_factory = client_factory or (lambda: load_client(kubeconfig))
+        self._timeouts = timeouts
+        self._log = logger or logging.getLogger(type(self).__module__)
+        self.requests: Counter[str] = Counter()
+        """Requests sent, by ``"<verb> <kind>"``: what this source costs the API server."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._client: k8s.ApiClient | None = None
+        self.api_version: str | None = None
+        """The resource.k8s.io version read (the newest served of those known); None before discovery."""
+        self.served: tuple[str, ...] = ()
+        self.taint_rule_version: str | None = None
+        """The resource.k8s.io version DeviceTaintRules are read in; None: not asked yet (or not served)."""
+
+    def _connect(self) -> tuple[k8s.ApiClient, bool]:
+        """The client (made on first use) and whether discovery just ran (``api_version`` is set after)."""
+        if self._client is None:
+            self._client = self._client_factory()
+        if self.api_version is not None:
+            return self._client, False
+        self.requests["discover"] += 1
+        self.served, self.api_version = discover(self._client, self._timeouts.request)
+        return self._client, True
+
+    def _taint_rule_version(self) -> str | None:
+        assert self._client is not None
+        return taint_rule_version(self._client, self.served, self._timeouts, self.requests)
+
+
+class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
     """The cluster view of one node: see the module docstring for what it asks and how often."""
 
     name = SOURCE
@@ -235,19 +271,11 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
                  monotonic: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None) -> None:
         if not node_name:
             raise ValueError("kubeapi: a node name is needed for the spec.nodeName field selectors")
+        super().__init__(client_factory=client_factory, kubeconfig=kubeconfig, timeouts=timeouts, logger=logger)
         self.node_name = node_name
-        self._client_factory = client_factory or (lambda: load_client(kubeconfig))
         self._claim_hints = claim_hints
         self._claim_refresh = claim_refresh
-        self._timeouts = timeouts
         self._monotonic = monotonic
-        self._log = logger or logging.getLogger(__name__)
-        self.requests: Counter[str] = Counter()
-        """Requests sent, by ``"<verb> <kind>"``: what this source costs the API server."""
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._client: k8s.ApiClient | None = None
-        self.api_version: str | None = None
         self._slices: Reflector[model.ResourceSliceInfo] | None = None
         self._nodeless_slices: Reflector[model.ResourceSliceInfo] | None = None
         self._pods: Reflector[model.PodInfo] | None = None
@@ -256,9 +284,6 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
         self._cliques: Reflector[model.ComputeDomainClique] | None = None
         self.compute_domain_resources: frozenset[str] = frozenset()
         """Which of computedomains/computedomaincliques are read; empty: the CRDs are not served."""
-        self.served: tuple[str, ...] = ()
-        self.taint_rule_version: str | None = None
-        """The resource.k8s.io version DeviceTaintRules are read in; None: not served (or not allowed)."""
         self._node_labels: dict[str, str] | None = None
         self._node_labels_due = 0.0
         self._node_warned = False
@@ -297,14 +322,13 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
     # --- start: client, discovery, first lists, watches -----------------------------------------------
 
     def _start(self) -> None:
-        if self._client is None:
-            self._client = self._client_factory()
-        if self.api_version is None:
-            self.api_version = self._discover()
-            self._log.info("kubeapi: reading %s/%s for node %s", GROUP, self.api_version, self.node_name)
+        client, discovered = self._connect()
+        version = self.api_version
+        assert version is not None
+        if discovered:
+            self._log.info("kubeapi: reading %s/%s for node %s", GROUP, version, self.node_name)
         if self._slices is None or self._pods is None:
             selector = f"spec.nodeName={self.node_name}"
-            version, client = self.api_version, self._client
             slices = Reflector("resourceslices", client, http.slices_path(version), selector,
                                 lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
                                 on_update=self._bump)
@@ -328,12 +352,6 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
             self._start_taint_rules()
             self._start_compute_domains()
 
-    def _discover(self) -> str:
-        assert self._client is not None
-        self.requests["discover"] += 1
-        self.served, version = discover(self._client, self._timeouts.request)
-        return version
-
     # --- DeviceTaintRules: optional (alpha/beta gates off by default before 1.37, RBAC of older charts) ---
 
     def _start_taint_rules(self) -> None:
@@ -355,10 +373,6 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
             return
         rules.start(self._stop)
         self.taint_rule_version, self._taint_rules = version, rules
-
-    def _taint_rule_version(self) -> str | None:
-        assert self._client is not None
-        return taint_rule_version(self._client, self.served, self._timeouts, self.requests)
 
     # --- ComputeDomains: only where NVIDIA's CRDs are served ------------------------------------------
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Final
@@ -34,7 +33,7 @@ from .. import model
 from ..dra_versions import GROUP
 from . import SourceError
 from . import kubeapi_http as http
-from .kubeapi import discover, load_client, taint_rule_version
+from .kubeapi import ApiServerSource
 from .kubeapi_normalize import (
     claim_from_dict,
     device_class_from_dict,
@@ -69,7 +68,7 @@ def slim_claim(claim: model.ClaimInfo) -> model.ClaimInfo:
                                              r.device, r.admin_access) for r in claim.results))
 
 
-class ClusterSource:
+class ClusterSource(ApiServerSource):
     """Cluster-wide list+watch of the DRA objects; see the module docstring."""
 
     name = SOURCE
@@ -77,17 +76,8 @@ class ClusterSource:
     def __init__(self, *, client_factory: Callable[[], k8s.ApiClient] | None = None, kubeconfig: str | None = None,
                  timeouts: Timeouts = Timeouts(), page_size: int = LIST_PAGE,
                  logger: logging.Logger | None = None) -> None:
-        self._client_factory = client_factory or (lambda: load_client(kubeconfig))
-        self._timeouts = timeouts
+        super().__init__(client_factory=client_factory, kubeconfig=kubeconfig, timeouts=timeouts, logger=logger)
         self._page_size = page_size
-        self._log = logger or logging.getLogger(__name__)
-        self.requests: Counter[str] = Counter()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._client: k8s.ApiClient | None = None
-        self.api_version: str | None = None
-        self.served: tuple[str, ...] = ()
-        self.taint_rule_version: str | None = None
         self._reflectors: dict[str, Reflector[Any]] = {}
         self._revision = 0
         self._revision_lock = threading.Lock()
@@ -108,13 +98,11 @@ class ClusterSource:
     # --- start -----------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        if self._client is None:
-            self._client = self._client_factory()
-        if self.api_version is None:
-            self.requests["discover"] += 1
-            self.served, self.api_version = discover(self._client, self._timeouts.request)
-            self._log.info("kubeapi: reading %s/%s cluster-wide", GROUP, self.api_version)
+        _, discovered = self._connect()
         version = self.api_version
+        assert version is not None
+        if discovered:
+            self._log.info("kubeapi: reading %s/%s cluster-wide", GROUP, version)
         kinds: list[tuple[str, str, Callable[[Mapping[str, Any]], Any]]] = [
             ("resourceslices", http.slices_path(version), lambda o: slim_slice(slice_from_dict(o, version))),
             ("resourceclaims", f"{http.GROUP_PATH}/{version}/resourceclaims",
@@ -138,7 +126,7 @@ class ClusterSource:
     def _start_taint_rules(self) -> None:
         assert self._client is not None
         try:
-            version = taint_rule_version(self._client, self.served, self._timeouts, self.requests)
+            version = self._taint_rule_version()
             if version is not None:
                 self._add("devicetaintrules", http.taint_rules_path(version), taint_rule_from_dict)
                 self.taint_rule_version = version

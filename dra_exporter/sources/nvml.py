@@ -1,4 +1,4 @@
-"""The NVML source: each ``collect()`` reads every GPU and MIG device into an ``NvmlSnapshot``.
+"""The NVML source: each ``collect()`` reads every GPU and MIG device into an ``DeviceSnapshot``.
 
 Contract (DESIGN §1, §6):
 - ``nvml`` is the pynvml module or a fake with the same call surface. Functions, constants
@@ -35,7 +35,7 @@ from typing import Any, Final, NoReturn
 
 from .. import catalog as cat
 from ..backoff import Backoff
-from ..model import DeviceSample, GpuDevice, Labels, NvmlSnapshot, ProcessSample, Reading
+from ..model import DeviceSample, DeviceSnapshot, GpuDevice, Labels, ProcessSample, Reading
 from . import Source, SourceError
 from .nvml_events import EventWatcher, XidCounter, XidTally
 from .nvml_fabric import FabricReader, FabricState
@@ -43,6 +43,8 @@ from .nvml_fields import Answer, FieldBatch, FieldValues, changed
 from .nvml_gpm import GpmReader, gpm_supported
 from .nvml_nvlink import LinkReader, LinkState, unwrap32
 
+#: Who makes every device NVML reports (the snapshot's ``vendor``: OTLP's ``hw.vendor``).
+VENDOR: Final = "NVIDIA"
 _CLOCKS: Final = (
     ("NVML_CLOCK_SM", "sm"),
     ("NVML_CLOCK_MEM", "memory"),
@@ -438,7 +440,7 @@ def _mig_order(mig: _Mig) -> tuple[int, int, int, str]:
     return (start, d.gi_id or 0, d.ci_id or 0, d.uuid)
 
 
-class NvmlSource(Source[NvmlSnapshot]):
+class NvmlSource(Source[DeviceSnapshot]):
     """Reads NVML once per ``collect()``; see the module docstring for the contract."""
 
     name = "nvml"
@@ -481,7 +483,7 @@ class NvmlSource(Source[NvmlSnapshot]):
 
     # -- public ------------------------------------------------------------------------
 
-    def collect(self) -> NvmlSnapshot:
+    def collect(self) -> DeviceSnapshot:
         """Read every device once; raises ``SourceError`` only when NVML itself is unusable."""
         self._ensure_ready()
         if self._missing:
@@ -503,7 +505,7 @@ class NvmlSource(Source[NvmlSnapshot]):
                                   for m in gpu.migs.values()}
                 for gpu in self._gpus if gpu.migs}
         self._migs_changed = False
-        return NvmlSnapshot(tuple(devices), tuple(processes), self._driver, self._nvml_version)
+        return DeviceSnapshot(tuple(devices), tuple(processes), self._driver, self._nvml_version, VENDOR)
 
     def close(self) -> None:
         """Stop the event thread, free GPM buffers and shut NVML down. Safe to call twice."""

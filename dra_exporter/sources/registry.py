@@ -7,10 +7,12 @@ such as ``--no-kubeapi``). ``runtime`` builds what is enabled, in registry order
 puts each snapshot where ``place`` says in the typed ``Snapshots`` the join reads. A new source
 is one ``register`` call here and its module; nothing else picks sources by name.
 
-Roles: the ``PRIMARY`` source (NVML) is collected by the cycle itself and is always on; a
-``FOLLOWER`` is collected right after it in the same cycle, because it reads its snapshot
-(/proc, for the PIDs NVML just reported); a ``SIDE`` source runs on its own thread and cadence,
-so a hanging kubelet or API server never delays NVML data.
+Roles: a ``PRIMARY`` source is collected by the cycle itself and is always on: the device
+sources (``device_source``: NVML today, any other the same way), each of whose snapshots the
+join reads with its vendor; a ``FOLLOWER`` is collected right after them in the same cycle,
+because it reads their snapshots (/proc, for the PIDs the device sources just reported); a
+``SIDE`` source runs on its own thread and cadence, so a hanging kubelet or API server never
+delays device data.
 
 Factories import their source module when called: the API server client alone costs ~29 MB
 of RSS, which ``--no-kubeapi`` must not pay.
@@ -25,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from ..model import ClusterSnapshot, ClusterState, NvmlSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
+from ..model import ClusterSnapshot, ClusterState, DeviceSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
 from . import Snapshots, Source
 
 T = TypeVar("T")
@@ -134,7 +136,19 @@ register, sources, default_enabled, enabled, without, spec = (
 # --- the sources --------------------------------------------------------------------------------
 
 
-def _nvml(ctx: SourceContext) -> Source[NvmlSnapshot]:
+def device_source(name: str, factory: Callable[[SourceContext], Source[DeviceSnapshot]], *,
+                  help: str) -> SourceSpec[DeviceSnapshot]:
+    """A device source's spec, for one ``register`` call: primary (collected by the cycle, always
+    on), its snapshot added to ``Snapshots.devices`` beside the other device sources', and dropped
+    after a failure (stale device values would mislead)."""
+    return SourceSpec(name, Role.PRIMARY, factory, _add_devices, keep_last_good=False, help=help)
+
+
+def _add_devices(snapshots: Snapshots, snapshot: DeviceSnapshot) -> Snapshots:
+    return dataclasses.replace(snapshots, devices=(*snapshots.devices, snapshot))
+
+
+def _nvml(ctx: SourceContext) -> Source[DeviceSnapshot]:
     from .nvml import NvmlSource
 
     return NvmlSource(ctx.nvml, wall_clock=ctx.wall_clock, monotonic=ctx.monotonic)
@@ -163,19 +177,17 @@ def _kubeapi(ctx: SourceContext) -> Source[ClusterSnapshot]:
 
 
 def _procs(ctx: SourceContext) -> Source[ProcessOwnersSnapshot]:
-    """GPU PIDs of the latest NVML snapshot → pods and containers, through the host's /proc."""
+    """GPU PIDs of the device sources' latest snapshots → pods and containers, through the host's /proc."""
     from .procs import ProcsSource
 
     def gpu_pids() -> list[int]:
-        nvml = ctx.latest().nvml
-        return [p.pid for p in nvml.processes] if nvml is not None else []
+        return [p.pid for snapshot in ctx.latest().devices for p in snapshot.processes]
 
     return ProcsSource(gpu_pids, ctx.procfs)
 
 
-NVML: SourceSpec[NvmlSnapshot] = register(SourceSpec(
-    "nvml", Role.PRIMARY, _nvml, lambda s, v: dataclasses.replace(s, nvml=v), keep_last_good=False,
-    help="The GPUs and MIG devices, through NVML; always on."))
+NVML: SourceSpec[DeviceSnapshot] = register(device_source(
+    "nvml", _nvml, help="The GPUs and MIG devices, through NVML; always on."))
 PODRESOURCES: SourceSpec[PodResourcesSnapshot] = register(SourceSpec(
     "podresources", Role.SIDE, _podresources, lambda s, v: dataclasses.replace(s, pods=v), keep_last_good=True,
     help="Ask the kubelet's pod-resources API which pod and container hold which device."))
