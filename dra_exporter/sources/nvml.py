@@ -240,8 +240,17 @@ class _DeviceReader:
             if last is None or last[0] != raw:
                 last = last_answers[family] = (raw, build(raw))
             readings += last[1]
-        if self._has_fields:
-            readings += self._guarded(state, "fields", self._field_values, handle, state)
+        if self._has_fields and "fields" not in unsupported:
+            # Appended in place (some 360 readings on a GB200): what fails costs this family's only.
+            mark = len(readings)
+            try:
+                self._field_values(handle, state, readings)
+            except error as err:
+                del readings[mark:]
+                self._refused(state, "fields", err)
+            except Exception as exc:  # noqa: BLE001 - see _guarded
+                del readings[mark:]
+                self._lost(state, "fields", exc)
         if state.fabric is not None:
             readings += self._guarded(state, "fabric", self._fabric.read, handle, state.fabric, uuid)
         if state.gpm is not None:
@@ -393,7 +402,7 @@ class _DeviceReader:
     def _clock_event_readings(self, bits: int) -> list[Reading]:
         return [Reading(cat.GPU_CLOCK_EVENT.name, 1.0 if bits & bit else 0.0, labels) for bit, labels in self._reasons]
 
-    def _field_values(self, handle: Any, state: _DeviceState) -> list[Reading]:
+    def _field_values(self, handle: Any, state: _DeviceState, out: list[Reading]) -> None:
         links = state.links
         if links is not None and links.links is None:
             self._links.discover(handle, links)
@@ -402,12 +411,11 @@ class _DeviceReader:
             state.batch = self._field_values_reader.batch([(fid, 0) for fid in state.field_ids] + link_requests)
         answers = self._field_values_reader.read(handle, state.batch)
         board = len(state.field_ids)
-        out = self._board_fields(state, answers[:board])
+        self._board_fields(state, answers[:board], out)
         if links is not None and links.entries:
-            out += self._links.readings(handle, links, answers[board:])
-        return out
+            self._links.readings(handle, links, answers, board, out)
 
-    def _board_fields(self, state: _DeviceState, answers: Sequence[Answer]) -> list[Reading]:
+    def _board_fields(self, state: _DeviceState, answers: Sequence[Answer], out: list[Reading]) -> None:
         """The board-level fields; an answer equal to last cycle's gives last cycle's reading again."""
         if len(state.board_readings) != len(answers):
             state.board_answers, state.board_readings = [None] * len(answers), [None] * len(answers)
@@ -432,12 +440,11 @@ class _DeviceReader:
                 raw = unwrap32(state.wraps, field_id, int(raw))
             made[i] = Reading(spec.family.name, float(raw) * spec.scale, spec.labels)
         state.board_answers = answers
-        out = list(filter(None, made))
+        out += filter(None, made)
         if dropped:
             state.field_ids = [fid for fid in state.field_ids if fid not in dropped]
             state.batch = None
             state.board_readings = []  # re-indexed with the new batch
-        return out
 
 
 def _ratio(metric: str, percent: int) -> list[Reading]:
