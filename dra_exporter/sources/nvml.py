@@ -132,6 +132,8 @@ class _DeviceState:
     """Per board field (``field_ids``, in order): the last answer, and the reading made of it (None: absent)."""
     last_process_ts: int = 0
     gpm: GpmReader | None = None
+    gpm_without_nvlink: bool = False
+    """GPM's NVLink rates are not asked: ``links`` has per-link data counters."""
     links: LinkState | None = None
     """Whole GPUs only, like ``fabric``."""
     fabric: FabricState | None = None
@@ -254,11 +256,11 @@ class _DeviceReader:
         if state.fabric is not None:
             readings += self._guarded(state, "fabric", self._fabric.read, handle, state.fabric, uuid)
         if state.gpm is not None:
-            gpm = self._guarded(state, "gpm", state.gpm.read, now)
-            if state.links is not None and state.links.has_bytes:
+            if state.links is not None and state.links.has_bytes and not state.gpm_without_nvlink:
                 # The per-link counters' sum counts since the driver loaded: it replaces GPM's integral.
-                gpm = [r for r in gpm if r.metric != cat.GPU_NVLINK_BYTES.name]
-            readings += gpm
+                state.gpm.drop_nvlink()
+                state.gpm_without_nvlink = True
+            readings += self._guarded(state, "gpm", state.gpm.read, now)
         return readings
 
     def processes(self, handle: Any, state: _DeviceState, uuid: str) -> list[ProcessSample]:

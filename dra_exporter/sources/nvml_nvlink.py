@@ -189,6 +189,8 @@ class LinkReader:
                                      lambda m: f"{m[1]}.{m[2]}")
         self._remote_types = _enum_names(nvml, re.compile(r"NVML_NVLINK_DEVICE_TYPE_([A-Z]+)"),
                                          lambda m: m[1].lower())
+        self._total_labels = tuple((direction, cat.GPU_NVLINK_BYTES.extra(direction=direction))
+                                   for direction in ("rx", "tx"))
         self._up_readings = {(link, up): Reading(cat.GPU_NVLINK_LINK_UP.name, 1.0 if up else 0.0,
                                                  (("link", str(link)),))
                              for link in range(self._max_links()) for up in (False, True)}
@@ -252,9 +254,9 @@ class LinkReader:
             if info is not None:
                 out.append(info)
         if bytes_moved:
-            state.totals = tuple(Reading(cat.GPU_NVLINK_BYTES.name, sum(per_link.values()),
-                                         cat.GPU_NVLINK_BYTES.extra(direction=direction))
-                                 for direction, per_link in sorted(state.last_bytes.items()) if per_link)
+            state.totals = tuple(Reading(cat.GPU_NVLINK_BYTES.name, sum(per_link.values()), labels)
+                                 for direction, labels in self._total_labels
+                                 if (per_link := state.last_bytes.get(direction)))
         out += state.totals
 
     def _reading(self, state: LinkState, index: int, entry: _Entry, answer: Answer) -> Reading | None:
