@@ -9,14 +9,18 @@ is the real ABI's; only the C side is NVIDIA's mock instead of a GPU.
 
 For each board profile, in a process of its own (the library reads ``MOCK_NVML_CONFIG`` at init):
 
-- ``cycle_cpu_ms``: ``NvmlSource.collect()`` in thread CPU time, median over ``--cycles`` cycles
-  after three warm-up ones (link discovery, first GPM sample);
-- ``nvml_floor_ms``, the **baseline**: the same C calls that one cycle made, replayed through ctypes
-  with nothing around them (each call's pointer arguments restored first, that restoring measured
-  alone and subtracted). Every pynvml function reaches C through ``pynvml._nvmlGetFunctionPointer``;
-  the benchmark records what those pointers were called with for one cycle. This is the least
-  any Python caller pays for the answers the source asked for;
-- ``ratio``: cycle CPU over the floor (the target: at most 2 on gb200);
+- ``cycle_cpu_ms``: ``NvmlSource.collect()`` in thread CPU time, after three warm-up cycles (link
+  discovery, first GPM sample), in rounds of ``CYCLES_PER_ROUND`` cycles (``--cycles`` in all): the
+  median of the rounds' means;
+- ``nvml_floor_ms``, the **baseline**: the C calls that one cycle made, replayed through ctypes with
+  nothing around them (each call's pointer arguments restored first, that restoring measured alone
+  and subtracted), as many passes after each round of cycles. Every pynvml function reaches C through
+  ``pynvml._nvmlGetFunctionPointer``; the benchmark records what those pointers were called with for
+  one cycle of a first source instance, and times a second one made after the recorder is removed
+  (its calls pass through nothing of the benchmark's). This is the least any Python caller pays for
+  the answers the source asked for;
+- ``ratio``: cycle CPU over the floor, per round, the median over the rounds (the target: at most 2
+  on gb200): a round's cycles and its floor run back to back, under the same load of a shared machine;
 - ``pynvml_ms``: time inside pynvml's functions, wrappers included (``nvml_timing.TimedNvml`` over
   a second source instance), the figure the issue quoted as "inside NVML";
 - call counts per cycle: C calls, and ``_PrintableStructure.__getattribute__`` (pynvml's per-attribute
@@ -58,6 +62,8 @@ import nvmltestbed  # noqa: E402
 DEFAULT_PROFILES: Final = ("gb200", "b200")
 WARMUP_CYCLES: Final = 3
 REPLAYS: Final = 50
+#: Cycles timed per round, and floor passes after them (the ratio is a median over rounds).
+CYCLES_PER_ROUND: Final = 5
 RATIO_TARGET: Final = 2.0
 SERVE_TARGET: Final = 0.02
 _SERVE: Final = "import sys; from dra_exporter import cli; cli.main(args=sys.argv[1:], prog_name='dra-exporter')"
@@ -164,27 +170,39 @@ def measure_child(cycles: int) -> dict[str, Any]:
 
     from .nvml_timing import TimedNvml
 
+    # One source's cycle is recorded; a second one, made after the recorder is gone (it binds pynvml's
+    # own function lookup, nothing in between), is timed, in rounds alternating with the replay of the
+    # recording: on a shared machine both see the same load, and the ratio is taken round by round.
     recorder = CallRecorder(pynvml)
-    source = NvmlSource(pynvml, events=False)
+    recorded = NvmlSource(pynvml, events=False)
+    source = None
     try:
         for _ in range(WARMUP_CYCLES):
-            snapshot = source.collect()
-        cpus = []
-        for _ in range(cycles):
-            started = time.thread_time()
-            snapshot = source.collect()
-            cpus.append(time.thread_time() - started)
+            recorded.collect()
         recorder.recording = True
-        source.collect()
+        recorded.collect()
         recorder.recording = False
+        recorder.restore()
+        source = NvmlSource(pynvml, events=False)
+        for _ in range(WARMUP_CYCLES):
+            snapshot = source.collect()
+        cpus, floors, ratios = [], [], []
+        for _ in range(max(1, -(-cycles // CYCLES_PER_ROUND))):
+            started = time.thread_time()
+            for _ in range(CYCLES_PER_ROUND):
+                snapshot = source.collect()
+            cpus.append((time.thread_time() - started) / CYCLES_PER_ROUND)
+            floors.append(replay_floor(recorder.calls, CYCLES_PER_ROUND))
+            ratios.append(cpus[-1] / floors[-1] if floors[-1] > 0 else float("inf"))
         start, stop = _profile_counter(pynvml)
         start()
         source.collect()
         getattribute = stop()
-        floor = replay_floor(recorder.calls)
     finally:
-        source.close()
-    recorder.restore()
+        recorder.restore()
+        if source is not None:
+            source.close()
+        recorded.close()
     timed = TimedNvml(pynvml, clock=time.thread_time)
     second = NvmlSource(timed, events=False)
     try:
@@ -197,11 +215,11 @@ def measure_child(cycles: int) -> dict[str, Any]:
     finally:
         second.close()
     readings = sum(len(d.readings) for d in snapshot.devices)
-    cycle = median(cpus)
     return {
         "devices": len(snapshot.devices), "models": sorted({d.device.model for d in snapshot.devices}),
-        "readings": readings, "cycle_cpu_ms": round(cycle * 1e3, 3), "nvml_floor_ms": round(floor * 1e3, 3),
-        "ratio": round(cycle / floor, 2) if floor > 0 else None,
+        "readings": readings, "cycle_cpu_ms": round(median(cpus) * 1e3, 3),
+        "nvml_floor_ms": round(median(floors) * 1e3, 3), "ratio": round(median(ratios), 2),
+        "rounds": len(ratios),
         "pynvml_ms": round(median(pynvml_seconds) * 1e3, 3),
         "c_calls": len(recorder.calls), "c_calls_by_function": dict(Counter(n for n, *_ in recorder.calls)),
         "printable_getattribute_calls": getattribute,

@@ -286,6 +286,29 @@ def test_gpm_nvlink_rates_are_the_links_traffic_in_mib_per_second() -> None:
     assert answer.metrics[1].value == pytest.approx(36e9 / 2**20)
 
 
+class _GpmAsked(FakeNvml):
+    asked: list[set[int]]
+
+    def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:
+        self.__dict__.setdefault("asked", []).append(
+            {metrics_get.metrics[i].metricId for i in range(metrics_get.numMetrics)})
+        return super().nvmlGpmMetricsGet(metrics_get)
+
+
+def test_with_link_counters_gpm_is_not_asked_for_nvlink_rates(nodes: list[Node]) -> None:
+    # The links' data counters count since the driver loaded and their sum is the GPU's traffic;
+    # GPM's rates would only be integrated to be thrown away.
+    node = make(nodes, scenario("gb200", gpus=[{"index": 0, "nvlink": {"tx": 18e9}}]), _GpmAsked)
+    for after in (0, 5, 5, 5):
+        gpu = node.gpu(after)
+    rates = {pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC}
+    asked: list[set[int]] = node.nvml.asked  # type: ignore[attr-defined]
+    assert asked and all(ids and not ids & rates for ids in asked)
+    links = values(gpu, cat.GPU_NVLINK_LINK_BYTES.name, direction="tx")
+    assert one(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(sum(links.values()))
+    assert cat.GPU_SM_ACTIVE.name in families(gpu)
+
+
 class _Wrapping32(FakeNvml):
     """Reports the throughput counters as 32-bit values, as an NVML that wraps them would."""
 

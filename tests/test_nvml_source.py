@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pynvml
 import pytest
@@ -180,6 +181,39 @@ def test_field_values_map_to_their_families(make_source: Make) -> None:
     assert value(gpu, cat.GPU_REMAPPED_ROWS.name, type="uncorrectable") == 1
     assert value(gpu, cat.GPU_ROW_REMAP_PENDING.name) == 1
     assert value(gpu, cat.GPU_PCIE_REPLAYS.name) == 5
+
+
+class _Changing(ReplayNvml):
+    """Power and clock event reasons as set between cycles."""
+
+    power_mw = 100_000
+    reasons = 0
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        super().nvmlDeviceGetPowerUsage(handle)
+        return self.power_mw
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        super().nvmlDeviceGetCurrentClocksEventReasons(handle)
+        return self.reasons
+
+
+def test_every_family_follows_nvml_from_cycle_to_cycle(make_source: Make) -> None:
+    # A family, or a field, whose answer is last cycle's reuses last cycle's readings: each change,
+    # and each change back, must still show on the cycle it happens.
+    nvml = _Changing()
+    source = make_source(nvml)
+    ull, energy = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+    idle = int(pynvml.nvmlClocksEventReasonGpuIdle)
+    seen = []
+    for power_mw, reasons, energy_mj in ((100_000, 0, 5_000), (100_000, 0, 5_000), (250_500, idle, 5_000),
+                                         (250_500, idle, 9_000), (100_000, 0, 9_000)):
+        nvml.power_mw, nvml.reasons = power_mw, reasons
+        nvml.field_overrides[(0, energy)] = (pynvml.NVML_SUCCESS, ull, energy_mj)
+        gpu = source.collect().devices[0]
+        seen.append((value(gpu, cat.GPU_POWER.name), value(gpu, cat.GPU_CLOCK_EVENT.name, reason="gpu_idle"),
+                     value(gpu, cat.GPU_ENERGY.name)))
+    assert seen == [(100.0, 0.0, 5.0), (100.0, 0.0, 5.0), (250.5, 1.0, 5.0), (250.5, 1.0, 9.0), (100.0, 0.0, 9.0)]
 
 
 def test_idle_recording_reports_gpu_idle_and_no_processes(make_source: Make) -> None:

@@ -127,11 +127,15 @@ class _DeviceState:
     unsupported: set[str] = field(default_factory=set)
     wraps: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Field id -> (last raw 32-bit value, offset added for wraps so far)."""
+    family_answers: dict[str, tuple[Any, list[Reading]]] = field(default_factory=dict)
+    """Family -> NVML's last raw answer and the readings made of it."""
     board_answers: Sequence[Answer | None] = ()
     board_readings: list[Reading | None] = field(default_factory=list)
     """Per board field (``field_ids``, in order): the last answer, and the reading made of it (None: absent)."""
     last_process_ts: int = 0
     gpm: GpmReader | None = None
+    gpm_without_nvlink: bool = False
+    """GPM's NVLink rates are not asked: ``links`` has per-link data counters."""
     links: LinkState | None = None
     """Whole GPUs only, like ``fabric``."""
     fabric: FabricState | None = None
@@ -188,30 +192,34 @@ class _DeviceReader:
             (int(bit), cat.GPU_CLOCK_EVENT.extra(reason=label)) for suffix, label in _REASONS
             if (bit := getattr(nvml, f"nvmlClocksEventReason{suffix}",
                                getattr(nvml, f"nvmlClocksThrottleReason{suffix}", None))) is not None)
-        plan: list[tuple[str, str, Callable[..., list[Reading]]]] = [
-            ("memory", "nvmlDeviceGetMemoryInfo", self._memory),
-            ("utilization", "nvmlDeviceGetUtilizationRates", self._utilization),
-            ("encoder", "nvmlDeviceGetEncoderUtilization",
-             partial(self._codec, "nvmlDeviceGetEncoderUtilization", cat.GPU_ENCODER_UTILIZATION.name)),
-            ("decoder", "nvmlDeviceGetDecoderUtilization",
-             partial(self._codec, "nvmlDeviceGetDecoderUtilization", cat.GPU_DECODER_UTILIZATION.name)),
-            ("power", "nvmlDeviceGetPowerUsage",
-             partial(self._milli, "nvmlDeviceGetPowerUsage", cat.GPU_POWER.name)),
-            ("power_limit", "nvmlDeviceGetEnforcedPowerLimit",
-             partial(self._milli, "nvmlDeviceGetEnforcedPowerLimit", cat.GPU_POWER_LIMIT.name)),
-            ("temperature", "nvmlDeviceGetTemperature", self._temperature),
+        # Each family: (name, the binding's function, fetch(handle, state) -> NVML's raw answer, build(raw)
+        # -> its readings). An answer equal to the device's last one gives the same readings again.
+        plan: list[tuple[str, str, Callable[[Any, _DeviceState], Any], Callable[[Any], list[Reading]]]] = [
+            ("memory", "nvmlDeviceGetMemoryInfo", self._memory, self._memory_readings),
+            ("utilization", "nvmlDeviceGetUtilizationRates", self._utilization, self._utilization_readings),
+            ("encoder", "nvmlDeviceGetEncoderUtilization", partial(self._codec, "nvmlDeviceGetEncoderUtilization"),
+             partial(_ratio, cat.GPU_ENCODER_UTILIZATION.name)),
+            ("decoder", "nvmlDeviceGetDecoderUtilization", partial(self._codec, "nvmlDeviceGetDecoderUtilization"),
+             partial(_ratio, cat.GPU_DECODER_UTILIZATION.name)),
+            ("power", "nvmlDeviceGetPowerUsage", partial(self._plain, "nvmlDeviceGetPowerUsage"),
+             partial(_watts, cat.GPU_POWER.name)),
+            ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", partial(self._plain, "nvmlDeviceGetEnforcedPowerLimit"),
+             partial(_watts, cat.GPU_POWER_LIMIT.name)),
+            ("temperature", "nvmlDeviceGetTemperature", self._temperature, _temperature_readings),
         ]
-        plan += [(f"clock_{label}", "nvmlDeviceGetClockInfo",
-                  partial(self._clock, int(getattr(nvml, const)), cat.GPU_CLOCK.extra(clock=label)))
+        plan += [(f"clock_{label}", "nvmlDeviceGetClockInfo", partial(self._clock, int(getattr(nvml, const))),
+                  partial(_clock_readings, cat.GPU_CLOCK.extra(clock=label)))
                  for const, label in _CLOCKS if hasattr(nvml, const)]
-        plan += [("clock_events", "nvmlDeviceGetCurrentClocksEventReasons", self._clock_events),
-                 ("fields", "nvmlDeviceGetFieldValues", self._field_values)]
+        plan += [("clock_events", "nvmlDeviceGetCurrentClocksEventReasons", self._clock_events,
+                  self._clock_event_readings)]
         # A binding too old for a family loses that family, loudly once, not every cycle.
-        self._plan = tuple((family, reader) for family, function, reader in plan if hasattr(nvml, function))
+        self._plan = tuple((family, fetch, build) for family, function, fetch, build in plan if hasattr(nvml, function))
+        self._has_fields = hasattr(nvml, "nvmlDeviceGetFieldValues")
         self._field_values_reader = FieldValues(nvml)
         self._links = LinkReader(nvml, self._field_values_reader, self._uint)
         self._fabric = FabricReader(nvml, logger)
-        for family, function, _ in plan:
+        for family, function in [(family, function) for family, function, _, _ in plan] + [
+                ("fields", "nvmlDeviceGetFieldValues")]:
             if not hasattr(nvml, function):
                 logger.warning("nvml: this NVML binding has no %s; %s is not collected", function, family)
 
@@ -220,16 +228,41 @@ class _DeviceReader:
     def read(self, handle: Any, state: _DeviceState, uuid: str, now: float) -> list[Reading]:
         """Every supported family of one device; raises ``_DeviceFault`` on an NVML error."""
         readings: list[Reading] = []
-        for family, reader in self._plan:
-            readings += self._guarded(state, family, reader, handle, state)
+        unsupported, last_answers, error = state.unsupported, state.family_answers, self._nvml.NVMLError
+        for family, fetch, build in self._plan:
+            if family in unsupported:
+                continue
+            try:
+                raw = fetch(handle, state)
+            except error as err:
+                self._refused(state, family, err)
+                continue
+            except Exception as exc:  # noqa: BLE001 - see _guarded
+                self._lost(state, family, exc)
+                continue
+            last = last_answers.get(family)
+            if last is None or last[0] != raw:
+                last = last_answers[family] = (raw, build(raw))
+            readings += last[1]
+        if self._has_fields and "fields" not in unsupported:
+            # Appended in place (some 360 readings on a GB200): what fails costs this family's only.
+            mark = len(readings)
+            try:
+                self._field_values(handle, state, readings)
+            except error as err:
+                del readings[mark:]
+                self._refused(state, "fields", err)
+            except Exception as exc:  # noqa: BLE001 - see _guarded
+                del readings[mark:]
+                self._lost(state, "fields", exc)
         if state.fabric is not None:
             readings += self._guarded(state, "fabric", self._fabric.read, handle, state.fabric, uuid)
         if state.gpm is not None:
-            gpm = self._guarded(state, "gpm", state.gpm.read, now)
-            if state.links is not None and state.links.has_bytes:
+            if state.links is not None and state.links.has_bytes and not state.gpm_without_nvlink:
                 # The per-link counters' sum counts since the driver loaded: it replaces GPM's integral.
-                gpm = [r for r in gpm if r.metric != cat.GPU_NVLINK_BYTES.name]
-            readings += gpm
+                state.gpm.drop_nvlink()
+                state.gpm_without_nvlink = True
+            readings += self._guarded(state, "gpm", state.gpm.read, now)
         return readings
 
     def processes(self, handle: Any, state: _DeviceState, uuid: str) -> list[ProcessSample]:
@@ -253,13 +286,18 @@ class _DeviceReader:
         try:
             return call(*args)
         except self._nvml.NVMLError as err:
-            if err.value in self._unsupported_codes:
-                state.unsupported.add(family)
-                return []
-            raise _DeviceFault(family, err) from err
+            self._refused(state, family, err)
+            return []
         except Exception as exc:  # noqa: BLE001 - whatever one call raises costs that family only
             self._lost(state, family, exc)
             return []
+
+    def _refused(self, state: _DeviceState, family: str, err: Any) -> None:
+        """NOT_SUPPORTED: the family is never asked again on this device; any other NVML error: the device is down."""
+        if err.value in self._unsupported_codes:
+            state.unsupported.add(family)
+            return
+        raise _DeviceFault(family, err) from err
 
     def _lost(self, state: _DeviceState, family: str, exc: Exception) -> None:
         """A call that failed outside NVML (the binding could not make it against this library): it would
@@ -316,7 +354,7 @@ class _DeviceReader:
 
     # -- family readers: one NVML call each, converted to base units --------------------
 
-    def _memory(self, handle: Any, state: _DeviceState) -> list[Reading]:
+    def _memory(self, handle: Any, state: _DeviceState) -> tuple[int, int, int, int | None]:
         nvml = self._nvml
         info = None
         if self._memory_v2 is not None and "memory_v2" not in state.unsupported:
@@ -328,39 +366,47 @@ class _DeviceReader:
                 state.unsupported.add("memory_v2")  # drivers before R510: fall back to v1
         if info is None:
             info = nvml.nvmlDeviceGetMemoryInfo(handle)
-        out = [Reading(cat.GPU_MEMORY_USED.name, float(info.used)),
-               Reading(cat.GPU_MEMORY_FREE.name, float(info.free)),
-               Reading(cat.GPU_MEMORY_TOTAL.name, float(info.total))]
-        reserved = getattr(info, "reserved", None)
+        return info.used, info.free, info.total, getattr(info, "reserved", None)
+
+    @staticmethod
+    def _memory_readings(raw: tuple[int, int, int, int | None]) -> list[Reading]:
+        used, free, total, reserved = raw
+        out = [Reading(cat.GPU_MEMORY_USED.name, float(used)), Reading(cat.GPU_MEMORY_FREE.name, float(free)),
+               Reading(cat.GPU_MEMORY_TOTAL.name, float(total))]
         if reserved is not None:
             out.append(Reading(cat.GPU_MEMORY_RESERVED.name, float(reserved)))
         return out
 
-    def _utilization(self, handle: Any, _state: _DeviceState) -> list[Reading]:
+    def _utilization(self, handle: Any, _state: _DeviceState) -> tuple[int, int]:
         rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
-        return [Reading(cat.GPU_UTILIZATION.name, rates.gpu / 100.0),
-                Reading(cat.GPU_MEMORY_UTILIZATION.name, rates.memory / 100.0)]
+        return rates.gpu, rates.memory
 
-    def _codec(self, function: str, metric: str, handle: Any, _state: _DeviceState) -> list[Reading]:
+    @staticmethod
+    def _utilization_readings(raw: tuple[int, int]) -> list[Reading]:
+        gpu, memory = raw
+        return [Reading(cat.GPU_UTILIZATION.name, gpu / 100.0),
+                Reading(cat.GPU_MEMORY_UTILIZATION.name, memory / 100.0)]
+
+    def _codec(self, function: str, handle: Any, _state: _DeviceState) -> Any:
         percent, _period_us = getattr(self._nvml, function)(handle)
-        return [Reading(metric, percent / 100.0)]
+        return percent
 
-    def _milli(self, function: str, metric: str, handle: Any, _state: _DeviceState) -> list[Reading]:
-        return [Reading(metric, getattr(self._nvml, function)(handle) / 1000.0)]  # mW -> W
+    def _plain(self, function: str, handle: Any, _state: _DeviceState) -> Any:
+        return getattr(self._nvml, function)(handle)
 
-    def _temperature(self, handle: Any, _state: _DeviceState) -> list[Reading]:
-        celsius = self._nvml.nvmlDeviceGetTemperature(handle, self._temperature_gpu)
-        return [Reading(cat.GPU_TEMPERATURE.name, float(celsius))]
+    def _temperature(self, handle: Any, _state: _DeviceState) -> Any:
+        return self._nvml.nvmlDeviceGetTemperature(handle, self._temperature_gpu)
 
-    def _clock(self, clock: int, labels: Labels, handle: Any, _state: _DeviceState) -> list[Reading]:
-        return [Reading(cat.GPU_CLOCK.name, self._nvml.nvmlDeviceGetClockInfo(handle, clock) * 1e6, labels)]  # MHz
+    def _clock(self, clock: int, handle: Any, _state: _DeviceState) -> Any:
+        return self._nvml.nvmlDeviceGetClockInfo(handle, clock)
 
-    def _clock_events(self, handle: Any, _state: _DeviceState) -> list[Reading]:
-        bits = int(self._nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
-        return [Reading(cat.GPU_CLOCK_EVENT.name, 1.0 if bits & bit else 0.0, labels)
-                for bit, labels in self._reasons]
+    def _clock_events(self, handle: Any, _state: _DeviceState) -> int:
+        return int(self._nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
 
-    def _field_values(self, handle: Any, state: _DeviceState) -> list[Reading]:
+    def _clock_event_readings(self, bits: int) -> list[Reading]:
+        return [Reading(cat.GPU_CLOCK_EVENT.name, 1.0 if bits & bit else 0.0, labels) for bit, labels in self._reasons]
+
+    def _field_values(self, handle: Any, state: _DeviceState, out: list[Reading]) -> None:
         links = state.links
         if links is not None and links.links is None:
             self._links.discover(handle, links)
@@ -369,12 +415,11 @@ class _DeviceReader:
             state.batch = self._field_values_reader.batch([(fid, 0) for fid in state.field_ids] + link_requests)
         answers = self._field_values_reader.read(handle, state.batch)
         board = len(state.field_ids)
-        out = self._board_fields(state, answers[:board])
+        self._board_fields(state, answers[:board], out)
         if links is not None and links.entries:
-            out += self._links.readings(handle, links, answers[board:])
-        return out
+            self._links.readings(handle, links, answers, board, out)
 
-    def _board_fields(self, state: _DeviceState, answers: Sequence[Answer]) -> list[Reading]:
+    def _board_fields(self, state: _DeviceState, answers: Sequence[Answer], out: list[Reading]) -> None:
         """The board-level fields; an answer equal to last cycle's gives last cycle's reading again."""
         if len(state.board_readings) != len(answers):
             state.board_answers, state.board_readings = [None] * len(answers), [None] * len(answers)
@@ -399,12 +444,27 @@ class _DeviceReader:
                 raw = unwrap32(state.wraps, field_id, int(raw))
             made[i] = Reading(spec.family.name, float(raw) * spec.scale, spec.labels)
         state.board_answers = answers
-        out = list(filter(None, made))
+        out += filter(None, made)
         if dropped:
             state.field_ids = [fid for fid in state.field_ids if fid not in dropped]
             state.batch = None
             state.board_readings = []  # re-indexed with the new batch
-        return out
+
+
+def _ratio(metric: str, percent: int) -> list[Reading]:
+    return [Reading(metric, percent / 100.0)]
+
+
+def _watts(metric: str, milliwatts: int) -> list[Reading]:
+    return [Reading(metric, milliwatts / 1000.0)]
+
+
+def _temperature_readings(celsius: int) -> list[Reading]:
+    return [Reading(cat.GPU_TEMPERATURE.name, float(celsius))]
+
+
+def _clock_readings(labels: Labels, mhz: int) -> list[Reading]:
+    return [Reading(cat.GPU_CLOCK.name, mhz * 1e6, labels)]
 
 
 def _text(value: Any) -> str:

@@ -116,6 +116,15 @@ class GpmReader:
             return []
         return self._readings(prev, cur, max(0.0, now - prev_at))
 
+    def drop_nvlink(self) -> None:
+        """Ask no more for the NVLink rates (the GPU's per-link counters count its traffic; their sum
+        replaces the integral of GPM's rates)."""
+        rates = [mid for mid, (_metric, _labels, is_rate) in self._wanted.items() if is_rate]
+        for mid in rates:
+            del self._wanted[mid]
+        if rates:
+            self._requests.clear()
+
     def reset(self) -> None:
         """Forget the previous sample (after a device error its contents are not to be trusted)."""
         self._prev_at = None

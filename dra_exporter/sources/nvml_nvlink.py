@@ -129,9 +129,11 @@ class LinkState:
     groups: list[_Group] = field(default_factory=list)
     changed: bool = True
     """``entries`` changed since the caller last built its batch from ``requests()``."""
-    answers: Sequence[Answer | None] = field(default_factory=list)
+    answers: Sequence[Answer | None] = ()
+    """The last cycle's answers, from ``offset`` on one per entry; ``()`` after the batch changed."""
+    offset: int = 0
     readings: list[Reading | None] = field(default_factory=list)
-    """Per entry: the last answer, and the reading made of it (None: absent)."""
+    """Per entry: the reading made of its last answer (None: absent)."""
     refused: set[int] = field(default_factory=set)
     """Entries whose last answer was NOT_SUPPORTED: dropped once their link is up."""
     up: dict[int, bool] = field(default_factory=dict)
@@ -187,6 +189,8 @@ class LinkReader:
                                      lambda m: f"{m[1]}.{m[2]}")
         self._remote_types = _enum_names(nvml, re.compile(r"NVML_NVLINK_DEVICE_TYPE_([A-Z]+)"),
                                          lambda m: m[1].lower())
+        self._total_labels = tuple((direction, cat.GPU_NVLINK_BYTES.extra(direction=direction))
+                                   for direction in ("rx", "tx"))
         self._up_readings = {(link, up): Reading(cat.GPU_NVLINK_LINK_UP.name, 1.0 if up else 0.0,
                                                  (("link", str(link)),))
                              for link in range(self._max_links()) for up in (False, True)}
@@ -198,16 +202,22 @@ class LinkReader:
         state.changed = False
         return [entry.key for entry in state.entries]
 
-    def readings(self, handle: Any, state: LinkState, answers: Sequence[Answer]) -> list[Reading]:
-        """The link families from this cycle's answers to ``requests()`` (and the few per-link calls)."""
+    def readings(self, handle: Any, state: LinkState, answers: Sequence[Answer], offset: int,
+                 out: list[Reading]) -> None:
+        """The link families, appended to ``out``, from this cycle's answers to ``requests()`` (from
+        ``answers[offset]`` on; not sliced off, which would touch every answer once more), and the few
+        per-link calls."""
         # Only the groups whose answers changed are looked at (on an idle GB200: the two data counters),
         # and a changed group is converted in C where its answers allow (``_Group``).
         made, last, refused, wraps = state.readings, state.answers, state.refused, state.wraps
+        if len(last) != len(answers) or offset != state.offset:
+            last = (None,) * len(answers)  # a new batch: every answer is new
+            state.offset = offset
         uniform = self._fields.uniform
         bytes_moved = False
         for group in state.groups:
             start, end = group.start, group.end
-            new, old = answers[start:end], last[start:end]
+            new, old = answers[offset + start:offset + end], last[offset + start:offset + end]
             if new == old:
                 continue
             first = group.entries[0]
@@ -227,7 +237,7 @@ class LinkReader:
             if refused:
                 refused.difference_update(range(start, end))
         state.answers = answers
-        out: list[Reading] = list(filter(None, made))
+        out += filter(None, made)
         for link in sorted(state.state_by_call):
             up = self._state_by_call(handle, link)
             if up is None:
@@ -244,11 +254,10 @@ class LinkReader:
             if info is not None:
                 out.append(info)
         if bytes_moved:
-            state.totals = tuple(Reading(cat.GPU_NVLINK_BYTES.name, sum(per_link.values()),
-                                         cat.GPU_NVLINK_BYTES.extra(direction=direction))
-                                 for direction, per_link in sorted(state.last_bytes.items()) if per_link)
+            state.totals = tuple(Reading(cat.GPU_NVLINK_BYTES.name, sum(per_link.values()), labels)
+                                 for direction, labels in self._total_labels
+                                 if (per_link := state.last_bytes.get(direction)))
         out += state.totals
-        return out
 
     def _reading(self, state: LinkState, index: int, entry: _Entry, answer: Answer) -> Reading | None:
         """One changed answer of a group that is not read as a whole."""
@@ -286,7 +295,7 @@ class LinkReader:
         keep = [i for i in range(len(state.entries)) if i not in drop]
         state.entries = [state.entries[i] for i in keep]
         state.groups = _groups(state.entries)
-        state.answers = tuple(state.answers[i] for i in keep)
+        state.answers = ()  # the batch changes: next cycle's answers are all new
         state.readings = [state.readings[i] for i in keep]
         state.refused = {new for new, old in enumerate(keep) if old in state.refused}
         state.changed = True
@@ -324,7 +333,7 @@ class LinkReader:
                                1.0, True, link) for fid, kind in self._per_index.get(link, ())]
         state.entries = entries
         state.groups = _groups(entries)
-        state.answers = [None] * len(entries)
+        state.answers = ()
         state.readings = [None] * len(entries)
         state.changed = True
 
