@@ -548,6 +548,9 @@ def _int(obj: Mapping[str, Any], key: str, default: int = 0) -> int:
         return default
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.lstrip("-").isdigit():  # int64 may arrive quoted
+    # int64 may arrive quoted; only ASCII digits ("²" is a digit to str.isdigit, not to int) and
+    # no more than an int64 holds (a 5,000-digit number is past what int() parses).
+    if isinstance(value, str) and (digits := value.removeprefix("-")).isascii() and digits.isdigit() \
+            and len(digits) <= 19:
         return int(value)
     return default

@@ -1,0 +1,228 @@
+"""Hardening III: the peers the exporter talks to — an OTLP collector, the API server, Prometheus —
+answer like attackers (``hostile``: endless, huge, a byte a second, redirects, watches that never stop
+adding, lists that never end, objects nothing can read). Each attack is bounded in time and memory,
+says so in one line, and costs what it attacks, never the rest.
+
+Before the fixes every test here failed: the reads had no total deadline (a trickle held them for as
+long as it lasted), no byte cap on what the OTLP exporter read, no cap on the objects a watch held.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hostile import (
+    ApiServer,
+    HostileServer,
+    Reply,
+    Request,
+    api_client,
+    empty_list,
+    forever,
+    idle_watch,
+    object_list,
+    resource_slice,
+    trickle,
+    watch_event,
+)
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+
+from dra_exporter.sinks.otlp_settings import MAX_REPLY_BYTES, OtlpSettings, build_exporter, refusal
+from dra_exporter.sources import PartialSnapshot, SourceError
+from dra_exporter.sources.kubeapi_cluster import ClusterSource
+from dra_exporter.sources.kubeapi_normalize import slice_from_dict
+from dra_exporter.sources.reflector import Reflector, Timeouts, TooManyObjects
+
+FAST = Timeouts(request=1.0, backoff=(0.05, 0.2))
+
+
+def within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()``'s result, failing the test (instead of hanging it) if it takes over ``seconds``."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+# --- the OTLP collector ------------------------------------------------------------------------------
+
+
+def push(url: str, timeout: float = 2.0) -> tuple[MetricExportResult, str]:
+    exporter = build_exporter(OtlpSettings(endpoint=url, protocol="http/protobuf", timeout=timeout))
+    try:
+        return exporter.export(MetricsData(resource_metrics=[]), timeout_millis=timeout * 1000), refusal(exporter)
+    finally:
+        exporter.shutdown()
+
+
+@pytest.mark.parametrize("attack, words", [
+    (lambda req, reply: reply.chunked(forever(b"x" * 65536)), "64 KiB limit"),
+    (lambda req, reply: (reply.head(200, {"Content-Length": "4000000000"}), reply.body(b"x" * 10**6)),
+     "announced 4000000000 bytes"),
+    (lambda req, reply: reply.chunked(trickle(b"y" * 100, 0.1)), "within 2 s"),
+], ids=["endless", "content-length-4GB", "a-byte-every-0.1s"])
+def test_a_collector_reply_is_read_within_the_timeout_and_the_byte_cap(attack: Any, words: str) -> None:
+    with HostileServer(attack) as collector:
+        started = time.monotonic()
+        result, why = within(8, lambda: push(collector.url))
+        took = time.monotonic() - started
+    assert result is MetricExportResult.FAILURE, "an answer that was refused is no success"
+    assert words in why, why
+    assert took < 4, f"the timeout is 2 s, the export took {took:.1f} s"
+    assert collector.sent < MAX_REPLY_BYTES + 8 * 2**20, "what the collector could push is bounded"
+
+
+def test_a_small_collector_reply_is_still_a_success() -> None:
+    with HostileServer(lambda req, reply: reply.whole(200, b"", "application/x-protobuf")) as collector:
+        result, why = push(collector.url)
+    assert result is MetricExportResult.SUCCESS and why == ""
+
+
+# --- the API server: one reflector -----------------------------------------------------------------
+
+
+def reflector(url: str, kind: str = "resourceslices", **kw: Any) -> Reflector[Any]:
+    return Reflector(kind, api_client(url), f"/apis/resource.k8s.io/v1/{kind}", None,
+                     lambda obj: slice_from_dict(obj, "v1"), FAST, Counter(), **kw)
+
+
+def test_a_list_at_a_byte_a_second_ends_at_the_request_deadline() -> None:
+    body = b'{"kind":"List","metadata":{"resourceVersion":"1"},"items":[]}'
+
+    def slow(req: Request, reply: Reply) -> None:
+        reply.chunked(trickle(body, 0.1))  # 6 s in all; the deadline is 1 s
+
+    with HostileServer(ApiServer(lists={"resourceslices": slow})) as api:
+        started = time.monotonic()
+        with pytest.raises(SourceError, match="did not arrive within 1 s"):
+            within(5, reflector(api.url).list_once)
+        assert time.monotonic() - started < 3
+
+
+def test_a_watch_that_never_stops_adding_objects_is_capped() -> None:
+    def flood(req: Request, reply: Reply) -> None:
+        reply.chunked(watch_event("ADDED", resource_slice(f"s{i}")) for i in range(2000))
+
+    with HostileServer(ApiServer(lists={"resourceslices": empty_list}, watches={"resourceslices": flood})) as api:
+        r = reflector(api.url, max_objects=50)
+        r.list_once()
+        stop = threading.Event()
+        r.start(stop)
+        try:
+            deadline = time.monotonic() + 10
+            while "more than 50 objects" not in r.error:
+                assert time.monotonic() < deadline, f"no error after 10 s; holding {len(r.items)}"
+                time.sleep(0.05)
+            assert len(r.items) <= 50
+        finally:
+            stop.set()
+            r.stop()
+
+
+def test_a_list_of_more_objects_than_the_cap_is_refused() -> None:
+    many = object_list([resource_slice(f"s{i}") for i in range(60)])
+    with HostileServer(ApiServer(lists={"resourceslices": lambda req, reply: reply.json(many)})) as api:
+        with pytest.raises(TooManyObjects, match="more than 50 objects"):
+            reflector(api.url, max_objects=50).list_once()
+
+
+def test_a_continue_token_that_never_ends_stops_after_the_pages_the_cap_allows() -> None:
+    def pages(req: Request, reply: Reply) -> None:
+        n = int(req.query.get("continue") or 0)
+        reply.json(object_list([resource_slice(f"p{n}-{i}") for i in range(2)], token=str(n + 1)))
+
+    with HostileServer(ApiServer(lists={"resourceslices": pages})) as api:
+        r = reflector(api.url, max_objects=20, page_size=5)
+        with pytest.raises(TooManyObjects):
+            within(10, r.list_once)
+        assert len(api.requests) <= 20 // 5 + 2, "bounded pages, not a request storm"
+
+
+def test_unreadable_objects_and_events_cost_only_themselves(caplog: pytest.LogCaptureFixture) -> None:
+    """``generation: "²"`` (a digit to str.isdigit, not to int), a 5,000-digit number, a watch line
+    ``[]``, a line that is not JSON: each skipped (or read with its number replaced), the watch goes on."""
+    huge = "9" * 5000
+
+    def list_(req: Request, reply: Reply) -> None:
+        body = object_list([resource_slice("good"), resource_slice("sup", generation="²"),
+                            resource_slice("huge", generation=12345)])
+        reply.whole(200, json.dumps(body).replace("12345", huge).encode())
+
+    def watch(req: Request, reply: Reply) -> None:
+        reply.chunked([b"[]\n", b"{not json\n", watch_event("ADDED", resource_slice("later")),
+                       watch_event("ADDED", {"metadata": {"name": "bad"}, "spec": []})])
+        time.sleep(30)
+
+    with HostileServer(ApiServer(lists={"resourceslices": list_}, watches={"resourceslices": watch})) as api:
+        r = reflector(api.url)
+        r.list_once()
+        assert {k.split("/")[1] for k in r.items} == {"good", "sup", "huge"}, "numbers replaced, objects kept"
+        stop = threading.Event()
+        with caplog.at_level(logging.WARNING):
+            r.start(stop)
+            try:
+                deadline = time.monotonic() + 10
+                while "/later" not in r.items:
+                    assert time.monotonic() < deadline, (r.error, list(r.items))
+                    time.sleep(0.05)
+                assert r.error == ""
+            finally:
+                stop.set()
+                r.stop()
+    assert any("skipped an event that is not a JSON object" in m for m in caplog.messages), caplog.messages
+
+
+# --- the cluster mode's source ---------------------------------------------------------------------
+
+
+def cluster_source(url: str, **kw: Any) -> ClusterSource:
+    return ClusterSource(client_factory=lambda: api_client(url), timeouts=FAST, **kw)
+
+
+@pytest.fixture
+def closing() -> Iterator[list[ClusterSource]]:
+    sources: list[ClusterSource] = []
+    yield sources
+    for s in sources:
+        s.close()
+
+
+def test_a_403_on_one_kind_leaves_the_others_and_is_retried_with_backoff(closing: list[ClusterSource]) -> None:
+    slices = object_list([resource_slice("s1", devices=2)])
+
+    def forbidden(req: Request, reply: Reply) -> None:
+        reply.json({"kind": "Status", "code": 403}, status=403)
+
+    with HostileServer(ApiServer(lists={"resourceslices": lambda req, reply: reply.json(slices),
+                                        "resourceclaims": forbidden, "deviceclasses": empty_list},
+                                 watches={k: idle_watch for k in ("resourceslices", "deviceclasses")})) as api:
+        source = cluster_source(api.url)
+        closing.append(source)
+        with pytest.raises(PartialSnapshot, match="forbidden") as caught:
+            source.collect()
+        state = caught.value.snapshot
+        assert [s.name for s in state.slices] == ["s1"], "the slices are there"  # type: ignore[attr-defined]
+        claim_lists = sum(1 for r in api.requests if r.path.endswith("resourceclaims"))
+        for _ in range(5):
+            with pytest.raises(PartialSnapshot):
+                source.collect()
+        again = sum(1 for r in api.requests if r.path.endswith("resourceclaims"))
+        assert again - claim_lists <= 1, "the failing kind waits for its backoff, not a list per cycle"
