@@ -30,6 +30,8 @@ MAX_ANSWER_BYTES: Final = 64 << 20
 claims). Each answer's series are built as it is parsed (``_Parsed``), so the memory it costs is this
 plus the points it holds, never a JSON tree of it."""
 MAX_PRICE_FILE_BYTES: Final = 1 << 20
+#: Largest value taken from a series (devices held, a share, a count): past it a sum overflows to inf.
+MAX_VALUE: Final = 1e9
 #: Same-origin redirects followed per query (a path prefix added by a proxy); another origin is refused.
 MAX_REDIRECTS: Final = 3
 
@@ -54,8 +56,8 @@ class PrometheusClient:
     Answers are read by ``outbound.read_body`` (one deadline for the whole answer, a byte cap that
     bounds what is held). Redirects are followed only to the same scheme, host and port, as the
     same POST: credentials never go to a host the operator did not name, and a query is never
-    silently turned into a GET. What the server returned is checked (``warnings``: values that are
-    not finite or negative, repeated timestamps — dropped, and said once)."""
+    silently turned into a GET. What the server returned is checked (``notes``: values that are not
+    finite, negative or absurd, repeated timestamps — dropped, and said once)."""
 
     def __init__(self, conn: Connection) -> None:
         parsed = urllib.parse.urlsplit(conn.url)
@@ -147,7 +149,7 @@ class PrometheusClient:
 
     def notes(self) -> list[str]:
         """One line per kind of point dropped so far (``dropped``), and forget them."""
-        lines = [f"the server returned {n} point{'s' if n != 1 else ''} {why}; dropped"
+        lines = [f"dropped {n} point{'s' if n != 1 else ''} of the server's answers: {why}"
                  for why, n in sorted(self.dropped.items())]
         self.dropped.clear()
         return lines
@@ -181,10 +183,11 @@ class _Parsed:
         try:
             for t, v in raw:
                 at, value = float(t), float(v)
-                why = ("at a time that is not finite" if not math.isfinite(at) else
-                       "that are not finite numbers" if not math.isfinite(value) else
-                       "that are negative" if value < 0 else
-                       "at a timestamp already given" if at in seen else "")
+                why = ("its time is not a finite number" if not math.isfinite(at) else
+                       "not a finite number" if not math.isfinite(value) else
+                       "negative" if value < 0 else
+                       f"over {MAX_VALUE:g}, which no GPU count or share is" if value > MAX_VALUE else
+                       "a timestamp given twice in one series" if at in seen else "")
                 if why:
                     self.dropped[why] += 1
                     continue

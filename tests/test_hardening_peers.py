@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -27,6 +31,7 @@ from hostile import (
     empty_list,
     forever,
     idle_watch,
+    kubeconfig,
     object_list,
     resource_slice,
     trickle,
@@ -34,6 +39,7 @@ from hostile import (
 )
 from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
+from dra_exporter import report
 from dra_exporter.sinks.otlp_settings import MAX_REPLY_BYTES, OtlpSettings, build_exporter, refusal
 from dra_exporter.sources import PartialSnapshot, SourceError
 from dra_exporter.sources.kubeapi_cluster import ClusterSource
@@ -226,3 +232,122 @@ def test_a_403_on_one_kind_leaves_the_others_and_is_retried_with_backoff(closing
                 source.collect()
         again = sum(1 for r in api.requests if r.path.endswith("resourceclaims"))
         assert again - claim_lists <= 1, "the failing kind waits for its backoff, not a list per cycle"
+
+
+# --- Prometheus, for `report` ------------------------------------------------------------------------
+
+
+def vector(*series: tuple[dict[str, Any], list[list[Any]]]) -> dict[str, Any]:
+    return {"status": "success", "data": {"resultType": "matrix",
+                                          "result": [{"metric": m, "values": v} for m, v in series]}}
+
+
+def client(url: str, **kw: Any) -> report.PrometheusClient:
+    return report.PrometheusClient(report.Connection(url, bearer_token="s3cret", **kw))
+
+
+def test_a_redirect_to_another_host_is_refused_and_gets_no_credentials() -> None:
+    with HostileServer(lambda req, reply: reply.json(vector())) as elsewhere:
+        def redirect(req: Request, reply: Reply) -> None:
+            reply.whole(302, b"", headers={"Location": f"{elsewhere.url}/api/v1/query"})
+
+        with HostileServer(redirect) as prometheus:
+            with pytest.raises(report.ReportError, match="redirects .* to another host") as caught:
+                client(prometheus.url).instant("up", 0)
+    assert elsewhere.requests == [], "nothing, least of all the token, went to the other host"
+    assert "\n" not in str(caught.value)
+
+
+def test_a_same_origin_redirect_is_followed_as_the_same_post() -> None:
+    def behaviour(req: Request, reply: Reply) -> None:
+        if req.path.startswith("/prom/"):
+            reply.json(vector(({"a": "b"}, [[1, "2"]])))
+        else:
+            reply.whole(301, b"", headers={"Location": "/prom" + req.path})
+
+    with HostileServer(behaviour) as prometheus:
+        series = client(prometheus.url).range("up", 0, 10, 1)
+    assert [s.points for s in series] == [((1.0, 2.0),)]
+    followed = prometheus.requests[-1]
+    assert (followed.method, followed.query.get("query"), followed.headers["authorization"]) == \
+        ("POST", "up", "Bearer s3cret")
+
+
+def test_a_prometheus_at_a_byte_every_tenth_of_a_second_ends_at_the_timeout() -> None:
+    body = json.dumps(vector()).encode()
+    with HostileServer(lambda req, reply: reply.chunked(trickle(body, 0.1))) as prometheus:
+        started = time.monotonic()
+        with pytest.raises(report.ReportError, match="within 1 s"):
+            within(5, lambda: client(prometheus.url, timeout=1.0).instant("up", 0))
+        assert time.monotonic() - started < 3
+
+
+def test_an_endless_answer_is_refused_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report, "MAX_ANSWER_BYTES", 1 << 20)
+    with HostileServer(lambda req, reply: reply.chunked(forever(b" " * 65536))) as prometheus:
+        with pytest.raises(report.ReportError, match="answer over 1 MiB"):
+            within(10, lambda: client(prometheus.url).instant("up", 0))
+        assert prometheus.sent < 16 << 20
+
+
+def test_values_that_are_not_usable_are_dropped_and_said() -> None:
+    answer = vector(({"claim": "a"}, [[1, "1e308"], [2, "NaN"], [3, "+Inf"], [4, "-5"], [4, "1"], [5, "0.5"],
+                                        [5, "0.7"]]))
+    with HostileServer(lambda req, reply: reply.json(answer)) as prometheus:
+        c = client(prometheus.url)
+        series = c.range("x", 0, 10, 1)
+    assert series[0].points == ((4.0, 1.0), (5.0, 0.5))
+    notes = c.notes()
+    assert notes == ["dropped 1 point of the server's answers: a timestamp given twice in one series",
+                     "dropped 1 point of the server's answers: negative",
+                     "dropped 2 points of the server's answers: not a finite number",
+                     "dropped 1 point of the server's answers: over 1e+09, which no GPU count or share is"]
+
+
+def test_a_label_that_is_not_a_string_is_one_line(tmp_path: Any) -> None:
+    answer = vector(({"claim": ["a", "b"]}, [[1, "1"]]))
+    with HostileServer(lambda req, reply: reply.json(answer)) as prometheus:
+        result = subprocess.run([sys.executable, "-m", "dra_exporter.cli", "report", "--prometheus", prometheus.url,
+                                 "--start", "1000000", "--end", "1003600", "--step", "60s"],
+                                capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "'claim'" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# --- the cluster mode, whole -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow  # ~15 s: one list's deadline (10 s) and a shutdown
+def test_the_cluster_mode_bounds_a_list_at_a_byte_a_second_and_honours_sigterm_during_it(tmp_path: Any) -> None:
+    """The first list trickles for ever: it fails at its deadline with one line naming it, and the
+    next one (after its backoff) is cut by SIGTERM, which ends the process."""
+    def crawl(req: Request, reply: Reply) -> None:
+        reply.chunked(trickle(b" " * 10_000, 0.5))
+
+    with HostileServer(ApiServer(lists={"resourceslices": crawl, "resourceclaims": crawl,
+                                        "deviceclasses": crawl})) as api:
+        config = tmp_path / "kubeconfig"
+        config.write_text(kubeconfig(api.url))
+        proc = subprocess.Popen([sys.executable, "-m", "dra_exporter.cli", "cluster", "--kubeconfig", str(config),
+                                 "--listen", f"127.0.0.1:{free_port()}", "--interval", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            lines: list[str] = []
+            assert proc.stdout is not None
+            deadline = time.monotonic() + 30
+            while not any("did not arrive within 10 s" in line for line in lines):
+                assert time.monotonic() < deadline and proc.poll() is None, lines
+                lines.append(proc.stdout.readline())
+            time.sleep(1.5)  # the next list is in flight
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=10)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, out
+    assert sum("did not arrive" in line for line in lines) == 1, lines

@@ -150,16 +150,19 @@ class ClusterSource:
             ("deviceclasses", f"{http.GROUP_PATH}/{version}/deviceclasses", device_class_from_dict),
         ]
         for kind, path, normalize in kinds:
-            if kind not in self._reflectors and not self._stop.is_set():
-                self._try_add(kind, path, normalize)
+            # One failed first list per cycle: an API server that answers every list a byte a second
+            # costs a cycle one request deadline, not one per kind; the next kind goes next cycle.
+            if kind not in self._reflectors and not self._stop.is_set() and not self._try_add(kind, path, normalize):
+                return
         if "devicetaintrules" not in self._reflectors and self.taint_rule_version is None:
             self._start_taint_rules()
 
-    def _try_add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any]) -> None:
-        """List and watch ``kind``, unless its last failure's backoff is still running."""
+    def _try_add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any]) -> bool:
+        """List and watch ``kind``, unless its last failure's backoff is still running; False when
+        the list was tried and failed."""
         backoff, _ = self._failed.get(kind, (None, ""))
         if backoff is not None and backoff.remaining():
-            return
+            return True
         try:
             self._add(kind, path, normalize)
         except SourceError as exc:
@@ -167,8 +170,9 @@ class ClusterSource:
             backoff = backoff or Backoff(*self._timeouts.backoff, monotonic=time.monotonic)
             backoff.failed()
             self._failed[kind] = (backoff, str(exc))
-            return
+            return False
         self._failed.pop(kind, None)
+        return True
 
     def _add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any]) -> None:
         assert self._client is not None
