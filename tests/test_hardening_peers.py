@@ -351,3 +351,49 @@ def test_the_cluster_mode_bounds_a_list_at_a_byte_a_second_and_honours_sigterm_d
             proc.kill()
         assert proc.returncode == 0, out
     assert sum("did not arrive" in line for line in lines) == 1, lines
+
+
+def test_capacities_counters_and_consumption_that_are_not_amounts_are_left_out() -> None:
+    from dra_exporter.sources.kubeapi_normalize import claim_from_dict
+
+    obj = resource_slice("s")
+    device = obj["spec"]["devices"][0]
+    device["capacity"] = {"memory": {"value": "NaN"}, "cores": {"value": "-4"}, "slots": {"value": "1e400"},
+                          "ok": {"value": "2Gi"}}
+    obj["spec"]["sharedCounters"] = [{"name": "set", "counters": {"mem": {"value": "-1"}, "nan": {"value": "nan"},
+                                                                  "good": {"value": "1"}}}]
+    sl = slice_from_dict(obj, "v1")
+    assert sl.devices[0].capacity == (("ok", 2.0 * 2**30),)
+    assert sl.shared_counters[0].counters == (("good", 1.0),)
+    claim = claim_from_dict({"metadata": {"name": "c", "namespace": "n"}, "status": {"allocation": {"devices": {
+        "results": [{"request": "r", "driver": "d", "pool": "p", "device": "x",
+                     "consumedCapacity": {"memory": "-1Gi", "cores": "Infinity", "ok": "1"}}]}}}}, "v1")
+    assert claim.results[0].consumed_capacity == (("ok", 1.0),)
+
+
+def test_a_403_in_the_cluster_mode_names_what_it_needs_and_names_cannot_forge_lines() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from dra_exporter.sources.reflector import api_error
+
+    lists = {"resourceslices": empty_list, "resourceclaims": empty_list,
+             "deviceclasses": lambda req, reply: reply.json({}, status=403)}
+    watches = {"resourceslices": idle_watch, "resourceclaims": idle_watch}
+    with HostileServer(ApiServer(lists=lists, watches=watches)) as api:
+        source = cluster_source(api.url)
+        try:
+            with pytest.raises(PartialSnapshot) as caught:
+                source.collect()
+        finally:
+            source.close()
+    message = str(caught.value)
+    assert "deviceclasses and devicetaintrules" in message and "pods" not in message, message
+    forged = str(api_error(ApiException(status=404, reason="x\nERROR forged"), "get resourceclaims a/b\nc"))
+    assert "\n" not in forged and "a/b\\nc" in forged, forged
+
+
+def test_an_answer_nested_past_the_parsers_depth_names_what_it_was() -> None:
+    nested = b'{"items": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    with HostileServer(ApiServer(lists={"resourceslices": lambda req, reply: reply.whole(200, nested)})) as api:
+        with pytest.raises(SourceError, match="list resourceslices: .* nested too deeply"):
+            reflector(api.url).list_once()

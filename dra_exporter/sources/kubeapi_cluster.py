@@ -46,6 +46,8 @@ from .kubeapi_normalize import (
 from .reflector import Reflector, Timeouts, close_watches
 
 SOURCE: Final = "kubeapi"
+RBAC_HINT: Final = ("the cluster mode needs list and watch on resourceslices, resourceclaims, deviceclasses "
+                    "and devicetaintrules (resource.k8s.io)")
 #: Objects per list page (client-go's pager uses 500).
 LIST_PAGE: Final = 500
 #: Objects held per kind (``--max-objects``): 5,000 nodes of 8 GPUs as one slice each, their claims,
@@ -178,7 +180,7 @@ class ClusterSource:
         assert self._client is not None
         reflector: Reflector[Any] = Reflector(kind, self._client, path, None, normalize, self._timeouts,
                                                 self.requests, on_update=self._bump, page_size=self._page_size,
-                                                max_objects=self._max_objects)
+                                                max_objects=self._max_objects, rbac_hint=RBAC_HINT)
         self._listing = reflector
         try:
             reflector.list_once(self._stop)  # here, so the first frame already has the whole cluster

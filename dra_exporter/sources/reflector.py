@@ -105,8 +105,11 @@ class Reflector(Generic[T]):
                  normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
                  changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
                  on_update: Callable[[], None] = lambda: None, page_size: int = 0,
-                 label_selector: str | None = None, max_objects: int = MAX_OBJECTS) -> None:
+                 label_selector: str | None = None, max_objects: int = MAX_OBJECTS,
+                 rbac_hint: str = RBAC_HINT) -> None:
         self.kind = kind
+        self.rbac_hint = rbac_hint
+        """What a 403 says the program needs (the node agent's and the cluster mode's differ)."""
         self.max_objects = max_objects
         self._over_limit = False
         self._skipped_event = False
@@ -166,7 +169,7 @@ class Reflector(Generic[T]):
                 query.append(("continue", token))
             try:
                 response = request(f"list {self.kind}", lambda q=query: http.get(  # type: ignore[misc]
-                    self._client, self._path, q, timeout=self._timeouts.request))
+                    self._client, self._path, q, timeout=self._timeouts.request), self.rbac_hint)
             except Gone:
                 if not token or restarted:
                     raise
@@ -267,7 +270,8 @@ class Reflector(Generic[T]):
                              ("timeoutSeconds", seconds)]
         # The server ends the watch after `seconds`; a read timeout catches a silently dead peer.
         response = request(what, lambda: http.get(self._client, self._path, query,
-                                                    timeout=(self._timeouts.request, float(seconds + 30))))
+                                                    timeout=(self._timeouts.request, float(seconds + 30))),
+                           self.rbac_hint)
         self._response = response
         self._skipped_event = False
         if self.error and not self._over_limit:
@@ -373,24 +377,26 @@ def close_watches(reflectors: Iterable[Reflector[Any] | None], client: k8s.ApiCl
             log.debug("closing the API client failed", exc_info=True)
 
 
-def request(what: str, call: Callable[[], Any]) -> Any:
+def request(what: str, call: Callable[[], Any], hint: str = RBAC_HINT) -> Any:
     try:
         return call()
     except ApiException as exc:
         if exc.status == 410:
             raise Gone() from None
-        raise api_error(exc, what) from None
+        raise api_error(exc, what, hint) from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise unreachable(exc) from None
 
 
-def api_error(exc: ApiException, what: str) -> SourceError:
-    status = exc.status
+def api_error(exc: ApiException, what: str, hint: str = RBAC_HINT) -> SourceError:
+    """One line for an error status; ``what`` may name objects, whose names are escaped (a newline
+    in one must not forge a log line)."""
+    status, what = exc.status, printable(what)
     if status == 401:
         return SourceError(f"kubeapi: the API server rejected our credentials (401) on {what}")
     if status == 403:
-        return SourceError(f"kubeapi: forbidden (403) to {what}: {RBAC_HINT}")
-    return SourceError(f"kubeapi: {what} failed: HTTP {status} {exc.reason or ''}".rstrip())
+        return SourceError(f"kubeapi: forbidden (403) to {what}: {hint}")
+    return SourceError(f"kubeapi: {what} failed: HTTP {status} {printable(str(exc.reason or ''))}".rstrip())
 
 
 def unreachable(exc: BaseException) -> SourceError:
