@@ -397,3 +397,40 @@ def test_an_answer_nested_past_the_parsers_depth_names_what_it_was() -> None:
     with HostileServer(ApiServer(lists={"resourceslices": lambda req, reply: reply.whole(200, nested)})) as api:
         with pytest.raises(SourceError, match="list resourceslices: .* nested too deeply"):
             reflector(api.url).list_once()
+
+
+# --- demo ------------------------------------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+
+
+@pytest.mark.slow  # ~10 s: four exporters start
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_demo_killed_outright_takes_its_exporters_with_it() -> None:
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "dra_exporter.cli", "demo", "--base-port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert demo.stdout is not None and demo.stdout.readline(), "the demo printed its scrape config"
+        exporters = children(demo.pid)
+        assert len(exporters) == 4
+        demo.kill()
+        demo.wait()
+        deadline = time.monotonic() + 15
+        alive = exporters
+        while alive:
+            assert time.monotonic() < deadline, f"still running after the demo died: {alive}"
+            time.sleep(0.2)
+            alive = [pid for pid in exporters if _running(pid)]
+    finally:
+        demo.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
