@@ -26,6 +26,7 @@ from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
 
 from . import k8s_objects
 from .k8s_objects import GROUP, JSON, timestamp
+from .duplicates import refuse_duplicates
 from .loader import load_scenario
 from .scenario import API_VERSIONS, Scenario, ScenarioError
 from .scenario_builder import read_documents
@@ -194,6 +195,7 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
                 raise ScenarioError(f"{where}: {kind}/{meta['name']}: apiVersion {item['apiVersion']!r} is not "
                                     f"supported (supported: {', '.join(f'{GROUP}/{v}' for v in versions)})")
             out.append(dict(item))
+    refuse_duplicates(out, label)
     if not any(o["kind"] == "ResourceSlice" for o in out):
         raise ScenarioError(f"{label}: the dump has no ResourceSlice (expected `kubectl get resourceslices,"
                             "resourceclaims,deviceclasses,pods -A -o yaml`)")
