@@ -136,7 +136,7 @@ def environment_options(program: ProgramOptions) -> Decorator:
         _opt("--max-objects", type=click.IntRange(min=1), default=None, metavar="N",
              help="Objects of one kind held from the API server; past it the list or watch is refused with one "
                   "line and source_up says 0, instead of memory growing without bound [default: 10000 per kind "
-                  "for a node, 200000 for the cluster mode]."),
+                  "for a node, 50000 for the cluster mode]."),
         log_level_option,
     ])
 

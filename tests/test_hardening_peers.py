@@ -434,3 +434,25 @@ def _running(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"
     except OSError:
         return False
+
+
+# --- one bad string costs that string ----------------------------------------------------------------
+
+
+def test_a_lone_surrogate_in_a_label_is_replaced_at_exposition_and_in_otlp() -> None:
+    from dra_exporter import catalog, model
+    from dra_exporter.sinks.exposition import render
+    from dra_exporter.sinks.otlp_mapping import instruments, observations
+
+    values = {"uuid": "GPU-1", "gpu": "0", "pod": "p\ud800"}
+    labels = tuple((name, values.get(name, "")) for name in catalog.DEVICE_LABELS)
+    frame = model.Frame((model.Family(catalog.GPU_POWER.name, (model.Sample(labels, 1.0),)),))
+    for openmetrics in (False, True):
+        text = render(frame, openmetrics=openmetrics).decode("utf-8")
+        assert 'pod="p?"' in text
+    inst = next(i for i in instruments() if catalog.GPU_POWER in i.families)
+    observed = list(observations(frame, inst))
+    assert observed
+    for attrs, _ in observed:
+        values = dict(attrs).values()
+        assert all("\ud800" not in str(v) for v in values) and "p?" in values, attrs

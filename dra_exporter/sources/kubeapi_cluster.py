@@ -50,9 +50,10 @@ RBAC_HINT: Final = ("the cluster mode needs list and watch on resourceslices, re
                     "and devicetaintrules (resource.k8s.io)")
 #: Objects per list page (client-go's pager uses 500).
 LIST_PAGE: Final = 500
-#: Objects held per kind (``--max-objects``): 5,000 nodes of 8 GPUs as one slice each, their claims,
-#: with room to spare; a cluster past it raises the limit.
-MAX_OBJECTS: Final = 200_000
+#: Objects held per kind (``--max-objects``): ten times the slices of 5,000 nodes (one slice per
+#: node and driver) and 50,000 claims; a cluster past it raises the limit. At the cap an endless
+#: watch of one-GPU slices holds ~0.5 GB (``benchmarks/bench_hostile_peers.py``).
+MAX_OBJECTS: Final = 50_000
 
 
 def _intern_pairs(pairs: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
