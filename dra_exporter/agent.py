@@ -27,7 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .config import default_stall_timeout
 from .model import Frame, LoopHealth, SourceHealth
-from .sources import Snapshots, Source
+from .sources import PartialSnapshot, Snapshots, Source
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,12 @@ class SourceRunner(Generic[T]):
         started = time.perf_counter()
         try:
             snapshot = self.source.collect()
+        except PartialSnapshot as exc:
+            with self._lock:
+                self._snapshot = exc.snapshot  # type: ignore[assignment]  # the source's own type
+            self.answered.set()  # part of the view is there: usable, while the health says what is not
+            self._failed(exc, time.perf_counter() - started, keep=True)
+            return
         except Exception as exc:  # noqa: BLE001 - one source must never stop the others
             self._failed(exc, time.perf_counter() - started)
             return
@@ -123,10 +129,10 @@ class SourceRunner(Generic[T]):
             log.info("source %s recovered", self.name, extra={"source": self.name})
             self._last_error = ""
 
-    def _failed(self, exc: Exception, duration: float) -> None:
+    def _failed(self, exc: Exception, duration: float, keep: bool = False) -> None:
         message = str(exc) or type(exc).__name__
         with self._lock:
-            if not self.keep_last_good:
+            if not (self.keep_last_good or keep):
                 self._snapshot = None
             h = self._health
             self._health = SourceHealth(self.name, False, duration, h.errors_total + 1, h.last_success_timestamp)

@@ -176,6 +176,10 @@ def environment_options(program: ProgramOptions) -> Decorator:
         _opt("--kubeconfig", default=None, metavar="PATH", type=FileOption(yaml=True, library_parses=True),
              help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
                   "~/.kube/config]. With --simulate it replaces the simulated API server."),
+        _opt("--max-objects", type=click.IntRange(min=1), default=None, metavar="N",
+             help="Objects of one kind held from the API server; past it the list or watch is refused with one "
+                  "line and source_up says 0, instead of memory growing without bound [default: 10000 per kind "
+                  "for a node, 50000 for the cluster mode]."),
         log_level_option,
     ])
 
@@ -270,7 +274,7 @@ def _shell_settings(kw: dict[str, Any], *, publishing: bool) -> dict[str, Any]:
     options are there)."""
     from .sinks.http import ListenAddressError, parse_listen
 
-    shared: dict[str, Any] = {name: kw.pop(name) for name in ("interval", "kubeconfig", "simulate")}
+    shared: dict[str, Any] = {name: kw.pop(name) for name in ("interval", "kubeconfig", "simulate", "max_objects")}
     if not publishing:
         return shared
     listen, prometheus, web_config, stall_timeout = (kw.pop(k) for k in ("listen", "prometheus", "web_config",

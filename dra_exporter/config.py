@@ -78,6 +78,8 @@ class ShellSettings:
     """TLS / client certificates / basic auth for the Prometheus endpoint (--web-config)."""
     otlp: OtlpSettings | None = None
     """Push to an OpenTelemetry collector when set."""
+    max_objects: int | None = None
+    """Objects of one kind the API-server reflectors hold (``--max-objects``); None: the source's default."""
     stall_timeout: float | None = None
     """Seconds without a finished collection cycle after which the cycle counts as stalled (its
     primary source reported down, /readyz failing; /healthz fails after as long again); None:

@@ -3,19 +3,22 @@
 One ``dra-exporter serve --simulate <scenario> --node-name <node>`` subprocess per node of the
 scenario (``gb200-domain``: 4 nodes), on consecutive ports from ``--base-port``; the Prometheus
 scrape configuration for them is printed on stdout, so a local Prometheus can scrape the whole
-cluster. Ctrl-C (or SIGTERM) stops them all; one that dies stops the demo. Each process has its
+cluster. Ctrl-C (or SIGTERM) stops them all; one that dies stops the demo; a demo killed outright
+(SIGKILL, the OOM killer) takes them with it (``die_with_parent``). Each process has its
 own simulated API server that serves the whole cluster, as each node agent of a real cluster
 talks to the one API server.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TextIO
 
 import yaml
 
@@ -33,6 +36,25 @@ def scrape_config(targets: Sequence[tuple[str, str]], interval: float) -> str:
     }]}, sort_keys=False)
 
 
+#: ``prctl(PR_SET_PDEATHSIG, ...)``: the signal the kernel sends a process when its parent dies.
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """What a child runs before ``exec``: ask the kernel (Linux) for SIGTERM when ``parent`` dies —
+    however it dies: a demo killed with SIGKILL runs no ``finally`` — and end at once if it already
+    has (the child then has another parent). Elsewhere, nothing: Ctrl-C and SIGTERM still stop them."""
+    def arm() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
+
+
 def run(scenario: str, nodes: Sequence[str], base_port: int, host: str, interval: float,
         out: TextIO = sys.stdout, extra: Sequence[str] = ()) -> int:
     """Start one exporter per node, print the scrape config, wait for Ctrl-C; the exit code."""
@@ -47,7 +69,7 @@ def run(scenario: str, nodes: Sequence[str], base_port: int, host: str, interval
         for node, address in targets:
             procs.append(subprocess.Popen([
                 sys.executable, "-m", "dra_exporter.cli", "serve", "--simulate", scenario, "--node-name", node,
-                "--listen", address, "--interval", f"{interval:g}", *extra]))
+                "--listen", address, "--interval", f"{interval:g}", *extra], preexec_fn=die_with_parent(os.getpid())))
         out.write(f"# {len(procs)} exporters of scenario {scenario}; Ctrl-C stops them. Prometheus:\n")
         out.write(scrape_config(targets, interval))
         out.flush()

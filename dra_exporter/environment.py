@@ -109,7 +109,8 @@ def _node(settings: Settings, sim_time: float | None, env: Environment) -> None:
         env.simulated_apiserver = True
     env.self_pod = self_pod
     env.context = SourceContext(node_name=node_name, nvml=nvml, kubelet_socket=kubelet_socket,
-                                claim_refresh=settings.claim_refresh, procfs=procfs, wall_clock=wall_clock,
+                                claim_refresh=settings.claim_refresh, max_objects=settings.max_objects,
+                                procfs=procfs, wall_clock=wall_clock,
                                 monotonic=monotonic, **access)
 
 
@@ -139,7 +140,7 @@ def _cluster(settings: ClusterSettings, env: Environment) -> None:
             return FIXED_EPOCH + clock.now()
 
         env.object_clock = simulated_object_time
-    env.context = SourceContext(node_name="", nvml=None, kubelet_socket="", **access)
+    env.context = SourceContext(node_name="", nvml=None, kubelet_socket="", max_objects=settings.max_objects, **access)
 
 
 def _kube_access(kubeconfig: str | None) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from .model import (
     SourceHealth,
 )
 from .resolve import ChainResolver, ClaimStatusResolver, NvidiaNameResolver, Resolver, SliceResolver
+from .taints import TaintRuleIndex
 
 #: Device-plugin resource names whose ids are NVIDIA GPU or MIG devices.
 _PLUGIN_GPU_RESOURCE = "nvidia.com/gpu"
@@ -399,6 +400,7 @@ def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolve
     # placement (~25 per H200), and only what is allocated takes anything from the counters.
     # Admin access does not allocate capacity.
     allocated = {(r.driver, r.pool, r.device) for c in cluster.claims for r in c.results if not r.admin_access}
+    taint_rules = TaintRuleIndex(cluster.taint_rules)
     for sl in cluster.slices:
         for cs in sl.shared_counters:
             for counter, value in cs.counters:
@@ -410,8 +412,7 @@ def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolve
                     uuid=resolver.resolve(sl.driver, sl.pool, dev.name) or "", type=dev.attribute(_ATTR_TYPE),
                     profile=dev.attribute(_ATTR_PROFILE), parent_uuid=dev.attribute(_ATTR_PARENT),
                     model=dev.model_name)
-            rules = ((rule.taint, rule.name) for rule in cluster.taint_rules
-                     if rule.selects(sl.driver, sl.pool, dev.name))
+            rules = ((rule.taint, rule.name) for rule in taint_rules.matching(sl.driver, sl.pool, dev.name))
             for taint, rule in (*((t, "") for t in dev.taints), *rules):
                 out.add(cat.DEVICE_TAINT, 1, **ident, key=taint.key, value=taint.value, effect=taint.effect,
                         rule=rule)

@@ -11,22 +11,31 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import ssl
-import urllib.error
+import time
 import urllib.parse
-import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from . import boundedio, showback, strict_yaml
+import urllib3
+
+from . import boundedio, outbound, showback, strict_yaml
 from .showback import Prices, Report, Series, ShowbackError
 
-MAX_ANSWER_BYTES: Final = 256 << 20
-"""Largest answer read from the server: a week of one-minute points for ~4000 claims."""
+MAX_ANSWER_BYTES: Final = 64 << 20
+"""Largest answer read from the server: ~2.5 million points (a week of five-minute points for ~1,000
+claims). Each answer's series are built as it is parsed (``_Parsed``), so the memory it costs is this
+plus the points it holds, never a JSON tree of it."""
 MAX_PRICE_FILE_BYTES: Final = 1 << 20
 #: A bearer token or a password: a service account's token is ~1 KiB.
 MAX_SECRET_BYTES: Final = 64 << 10
+#: Largest value taken from a series (devices held, a share, a count): past it a sum overflows to inf.
+MAX_VALUE: Final = 1e9
+#: Same-origin redirects followed per query (a path prefix added by a proxy); another origin is refused.
+MAX_REDIRECTS: Final = 3
 
 
 class ReportError(ShowbackError):
@@ -40,10 +49,17 @@ class Connection:
     basic_auth: tuple[str, str] | None = None
     ca_file: str | None = None
     timeout: float = 60.0
+    """Seconds one query may take, its whole answer included."""
 
 
 class PrometheusClient:
-    """The two query endpoints of the Prometheus HTTP API."""
+    """The two query endpoints of the Prometheus HTTP API.
+
+    Answers are read by ``outbound.read_body`` (one deadline for the whole answer, a byte cap that
+    bounds what is held). Redirects are followed only to the same scheme, host and port, as the
+    same POST: credentials never go to a host the operator did not name, and a query is never
+    silently turned into a GET. What the server returned is checked (``notes``: values that are not
+    finite, negative or absurd, repeated timestamps — dropped, and said once)."""
 
     def __init__(self, conn: Connection) -> None:
         parsed = urllib.parse.urlsplit(conn.url)
@@ -57,74 +73,170 @@ class PrometheusClient:
         elif conn.basic_auth:
             pair = base64.b64encode(":".join(conn.basic_auth).encode()).decode()
             self._headers["Authorization"] = f"Basic {pair}"
-        self._context = None
+        context = None
         if conn.ca_file:
             try:
-                self._context = ssl.create_default_context(cafile=conn.ca_file)
+                context = ssl.create_default_context(cafile=conn.ca_file)
             except (OSError, ssl.SSLError) as exc:
                 raise ReportError(f"--ca-file {conn.ca_file}: {exc}") from None
+        self._pool = urllib3.PoolManager(ssl_context=context, retries=False)
+        self.dropped: Counter[str] = Counter()
+        """Points dropped as unusable, by why (``_Parsed``): the report says so once."""
 
     def _post(self, path: str, params: dict[str, str]) -> Any:
         address = f"{self._base}/api/v1/{path}"
-        request = urllib.request.Request(address, urllib.parse.urlencode(params).encode(), self._headers)
+        deadline = time.monotonic() + self._timeout
+        body = urllib.parse.urlencode(params).encode()
+        target = address
+        for _ in range(MAX_REDIRECTS + 1):
+            response = self._send(address, target, body, deadline)
+            if response.status not in (301, 302, 303, 307, 308):
+                break
+            target = self._redirected(address, target, response)
+        else:
+            raise ReportError(f"{address}: more than {MAX_REDIRECTS} redirects; give --prometheus the final URL")
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout, context=self._context) as response:
-                body = response.read(MAX_ANSWER_BYTES + 1)
-        except urllib.error.HTTPError as exc:
-            raise ReportError(_http_error(address, exc)) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ReportError(f"cannot reach {address}: {reason}") from None
-        if len(body) > MAX_ANSWER_BYTES:
-            raise ReportError(f"{address}: answer over {MAX_ANSWER_BYTES} bytes; ask for a shorter window "
-                              "or a longer --step")
+            data = outbound.read_body(response, MAX_ANSWER_BYTES, self._timeout, deadline)
+        except outbound.AnswerTooLarge:
+            raise ReportError(f"{address}: answer over {MAX_ANSWER_BYTES >> 20} MiB; ask for a shorter window "
+                              "or a longer --step") from None
+        except outbound.AnswerRefused as exc:
+            raise ReportError(f"{address}: {exc} (--timeout)") from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ReportError(f"cannot reach {address}: {_transport_words(exc)}") from None
+        finally:
+            response.release_conn()
+        if not 200 <= response.status <= 299:
+            raise ReportError(_http_error(address, response.status, response.reason, data))
         try:
-            doc = json.loads(body)
-        except ValueError:
+            doc = json.loads(data, object_pairs_hook=_Parsed(self.dropped))
+        except _NotAResult as exc:
+            raise ReportError(f"{address}: {exc}") from None
+        except (ValueError, RecursionError):
             raise ReportError(f"{address}: the answer is not JSON; is this a Prometheus API URL?") from None
         if not isinstance(doc, dict) or doc.get("status") != "success" or not isinstance(doc.get("data"), dict):
             raise ReportError(f"{address}: {_api_error(doc)}")
         return doc["data"]
 
+    def _send(self, address: str, target: str, body: bytes, deadline: float) -> Any:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ReportError(f"{address}: no answer within {self._timeout:g} s (--timeout)")
+        try:
+            return self._pool.request("POST", target, body=body, headers=self._headers, redirect=False,
+                                      preload_content=False, timeout=urllib3.Timeout(connect=left, read=left))
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ReportError(f"cannot reach {address}: {_transport_words(exc)}") from None
+
+    def _redirected(self, address: str, target: str, response: Any) -> str:
+        """The same-origin URL a redirect names; another origin is refused (one line naming it)."""
+        location = response.headers.get("Location", "")
+        response.drain_conn()
+        response.release_conn()
+        new = urllib.parse.urljoin(target, location)
+        here, there = urllib.parse.urlsplit(target), urllib.parse.urlsplit(new)
+        if (here.scheme, here.hostname, here.port) != (there.scheme, there.hostname, there.port):
+            raise ReportError(f"{address}: the server redirects ({response.status}) to another host, "
+                              f"{_one_line(new, 200)}; not followed (the credentials would go there): "
+                              "give --prometheus that URL if it is the right server")
+        return new
+
     def instant(self, expr: str, at: float) -> list[Series]:
-        return _series(self._post("query", {"query": expr, "time": _num(at)}), range_=False)
+        return _series(self._post("query", {"query": expr, "time": _num(at)}))
 
     def range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
         data = self._post("query_range", {"query": expr, "start": _num(start), "end": _num(end),
                                           "step": _num(step)})
-        return _series(data, range_=True)
+        return _series(data)
+
+    def notes(self) -> list[str]:
+        """One line per kind of point dropped so far (``dropped``), and forget them."""
+        lines = [f"dropped {n} point{'s' if n != 1 else ''} of the server's answers: {why}"
+                 for why, n in sorted(self.dropped.items())]
+        self.dropped.clear()
+        return lines
+
+
+class _NotAResult(ValueError):
+    """The answer is JSON, but not a Prometheus vector or matrix result."""
+
+
+class _Parsed:
+    """``object_pairs_hook`` that turns each series of a vector or matrix result into a ``Series``
+    as the parser finishes it, so an answer never exists as a JSON tree of points: the raw pairs of
+    one series at a time, and the points kept. Points whose value is not finite or is negative (a
+    GPU share, a count), and repeats of a timestamp, are dropped and counted in ``dropped``."""
+
+    def __init__(self, dropped: Counter[str]) -> None:
+        self.dropped = dropped
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> Any:
+        obj = dict(pairs)
+        if not isinstance(obj.get("metric"), dict) or not ("values" in obj or "value" in obj):
+            return obj  # the label set itself, or the answer's envelope
+        labels = obj["metric"]
+        if not all(isinstance(v, str) for v in labels.values()):
+            bad = next(k for k, v in labels.items() if not isinstance(v, str))
+            raise _NotAResult(f"the server's answer has a label {_one_line(str(bad), 80)!r} whose value is not a "
+                              "string; is this a Prometheus API URL?")
+        raw = obj["values"] if "values" in obj else [obj["value"]]
+        points: list[tuple[float, float]] = []
+        seen: set[float] = set()
+        try:
+            for t, v in raw:
+                at, value = float(t), float(v)
+                why = ("its time is not a finite number" if not math.isfinite(at) else
+                       "not a finite number" if not math.isfinite(value) else
+                       "negative" if value < 0 else
+                       f"over {MAX_VALUE:g}, which no GPU count or share is" if value > MAX_VALUE else
+                       "a timestamp given twice in one series" if at in seen else "")
+                if why:
+                    self.dropped[why] += 1
+                    continue
+                seen.add(at)
+                points.append((at, value))
+        except (TypeError, ValueError):
+            raise _NotAResult("the server's answer is not a vector or matrix result") from None
+        return Series(dict(labels), tuple(points))
 
 
 def _num(x: float) -> str:
     return f"{x:.3f}".rstrip("0").rstrip(".")
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    """``text`` folded onto one line (a server's multi-line error would split the message), at most ``limit``."""
+    folded = " ".join(text.split())
+    return folded if len(folded) <= limit else folded[:limit] + "..."
+
+
+def _transport_words(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None) or exc
+    return _one_line(str(reason) or type(reason).__name__, 200)
+
+
 def _api_error(doc: Any) -> str:
     if isinstance(doc, dict) and doc.get("error"):
-        return f"{doc.get('errorType', 'error')}: {str(doc['error'])[:300]}"
+        return f"{_one_line(str(doc.get('errorType', 'error')), 40)}: {_one_line(str(doc['error']))}"
     return "the answer is not a Prometheus API result"
 
 
-def _http_error(address: str, exc: urllib.error.HTTPError) -> str:
-    if exc.code in (401, 403):
-        return (f"{address}: HTTP {exc.code} {exc.reason}: check --bearer-token-file or "
+def _http_error(address: str, status: int, reason: str | None, body: bytes | bytearray) -> str:
+    if status in (401, 403):
+        return (f"{address}: HTTP {status} {reason or ''}: check --bearer-token-file or "
                 "--basic-auth-user/--basic-auth-password-file")
     try:
-        detail = _api_error(json.loads(exc.read(64 << 10)))
-    except ValueError:
-        detail = str(exc.reason)
-    return f"{address}: HTTP {exc.code}: {detail}"
+        detail = _api_error(json.loads(body[:64 << 10]))
+    except (ValueError, RecursionError):
+        detail = _one_line(str(reason or ""))
+    return f"{address}: HTTP {status}: {detail}"
 
 
-def _series(data: dict[str, Any], *, range_: bool) -> list[Series]:
-    try:
-        out = []
-        for item in data["result"]:
-            pairs = item["values"] if range_ else [item["value"]]
-            out.append(Series(dict(item["metric"]), tuple((float(t), float(v)) for t, v in pairs)))
-        return out
-    except (KeyError, TypeError, ValueError):
-        raise ReportError("the server's answer is not a vector or matrix result") from None
+def _series(data: dict[str, Any]) -> list[Series]:
+    result = data.get("result")
+    if not isinstance(result, list) or not all(isinstance(item, Series) for item in result):
+        raise ReportError("the server's answer is not a vector or matrix result")
+    return result
 
 
 # --- inputs -----------------------------------------------------------------------------------
@@ -199,7 +311,7 @@ def run(
     q = showback.queries(recorded=recorded)
     last = end - step  # each point stands for the step that starts at it: [t, t + step); so do
     # the devices and pods of the idle claims, taken at the last point
-    return showback.build(
+    report = showback.build(
         start=start, end=end, step=step,
         source="recording rules" if recorded else "raw series",
         held=client.range(q.held, start, last, step),
@@ -208,3 +320,7 @@ def run(
         pods=client.instant(q.pods, last),
         prices=prices, idle_below=idle_below, top=top,
     )
+    for note in client.notes():
+        if warn is not None:
+            warn(note)
+    return report

@@ -27,6 +27,7 @@ from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
 
 from . import k8s_objects
 from .dump import kubernetes_objects
+from .duplicates import refuse_duplicates
 from .k8s_objects import JSON, timestamp
 from .loader import load_scenario
 from .scenario import API_VERSIONS, Scenario, ScenarioError, derived_uuid
@@ -186,6 +187,7 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
                                 f"{item['apiVersion']!r} is not supported "
                                 f"(supported: {', '.join(f'{GROUP}/{v}' for v in versions)})")
         out.append(dict(item))
+    refuse_duplicates(out, label)
     if not any(o["kind"] == "ResourceSlice" for o in out):
         raise ScenarioError(f"{label}: the dump has no ResourceSlice (expected `kubectl get resourceslices,"
                             "resourceclaims,deviceclasses,pods -A -o yaml`)")

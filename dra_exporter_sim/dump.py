@@ -51,6 +51,7 @@ from dra_exporter.sources.kubeapi_normalize import (
     slice_from_dict,
 )
 
+from .duplicates import refuse_duplicates
 from .profile import MigProfile, identified, known_mig_profiles, load_profile, mig_profile_from_slice
 from .scenario import API_VERSIONS, DEVICE_HEALTH, MAX_GPUS, Hardware, Scenario, ScenarioError
 from .scenario_builder import parse_scenario, read_documents
@@ -202,6 +203,7 @@ class _Objects:
                 node = _map(obj.get("spec")).get("nodeName")
                 pods.append(_Pod(place, pod, node if isinstance(node, str) else ""))
             raw.append(obj)
+        refuse_duplicates(raw, label)
         return cls(tuple(slices), tuple(claims), tuple(pods), tuple(raw))
 
 

@@ -274,12 +274,7 @@ class _Endless:
         self.read_bytes = 0
         self.closed = False
 
-    def stream(self, amt: int, decode_content: bool = False) -> Iterator[bytes]:
-        while True:
-            self.read_bytes += amt
-            yield b"x" * amt
-
-    def read(self, amt: int) -> bytes:
+    def read1(self, amt: int, decode_content: bool = False) -> bytes:
         self.read_bytes += amt
         return b"x" * amt
 
@@ -293,13 +288,13 @@ class _Endless:
 def test_endless_answers_are_read_only_up_to_the_limit() -> None:
     endless = _Endless()
     with pytest.raises(SourceError, match="4 MiB limit"):
-        for _ in reflector.watch_lines(endless, MAX_OBJECT_BYTES, "watch pods"):
+        for _ in reflector.watch_lines(endless, MAX_OBJECT_BYTES, "watch pods", 60.0):
             pass
     assert endless.closed and endless.read_bytes <= MAX_OBJECT_BYTES + 128 * 1024
     endless = _Endless()
     with pytest.raises(SourceError, match="32 MiB limit"):
         reflector.read_json(endless, "list pods", MAX_LIST_BYTES)
-    assert endless.closed and endless.read_bytes == MAX_LIST_BYTES + 1
+    assert endless.closed and endless.read_bytes <= MAX_LIST_BYTES + 64 * 1024
     announced = _Endless()
     announced.headers = {"Content-Length": str(MAX_OBJECT_BYTES + 1)}
     with pytest.raises(SourceError, match="4 MiB limit"):

@@ -246,16 +246,17 @@ def test_a_flood_from_more_addresses_than_the_reserve_holds_leaves_the_probes_th
         eventually(lambda: conns.count == 0)
 
 
-def test_probes_answer_while_a_connection_flood_holds_every_slot() -> None:
+def test_probes_and_scrapes_answer_while_a_connection_flood_holds_every_slot() -> None:
     """The issue's repro, scaled down: idle sockets from several addresses, reopened as fast as
-    they close, hold every slot; /healthz and /readyz answer every time, /metrics gets 503."""
+    they close, hold every slot; /healthz, /readyz and /metrics (from an address that holds no
+    connection, as Prometheus) answer every time; anything else gets 503."""
     with sink_serving(request_timeout=60.0, max_connections=4, max_connections_per_client=2) as sink:
         conns = sink._server.connections
         with connection_flood(sink.port, ("127.0.0.2", "127.0.0.3", "127.0.0.4")):
             eventually(lambda: conns.count >= 4 and conns.refused > 10, timeout=30)
-            probes = [get(sink.port, path)[0] for path in ("/healthz", "/readyz") * 10]
-            status, headers, _ = get(sink.port, "/metrics")
-        assert probes == [200] * 20
+            probes = [get(sink.port, path)[0] for path in ("/healthz", "/readyz", "/metrics") * 10]
+            status, headers, _ = get(sink.port, "/")
+        assert probes == [200] * 30
         assert status == 503 and headers["connection"] == "close"
         eventually(lambda: conns.count == 0)
         assert get(sink.port)[0] == 200

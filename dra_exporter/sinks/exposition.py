@@ -60,6 +60,17 @@ def format_value(value: float) -> str:
     return text
 
 
+def _utf8(text: str) -> bytes:
+    # A lone surrogate (JSON's "\ud800", from any API object) cannot be UTF-8: it becomes "?"
+    # instead of failing every scrape.
+    return text.encode("utf-8", errors="replace")
+
+
+def valid_text(value: str) -> str:
+    """``value`` with what UTF-8 cannot carry (lone surrogates) replaced by ``?``."""
+    return value if value.isascii() else _utf8(value).decode("utf-8")
+
+
 def escape_label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -103,12 +114,12 @@ class _Rendered:
     families: tuple[tuple[_Head, str], ...]
 
     def text(self) -> bytes:
-        return "".join([part for head, body in self.families for part in (head.text, body)]).encode()
+        return _utf8("".join([part for head, body in self.families for part in (head.text, body)]))
 
     def openmetrics(self) -> bytes:
         parts = [part for head, body in self.families for part in (head.openmetrics, body)]
         parts.append(_EOF)
-        return "".join(parts).encode()
+        return _utf8("".join(parts))
 
 
 class Renderer:

@@ -31,9 +31,10 @@ Staying up under hostile or broken clients:
 - At most ``max_connections`` connections are served at once, and at most
   ``max_connections_per_client`` from one peer address, so one client cannot hold every slot.
   Beyond a cap a connection may still take one of ``PROBE_RESERVE`` reserve slots (at most
-  ``PROBE_RESERVE_PER_CLIENT`` per peer) that answer one ``/healthz`` or ``/readyz`` request and
-  nothing else (503), within ``PROBE_DEADLINE_S``: the kubelet's probes get through a flood
-  that holds every ordinary slot. Beyond that, new connections are closed at once, so a
+  ``PROBE_RESERVE_PER_CLIENT`` per peer, and only for a peer that holds at most
+  ``PROBE_RESERVE_MAX_HELD`` ordinary connections) that answer one ``/healthz``, ``/readyz`` or
+  ``/metrics`` request and nothing else (503), within ``PROBE_DEADLINE_S``: the kubelet's probes
+  and Prometheus's scrapes get through a flood from a few addresses that holds every ordinary slot. Beyond that, new connections are closed at once, so a
   flood costs sockets, not unbounded threads and memory.
 - A request's head (request line and headers) is read in small chunks and counted: at most
   ``MAX_HEAD_BYTES`` in total (Go's and so exporter-toolkit's default), the first
@@ -76,6 +77,9 @@ from .webconfig import WebConfig
 METRICS_PATH = "/metrics"
 #: Paths served without basic auth (kubelet probes cannot send credentials).
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+#: What a reserve connection (over a cap) answers: the probes, and a scrape, so that a flood from a
+#: few addresses stops neither the kubelet nor Prometheus (each holds at most one connection).
+RESERVE_PATHS = PROBE_PATHS | {METRICS_PATH}
 
 _INDEX_HTML = (
     b"<!DOCTYPE html>\n<html><head><title>dra-exporter</title></head>\n"
@@ -359,7 +363,7 @@ class _Connection:
     deadline: float
     served: int = 0
     probe_only: bool = False
-    """A reserve connection, over a cap: one probe request and nothing else."""
+    """A reserve connection, over a cap: one probe or scrape request (``RESERVE_PATHS``), nothing else."""
     answered_probe: bool = False
     counted_refused: bool = False
 
@@ -588,13 +592,13 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.server.auth
         framing_error = _body_framing_error(self.headers)
         if self._conn.probe_only:
-            self._conn.answered_probe = not framing_error and path in PROBE_PATHS
+            self._conn.answered_probe = not framing_error and path in RESERVE_PATHS
         if framing_error:
             self.linger = True
             self.send_error(400, "Bad Request", framing_error)
             return
-        if self._conn.probe_only and path not in PROBE_PATHS:
-            # A reserve connection (over a cap) answers the probes below, and nothing else.
+        if self._conn.probe_only and path not in RESERVE_PATHS:
+            # A reserve connection (over a cap) answers a probe or a scrape, and nothing else.
             self._send(503, _PLAIN, _OVER_CAP, send_body)
             return
         # Checked only once the request is known to be served: a check may cost a bcrypt run.

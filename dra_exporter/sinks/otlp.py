@@ -27,7 +27,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import model
 from .otlp_mapping import MetricsBuilder, instruments, observations
-from .otlp_settings import OtlpConfigError, OtlpSettings, build_exporter, parse_header, prefers_delta
+from .otlp_settings import OtlpConfigError, OtlpSettings, build_exporter, parse_header, prefers_delta, refusal
 
 __all__ = ["SOURCE", "MetricsBuilder", "OtlpConfigError", "OtlpSettings", "OtlpSink", "build_exporter",
            "instruments", "observations", "parse_header", "resource"]
@@ -93,7 +93,8 @@ class OtlpSink:
             try:
                 data = self._builder.build(frame, time.time_ns())
                 result = self._exporter.export(data, timeout_millis=self._settings.timeout * 1000)
-                ok, reason = result is MetricExportResult.SUCCESS, "the collector did not accept the export"
+                ok = result is MetricExportResult.SUCCESS
+                reason = refusal(self._exporter) or "the collector did not accept the export"
             except Exception as exc:  # an exporter fault must not end the push thread
                 ok, reason = False, f"{type(exc).__name__}: {exc}"
                 self._logger.debug("OTLP export raised", exc_info=True)

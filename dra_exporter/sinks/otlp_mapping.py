@@ -41,6 +41,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import catalog, model
+from .exposition import valid_text
 
 InstrumentKind = Literal["gauge", "counter", "updowncounter"]
 #: Attribute pairs sorted by key: hashable, and equal for equal attribute sets.
@@ -98,7 +99,7 @@ def _attributes(labels: model.Labels, form: catalog.OtlpForm, device: bool,
                 devices: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
     spelling = catalog.OTEL_VALUES
     naming = form.attribute if form.attributes else catalog.attribute_name
-    attrs = {naming(name): spelling.get(name, {}).get(value, value) for name, value in labels if value}
+    attrs = {naming(name): valid_text(spelling.get(name, {}).get(value, value)) for name, value in labels if value}
     if device:
         attrs["hw.type"] = "gpu"
         attrs.update(devices.get(dict(labels).get("uuid", ""), {}))

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -20,6 +22,7 @@ from opentelemetry.sdk.metrics import ObservableCounter
 from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter
 from opentelemetry.util.re import parse_env_headers
 
+from .. import outbound
 from ..boundedio import require_regular_file
 
 Protocol = Literal["grpc", "http/protobuf"]
@@ -177,7 +180,53 @@ def _http_exporter(settings: OtlpSettings) -> MetricExporter:
         kwargs["client_key_file"] = settings.client_key_file
     if settings.headers:
         kwargs["headers"] = dict(settings.headers)
-    return OTLPMetricExporter(**kwargs)
+    session = _bounded_session()
+    exporter = OTLPMetricExporter(session=session, **kwargs)
+    _sessions[exporter] = session
+    return exporter
+
+
+#: Largest collector reply read: an ``ExportMetricsServiceResponse`` is a partial-success count and
+#: a message, a few bytes; whatever else a collector sends is refused, not held.
+MAX_REPLY_BYTES: Final = 64 << 10
+_sessions: weakref.WeakKeyDictionary[MetricExporter, Any] = weakref.WeakKeyDictionary()
+
+
+def _bounded_session() -> Any:
+    """A ``requests`` session whose replies are read by ``outbound.read_body``: at most
+    ``MAX_REPLY_BYTES``, within the export's timeout for the whole reply (the SDK's exporter reads
+    the body whole, however big or slow it is). A refusal fails the export; ``refusal`` says why."""
+    import requests
+
+    class BoundedSession(requests.Session):
+        refusal = ""
+
+        def request(self, method: str, url: str | bytes, *args: Any, **kw: Any) -> requests.Response:
+            timeout = kw.get("timeout")
+            seconds = float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else 10.0
+            deadline = time.monotonic() + seconds  # the connection and the reply together
+            kw["stream"] = True
+            response = super().request(method, url, *args, **kw)
+            try:
+                body = outbound.read_body(response.raw, MAX_REPLY_BYTES, seconds, deadline)
+            except outbound.AnswerRefused as exc:
+                self.refusal = f"the collector's reply was refused: {exc}"
+                response.close()
+                raise
+            response._content, response._content_consumed = bytes(body), True
+            response.raw.release_conn()
+            return response
+
+    return BoundedSession()
+
+
+def refusal(exporter: MetricExporter) -> str:
+    """Why the exporter's last reply was refused (``""``: it was not), and forget it."""
+    session = _sessions.get(exporter)
+    if session is None or not session.refusal:
+        return ""
+    why, session.refusal = session.refusal, ""
+    return str(why)
 
 
 def _http_metrics_url(endpoint: str) -> str:

@@ -24,6 +24,16 @@ class SourceError(Exception):
     """A source could not produce a snapshot this cycle; the message says why, for operators."""
 
 
+class PartialSnapshot(SourceError):
+    """Part of the source failed, the rest answered: ``snapshot`` is what it read. The source
+    counts as down (the message says what is missing) while the snapshot is used, so one kind the
+    exporter may not read (a 403) does not blank the kinds it may."""
+
+    def __init__(self, message: str, snapshot: object) -> None:
+        super().__init__(message)
+        self.snapshot = snapshot
+
+
 class Source(Protocol[T_co]):
     """One system the exporter reads, collected once per cycle (or on its own thread)."""
 

@@ -87,7 +87,17 @@ from .kubeapi_normalize import (
 )
 from .reflector import MAX_LIST_BYTES as MAX_LIST_BYTES
 from .reflector import MAX_OBJECT_BYTES as MAX_OBJECT_BYTES
-from .reflector import RBAC_HINT, Reflector, api_error, close_watches, read_json, request, unreachable
+from .reflector import (
+    MAX_OBJECTS,
+    RBAC_HINT,
+    Reflector,
+    api_error,
+    close_watches,
+    read_json,
+    readable,
+    request,
+    unreachable,
+)
 from .reflector import Timeouts as Timeouts
 
 SOURCE: Final = "kubeapi"
@@ -140,7 +150,7 @@ def discover(api_client: k8s.ApiClient, timeout: float = 10.0) -> tuple[tuple[st
         raise api_error(exc, f"discover {GROUP}") from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise unreachable(exc) from None
-    served = served_versions(read_json(response, f"discover {GROUP}"))
+    served = served_versions(read_json(response, f"discover {GROUP}", seconds=timeout))
     version = choose_version(served, SUPPORTED_VERSIONS)
     if version is None:
         raise SourceError(f"kubeapi: no {GROUP} version both served ({', '.join(served) or 'none'}) and "
@@ -169,7 +179,8 @@ def probe(api_client: k8s.ApiClient, node_name: str, version: str, *, timeout: f
     for kind, path in (("resourceslices", http.slices_path(version)), ("pods", http.PODS_PATH)):
         try:
             body = read_json(request(f"list {kind}", lambda path=path: http.get(  # type: ignore[misc]
-                api_client, path, [("fieldSelector", selector)], timeout=timeout)), f"list {kind}", MAX_LIST_BYTES)
+                api_client, path, [("fieldSelector", selector)], timeout=timeout)), f"list {kind}", MAX_LIST_BYTES,
+                timeout)
         except SourceError as exc:
             results.append(Probe(False, str(exc).removeprefix("kubeapi: ")))
             continue
@@ -185,7 +196,7 @@ def _review(api_client: k8s.ApiClient, verb: str, group: str, resource: str, tim
               "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}}}
     try:
         answer = read_json(http.post(api_client, http.ACCESS_REVIEW_PATH, review, timeout=timeout),
-                       f"check whether it may {what}")
+                           f"check whether it may {what}", seconds=timeout)
     except ApiException as exc:
         return Probe(False, f"could not check whether it may {what}: HTTP {exc.status}")
     except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -217,7 +228,7 @@ def taint_rule_version(client: k8s.ApiClient, served: Iterable[str], timeouts: T
         requests["discover"] += 1
         what = f"discover {GROUP}/{version}"
         get = functools.partial(http.get, client, f"{http.GROUP_PATH}/{version}", timeout=timeouts.request)
-        body = read_json(request(what, get), what)
+        body = read_json(request(what, get), what, seconds=timeouts.request)
         if "devicetaintrules" in resource_names(body):
             return version
     return None
@@ -229,9 +240,11 @@ class ApiServerSource:
     once, the requests they sent, and the stop event of their watches."""
 
     def __init__(self, *, client_factory: Callable[[], k8s.ApiClient] | None, kubeconfig: str | None,
-                 timeouts: Timeouts, logger: logging.Logger | None) -> None:
+                 timeouts: Timeouts, max_objects: int, logger: logging.Logger | None) -> None:
         self._client_factory = client_factory or (lambda: load_client(kubeconfig))
         self._timeouts = timeouts
+        self._max_objects = max_objects
+        """Objects one watch (and one list) may hold: past it the kind fails, with one line."""
         self._log = logger or logging.getLogger(type(self).__module__)
         self.requests: Counter[str] = Counter()
         """Requests sent, by ``"<verb> <kind>"``: what this source costs the API server."""
@@ -258,6 +271,10 @@ class ApiServerSource:
         assert self._client is not None
         return taint_rule_version(self._client, self.served, self._timeouts, self.requests)
 
+    def _reflector(self, *args: Any, **kw: Any) -> Reflector[Any]:
+        kw["max_objects"] = self._max_objects
+        return Reflector(*args, **kw)
+
 
 class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
     """The cluster view of one node: see the module docstring for what it asks and how often."""
@@ -267,11 +284,12 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
     def __init__(self, node_name: str, *, client_factory: Callable[[], k8s.ApiClient] | None = None,
                  kubeconfig: str | None = None,
                  claim_hints: Callable[[], Iterable[tuple[str, str]]] = tuple,
-                 claim_refresh: float = 300.0, timeouts: Timeouts = Timeouts(),
+                 claim_refresh: float = 300.0, timeouts: Timeouts = Timeouts(), max_objects: int | None = None,
                  monotonic: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None) -> None:
         if not node_name:
             raise ValueError("kubeapi: a node name is needed for the spec.nodeName field selectors")
-        super().__init__(client_factory=client_factory, kubeconfig=kubeconfig, timeouts=timeouts, logger=logger)
+        super().__init__(client_factory=client_factory, kubeconfig=kubeconfig, timeouts=timeouts,
+                         max_objects=MAX_OBJECTS if max_objects is None else max_objects, logger=logger)
         self.node_name = node_name
         self._claim_hints = claim_hints
         self._claim_refresh = claim_refresh
@@ -288,6 +306,8 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         self._node_labels_due = 0.0
         self._node_warned = False
         self._claims: dict[tuple[str, str], _CachedClaim] = {}
+        self._unreadable: set[str] = set()
+        """Claims logged as unreadable (``reflector.readable``)."""
         self._stale: set[tuple[str, str]] = set()
         self._stale_lock = threading.Lock()
         self._revision = 0
@@ -329,16 +349,16 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
             self._log.info("kubeapi: reading %s/%s for node %s", GROUP, version, self.node_name)
         if self._slices is None or self._pods is None:
             selector = f"spec.nodeName={self.node_name}"
-            slices = Reflector("resourceslices", client, http.slices_path(version), selector,
+            slices = self._reflector("resourceslices", client, http.slices_path(version), selector,
                                 lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
                                 on_update=self._bump)
             # Slices that name no node (allNodes, nodeSelector, perDeviceNodeSelection): the API
             # server's field set has spec.nodeName "" for them, so this selector finds exactly those;
             # which of their devices cover this node is decided here (slices_for_node).
-            nodeless = Reflector("resourceslices-nodeless", client, http.slices_path(version), "spec.nodeName=",
+            nodeless = self._reflector("resourceslices-nodeless", client, http.slices_path(version), "spec.nodeName=",
                                   lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
                                   on_update=self._bump)
-            pods = Reflector("pods", client, http.PODS_PATH, selector,
+            pods = self._reflector("pods", client, http.PODS_PATH, selector,
                               pod_from_dict, self._timeouts, self.requests, changed=self._pod_changed,
                               on_update=self._bump)
             # The first lists happen here, so the first frame already has the cluster view.
@@ -364,7 +384,7 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
                 self._log.info("kubeapi: %s serves no DeviceTaintRules (gate DRADeviceTaintRules off, or "
                                "Kubernetes before 1.33): only the slices' own taints are shown", GROUP)
                 return
-            rules = Reflector("devicetaintrules", self._client, http.taint_rules_path(version), None,
+            rules = self._reflector("devicetaintrules", self._client, http.taint_rules_path(version), None,
                                taint_rule_from_dict, self._timeouts, self.requests, on_update=self._bump)
             rules.list_once()
         except SourceError as exc:
@@ -386,7 +406,7 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         self.requests["discover"] += 1
         try:
             response = http.get(client, path, timeout=self._timeouts.request)
-            found = cd.served(read_json(response, f"discover {cd.GROUP}/{cd.VERSION}"))
+            found = cd.served(read_json(response, f"discover {cd.GROUP}/{cd.VERSION}", seconds=self._timeouts.request))
         except ApiException as exc:
             if exc.status == 404:
                 self._log.info("kubeapi: %s/%s is not served (NVIDIA's ComputeDomain CRDs are not installed): "
@@ -402,13 +422,13 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         readers: list[Reflector[Any]] = []
         try:
             if cd.DOMAINS in found:
-                self._domains = Reflector(cd.DOMAINS, client, f"{path}/{cd.DOMAINS}", None,
+                self._domains = self._reflector(cd.DOMAINS, client, f"{path}/{cd.DOMAINS}", None,
                                            cd.compute_domain_from_dict, self._timeouts, self.requests,
                                            on_update=self._bump)
                 readers.append(self._domains)
             if cd.CLIQUES in found:
                 # The driver namespace is the Helm release's: list every namespace, only labelled cliques.
-                self._cliques = Reflector(cd.CLIQUES, client, f"{path}/{cd.CLIQUES}", None, cd.clique_from_dict,
+                self._cliques = self._reflector(cd.CLIQUES, client, f"{path}/{cd.CLIQUES}", None, cd.clique_from_dict,
                                            self._timeouts, self.requests, on_update=self._bump,
                                            label_selector=DOMAIN_UID_LABEL)
                 readers.append(self._cliques)
@@ -441,7 +461,8 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         try:
             response = http.get(self._client, f"{http.NODES_PATH}/{{name}}", timeout=self._timeouts.request,
                                 path_params={"name": self.node_name})
-            labels: dict[str, str] | None = node_labels(read_json(response, "get nodes", MAX_OBJECT_BYTES))
+            labels: dict[str, str] | None = node_labels(read_json(response, "get nodes", MAX_OBJECT_BYTES,
+                                                                          self._timeouts.request))
         except ApiException as exc:
             if exc.status not in (403, 404):
                 raise api_error(exc, f"get nodes {self.node_name}") from None
@@ -513,8 +534,10 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
             assert self._client is not None and self.api_version is not None
             response = http.get_claim(self._client, self.api_version, namespace, name,
                                       timeout=self._timeouts.request)
-            body = read_json(response, "get resourceclaims", MAX_OBJECT_BYTES)
-            info: model.ClaimInfo | None = claim_from_dict(body, self.api_version or "")
+            body = read_json(response, "get resourceclaims", MAX_OBJECT_BYTES, self._timeouts.request)
+            version = self.api_version
+            info: model.ClaimInfo | None = readable(lambda obj: claim_from_dict(obj, version), body,
+                                                    "resourceclaims", f"{namespace}/{name}", self._unreadable)
         except ApiException as exc:
             if exc.status != 404:
                 raise api_error(exc, f"get resourceclaims {namespace}/{name}") from None

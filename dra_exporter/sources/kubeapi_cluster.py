@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Final
@@ -30,8 +31,9 @@ from typing import Any, Final
 from kubernetes import client as k8s
 
 from .. import model
+from ..backoff import Backoff
 from ..dra_versions import GROUP
-from . import SourceError
+from . import PartialSnapshot, SourceError
 from . import kubeapi_http as http
 from .kubeapi import ApiServerSource
 from .kubeapi_normalize import (
@@ -43,8 +45,14 @@ from .kubeapi_normalize import (
 from .reflector import Reflector, Timeouts, close_watches
 
 SOURCE: Final = "kubeapi"
+RBAC_HINT: Final = ("the cluster mode needs list and watch on resourceslices, resourceclaims, deviceclasses "
+                    "and devicetaintrules (resource.k8s.io)")
 #: Objects per list page (client-go's pager uses 500).
 LIST_PAGE: Final = 500
+#: Objects held per kind (``--max-objects``): ten times the slices of 5,000 nodes (one slice per
+#: node and driver) and 50,000 claims; a cluster past it raises the limit. At the cap an endless
+#: watch of one-GPU slices holds ~0.5 GB (``benchmarks/bench_hostile_peers.py``).
+MAX_OBJECTS: Final = 50_000
 
 
 def _intern_pairs(pairs: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
@@ -74,31 +82,55 @@ class ClusterSource(ApiServerSource):
     name = SOURCE
 
     def __init__(self, *, client_factory: Callable[[], k8s.ApiClient] | None = None, kubeconfig: str | None = None,
-                 timeouts: Timeouts = Timeouts(), page_size: int = LIST_PAGE,
+                 timeouts: Timeouts = Timeouts(), page_size: int = LIST_PAGE, max_objects: int | None = None,
                  logger: logging.Logger | None = None) -> None:
-        super().__init__(client_factory=client_factory, kubeconfig=kubeconfig, timeouts=timeouts, logger=logger)
+        super().__init__(client_factory=client_factory, kubeconfig=kubeconfig, timeouts=timeouts,
+                         max_objects=MAX_OBJECTS if max_objects is None else max_objects, logger=logger)
         self._page_size = page_size
         self._reflectors: dict[str, Reflector[Any]] = {}
+        self._failed: dict[str, tuple[Backoff, str]] = {}
+        """Kinds whose first list failed: their backoff and why."""
+        self._listing: Reflector[Any] | None = None
+        """The reflector whose first list is in flight: ``close`` cuts it."""
+        self._discovery_backoff = Backoff(*timeouts.backoff, monotonic=time.monotonic)
+        self._discovery_error = ""
         self._revision = 0
         self._revision_lock = threading.Lock()
         self._state: tuple[int, model.ClusterState] | None = None
 
     def collect(self) -> model.ClusterState:
+        """The state of every kind that could be read. Raises ``SourceError`` when none could (no
+        access, the API server down) and ``PartialSnapshot`` with the state of those that could when
+        some could not: a 403 on one kind leaves the others. A kind that failed is tried again
+        after its own backoff, never on every cycle."""
         with self._lock:
             self._start()
-            for reflector in self._reflectors.values():
-                if reflector.error:
-                    raise SourceError(reflector.error)
-            return self._build()
+            missing = [self._failed[kind][1] for kind in self._failed]
+            errors = [r.error for r in self._reflectors.values() if r.error] + missing
+            if not self._reflectors:
+                raise SourceError(errors[0] if errors else "kubeapi: nothing listed yet")
+            state = self._build()
+            if errors:
+                raise PartialSnapshot("; ".join(dict.fromkeys(errors)), state)
+            return state
 
     def close(self) -> None:
         self._stop.set()
-        close_watches(self._reflectors.values(), self._client, self._log)
+        close_watches([*self._reflectors.values(), self._listing], self._client, self._log)
 
     # --- start -----------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        _, discovered = self._connect()
+        if self.api_version is None and self._discovery_backoff.remaining():
+            raise SourceError(self._discovery_error)
+        try:
+            _, discovered = self._connect()
+        except SourceError as exc:
+            self._discovery_backoff.failed()
+            self._discovery_error = str(exc)
+            raise
+        if discovered:
+            self._discovery_backoff.succeeded()
         version = self.api_version
         assert version is not None
         if discovered:
@@ -110,16 +142,40 @@ class ClusterSource(ApiServerSource):
             ("deviceclasses", f"{http.GROUP_PATH}/{version}/deviceclasses", device_class_from_dict),
         ]
         for kind, path, normalize in kinds:
-            if kind not in self._reflectors:
-                self._add(kind, path, normalize)
+            # One failed first list per cycle: an API server that answers every list a byte a second
+            # costs a cycle one request deadline, not one per kind; the next kind goes next cycle.
+            if kind not in self._reflectors and not self._stop.is_set() and not self._try_add(kind, path, normalize):
+                return
         if "devicetaintrules" not in self._reflectors and self.taint_rule_version is None:
             self._start_taint_rules()
+
+    def _try_add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any]) -> bool:
+        """List and watch ``kind``, unless its last failure's backoff is still running; False when
+        the list was tried and failed."""
+        backoff, _ = self._failed.get(kind, (None, ""))
+        if backoff is not None and backoff.remaining():
+            return True
+        try:
+            self._add(kind, path, normalize)
+        except SourceError as exc:
+            # The first list's own backoff: one list per backoff period, not one per cycle.
+            backoff = backoff or Backoff(*self._timeouts.backoff, monotonic=time.monotonic)
+            backoff.failed()
+            self._failed[kind] = (backoff, str(exc))
+            return False
+        self._failed.pop(kind, None)
+        return True
 
     def _add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any]) -> None:
         assert self._client is not None
         reflector: Reflector[Any] = Reflector(kind, self._client, path, None, normalize, self._timeouts,
-                                                self.requests, on_update=self._bump, page_size=self._page_size)
-        reflector.list_once()  # here, so the first frame already has the whole cluster
+                                                self.requests, on_update=self._bump, page_size=self._page_size,
+                                                max_objects=self._max_objects, rbac_hint=RBAC_HINT)
+        self._listing = reflector
+        try:
+            reflector.list_once(self._stop)  # here, so the first frame already has the whole cluster
+        finally:
+            self._listing = None
         reflector.start(self._stop)
         self._reflectors[kind] = reflector
 

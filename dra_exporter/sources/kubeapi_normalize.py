@@ -169,7 +169,7 @@ def _scalar_text(value: Any) -> str:
 def _capacities(raw: Mapping[str, Any]) -> Iterable[tuple[str, float]]:
     for key, value in raw.items():
         # v1alpha3 wrote the quantity itself; later versions wrap it as {value: …}.
-        number = quantity(value.get("value") if isinstance(value, Mapping) else value)
+        number = amount(value.get("value") if isinstance(value, Mapping) else value)
         if number is not None and isinstance(key, str):
             yield key, number
 
@@ -179,10 +179,18 @@ def _counter_sets(raw: Sequence[Any]) -> tuple[model.CounterSet, ...]:
     return tuple(sorted((s for s in sets if s.name), key=lambda s: s.name))
 
 
+def amount(value: object) -> float | None:
+    """A capacity, counter or consumption: a finite quantity (``quantity.quantity``: no NaN, no
+    infinity) that is not negative; None (the entry left out) for anything else, so no bad number
+    reaches the fit arithmetic ("NaN" would fit everywhere, a negative amount would add room)."""
+    number = quantity(value)
+    return number if number is not None and number >= 0 else None
+
+
 def _counters(raw: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(
         (key, number) for key, value in raw.items()
-        if isinstance(key, str) and (number := quantity(_map_of(value).get("value"))) is not None))
+        if isinstance(key, str) and (number := amount(_map_of(value).get("value"))) is not None))
 
 
 def slices_for_node(slices: Iterable[model.ResourceSliceInfo], node: str,
@@ -233,7 +241,7 @@ def claim_from_dict(obj: Mapping[str, Any], version: str) -> model.ClaimInfo:
                 share_id=_str(r, "shareID"), tolerations=_tolerations(_list(r, "tolerations")),
                 consumed_capacity=tuple(sorted(
                     (k, n) for k, v in _map(r, "consumedCapacity").items()
-                    if isinstance(k, str) and (n := quantity(v)) is not None)))
+                    if isinstance(k, str) and (n := amount(v)) is not None)))
             for r in map(_map_of, _list(devices, "results")) if _str(r, "device")),
         reserved_for=tuple(
             model.ConsumerRef(_str(c, "resource"), _str(c, "name"), _str(c, "uid"), _str(c, "apiGroup"))
@@ -548,6 +556,9 @@ def _int(obj: Mapping[str, Any], key: str, default: int = 0) -> int:
         return default
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.lstrip("-").isdigit():  # int64 may arrive quoted
+    # int64 may arrive quoted; only ASCII digits ("²" is a digit to str.isdigit, not to int) and
+    # no more than an int64 holds (a 5,000-digit number is past what int() parses).
+    if isinstance(value, str) and (digits := value.removeprefix("-")).isascii() and digits.isdigit() \
+            and len(digits) <= 19:
         return int(value)
     return default

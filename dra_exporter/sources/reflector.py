@@ -35,7 +35,9 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from .. import outbound
 from ..backoff import Backoff
+from ..outbound import AnswerRefused
 from . import SourceError
 from . import kubeapi_http as http
 
@@ -53,7 +55,6 @@ HEALTHY_WATCH_S: Final = 10.0
 #: watch (or re-list) brings the view up to date, so a few are routine; with the default backoff,
 #: eight take about three minutes, and by then the view can be a backoff period (60 s) old.
 SHORT_WATCHES_ARE_AN_ERROR: Final = 8
-_READ_CHUNK: Final = 64 * 1024
 
 T = TypeVar("T")
 
@@ -65,10 +66,26 @@ class Gone(SourceError):
         super().__init__("kubeapi: resourceVersion too old (410 Gone)")
 
 
+#: Seconds a list page, a get or a discovery request may take, its whole answer included.
+REQUEST_S: Final = 10.0
+#: Objects one reflector holds (``--max-objects``): past it the list or the watch is refused with one
+#: line and the source reports itself down, instead of growing without bound. The node agent's kinds
+#: are one node's (110 pods by default); the cluster mode's default is its own (``kubeapi_cluster``).
+MAX_OBJECTS: Final = 10_000
+
+
+class TooManyObjects(SourceError):
+    """A list or a watch brought more objects than the reflector may hold."""
+
+    def __init__(self, kind: str, limit: int) -> None:
+        super().__init__(f"kubeapi: {kind}: more than {limit} objects, the limit (--max-objects); the rest "
+                         "are refused and the view is incomplete")
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    request: float = 10.0
-    """Seconds a list or get may take."""
+    request: float = REQUEST_S
+    """Seconds a list page or a get may take, its whole answer included."""
     watch: tuple[int, int] = (300, 600)
     """Each watch asks the server to end it after a random number of seconds in this range."""
     backoff: tuple[float, float] = (1.0, 60.0)
@@ -88,8 +105,16 @@ class Reflector(Generic[T]):
                  normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
                  changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
                  on_update: Callable[[], None] = lambda: None, page_size: int = 0,
-                 label_selector: str | None = None) -> None:
+                 label_selector: str | None = None, max_objects: int = MAX_OBJECTS,
+                 rbac_hint: str = RBAC_HINT) -> None:
         self.kind = kind
+        self.rbac_hint = rbac_hint
+        """What a 403 says the program needs (the node agent's and the cluster mode's differ)."""
+        self.max_objects = max_objects
+        self._over_limit = False
+        self._skipped_event = False
+        self._bad: set[str] = set()
+        """Keys of objects skipped as unreadable and logged (each once while it stays unreadable)."""
         self._page_size = page_size
         self._labels = label_selector
         self._client = api_client
@@ -120,16 +145,22 @@ class Reflector(Generic[T]):
 
     # --- list -------------------------------------------------------------------------------------
 
-    def list_once(self) -> None:
+    def list_once(self, stop: threading.Event | None = None) -> None:
         """One consistent list; replaces every object. Raises ``SourceError``.
 
         With ``page_size``, the list comes in pages (``limit`` and ``continue``, as client-go's
         pager does): each answer stays under ``MAX_LIST_BYTES`` and is normalised before the next
         is read, so a cluster-wide list costs the memory of one page plus what is kept. A continue
-        token that expired (410) starts the list again, once."""
+        token that expired (410) starts the list again, once. More than ``max_objects`` objects, or
+        pages enough for them and a continue token still (a server whose list never ends), refuse
+        the list (``TooManyObjects``); ``stop`` set between pages ends it (``SourceError``)."""
         items: dict[str, T] = {}
-        token, version, restarted = "", None, False
+        token, version, restarted, pages = "", None, False, 0
+        max_pages = 1 + (self.max_objects // self._page_size if self._page_size else 0)
         while True:
+            if stop is not None and stop.is_set():
+                raise SourceError(f"kubeapi: list {self.kind}: stopped")
+            pages += 1
             self._requests[f"list {self.kind}"] += 1
             query = list(self._query())
             if self._page_size:
@@ -138,29 +169,44 @@ class Reflector(Generic[T]):
                 query.append(("continue", token))
             try:
                 response = request(f"list {self.kind}", lambda q=query: http.get(  # type: ignore[misc]
-                    self._client, self._path, q, timeout=self._timeouts.request))
+                    self._client, self._path, q, timeout=self._timeouts.request), self.rbac_hint)
             except Gone:
                 if not token or restarted:
                     raise
-                items, token, version, restarted = {}, "", None, True  # the pages' snapshot is gone
+                items, token, version, restarted, pages = {}, "", None, True, 0  # the pages' snapshot is gone
                 continue
-            body = read_json(response, f"list {self.kind}", MAX_LIST_BYTES)
+            self._response = response
+            try:
+                body = read_json(response, f"list {self.kind}", MAX_LIST_BYTES, self._timeouts.request)
+            finally:
+                self._response = None
             for obj in body.get("items") or ():
                 if isinstance(obj, Mapping):
-                    items[object_key(obj)] = self._normalize(obj)
+                    key = object_key(obj)
+                    normalized = self._normalized(key, obj)
+                    if normalized is not None:
+                        items[key] = normalized
+                        if len(items) > self.max_objects:
+                            raise TooManyObjects(self.kind, self.max_objects)
             meta = body.get("metadata")
             version = version or text_field(meta, "resourceVersion") or None
             token = text_field(meta, "continue")
             if not token or not self._page_size:
                 break
+            if pages >= max_pages:
+                raise TooManyObjects(self.kind, self.max_objects)
         with self._lock:
             old, self.items = self.items, items
             self.resource_version = version
-            self.error = ""
+            if not self._over_limit:
+                self.error = ""
         for key in old.keys() | items.keys():
             if old.get(key) != items.get(key):
                 self._changed(key, old.get(key), items.get(key))
         self._on_update()
+
+    def _normalized(self, key: str, obj: Mapping[str, Any]) -> T | None:
+        return readable(self._normalize, obj, self.kind, key, self._bad, self.max_objects)
 
     # --- watch --------------------------------------------------------------------------------------
 
@@ -175,7 +221,7 @@ class Reflector(Generic[T]):
             started = time.monotonic()
             try:
                 if self.resource_version is None:
-                    self.list_once()
+                    self.list_once(stop)
                 self._watch_once(stop)
                 gone = False
             except Gone:
@@ -183,6 +229,10 @@ class Reflector(Generic[T]):
                 gone = True
             except SourceError as exc:
                 short = 0
+                if isinstance(exc, TooManyObjects):
+                    # What was refused is unknown: list again, after the backoff. The error stays
+                    # until a watch has lived without passing the limit (no flapping, one log line).
+                    self.resource_version, self._over_limit = None, True
                 self.error = str(exc)
                 self._on_update()
                 stop.wait(backoff.failed())
@@ -197,6 +247,7 @@ class Reflector(Generic[T]):
                 return
             if time.monotonic() - started >= HEALTHY_WATCH_S:
                 short = 0  # a watch that lived: the next one starts at once
+                self._over_limit = False
                 backoff.succeeded()
                 continue
             # Ended (cut, or 410) right after it started: a server or proxy that does this to every
@@ -219,13 +270,15 @@ class Reflector(Generic[T]):
                              ("timeoutSeconds", seconds)]
         # The server ends the watch after `seconds`; a read timeout catches a silently dead peer.
         response = request(what, lambda: http.get(self._client, self._path, query,
-                                                    timeout=(self._timeouts.request, float(seconds + 30))))
+                                                    timeout=(self._timeouts.request, float(seconds + 30))),
+                           self.rbac_hint)
         self._response = response
-        if self.error:
+        self._skipped_event = False
+        if self.error and not self._over_limit:
             self.error = ""
             self._on_update()
         try:
-            for line in watch_lines(response, MAX_OBJECT_BYTES, f"watch {self.kind}"):
+            for line in watch_lines(response, MAX_OBJECT_BYTES, what, seconds + self._timeouts.request):
                 if stop.is_set():
                     return
                 if line.strip():
@@ -239,23 +292,37 @@ class Reflector(Generic[T]):
 
     def _event(self, line: str) -> None:
         try:
-            event = json.loads(line)
-        except ValueError:
-            raise SourceError(f"kubeapi: the API server sent a watch event for {self.kind} that is not JSON") from None
+            event = json.loads(line, parse_int=bounded_int)
+        except (ValueError, RecursionError):
+            event = None  # not JSON, or nested past the parser's depth: skipped, as any event that is not an object
+        if not isinstance(event, Mapping):
+            if not self._skipped_event:  # once per watch: a stream of them must not flood the log
+                self._skipped_event = True
+                logging.getLogger(__name__).warning("kubeapi: watch %s: skipped an event that is not a JSON object",
+                                                    self.kind)
+            return
         kind, obj = event.get("type"), event.get("object")
         if not isinstance(obj, Mapping):
             return
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise Gone()
-            raise SourceError(f"kubeapi: watching {self.kind} failed: {obj.get('code')} {obj.get('message', '')}")
+            raise SourceError(f"kubeapi: watching {self.kind} failed: "
+                              f"{printable(str(obj.get('code')))} {printable(str(obj.get('message', '')))}")
         version = text_field(obj.get("metadata"), "resourceVersion")
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             key = object_key(obj)
-            new = self._normalize(obj) if kind != "DELETED" else None
+            new = self._normalized(key, obj) if kind != "DELETED" else None
+            if new is None and kind != "DELETED":
+                if version:
+                    self.resource_version = version  # skipped: the watch goes on past it
+                return
+            self._bad.discard(key)
             with self._lock:
                 old = self.items.pop(key, None) if new is None else self.items.get(key)
                 if new is not None:
+                    if old is None and len(self.items) >= self.max_objects:
+                        raise TooManyObjects(self.kind, self.max_objects)
                     self.items[key] = new
             if old != new:
                 self._changed(key, old, new)
@@ -276,6 +343,26 @@ class Reflector(Generic[T]):
             self._thread.join(timeout)
 
 
+#: What a normaliser raises for an object it cannot read: a number that is not one (``"²"``, 5,000
+#: digits), a field of the wrong type, nesting past the interpreter's depth.
+UNREADABLE: Final = (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, RecursionError)
+
+
+def readable(normalize: Callable[[Mapping[str, Any]], T], obj: Mapping[str, Any], kind: str, key: str,
+             logged: set[str], most: int = MAX_OBJECTS) -> T | None:
+    """``normalize(obj)``, or None for an object that cannot be read, with one log line naming it
+    (once while it stays unreadable: ``logged`` holds the keys, at most ``most``). One bad object
+    costs that object, never the list, the watch or the view."""
+    try:
+        return normalize(obj)
+    except UNREADABLE as exc:
+        if key not in logged and len(logged) < most:
+            logged.add(key)
+            logging.getLogger(__name__).warning("kubeapi: skipped %s %s, which cannot be read: %s", kind,
+                                                printable(key), printable(f"{type(exc).__name__}: {exc}"))
+        return None
+
+
 def close_watches(reflectors: Iterable[Reflector[Any] | None], client: k8s.ApiClient | None,
                   log: logging.Logger) -> None:
     """Stop every reflector (waiting up to 2 s for each), then close the API client."""
@@ -290,24 +377,26 @@ def close_watches(reflectors: Iterable[Reflector[Any] | None], client: k8s.ApiCl
             log.debug("closing the API client failed", exc_info=True)
 
 
-def request(what: str, call: Callable[[], Any]) -> Any:
+def request(what: str, call: Callable[[], Any], hint: str = RBAC_HINT) -> Any:
     try:
         return call()
     except ApiException as exc:
         if exc.status == 410:
             raise Gone() from None
-        raise api_error(exc, what) from None
+        raise api_error(exc, what, hint) from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise unreachable(exc) from None
 
 
-def api_error(exc: ApiException, what: str) -> SourceError:
-    status = exc.status
+def api_error(exc: ApiException, what: str, hint: str = RBAC_HINT) -> SourceError:
+    """One line for an error status; ``what`` may name objects, whose names are escaped (a newline
+    in one must not forge a log line)."""
+    status, what = exc.status, printable(what)
     if status == 401:
         return SourceError(f"kubeapi: the API server rejected our credentials (401) on {what}")
     if status == 403:
-        return SourceError(f"kubeapi: forbidden (403) to {what}: {RBAC_HINT}")
-    return SourceError(f"kubeapi: {what} failed: HTTP {status} {exc.reason or ''}".rstrip())
+        return SourceError(f"kubeapi: forbidden (403) to {what}: {hint}")
+    return SourceError(f"kubeapi: {what} failed: HTTP {status} {printable(str(exc.reason or ''))}".rstrip())
 
 
 def unreachable(exc: BaseException) -> SourceError:
@@ -329,11 +418,15 @@ _TRANSPORT_ERRORS: Final = (
 )
 
 
-def read_json(response: Any, what: str, limit: int = MAX_OBJECT_BYTES) -> Mapping[str, Any]:
-    """The answer's JSON object, read up to ``limit`` bytes; a bigger answer is refused unread."""
+def read_json(response: Any, what: str, limit: int = MAX_OBJECT_BYTES,
+              seconds: float = REQUEST_S) -> Mapping[str, Any]:
+    """The answer's JSON object, read up to ``limit`` bytes within ``seconds``; a bigger or slower
+    answer is refused (unread when its ``Content-Length`` says so)."""
     try:
-        data = read_bounded(response, limit, what)
-        body = json.loads(data)
+        data = read_bounded(response, limit, what, seconds)
+        body = json.loads(data, parse_int=bounded_int)
+    except RecursionError:
+        raise SourceError(f"kubeapi: {what}: the API server's answer is nested too deeply to read") from None
     except (ValueError, urllib3.exceptions.HTTPError, OSError) as exc:
         raise SourceError(f"kubeapi: {what}: the API server's answer is not JSON ({type(exc).__name__})") from None
     finally:
@@ -343,47 +436,59 @@ def read_json(response: Any, what: str, limit: int = MAX_OBJECT_BYTES) -> Mappin
     return body
 
 
-def _too_big(what: str, limit: int) -> SourceError:
-    return SourceError(f"kubeapi: {what}: the API server's answer is over the {limit // 2**20} MiB limit; "
-                       "refused (the last good view is kept)")
+def refused(what: str, exc: AnswerRefused) -> SourceError:
+    return SourceError(f"kubeapi: {what}: {exc}; refused (the last good view is kept)")
 
 
-def read_bounded(response: Any, limit: int, what: str) -> bytes:
-    length = response.headers.get("Content-Length") if response.headers else None
-    if length is not None and length.isdigit() and int(length) > limit:
-        response.close()  # never read it; the connection cannot be reused with the body unread
-        raise _too_big(what, limit)
-    data = response.read(limit + 1)
-    if len(data) > limit:
-        response.close()
-        raise _too_big(what, limit)
-    return bytes(data)
+def read_bounded(response: Any, limit: int, what: str, seconds: float = REQUEST_S) -> bytes:
+    """The whole answer, at most ``limit`` bytes and ``seconds`` (``outbound.read_body``)."""
+    try:
+        return bytes(outbound.read_body(response, limit, seconds))
+    except AnswerRefused as exc:
+        raise refused(what, exc) from None
 
 
-def watch_lines(response: Any, limit: int, what: str) -> Iterator[str]:
+def watch_lines(response: Any, limit: int, what: str, seconds: float) -> Iterator[str]:
     """The watch stream's lines, each at most ``limit`` bytes: a longer one is refused (and the
-    stream closed) as soon as the buffer passes the limit, before it is complete."""
+    stream closed) as soon as the buffer passes the limit, before it is complete. The stream ends
+    (as a dropped watch does) after ``seconds``, however the server trickles it."""
     buffer = bytearray()
-    for chunk in response.stream(_READ_CHUNK, decode_content=False):
-        start = len(buffer)
-        buffer += chunk
-        end = buffer.find(b"\n", start)
-        while end != -1:
-            if end > limit:
-                break
-            line = bytes(buffer[:end])
-            del buffer[:end + 1]
-            yield line.decode("utf-8", errors="replace")
-            end = buffer.find(b"\n")
-        if len(buffer) > limit:
-            response.close()
-            raise _too_big(what, limit)
-
+    try:
+        for chunk in outbound.chunks(response, time.monotonic() + seconds, seconds):
+            start = len(buffer)
+            buffer += chunk
+            end = buffer.find(b"\n", start)
+            while end != -1:
+                if end > limit:
+                    break
+                line = bytes(buffer[:end])
+                del buffer[:end + 1]
+                yield line.decode("utf-8", errors="replace")
+                end = buffer.find(b"\n")
+            if len(buffer) > limit:
+                response.close()
+                raise refused(what, outbound.AnswerTooLarge(limit))
+    except outbound.AnswerTooSlow:
+        return  # the server did not end the watch when it said it would: resume, as after a drop
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     return f"{text_field(meta, 'namespace')}/{text_field(meta, 'name')}"
+
+
+def bounded_int(digits: str) -> int | str:
+    """``json``'s ``parse_int``: an integer of at most 40 digits, else its text (which no normaliser
+    reads as a number). A 5,000-digit literal would otherwise fail the whole answer's parse."""
+    return int(digits) if len(digits) <= 40 else digits
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` for a log line: control characters (a newline in an object's name would forge a
+    line) and lone surrogates escaped, at most ``limit`` characters."""
+    escaped = text.encode("unicode_escape", errors="backslashreplace").decode("ascii") if not (
+        text.isprintable() and text.isascii()) else text
+    return escaped if len(escaped) <= limit else escaped[:limit] + "..."
 
 
 def text_field(obj: Any, key: str) -> str:

@@ -52,6 +52,8 @@ class SourceContext:
     kube_client: Callable[[], Any] | None = None
     """Makes the API client (a kubeconfig checked at start-up); None: the source loads its own."""
     claim_refresh: float = 300.0
+    max_objects: int | None = None
+    """Objects of one kind held from the API server; None: the source's default."""
     procfs: str = "/proc"
     wall_clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
@@ -173,7 +175,7 @@ def _kubeapi(ctx: SourceContext) -> Source[ClusterSnapshot]:
         return [(c.namespace, c.name) for p in pods.pods for ctr in p.containers for c in ctr.claims]
 
     return KubeApiSource(ctx.node_name, kubeconfig=ctx.kubeconfig, client_factory=ctx.kube_client,
-                         claim_hints=claim_hints, claim_refresh=ctx.claim_refresh)
+                         claim_hints=claim_hints, claim_refresh=ctx.claim_refresh, max_objects=ctx.max_objects)
 
 
 def _procs(ctx: SourceContext) -> Source[ProcessOwnersSnapshot]:
@@ -208,7 +210,7 @@ PROCS: SourceSpec[ProcessOwnersSnapshot] = register(SourceSpec(
 def _cluster_state(ctx: SourceContext) -> Source[ClusterState]:
     from .kubeapi_cluster import ClusterSource
 
-    return ClusterSource(kubeconfig=ctx.kubeconfig, client_factory=ctx.kube_client)
+    return ClusterSource(kubeconfig=ctx.kubeconfig, client_factory=ctx.kube_client, max_objects=ctx.max_objects)
 
 
 CLUSTER_STATE: SourceSpec[ClusterState] = CLUSTER.register(SourceSpec(

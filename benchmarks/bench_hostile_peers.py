@@ -1,0 +1,208 @@
+"""Peak RSS and time to a clear log line for each attack of a hostile peer (issue 25): the exporter's
+own processes (``serve``, ``cluster``, ``report``) against the loopback servers of ``tests/hostile.py``.
+
+``python3 -m benchmarks.bench_hostile_peers [--only NAME] [--seconds 30]``
+
+Each attack runs the real command line in a child process for ``--seconds`` (or until it exits),
+samples its peak RSS (``VmHWM``), notes when the first log line naming the fault appeared, then
+sends SIGTERM and notes how long the process took to end. One JSON line per attack. The figures
+before the fixes are issue 25's (measured the same way, on the same kind of machine); they are in
+docs/reliability.md next to these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .common import REPO, child_env, free_port, python_command
+
+sys.path.insert(0, str(REPO / "tests"))  # the hostile peers: one definition, the tests'
+from hostile import (  # noqa: E402
+    ApiServer,
+    HostileServer,
+    Reply,
+    Request,
+    empty_list,
+    forever,
+    idle_watch,
+    kubeconfig,
+    object_list,
+    resource_slice,
+    trickle,
+    watch_event,
+)
+
+
+@dataclass
+class Attack:
+    name: str
+    behaviour: Any
+    command: Callable[[str, Path], list[str]]
+    """The exporter's arguments, given the hostile server's URL and a scratch directory."""
+    words: str
+    """What the clear log line says."""
+
+
+def _otlp(url: str, _: Path) -> list[str]:
+    return ["serve", "--simulate", "--listen", f"127.0.0.1:{free_port()}", "--otlp-endpoint", url,
+            "--otlp-protocol", "http/protobuf", "--otlp-interval", "2", "--otlp-timeout", "10"]
+
+
+def _cluster(url: str, scratch: Path) -> list[str]:
+    config = scratch / "kubeconfig"
+    config.write_text(kubeconfig(url))
+    return ["cluster", "--kubeconfig", str(config), "--listen", f"127.0.0.1:{free_port()}", "--interval", "2"]
+
+
+def _node(url: str, scratch: Path) -> list[str]:
+    config = scratch / "kubeconfig"
+    config.write_text(kubeconfig(url))
+    return ["serve", "--simulate", "--kubeconfig", str(config), "--listen", f"127.0.0.1:{free_port()}"]
+
+
+def _report(url: str, _: Path) -> list[str]:
+    return ["report", "--prometheus", url, "--since", "1h", "--step", "60s", "--timeout", "10"]
+
+
+def _endless_adds(req: Request, reply: Reply) -> None:
+    reply.chunked(watch_event("ADDED", resource_slice(f"s{i}-{time.monotonic_ns()}")) for i in range(10**9))
+
+
+def _pages_for_ever(req: Request, reply: Reply) -> None:
+    n = int(req.query.get("continue") or 0)
+    reply.json(object_list([resource_slice(f"p{n}-{i}") for i in range(500)], token=str(n + 1)))
+
+
+def _endless_pods(req: Request, reply: Reply) -> None:
+    def pods() -> Iterator[bytes]:
+        for i in range(10**9):
+            yield watch_event("ADDED", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "namespace": "ml", "name": f"p{i}", "uid": f"u{i}", "resourceVersion": str(i + 20)},
+                "spec": {"nodeName": "x", "resourceClaims": [{"name": "c", "resourceClaimName": f"claim-{i}"}],
+                         "containers": [{"name": "c", "resources": {"claims": [{"name": "c"}]}}]},
+                "status": {"phase": "Running"}})
+    reply.chunked(pods())
+
+
+def _big_answer(size: int) -> Any:
+    point = b'[1700000000.5,"0.25"],'
+    head = b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"claim":"a"},"values":['
+    count = size // len(point)
+
+    def behaviour(req: Request, reply: Reply) -> None:
+        reply.chunked(_pieces(head, point, count, b'[1700000000.5,"0.25"]]}]}}'))
+    return behaviour
+
+
+def _pieces(head: bytes, point: bytes, count: int, tail: bytes) -> Iterator[bytes]:
+    yield head
+    block = point * 4096
+    for _ in range(count // 4096):
+        yield block
+    yield tail
+
+
+def _redirect_elsewhere(req: Request, reply: Reply) -> None:
+    reply.whole(302, b"", headers={"Location": "http://127.0.0.2:9/api/v1/query"})
+
+
+ATTACKS = [
+    Attack("otlp-endless-chunked", lambda req, reply: reply.chunked(forever(b"x" * 65536)), _otlp,
+           "reply was refused: the answer is over the 64 KiB"),
+    Attack("otlp-content-length-4GB",
+           lambda req, reply: (reply.head(200, {"Content-Length": "4000000000"}), reply.body(b"x" * 2**20)),
+           _otlp, "reply was refused: the answer is over the 64 KiB limit (it announced"),
+    Attack("otlp-a-byte-a-second", lambda req, reply: reply.chunked(trickle(b"x" * 10**6, 1.0)), _otlp,
+           "reply was refused: the answer did not arrive within"),
+    Attack("cluster-endless-added-slices",
+           ApiServer(lists={"resourceslices": empty_list, "resourceclaims": empty_list, "deviceclasses": empty_list},
+                     watches={"resourceslices": _endless_adds, "resourceclaims": idle_watch,
+                              "deviceclasses": idle_watch}), _cluster, "objects, the limit"),
+    Attack("cluster-first-list-a-byte-a-second",
+           ApiServer(lists={k: (lambda req, reply: reply.chunked(trickle(b" " * 10**6, 1.0)))
+                            for k in ("resourceslices", "resourceclaims", "deviceclasses")}), _cluster,
+           "did not arrive within 10 s"),
+    Attack("cluster-continue-token-never-ends",
+           ApiServer(lists={"resourceslices": _pages_for_ever, "resourceclaims": empty_list,
+                            "deviceclasses": empty_list}), _cluster, "objects, the limit"),
+    Attack("node-endless-pod-watch",
+           ApiServer(lists={"resourceslices": empty_list, "pods": empty_list},
+                     watches={"resourceslices": idle_watch, "pods": _endless_pods}), _node, "objects, the limit"),
+    Attack("report-250MB-answer", _big_answer(250 << 20), _report, "answer over"),
+    Attack("report-60MB-answer", _big_answer(60 << 20), _report, "dra-exporter"),
+    Attack("report-a-byte-a-second", lambda req, reply: reply.chunked(trickle(b" " * 10**6, 1.0)), _report,
+           "did not arrive within 10 s"),
+    Attack("report-redirect-elsewhere", _redirect_elsewhere, _report, "another host"),
+]
+
+
+def peak_rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run(attack: Attack, seconds: float) -> dict[str, Any]:
+    with HostileServer(attack.behaviour) as peer, tempfile.TemporaryDirectory() as scratch:
+        started = time.monotonic()
+        proc = subprocess.Popen(python_command("-m", "dra_exporter.cli", *attack.command(peer.url, Path(scratch))),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+        seen: dict[str, Any] = {}
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if attack.words in line and "at" not in seen:
+                    seen["at"], seen["line"] = time.monotonic() - started, line.strip()[:300]
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        peak = 0
+        while time.monotonic() - started < seconds and proc.poll() is None:
+            peak = max(peak, peak_rss_kib(proc.pid))
+            time.sleep(0.2)
+        exited_by_itself = proc.poll() is not None
+        peak = max(peak, peak_rss_kib(proc.pid))
+        stop_started = time.monotonic()
+        if not exited_by_itself:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(5)
+        return {"attack": attack.name, "peak_rss_mb": round(peak / 1024, 1),
+                "log_line_after_s": round(seen["at"], 1) if "at" in seen else None, "line": seen.get("line"),
+                "exit_code": proc.returncode, "exited_by_itself": exited_by_itself,
+                "sigterm_to_exit_s": None if exited_by_itself else round(time.monotonic() - stop_started, 1),
+                "requests": len(peer.requests), "bytes_sent": peer.sent}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", help="attack names (repeatable); default: all")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    for attack in ATTACKS:
+        if args.only and attack.name not in args.only:
+            continue
+        print(json.dumps(run(attack, args.seconds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
