@@ -130,7 +130,7 @@ class PrometheusClient:
 
     def _redirected(self, address: str, target: str, response: Any) -> str:
         """The same-origin URL a redirect names; another origin is refused (one line naming it)."""
-        location = response.headers.get("Location", "")
+        location = str(response.headers.get("Location", ""))
         response.drain_conn()
         response.release_conn()
         new = urllib.parse.urljoin(target, location)
