@@ -201,7 +201,7 @@ def run(
         warn("--raw: computing from the raw series, which is slower" if not use_rules else
              f"the recording rules are not installed ({showback.SHARE} has no sample in the window); "
              "computing from the raw series, which is slower (install deploy/recording-rules.yaml)")
-    q = showback.queries(recorded=recorded)
+    q = showback.queries(recorded=recorded, step=step)
     last = end - step  # each point stands for the step that starts at it: [t, t + step); so do
     # the devices and pods of the idle claims, taken at the last point
     return showback.build(

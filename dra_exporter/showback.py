@@ -27,7 +27,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
@@ -76,8 +76,22 @@ def _share_expr() -> str:
 
 
 _HELD_BY = f'{cat.GPU_UP.name}{{claim!=""}}'
-_BUSY_BY = (f'{cat.GPU_UTILIZATION.name}{{claim!="", profile=""}}\n'
-            f'  or\n  {cat.GPU_SM_ACTIVE.name}{{claim!="", profile!=""}}')
+_BUSY_SIGNALS = (f'{cat.GPU_UTILIZATION.name}{{claim!="", profile=""}}',
+                 f'{cat.GPU_SM_ACTIVE.name}{{claim!="", profile!=""}}')
+
+
+def _busy_by(window: str) -> str:
+    """Each claimed device's busy ratio over the ``window`` before each evaluation: the mean of every
+    sample in it, so periodic load counts as it ran, not as it stood at the evaluation's instant.
+    A window holding no sample (scrapes sparser than the window) takes the latest sample instead."""
+    return "\n  or\n  ".join(f"avg_over_time({signal}[{window}])\n  or\n  {signal}" for signal in _BUSY_SIGNALS)
+
+
+def _busy_device_expr(window: str) -> str:
+    return (f"max {_without(_HOLDER_DETAIL)} (\n  {_busy_by(window)}\n)\n"
+            f"* on (instance, uuid) group_left (model) {SHARE}")
+
+
 _PODS = f"group without (instance, job, container, pod_uid) ({cat.CLAIM_CONSUMER_INFO.name})"
 
 
@@ -87,6 +101,12 @@ class Rule:
     expr: str
     why: str
     """One line for the rules file: what the figure is."""
+    over: Callable[[str], str] | None = None
+    """The expression for another window than the rules' interval, where it averages over one: the
+    report's raw-series form takes its step."""
+
+    def expr_over(self, window: str) -> str:
+        return self.over(window) if self.over is not None else self.expr
 
 
 RULES: Final[tuple[Rule, ...]] = (
@@ -97,11 +117,10 @@ RULES: Final[tuple[Rule, ...]] = (
          f"group {_without(_HOLDER_DETAIL)} ({_HELD_BY})\n"
          f"* on (instance, uuid) group_left (model) {SHARE}",
          "GPU-equivalents each claimed device stands for (a shared device once, whoever uses it)."),
-    Rule(BUSY_DEVICE,
-         f"max {_without(_HOLDER_DETAIL)} (\n  {_BUSY_BY}\n)\n"
-         f"* on (instance, uuid) group_left (model) {SHARE}",
+    Rule(BUSY_DEVICE, _busy_device_expr(RULE_INTERVAL),
          "GPU-equivalents busy on each claimed device: NVML utilisation (whole GPUs) or GPM SM "
-         "activity (MIG), times the share."),
+         f"activity (MIG), the mean of every sample in the last {RULE_INTERVAL}, times the share.",
+         over=_busy_device_expr),
     Rule(HELD_CLAIM, f"sum {_without(_DEVICE_LEVEL)} ({HELD_DEVICE})", "GPU-equivalents each claim holds."),
     Rule(BUSY_CLAIM, f"sum {_without(_DEVICE_LEVEL)} ({BUSY_DEVICE})", "GPU-equivalents each claim keeps busy."),
     Rule(HELD_NAMESPACE, f"sum without (claim) ({HELD_CLAIM})", "GPU-equivalents each namespace holds."),
@@ -140,12 +159,14 @@ def rules_yaml() -> str:
     return "\n".join(lines) + "\n"
 
 
-def inline(expr: str) -> str:
-    """``expr`` with every recorded series replaced by its expression: the raw-series form."""
+def inline(expr: str, window: str = RULE_INTERVAL) -> str:
+    """``expr`` with every recorded series replaced by its expression: the raw-series form. A rule
+    that averages over its interval averages over ``window`` instead (the report's step), so each
+    point stands for every sample of its step, as a recorded point does for its minute."""
     for rule in reversed(RULES):  # later rules only reference earlier ones
         name = re.compile(rf"(?<![\w:]){re.escape(rule.record)}(?![\w:])")
         if name.search(expr):
-            body = f"({inline(rule.expr)})"
+            body = f"({inline(rule.expr_over(window), window)})"
             expr = name.sub(body.replace("\\", "\\\\"), expr)  # the regexes' backslashes stay
     return expr
 
@@ -165,13 +186,15 @@ class Queries:
     """A recorded series that exists wherever the rules run."""
 
 
-def queries(*, recorded: bool) -> Queries:
-    """The report's queries over the recorded series, or the same figures from raw series."""
+def queries(*, recorded: bool, step: float = 60.0) -> Queries:
+    """The report's queries over the recorded series, or the same figures from raw series at
+    ``step`` seconds apart."""
     held = f"sum by (namespace, claim, model) ({HELD_DEVICE})"
     busy = f"sum by (namespace, claim) ({BUSY_DEVICE})"
     devices = HELD_DEVICE
     if not recorded:
-        held, busy, devices = inline(held), inline(busy), inline(devices)
+        window = f"{round(step)}s" if step == round(step) else f"{round(step * 1000)}ms"
+        held, busy, devices = inline(held, window), inline(busy, window), inline(devices, window)
     return Queries(held, busy, devices)
 
 
