@@ -1218,6 +1218,9 @@ def showback() -> Dashboard:
     ns = rx("namespace", "$namespace")
     held_ns, busy_ns = f"{sb.HELD_NAMESPACE}{{{ns}}}", f"{sb.BUSY_NAMESPACE}{{{ns}}}"
     held_claim, busy_claim = f"{sb.HELD_CLAIM}{{{ns}}}", f"{sb.BUSY_CLAIM}{{{ns}}}"
+    # Idle shares are of the GPU-hours with a busy signal: A100 and A30 MIG devices have none, and
+    # unknown is not idle (they drop out of the idle panels; `report` counts them as NO SIGNAL).
+    measured_ns, measured_claim = f"{sb.MEASURED_NAMESPACE}{{{ns}}}", f"{sb.MEASURED_CLAIM}{{{ns}}}"
     # Recorded every RULE_INTERVAL: the sum of a range's samples times the interval is GPU-time.
     hours_per_sample = sb.parse_duration(sb.RULE_INTERVAL) / 3600
 
@@ -1233,8 +1236,9 @@ def showback() -> Dashboard:
                  "its GPU (compute slices / 7); a claim shared by several pods counts once.", width=6),
             stat("GPU-hours busy", hours(busy_ns), "Held GPU-hours weighted by utilisation (GPM SM activity "
                  "for MIG devices).", width=6),
-            stat("Idle share", f"1 - ({hours(busy_ns)}) / ({hours(held_ns)})",
-                 "Share of the held GPU-hours nobody used.", unit="percentunit", width=6),
+            stat("Idle share", f"1 - ({hours(busy_ns)}) / ({hours(measured_ns)})",
+                 "Share of the held GPU-hours nobody used, of those with a busy signal (A100 and A30 MIG "
+                 "devices have none: unknown, not idle).", unit="percentunit", width=6),
             stat("Cost", f"({hours(held_ns)}) * $price", "GPU-hours held times the price variable.", width=6),
         ),
     )
@@ -1249,9 +1253,10 @@ def showback() -> Dashboard:
                   (now(f"sort_desc({hours(held_ns, 'namespace')})", "{{namespace}}"),),
                   "GPU-hours held over the time range.", width=8),
             Panel("Idle share by namespace", "bargauge",
-                  (now(f"sort_desc(1 - ({hours(busy_ns, 'namespace')}) / ({hours(held_ns, 'namespace')}))",
+                  (now(f"sort_desc(1 - ({hours(busy_ns, 'namespace')}) / ({hours(measured_ns, 'namespace')}))",
                        "{{namespace}}"),),
-                  "Share of each namespace's GPU-hours nobody used.", "percentunit", width=8, max=1),
+                  "Share of each namespace's GPU-hours nobody used, of those with a busy signal (A100 and "
+                  "A30 MIG devices have none).", "percentunit", width=8, max=1),
             Panel("Cost by namespace", "bargauge",
                   (now(f"sort_desc(({hours(held_ns, 'namespace')}) * $price)", "{{namespace}}"),),
                   "GPU-hours held times the price variable.", width=8),
@@ -1262,8 +1267,9 @@ def showback() -> Dashboard:
         (
             Panel("Top idle claims", "bargauge",
                   (now(f"topk(10, 1 - ({hours(busy_claim, 'namespace, claim')}) / "
-                       f"({hours(held_claim, 'namespace, claim')}))", BY_CLAIM),),
-                  "Claims with the largest share of their GPU-hours unused over the range. `dra-exporter report` "
+                       f"({hours(measured_claim, 'namespace, claim')}))", BY_CLAIM),),
+                  "Claims with the largest share of their GPU-hours unused over the range, of those with a busy "
+                  "signal (a claim of A100 or A30 MIG devices only has none and is not listed). `dra-exporter report` "
                   "says since when each idle claim has been idle.", "percentunit", max=1),
             Panel("Top claims by cost", "bargauge",
                   (now(f"topk(10, ({hours(held_claim, 'namespace, claim')}) * $price)", BY_CLAIM),),

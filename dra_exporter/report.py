@@ -209,6 +209,7 @@ def run(
         source="recording rules" if recorded else "raw series",
         held=client.range(q.held, start, last, step),
         busy=client.range(q.busy, start, last, step),
+        measured=client.range(q.measured, start, last, step),
         devices=client.instant(q.devices, last),
         pods=client.instant(q.pods, last),
         prices=prices, idle_below=idle_below, top=top,

@@ -49,6 +49,8 @@ HELD_DEVICE: Final = "namespace_claim_uuid:dra_gpus_held:weighted"
 BUSY_DEVICE: Final = "namespace_claim_uuid:dra_gpus_busy:weighted"
 HELD_CLAIM: Final = "namespace_claim:dra_gpus_held:sum"
 BUSY_CLAIM: Final = "namespace_claim:dra_gpus_busy:sum"
+MEASURED_CLAIM: Final = "namespace_claim:dra_gpus_measured:sum"
+MEASURED_NAMESPACE: Final = "namespace:dra_gpus_measured:sum"
 HELD_NAMESPACE: Final = "namespace:dra_gpus_held:sum"
 BUSY_NAMESPACE: Final = "namespace:dra_gpus_busy:sum"
 HELD_POD: Final = "namespace_claim_pod:dra_gpus_held:split"
@@ -123,8 +125,14 @@ RULES: Final[tuple[Rule, ...]] = (
          over=_busy_device_expr),
     Rule(HELD_CLAIM, f"sum {_without(_DEVICE_LEVEL)} ({HELD_DEVICE})", "GPU-equivalents each claim holds."),
     Rule(BUSY_CLAIM, f"sum {_without(_DEVICE_LEVEL)} ({BUSY_DEVICE})", "GPU-equivalents each claim keeps busy."),
+    Rule(MEASURED_CLAIM,
+         f"sum {_without(_DEVICE_LEVEL)} ({HELD_DEVICE} and on (instance, uuid) {BUSY_DEVICE})",
+         "GPU-equivalents each claim holds on devices with a busy signal (A100 and A30 MIG devices have "
+         "none): the denominator of its idle share."),
     Rule(HELD_NAMESPACE, f"sum without (claim) ({HELD_CLAIM})", "GPU-equivalents each namespace holds."),
     Rule(BUSY_NAMESPACE, f"sum without (claim) ({BUSY_CLAIM})", "GPU-equivalents each namespace keeps busy."),
+    Rule(MEASURED_NAMESPACE, f"sum without (claim) ({MEASURED_CLAIM})",
+         "GPU-equivalents each namespace holds on devices with a busy signal."),
     Rule(HELD_POD,
          f"(\n  {HELD_CLAIM}\n  / count without (pod) ({_PODS})\n)\n* ignoring (pod) group_right {_PODS}",
          "Per-pod view: a claim's GPU-equivalents split evenly between the pods that use it."),
@@ -179,6 +187,8 @@ class Queries:
     held: str
     """GPU-equivalents held by (namespace, claim, model): model prices the hours."""
     busy: str
+    measured: str
+    """GPU-equivalents held on devices with a busy signal, by (namespace, claim)."""
     devices: str
     """Each claimed device with its share (instant, at the end): the idle list's devices."""
     pods: str = f"group by (namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO.name})"
@@ -191,11 +201,12 @@ def queries(*, recorded: bool, step: float = 60.0) -> Queries:
     ``step`` seconds apart."""
     held = f"sum by (namespace, claim, model) ({HELD_DEVICE})"
     busy = f"sum by (namespace, claim) ({BUSY_DEVICE})"
+    measured = f"sum by (namespace, claim) ({MEASURED_CLAIM})"
     devices = HELD_DEVICE
     if not recorded:
         window = f"{round(step)}s" if step == round(step) else f"{round(step * 1000)}ms"
-        held, busy, devices = inline(held, window), inline(busy, window), inline(devices, window)
-    return Queries(held, busy, devices)
+        held, busy, measured, devices = (inline(q, window) for q in (held, busy, measured, devices))
+    return Queries(held, busy, measured, devices)
 
 
 # --- durations and windows --------------------------------------------------------------------
@@ -272,11 +283,24 @@ class Usage:
     claim: str
     held_hours: float
     busy_hours: float
+    """Busy GPU-hours of the devices with a busy signal."""
     cost: float | None
+    measured_hours: float
+    """GPU-hours held on devices with a busy signal: A100 and A30 MIG devices have none (no
+    utilisation, no GPM), so how busy they were is unknown, never zero."""
 
     @property
-    def idle_share(self) -> float:
-        return 1.0 - self.busy_hours / self.held_hours if self.held_hours > 0 else 0.0
+    def busy_known(self) -> bool:
+        return self.measured_hours > 0
+
+    @property
+    def unmeasured_hours(self) -> float:
+        return max(self.held_hours - self.measured_hours, 0.0)
+
+    @property
+    def idle_share(self) -> float | None:
+        """Idle share of the GPU-hours whose busy share is measured; None where none is."""
+        return 1.0 - self.busy_hours / self.measured_hours if self.busy_known else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,13 +355,17 @@ def build(
     source: str,
     held: Sequence[Series],
     busy: Sequence[Series],
+    measured: Sequence[Series] | None = None,
     devices: Sequence[Series] = (),
     pods: Sequence[Series] = (),
     prices: Prices | None = None,
     idle_below: float = IDLE_BELOW,
     top: int = 10,
 ) -> Report:
-    """Turn the query results at ``start, start + step, …, end - step`` into the report."""
+    """Turn the query results at ``start, start + step, …, end - step`` into the report.
+
+    ``measured``: what of ``held`` is on devices with a busy signal (``Queries.measured``); None
+    when every held device has one."""
     def key(s: Series) -> tuple[str, str]:
         return s.labels.get("namespace", ""), s.labels.get("claim", "")
 
@@ -356,11 +384,21 @@ def build(
     for s in busy:
         busy_hours[key(s)] += _hours(s.points, step)
         busy_at[key(s)].update(s.points)
+    measured_hours: Mapping[tuple[str, str], float] = held_hours
+    measured_at: Mapping[tuple[str, str], Mapping[float, float]] = held_at
+    if measured is not None:
+        hours_of: dict[tuple[str, str], float] = defaultdict(float)
+        at: dict[tuple[str, str], dict[float, float]] = defaultdict(dict)
+        for s in measured:
+            hours_of[key(s)] += _hours(s.points, step)
+            at[key(s)].update(s.points)
+        measured_hours, measured_at = hours_of, at
 
     def usage(ns: str, claim: str, keys: Iterable[tuple[str, str]]) -> Usage:
         ks = list(keys)
         return Usage(ns, claim, sum(held_hours[k] for k in ks), sum(busy_hours.get(k, 0.0) for k in ks),
-                     sum(cost[k] for k in ks) if prices is not None else None)
+                     sum(cost[k] for k in ks) if prices is not None else None,
+                     sum(measured_hours.get(k, 0.0) for k in ks))
 
     claims = sorted((usage(*k, [k]) for k in held_hours), key=lambda u: (-u.held_hours, u.namespace, u.claim))
     by_ns: dict[str, list[tuple[str, str]]] = defaultdict(list)
@@ -379,7 +417,7 @@ def build(
     idle = []
     last = max((t for series in held_at.values() for t in series), default=None)
     for k, series in held_at.items():
-        since = _idle_since(series, busy_at.get(k, {}), idle_below, last)
+        since = _idle_since(series, busy_at.get(k, {}), measured_at.get(k, {}), idle_below, last)
         if since is None:
             continue
         text, share = _devices_text(devices_of.get(k, []))
@@ -391,14 +429,16 @@ def build(
                   prices is not None, idle_below)
 
 
-def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], idle_below: float,
-                last: float | None) -> float | None:
-    """First point of the idle run that reaches the window's last point, or None (busy, or gone)."""
+def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], measured: Mapping[float, float],
+                idle_below: float, last: float | None) -> float | None:
+    """First point of the idle run that reaches the window's last point, or None (busy, gone, or
+    holding a device whose busy share is unknown: not known to be idle)."""
     if last is None or held.get(last, 0.0) <= 0:
         return None  # not held at the end: not sitting idle now
     since = None
     for t in sorted(held, reverse=True):
-        if held[t] <= 0 or busy.get(t, 0.0) >= idle_below * held[t]:
+        unmeasured = measured.get(t, 0.0) < held[t] - 1e-9  # sums of the same shares: equal but for rounding
+        if held[t] <= 0 or unmeasured or busy.get(t, 0.0) >= idle_below * held[t]:
             break
         since = t
     return since
@@ -420,9 +460,16 @@ def _span(seconds: float) -> str:
     return f"{round(seconds)}s"
 
 
+UNKNOWN: Final = "unknown"
+"""What the table and CSV say where no held device has a busy signal (JSON: null)."""
+
+
 def _usage_dict(u: Usage, priced: bool) -> dict[str, object]:
-    out: dict[str, object] = {"gpu_hours_held": round(u.held_hours, 6), "gpu_hours_busy": round(u.busy_hours, 6),
-                              "idle_share": round(u.idle_share, 6)}
+    idle = u.idle_share
+    out: dict[str, object] = {"gpu_hours_held": round(u.held_hours, 6),
+                              "gpu_hours_busy": round(u.busy_hours, 6) if u.busy_known else None,
+                              "idle_share": round(idle, 6) if idle is not None else None,
+                              "gpu_hours_without_busy_signal": round(u.unmeasured_hours, 6)}
     if priced:
         out["cost"] = round(u.cost or 0.0, 6)
     return out
@@ -451,10 +498,14 @@ def render_csv(r: Report) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["namespace", "claim", "gpu_hours_held", "gpu_hours_busy", "idle_share",
-                     *(["cost"] if r.priced else []), "idle_since", "pods", "devices"])
+                     "gpu_hours_without_busy_signal", *(["cost"] if r.priced else []), "idle_since", "pods",
+                     "devices"])
     for u in r.claims:
         c = idle.get((u.namespace, u.claim))
-        writer.writerow([u.namespace, u.claim, f"{u.held_hours:.6f}", f"{u.busy_hours:.6f}", f"{u.idle_share:.6f}",
+        share = u.idle_share
+        writer.writerow([u.namespace, u.claim, f"{u.held_hours:.6f}",
+                         f"{u.busy_hours:.6f}" if u.busy_known else UNKNOWN,
+                         f"{share:.6f}" if share is not None else UNKNOWN, f"{u.unmeasured_hours:.6f}",
                          *([f"{u.cost or 0.0:.6f}"] if r.priced else []),
                          _iso(c.idle_since) if c else "", " ".join(c.pods) if c else "", c.devices if c else ""])
     return out.getvalue()
@@ -472,10 +523,15 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: int) -> 
 
 
 def render_table(r: Report) -> str:
-    numbers = ["GPU-H HELD", "GPU-H BUSY", "IDLE", *(["COST"] if r.priced else [])]
+    unmeasured = r.total.unmeasured_hours > 0
+    numbers = ["GPU-H HELD", "GPU-H BUSY", "IDLE", *(["NO SIGNAL"] if unmeasured else []),
+               *(["COST"] if r.priced else [])]
 
     def cells(u: Usage) -> list[str]:
-        return [f"{u.held_hours:.2f}", f"{u.busy_hours:.2f}", f"{u.idle_share:.0%}",
+        share = u.idle_share
+        return [f"{u.held_hours:.2f}", f"{u.busy_hours:.2f}" if u.busy_known else UNKNOWN,
+                f"{share:.0%}" if share is not None else UNKNOWN,
+                *([f"{u.unmeasured_hours:.2f}"] if unmeasured else []),
                 *([f"{u.cost or 0.0:.2f}"] if r.priced else [])]
 
     title = (f"GPU showback {_iso(r.start)} → {_iso(r.end)} ({_span(r.end - r.start)}, step "
@@ -487,6 +543,10 @@ def render_table(r: Report) -> str:
     lines += _table(["NAMESPACE", "CLAIM", *numbers], [[u.namespace, u.claim, *cells(u)] for u in r.claims],
                     len(numbers))
     lines.append("")
+    if unmeasured:
+        lines.append("NO SIGNAL: GPU-hours held on devices without a busy signal (A100 and A30 MIG devices have "
+                     "no utilisation and no GPM); busy and idle cover the rest, unknown where nothing is left.")
+        lines.append("")
     if r.idle:
         lines.append(f"Claims idle longest (busy under {r.idle_below:.0%} of what they hold, until the end of "
                      "the window):")
