@@ -1233,7 +1233,8 @@ def showback() -> Dashboard:
         "In the dashboard's time range",
         (
             stat("GPU-hours held", hours(held_ns), "Whole GPUs count 1 an hour, a MIG device its share of "
-                 "its GPU (compute slices / 7); a claim shared by several pods counts once.", width=6),
+                 "its GPU (its compute slices over the GPU's: 7, 4 on an A30); a claim shared by several pods counts "
+                 "once.", width=6),
             stat("GPU-hours busy", hours(busy_ns), "Held GPU-hours weighted by utilisation (GPM SM activity "
                  "for MIG devices).", width=6),
             stat("Idle share", f"1 - ({hours(busy_ns)}) / ({hours(measured_ns)})",

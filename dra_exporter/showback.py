@@ -10,13 +10,13 @@ Two halves, both free of I/O:
   ``dra_exporter.report`` does the HTTP at the edge.
 
 What is counted (docs/operating.md "Showback"): a device held by a claim counts its *compute share*
-of the physical GPU, 1 for a whole GPU and ``N/7`` for a MIG device whose profile starts with ``N``
-compute slices (``1g.18gb`` → 1/7, ``3g.71gb`` → 3/7, ``1c.3g.71gb`` → 1/7: its compute instance has
-one slice). Every MIG-capable GPU NVIDIA ships in the H100/H200/B200/GB200 generations (and A100)
-splits into 7 compute slices; GB200's ``1g.47gb`` is still one slice of seven. A device shared by
-several pods has one series (``pod=""``), so a shared claim is counted once; only the per-pod rules
-split it evenly between its pods. Busy is NVML utilisation for whole GPUs and GPM SM activity for MIG
-devices (NVML has no utilisation for them), times the share.
+of the physical GPU, 1 for a whole GPU and ``N/S`` for a MIG device whose profile starts with ``N``
+compute slices (``1g.18gb``, ``1c.3g.71gb``: its compute instance has one slice) on a GPU of ``S``
+(``dra_gpu_mig_compute_slices``: 7 on A100 to GB200, 4 on an A30; 7 where no series says). A device
+shared by several pods has one series (``pod=""``), so a shared claim is counted once; only the
+per-pod rules split it evenly between its pods. Busy is NVML utilisation for whole GPUs and GPM SM
+activity for MIG devices (NVML has no utilisation for them), the mean of every sample, times the
+share; a device with neither (A100 and A30 MIG devices) is held with its busy share unknown.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from typing import Final
 from . import catalog as cat
 
 COMPUTE_SLICES: Final = 7
-"""Compute slices of a MIG-capable GPU: the denominator of a MIG device's share."""
+"""The most compute slices a MIG profile's name starts with, and the denominator of a MIG
+device's share where its parent does not say (``dra_gpu_mig_compute_slices``: 7, or 4 on an A30)."""
 RULE_INTERVAL: Final = "1m"
 """The rules' evaluation interval: the step of every recorded figure."""
 RULE_GROUP: Final = "dra-exporter-showback"
@@ -69,12 +70,18 @@ def _without(labels: Sequence[str]) -> str:
 
 
 def _share_expr() -> str:
-    # PromQL cannot turn a label into a number, so each slice count has its own branch.
+    # PromQL cannot turn a label into a number, so each slice count of a profile name has its own
+    # branch; the parent's slice count comes from its dra_gpu_mig_compute_slices, and is 7 where
+    # no series says (an exporter before it, or a driver that cannot tell).
     info = f"max {_without(_INFO_ONLY)}"
-    branches = [f'{info} ({cat.GPU_INFO.name}{{profile=""}})']
-    branches += [f'{n} / {COMPUTE_SLICES} * {info} ({cat.GPU_INFO.name}{{profile=~"{n}[cg]\\\\..+"}})'
-                 for n in range(1, COMPUTE_SLICES + 1)]
-    return "\n  or\n".join(branches)
+    slices_of = " or ".join(f'{n} * {cat.GPU_INFO.name}{{profile=~"{n}[cg]\\\\..+"}}'
+                            for n in range(1, COMPUTE_SLICES + 1))
+    parents = (f'max by (instance, parent_uuid) (label_replace({cat.GPU_MIG_COMPUTE_SLICES.name}, '
+               f'"parent_uuid", "$1", "uuid", "(.+)"))\n    or\n    '
+               f'{COMPUTE_SLICES} * max by (instance, parent_uuid) ({cat.GPU_INFO.name}{{parent_uuid!=""}})')
+    return (f'{info} ({cat.GPU_INFO.name}{{profile=""}})\n  or\n'
+            f'{info} (\n  (\n    {slices_of}\n  )\n  / on (instance, parent_uuid) group_left ()\n'
+            f'  (\n    {parents}\n  )\n)')
 
 
 _HELD_BY = f'{cat.GPU_UP.name}{{claim!=""}}'
@@ -113,8 +120,8 @@ class Rule:
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule(SHARE, _share_expr(),
-         "Share of its physical GPU each device stands for: 1 for a whole GPU, N/7 for a MIG device of "
-         "N compute slices."),
+         "Share of its physical GPU each device stands for: 1 for a whole GPU, N/S for a MIG device of "
+         "N compute slices on a GPU of S (7; 4 on an A30; 7 where the GPU does not say)."),
     Rule(HELD_DEVICE,
          f"group {_without(_HOLDER_DETAIL)} ({_HELD_BY})\n"
          f"* on (instance, uuid) group_left (model) {SHARE}",
