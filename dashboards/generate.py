@@ -93,6 +93,15 @@ def activity(*matchers: str) -> str:
 ALLOCATABLE = f"unless on (uuid) {cat.GPU_INFO.name}{{{eq('mig_mode', 'enabled')}}}"
 
 
+def xids_in(window: str, *matchers: str) -> str:
+    """XIDs per device and code within ``window``, as the alerts count them: per device identity
+    (a GPU that changes hands starts new series with the old count), and a counter born in the
+    window counts its whole value (it starts at its first XID, which ``increase()`` cannot see)."""
+    device = "max by (instance, job, uuid, gpu, profile, xid)"
+    now_, before = (f"{device} ({cat.GPU_XID_ERRORS.name}{sel(*matchers)}{offset})" for offset in ("", f" offset {window}"))
+    return f"(increase(({now_})[{window}:1m]) and {before}) or ({now_} unless {before})"
+
+
 def or_zero(expr: str) -> str:
     """Counts of nothing are 0, not "No data"."""
     return f"({expr}) or vector(0)"
@@ -491,7 +500,7 @@ def overview() -> Dashboard:
                 "timeseries",
                 (
                     t(
-                        f"sum by ({NODE_LABEL}, xid) (increase({cat.GPU_XID_ERRORS.name}{sel()}[1h]))",
+                        f"sum by ({NODE_LABEL}, xid) ({xids_in('1h')})",
                         f"{{{{{NODE_LABEL}}}}} XID {{{{xid}}}}",
                     ),
                 ),
@@ -532,6 +541,9 @@ def claims() -> Dashboard:
     )
     c = (rx("namespace", "$namespace"), rx("claim", "$claim"), CLAIMED)
     allocations = f"{cat.CLAIM_ALLOCATION_INFO.name}{sel(eq('admin_access', 'false'), *c)}"
+    # Only devices with an NVML UUID can be idle: IMEX channels and ComputeDomain daemon devices
+    # have none and no activity to read, so they would all look idle.
+    gpu_allocations = f"{cat.CLAIM_ALLOCATION_INFO.name}{sel(eq('admin_access', 'false'), ne('uuid'), *c)}"
     by_ns = "{{namespace}}"
     per_namespace = Row(
         "Per namespace",
@@ -611,16 +623,19 @@ def claims() -> Dashboard:
                 "Idle claims",
                 "table",
                 (
-                    tab(f"count by ({NODE_LABEL}, namespace, claim) ({allocations})"),
+                    tab(f"count by ({NODE_LABEL}, namespace, claim) ({gpu_allocations})"),
                     tab(f"count by ({NODE_LABEL}, namespace, claim) "
-                        f"(group by ({NODE_LABEL}, namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO.name}{sel(*c)}))"),
+                        f"(group by ({NODE_LABEL}, namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO.name}{sel(*c)}) "
+                        f"and on ({NODE_LABEL}, namespace, claim) group by ({NODE_LABEL}, namespace, claim) "
+                        f"({gpu_allocations}))"),
                     tab(f"time() - max by ({NODE_LABEL}, namespace, claim) ("
                         f"max_over_time((timestamp(max by ({NODE_LABEL}, namespace, claim) ({activity(*c)}) "
                         f">= {IDLE_RATIO}))[$__range:$__interval]) "
                         f"or min_over_time((timestamp(group by ({NODE_LABEL}, namespace, claim) "
-                        f"({allocations})))[$__range:$__interval]))"),
+                        f"({gpu_allocations})))[$__range:$__interval]))"),
                 ),
-                f"Every claim with its devices and pods, and how long ago any of its devices was last in use "
+                f"Every claim of GPUs or MIG devices (not IMEX channels or ComputeDomain daemons: they have no "
+                f"activity) with its devices and pods, and how long ago any of its devices was last in use "
                 f"(utilisation ≥ {IDLE_RATIO:.0%}; MIG devices: GPM SM activity, or a process where the GPU "
                 f"has no GPM), within the dashboard's time range; since the claim appeared if it never was. Sort "
                 f"by idle for: the DraClaimIdle alert fires after two hours.",
@@ -830,8 +845,8 @@ def node() -> Dashboard:
             ),
             stat(
                 "XID errors in range",
-                or_zero(f"sum(increase({cat.GPU_XID_ERRORS.name}{sel(*d)}[$__range]))"),
-                "XID errors counted over the dashboard's time range.",
+                or_zero(f"sum({xids_in('$__range', *d)})"),
+                "XID errors counted over the dashboard's time range (a device's first XID too).",
                 thresholds=RED_FROM_ONE,
             ),
             Panel(
@@ -889,7 +904,8 @@ def node() -> Dashboard:
                         DEVICE_LEGEND + " {{direction}}",
                     ),
                 ),
-                "Bytes per second over NVLink (from GPM).",
+                "Bytes per second over all NVLinks of each device: NVML's per-link data counters where the "
+                "GPU has them, else GPM's NVLink rates (MIG devices, GPUs without per-link counters).",
                 "Bps",
             ),
             Panel(
