@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from . import catalog as cat
 from . import showback
 from .showback import Prices, Report, Series, ShowbackError
 
@@ -197,6 +198,10 @@ def run(
     start = end - points * step  # whole steps, ending at --end
     recorded = use_rules and bool(client.instant(f"count(last_over_time({showback.SHARE}[{_num(end - start)}s]))",
                                                  end))
+    if not recorded and not client.instant(f"count(last_over_time({cat.GPU_INFO.name}[{_num(end - start)}s]))", end):
+        raise showback.NothingToReport(
+            f"no dra-exporter series from {showback.iso(start)} to {showback.iso(end)} ({cat.GPU_INFO.name} has no "
+            "sample): is this the Prometheus that scrapes the exporters, and were they running then?")
     if not recorded and warn is not None:
         warn("--raw: computing from the raw series, which is slower" if not use_rules else
              f"the recording rules are not installed ({showback.SHARE} has no sample in the window); "

@@ -228,6 +228,11 @@ class ShowbackError(ValueError):
     """Bad input to the report (a window, a price file); the message says what to fix."""
 
 
+class NothingToReport(Exception):
+    """The server answered but holds no dra-exporter series in the window: nothing usable (exit 1,
+    not a report of zeros)."""
+
+
 def parse_duration(text: str) -> float:
     """Seconds of a Prometheus duration (``90s``, ``1h30m``, ``7d``, ``2w``)."""
     parts = _DURATION.findall(text)
@@ -454,7 +459,7 @@ def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], measur
 # --- rendering --------------------------------------------------------------------------------
 
 
-def _iso(t: float) -> str:
+def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -484,14 +489,14 @@ def _usage_dict(u: Usage, priced: bool) -> dict[str, object]:
 
 def render_json(r: Report) -> str:
     doc = {
-        "window": {"start": _iso(r.start), "end": _iso(r.end), "step_seconds": r.step},
+        "window": {"start": iso(r.start), "end": iso(r.end), "step_seconds": r.step},
         "source": r.source,
         "total": _usage_dict(r.total, r.priced),
         "namespaces": [{"namespace": u.namespace, **_usage_dict(u, r.priced)} for u in r.namespaces],
         "claims": [{"namespace": u.namespace, "claim": u.claim, **_usage_dict(u, r.priced)} for u in r.claims],
         "idle_claims": [
             {"namespace": c.namespace, "claim": c.claim, "pods": list(c.pods), "devices": c.devices,
-             "gpu_equivalents": round(c.gpu_equivalents, 6), "idle_since": _iso(c.idle_since),
+             "gpu_equivalents": round(c.gpu_equivalents, 6), "idle_since": iso(c.idle_since),
              "idle_since_before_window": c.idle_since_before_window, "idle_seconds": r.end - c.idle_since}
             for c in r.idle
         ],
@@ -514,7 +519,7 @@ def render_csv(r: Report) -> str:
                          f"{u.busy_hours:.6f}" if u.busy_known else UNKNOWN,
                          f"{share:.6f}" if share is not None else UNKNOWN, f"{u.unmeasured_hours:.6f}",
                          *([f"{u.cost or 0.0:.6f}"] if r.priced else []),
-                         _iso(c.idle_since) if c else "", " ".join(c.pods) if c else "", c.devices if c else ""])
+                         iso(c.idle_since) if c else "", " ".join(c.pods) if c else "", c.devices if c else ""])
     return out.getvalue()
 
 
@@ -541,7 +546,7 @@ def render_table(r: Report) -> str:
                 *([f"{u.unmeasured_hours:.2f}"] if unmeasured else []),
                 *([f"{u.cost or 0.0:.2f}"] if r.priced else [])]
 
-    title = (f"GPU showback {_iso(r.start)} → {_iso(r.end)} ({_span(r.end - r.start)}, step "
+    title = (f"GPU showback {iso(r.start)} → {iso(r.end)} ({_span(r.end - r.start)}, step "
              f"{_span(r.step)}, from {r.source})")
     lines = [title, ""]
     lines += _table(["NAMESPACE", *numbers], [[u.namespace, *cells(u)] for u in r.namespaces]
@@ -559,7 +564,7 @@ def render_table(r: Report) -> str:
                      "the window):")
         lines += _table(["NAMESPACE", "CLAIM", "PODS", "DEVICES", "IDLE SINCE", "FOR"],
                         [[c.namespace, c.claim, ",".join(c.pods) or "-", c.devices,
-                          ("before " if c.idle_since_before_window else "") + _iso(c.idle_since),
+                          ("before " if c.idle_since_before_window else "") + iso(c.idle_since),
                           _span(r.end - c.idle_since)] for c in r.idle], 0)
     else:
         lines.append("No claim sits idle at the end of the window.")

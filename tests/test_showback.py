@@ -291,12 +291,15 @@ def run_report(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 WINDOW = ["--start", "1000000", "--end", "1003600", "--step", "60s", "--format", "json"]
+DRA_SERIES_SEEN = {f"count(last_over_time({cat.GPU_INFO.name}": [({}, [[1003600, "1"]])]}
+"""The report's probe answered: the exporters' series exist in the window."""
 
 
 def test_without_rules_the_report_says_so_and_asks_the_raw_series(fake: tuple[str, Any]) -> None:
     url, handler = fake
-    handler.answers = {cat.GPU_UP.name: [({"namespace": "ml", "claim": "t", "model": "m"},
-                                     [[1000000 + 60 * i, "1"] for i in range(60)])]}
+    handler.answers = {**DRA_SERIES_SEEN,
+                       cat.GPU_UP.name: [({"namespace": "ml", "claim": "t", "model": "m"},
+                                          [[1000000 + 60 * i, "1"] for i in range(60)])]}
     result = run_report("--prometheus", url, *WINDOW)
     assert result.returncode == 0, result.stderr
     assert "recording rules are not installed" in result.stderr and len(result.stderr.splitlines()) == 1
@@ -304,6 +307,15 @@ def test_without_rules_the_report_says_so_and_asks_the_raw_series(fake: tuple[st
     assert doc["source"] == "raw series" and doc["claims"][0]["gpu_hours_held"] == 1.0
     ranges = [q for path, q, _ in handler.seen if path.endswith("query_range")]
     assert ranges and all(":" not in re.sub(r"\[[^\]]*\]", "", q) for q in ranges), "raw queries only"
+
+
+def test_a_prometheus_without_dra_series_is_nothing_to_report_exit_1(fake: tuple[str, Any]) -> None:
+    """Not a table of zeros and "IDLE 0%": why on stderr, exit 1 (ran, found nothing usable)."""
+    url, _ = fake  # answers every query with an empty result
+    result = run_report("--prometheus", url, *WINDOW)
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert "no dra-exporter series" in result.stderr and "1970-01-12T13:46:40Z" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_with_rules_the_report_reads_the_recorded_series(fake: tuple[str, Any]) -> None:
@@ -319,6 +331,7 @@ def test_with_rules_the_report_reads_the_recorded_series(fake: tuple[str, Any]) 
 
 def test_bearer_token_and_basic_auth_are_sent(fake: tuple[str, Any], tmp_path: Path) -> None:
     url, handler = fake
+    handler.answers = dict(DRA_SERIES_SEEN)
     (tmp_path / "token").write_text("s3cret-token\n")
     (tmp_path / "password").write_text("pa55")
     assert run_report("--prometheus", url, *WINDOW, "--bearer-token-file", str(tmp_path / "token")).returncode == 0
