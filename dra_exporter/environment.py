@@ -110,7 +110,7 @@ def _node(settings: Settings, sim_time: float | None, env: Environment) -> None:
     env.self_pod = self_pod
     env.context = SourceContext(node_name=node_name, nvml=nvml, kubelet_socket=kubelet_socket,
                                 claim_refresh=settings.claim_refresh, procfs=procfs, wall_clock=wall_clock,
-                                monotonic=monotonic, **access)
+                                monotonic=monotonic, simulated_apiserver=env.simulated_apiserver, **access)
 
 
 def cluster(settings: ClusterSettings) -> Environment:

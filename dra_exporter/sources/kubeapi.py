@@ -233,7 +233,8 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
                  kubeconfig: str | None = None,
                  claim_hints: Callable[[], Iterable[tuple[str, str]]] = tuple,
                  claim_refresh: float = 300.0, timeouts: Timeouts = Timeouts(),
-                 monotonic: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None,
+                 simulated: bool = False) -> None:
         if not node_name:
             raise ValueError("kubeapi: a node name is needed for the spec.nodeName field selectors")
         self.node_name = node_name
@@ -243,6 +244,8 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
         self._timeouts = timeouts
         self._monotonic = monotonic
         self._log = logger or logging.getLogger(__name__)
+        self._simulated = simulated
+        """The API server is ``--simulate``'s: say what the simulated cluster has, not what it lacks."""
         self.requests: Counter[str] = Counter()
         """Requests sent, by ``"<verb> <kind>"``: what this source costs the API server."""
         self._lock = threading.Lock()
@@ -344,8 +347,12 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
         try:
             version = self._taint_rule_version()
             if version is None:
-                self._log.info("kubeapi: %s serves no DeviceTaintRules (gate DRADeviceTaintRules off, or "
-                               "Kubernetes before 1.33): only the slices' own taints are shown", GROUP)
+                if self._simulated:
+                    self._log.info("kubeapi: the simulated cluster has the scenario's ResourceSlices, "
+                                   "ResourceClaims and pods (`cluster --simulate` simulates DeviceTaintRules)")
+                else:
+                    self._log.info("kubeapi: %s serves no DeviceTaintRules (gate DRADeviceTaintRules off, or "
+                                   "Kubernetes before 1.33): only the slices' own taints are shown", GROUP)
                 return
             rules = Reflector("devicetaintrules", self._client, http.taint_rules_path(version), None,
                                taint_rule_from_dict, self._timeouts, self.requests, on_update=self._bump)
@@ -375,7 +382,10 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
             response = http.get(client, path, timeout=self._timeouts.request)
             found = cd.served(read_json(response, f"discover {cd.GROUP}/{cd.VERSION}"))
         except ApiException as exc:
-            if exc.status == 404:
+            if exc.status == 404 and self._simulated:
+                self._log.info("kubeapi: the simulated cluster has no ComputeDomains in this scenario (the "
+                               "gb200-domain scenario has one)")
+            elif exc.status == 404:
                 self._log.info("kubeapi: %s/%s is not served (NVIDIA's ComputeDomain CRDs are not installed): "
                                "no ComputeDomain metrics", cd.GROUP, cd.VERSION)
             else:

@@ -50,6 +50,8 @@ class SourceContext:
     kube_client: Callable[[], Any] | None = None
     """Makes the API client (a kubeconfig checked at start-up); None: the source loads its own."""
     claim_refresh: float = 300.0
+    simulated_apiserver: bool = False
+    """The API server is ``--simulate``'s: what it lacks is what the scenario has, not a problem."""
     procfs: str = "/proc"
     wall_clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
@@ -159,7 +161,8 @@ def _kubeapi(ctx: SourceContext) -> Source[ClusterSnapshot]:
         return [(c.namespace, c.name) for p in pods.pods for ctr in p.containers for c in ctr.claims]
 
     return KubeApiSource(ctx.node_name, kubeconfig=ctx.kubeconfig, client_factory=ctx.kube_client,
-                         claim_hints=claim_hints, claim_refresh=ctx.claim_refresh)
+                         claim_hints=claim_hints, claim_refresh=ctx.claim_refresh,
+                         simulated=ctx.simulated_apiserver)
 
 
 def _procs(ctx: SourceContext) -> Source[ProcessOwnersSnapshot]:
