@@ -93,6 +93,15 @@ def activity(*matchers: str) -> str:
 ALLOCATABLE = f"unless on (uuid) {cat.GPU_INFO.name}{{{eq('mig_mode', 'enabled')}}}"
 
 
+def xids_in(window: str, *matchers: str) -> str:
+    """XIDs per device and code within ``window``, as the alerts count them: per device identity
+    (a GPU that changes hands starts new series with the old count), and a counter born in the
+    window counts its whole value (it starts at its first XID, which ``increase()`` cannot see)."""
+    device = "max by (instance, job, uuid, gpu, profile, xid)"
+    now_, before = (f"{device} ({cat.GPU_XID_ERRORS.name}{sel(*matchers)}{offset})" for offset in ("", f" offset {window}"))
+    return f"(increase(({now_})[{window}:1m]) and {before}) or ({now_} unless {before})"
+
+
 def or_zero(expr: str) -> str:
     """Counts of nothing are 0, not "No data"."""
     return f"({expr}) or vector(0)"
@@ -491,7 +500,7 @@ def overview() -> Dashboard:
                 "timeseries",
                 (
                     t(
-                        f"sum by ({NODE_LABEL}, xid) (increase({cat.GPU_XID_ERRORS.name}{sel()}[1h]))",
+                        f"sum by ({NODE_LABEL}, xid) ({xids_in('1h')})",
                         f"{{{{{NODE_LABEL}}}}} XID {{{{xid}}}}",
                     ),
                 ),
@@ -532,6 +541,9 @@ def claims() -> Dashboard:
     )
     c = (rx("namespace", "$namespace"), rx("claim", "$claim"), CLAIMED)
     allocations = f"{cat.CLAIM_ALLOCATION_INFO.name}{sel(eq('admin_access', 'false'), *c)}"
+    # Only devices with an NVML UUID can be idle: IMEX channels and ComputeDomain daemon devices
+    # have none and no activity to read, so they would all look idle.
+    gpu_allocations = f"{cat.CLAIM_ALLOCATION_INFO.name}{sel(eq('admin_access', 'false'), ne('uuid'), *c)}"
     by_ns = "{{namespace}}"
     per_namespace = Row(
         "Per namespace",
@@ -611,16 +623,19 @@ def claims() -> Dashboard:
                 "Idle claims",
                 "table",
                 (
-                    tab(f"count by ({NODE_LABEL}, namespace, claim) ({allocations})"),
+                    tab(f"count by ({NODE_LABEL}, namespace, claim) ({gpu_allocations})"),
                     tab(f"count by ({NODE_LABEL}, namespace, claim) "
-                        f"(group by ({NODE_LABEL}, namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO.name}{sel(*c)}))"),
+                        f"(group by ({NODE_LABEL}, namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO.name}{sel(*c)}) "
+                        f"and on ({NODE_LABEL}, namespace, claim) group by ({NODE_LABEL}, namespace, claim) "
+                        f"({gpu_allocations}))"),
                     tab(f"time() - max by ({NODE_LABEL}, namespace, claim) ("
                         f"max_over_time((timestamp(max by ({NODE_LABEL}, namespace, claim) ({activity(*c)}) "
                         f">= {IDLE_RATIO}))[$__range:$__interval]) "
                         f"or min_over_time((timestamp(group by ({NODE_LABEL}, namespace, claim) "
-                        f"({allocations})))[$__range:$__interval]))"),
+                        f"({gpu_allocations})))[$__range:$__interval]))"),
                 ),
-                f"Every claim with its devices and pods, and how long ago any of its devices was last in use "
+                f"Every claim of GPUs or MIG devices (not IMEX channels or ComputeDomain daemons: they have no "
+                f"activity) with its devices and pods, and how long ago any of its devices was last in use "
                 f"(utilisation ≥ {IDLE_RATIO:.0%}; MIG devices: GPM SM activity, or a process where the GPU "
                 f"has no GPM), within the dashboard's time range; since the claim appeared if it never was. Sort "
                 f"by idle for: the DraClaimIdle alert fires after two hours.",
@@ -830,8 +845,8 @@ def node() -> Dashboard:
             ),
             stat(
                 "XID errors in range",
-                or_zero(f"sum(increase({cat.GPU_XID_ERRORS.name}{sel(*d)}[$__range]))"),
-                "XID errors counted over the dashboard's time range.",
+                or_zero(f"sum({xids_in('$__range', *d)})"),
+                "XID errors counted over the dashboard's time range (a device's first XID too).",
                 thresholds=RED_FROM_ONE,
             ),
             Panel(
@@ -889,7 +904,8 @@ def node() -> Dashboard:
                         DEVICE_LEGEND + " {{direction}}",
                     ),
                 ),
-                "Bytes per second over NVLink (from GPM).",
+                "Bytes per second over all NVLinks of each device: NVML's per-link data counters where the "
+                "GPU has them, else GPM's NVLink rates (MIG devices, GPUs without per-link counters).",
                 "Bps",
             ),
             Panel(
@@ -1218,6 +1234,9 @@ def showback() -> Dashboard:
     ns = rx("namespace", "$namespace")
     held_ns, busy_ns = f"{sb.HELD_NAMESPACE}{{{ns}}}", f"{sb.BUSY_NAMESPACE}{{{ns}}}"
     held_claim, busy_claim = f"{sb.HELD_CLAIM}{{{ns}}}", f"{sb.BUSY_CLAIM}{{{ns}}}"
+    # Idle shares are of the GPU-hours with a busy signal: A100 and A30 MIG devices have none, and
+    # unknown is not idle (they drop out of the idle panels; `report` counts them as NO SIGNAL).
+    measured_ns, measured_claim = f"{sb.MEASURED_NAMESPACE}{{{ns}}}", f"{sb.MEASURED_CLAIM}{{{ns}}}"
     # Recorded every RULE_INTERVAL: the sum of a range's samples times the interval is GPU-time.
     hours_per_sample = sb.parse_duration(sb.RULE_INTERVAL) / 3600
 
@@ -1230,11 +1249,13 @@ def showback() -> Dashboard:
         "In the dashboard's time range",
         (
             stat("GPU-hours held", hours(held_ns), "Whole GPUs count 1 an hour, a MIG device its share of "
-                 "its GPU (compute slices / 7); a claim shared by several pods counts once.", width=6),
+                 "its GPU (its compute slices over the GPU's: 7, 4 on an A30); a claim shared by several pods counts "
+                 "once.", width=6),
             stat("GPU-hours busy", hours(busy_ns), "Held GPU-hours weighted by utilisation (GPM SM activity "
                  "for MIG devices).", width=6),
-            stat("Idle share", f"1 - ({hours(busy_ns)}) / ({hours(held_ns)})",
-                 "Share of the held GPU-hours nobody used.", unit="percentunit", width=6),
+            stat("Idle share", f"1 - ({hours(busy_ns)}) / ({hours(measured_ns)})",
+                 "Share of the held GPU-hours nobody used, of those with a busy signal (A100 and A30 MIG "
+                 "devices have none: unknown, not idle).", unit="percentunit", width=6),
             stat("Cost", f"({hours(held_ns)}) * $price", "GPU-hours held times the price variable.", width=6),
         ),
     )
@@ -1249,9 +1270,10 @@ def showback() -> Dashboard:
                   (now(f"sort_desc({hours(held_ns, 'namespace')})", "{{namespace}}"),),
                   "GPU-hours held over the time range.", width=8),
             Panel("Idle share by namespace", "bargauge",
-                  (now(f"sort_desc(1 - ({hours(busy_ns, 'namespace')}) / ({hours(held_ns, 'namespace')}))",
+                  (now(f"sort_desc(1 - ({hours(busy_ns, 'namespace')}) / ({hours(measured_ns, 'namespace')}))",
                        "{{namespace}}"),),
-                  "Share of each namespace's GPU-hours nobody used.", "percentunit", width=8, max=1),
+                  "Share of each namespace's GPU-hours nobody used, of those with a busy signal (A100 and "
+                  "A30 MIG devices have none).", "percentunit", width=8, max=1),
             Panel("Cost by namespace", "bargauge",
                   (now(f"sort_desc(({hours(held_ns, 'namespace')}) * $price)", "{{namespace}}"),),
                   "GPU-hours held times the price variable.", width=8),
@@ -1262,8 +1284,9 @@ def showback() -> Dashboard:
         (
             Panel("Top idle claims", "bargauge",
                   (now(f"topk(10, 1 - ({hours(busy_claim, 'namespace, claim')}) / "
-                       f"({hours(held_claim, 'namespace, claim')}))", BY_CLAIM),),
-                  "Claims with the largest share of their GPU-hours unused over the range. `dra-exporter report` "
+                       f"({hours(measured_claim, 'namespace, claim')}))", BY_CLAIM),),
+                  "Claims with the largest share of their GPU-hours unused over the range, of those with a busy "
+                  "signal (a claim of A100 or A30 MIG devices only has none and is not listed). `dra-exporter report` "
                   "says since when each idle claim has been idle.", "percentunit", max=1),
             Panel("Top claims by cost", "bargauge",
                   (now(f"topk(10, ({hours(held_claim, 'namespace, claim')}) * $price)", BY_CLAIM),),

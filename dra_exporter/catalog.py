@@ -502,6 +502,11 @@ GPU_FABRIC_HEALTH_PROBLEM: Final = MetricSpec(
     otlp=OtlpForm("dra.gpu.fabric.health.problem", "1"), gpu_identity=True)
 # The one activity signal NVML gives for MIG devices of GPUs without GPM (A100): the idle
 # alert needs it per device, whether or not the processes' pods can be found.
+GPU_MIG_COMPUTE_SLICES: Final = MetricSpec(
+    "dra_gpu_mig_compute_slices", "gauge",
+    "Compute slices a MIG-enabled GPU splits into (the slice count of its largest GPU-instance profile: 7 "
+    "on A100, H100, H200, B200 and GB200, 4 on A30): a MIG device of N slices is N of them.",
+    GPU_ID_LABELS, otlp=OtlpForm("dra.gpu.mig.compute_slices", "{slice}", updown=True), gpu_identity=True)
 GPU_PROCESSES: Final = MetricSpec(
     "dra_gpu_processes", "gauge", "Compute and graphics processes NVML lists on this device in the last cycle.",
     otlp=OtlpForm("dra.gpu.processes", "{process}"))
@@ -719,7 +724,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     GPU_FP64_ACTIVE, GPU_FP32_ACTIVE, GPU_FP16_ACTIVE, GPU_NVLINK_BYTES,
     GPU_NVLINK_LINK_UP, GPU_NVLINK_LINK_INFO, GPU_NVLINK_LINK_SPEED, GPU_NVLINK_LINK_BYTES, GPU_NVLINK_LINK_ERRORS,
     GPU_NVLINK_LINK_RECOVERIES, GPU_FABRIC_INFO, GPU_FABRIC_STATE, GPU_FABRIC_REGISTERED, GPU_FABRIC_HEALTH,
-    GPU_FABRIC_HEALTH_PROBLEM, GPU_PROCESSES,
+    GPU_FABRIC_HEALTH_PROBLEM, GPU_MIG_COMPUTE_SLICES, GPU_PROCESSES,
     CONTAINER_GPU_MEMORY_USED, CONTAINER_GPU_SM_UTILIZATION,
     CLAIM_ALLOCATION_INFO, CLAIM_CONSUMER_INFO, CLAIM_DEVICE_CONDITION, CLAIM_DEVICE_TOLERATION,
     CLAIM_CONSUMED_CAPACITY, CLAIM_DEVICE_NETWORK,

@@ -340,6 +340,17 @@ def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _snapshot_or_exit(take: Callable[[], Any]) -> Any:
+    """``take()``'s frame; where it ran but found nothing usable, why on stderr and exit 1."""
+    from . import runtime
+
+    try:
+        return take()
+    except runtime.NothingUsable as exc:
+        click.echo(f"dra-exporter: nothing to show: {exc}", err=True)
+        sys.exit(1)
+
+
 def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -432,11 +443,7 @@ def snapshot(fmt: str, naming: str, log_level: str, **kw: Any) -> None:
     settings = dataclasses.replace(_settings(kw), naming=naming)
     _logging("error" if log_level == "info" else log_level)
     # The table is the native view (its columns are native families); the other formats follow --naming.
-    try:
-        frame = runtime.snapshot(settings, renamed=fmt != "table")
-    except runtime.NothingUsable as exc:
-        click.echo(f"dra-exporter: {exc}", err=True)
-        sys.exit(1)  # ran, but found nothing usable
+    frame = _snapshot_or_exit(lambda: runtime.snapshot(settings, renamed=fmt != "table"))
     if fmt in ("prometheus", "openmetrics"):
         from .sinks.prometheus import render
 
@@ -560,8 +567,13 @@ def report(prometheus: str, since: str | None, start: str | None, end: str | Non
         basic_auth=(basic_auth_user, edge.read_secret(basic_auth_password_file, "--basic-auth-password-file"))
         if basic_auth_user and basic_auth_password_file else None,
         ca_file=ca_file, timeout=timeout))
-    result = edge.run(client, start=begin, end=until, step=resolution, prices=prices, idle_below=idle_below,
-                      top=top, use_rules=not raw, warn=lambda note: click.echo(f"dra-exporter: note: {note}", err=True))
+    try:
+        result = edge.run(client, start=begin, end=until, step=resolution, prices=prices, idle_below=idle_below,
+                          top=top, use_rules=not raw,
+                          warn=lambda note: click.echo(f"dra-exporter: note: {note}", err=True))
+    except showback.NothingToReport as exc:
+        click.echo(f"dra-exporter: nothing to report: {exc}", err=True)
+        sys.exit(1)  # ran, but found nothing usable
     render = {"table": showback.render_table, "csv": showback.render_csv, "json": showback.render_json}[fmt]
     click.echo(render(result), nl=fmt != "csv")
 
@@ -587,7 +599,7 @@ def cluster(once: bool, log_level: str, **kw: Any) -> None:
 
         settings = ClusterSettings(**_shell_settings(kw, publishing=False))
         _logging("error" if log_level == "info" else log_level)
-        click.echo(render(runtime.snapshot(settings, CLUSTER)).decode(), nl=False)
+        click.echo(render(_snapshot_or_exit(lambda: runtime.snapshot(settings, CLUSTER))).decode(), nl=False)
         return
     _logging(log_level)  # before the web config, whose loading may warn
     runtime.serve(ClusterSettings(**_shell_settings(kw, publishing=True)), CLUSTER)

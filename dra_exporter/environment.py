@@ -110,8 +110,8 @@ def _node(settings: Settings, sim_time: float | None, env: Environment) -> None:
     env.self_pod = self_pod
     env.context = SourceContext(node_name=node_name, nvml=nvml, kubelet_socket=kubelet_socket,
                                 claim_refresh=settings.claim_refresh, max_objects=settings.max_objects,
-                                procfs=procfs, wall_clock=wall_clock,
-                                monotonic=monotonic, **access)
+                                procfs=procfs, wall_clock=wall_clock, monotonic=monotonic,
+                                simulated_apiserver=env.simulated_apiserver, **access)
 
 
 def cluster(settings: ClusterSettings) -> Environment:

@@ -23,6 +23,7 @@ from typing import Any, Final
 import urllib3
 
 from . import boundedio, outbound, showback, strict_yaml
+from . import catalog as cat
 from .showback import Prices, Report, Series, ShowbackError
 
 MAX_ANSWER_BYTES: Final = 64 << 20
@@ -304,11 +305,15 @@ def run(
     start = end - points * step  # whole steps, ending at --end
     recorded = use_rules and bool(client.instant(f"count(last_over_time({showback.SHARE}[{_num(end - start)}s]))",
                                                  end))
+    if not recorded and not client.instant(f"count(last_over_time({cat.GPU_INFO.name}[{_num(end - start)}s]))", end):
+        raise showback.NothingToReport(
+            f"no dra-exporter series from {showback.iso(start)} to {showback.iso(end)} ({cat.GPU_INFO.name} has no "
+            "sample): is this the Prometheus that scrapes the exporters, and were they running then?")
     if not recorded and warn is not None:
         warn("--raw: computing from the raw series, which is slower" if not use_rules else
              f"the recording rules are not installed ({showback.SHARE} has no sample in the window); "
              "computing from the raw series, which is slower (install deploy/recording-rules.yaml)")
-    q = showback.queries(recorded=recorded)
+    q = showback.queries(recorded=recorded, step=step)
     last = end - step  # each point stands for the step that starts at it: [t, t + step); so do
     # the devices and pods of the idle claims, taken at the last point
     report = showback.build(
@@ -316,6 +321,7 @@ def run(
         source="recording rules" if recorded else "raw series",
         held=client.range(q.held, start, last, step),
         busy=client.range(q.busy, start, last, step),
+        measured=client.range(q.measured, start, last, step),
         devices=client.instant(q.devices, last),
         pods=client.instant(q.pods, last),
         prices=prices, idle_below=idle_below, top=top,

@@ -10,13 +10,13 @@ Two halves, both free of I/O:
   ``dra_exporter.report`` does the HTTP at the edge.
 
 What is counted (docs/operating.md "Showback"): a device held by a claim counts its *compute share*
-of the physical GPU, 1 for a whole GPU and ``N/7`` for a MIG device whose profile starts with ``N``
-compute slices (``1g.18gb`` → 1/7, ``3g.71gb`` → 3/7, ``1c.3g.71gb`` → 1/7: its compute instance has
-one slice). Every MIG-capable GPU NVIDIA ships in the H100/H200/B200/GB200 generations (and A100)
-splits into 7 compute slices; GB200's ``1g.47gb`` is still one slice of seven. A device shared by
-several pods has one series (``pod=""``), so a shared claim is counted once; only the per-pod rules
-split it evenly between its pods. Busy is NVML utilisation for whole GPUs and GPM SM activity for MIG
-devices (NVML has no utilisation for them), times the share.
+of the physical GPU, 1 for a whole GPU and ``N/S`` for a MIG device whose profile starts with ``N``
+compute slices (``1g.18gb``, ``1c.3g.71gb``: its compute instance has one slice) on a GPU of ``S``
+(``dra_gpu_mig_compute_slices``: 7 on A100 to GB200, 4 on an A30; 7 where no series says). A device
+shared by several pods has one series (``pod=""``), so a shared claim is counted once; only the
+per-pod rules split it evenly between its pods. Busy is NVML utilisation for whole GPUs and GPM SM
+activity for MIG devices (NVML has no utilisation for them), the mean of every sample, times the
+share; a device with neither (A100 and A30 MIG devices) is held with its busy share unknown.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
@@ -35,7 +35,8 @@ from typing import Final
 from . import catalog as cat
 
 COMPUTE_SLICES: Final = 7
-"""Compute slices of a MIG-capable GPU: the denominator of a MIG device's share."""
+"""The most compute slices a MIG profile's name starts with, and the denominator of a MIG
+device's share where its parent does not say (``dra_gpu_mig_compute_slices``: 7, or 4 on an A30)."""
 RULE_INTERVAL: Final = "1m"
 """The rules' evaluation interval: the step of every recorded figure."""
 RULE_GROUP: Final = "dra-exporter-showback"
@@ -49,6 +50,8 @@ HELD_DEVICE: Final = "namespace_claim_uuid:dra_gpus_held:weighted"
 BUSY_DEVICE: Final = "namespace_claim_uuid:dra_gpus_busy:weighted"
 HELD_CLAIM: Final = "namespace_claim:dra_gpus_held:sum"
 BUSY_CLAIM: Final = "namespace_claim:dra_gpus_busy:sum"
+MEASURED_CLAIM: Final = "namespace_claim:dra_gpus_measured:sum"
+MEASURED_NAMESPACE: Final = "namespace:dra_gpus_measured:sum"
 HELD_NAMESPACE: Final = "namespace:dra_gpus_held:sum"
 BUSY_NAMESPACE: Final = "namespace:dra_gpus_busy:sum"
 HELD_POD: Final = "namespace_claim_pod:dra_gpus_held:split"
@@ -67,17 +70,37 @@ def _without(labels: Sequence[str]) -> str:
 
 
 def _share_expr() -> str:
-    # PromQL cannot turn a label into a number, so each slice count has its own branch.
+    # PromQL cannot turn a label into a number, so each slice count of a profile name has its own
+    # branch; the parent's slice count comes from its dra_gpu_mig_compute_slices, and is 7 where
+    # no series says (an exporter before it, or a driver that cannot tell).
     info = f"max {_without(_INFO_ONLY)}"
-    branches = [f'{info} ({cat.GPU_INFO.name}{{profile=""}})']
-    branches += [f'{n} / {COMPUTE_SLICES} * {info} ({cat.GPU_INFO.name}{{profile=~"{n}[cg]\\\\..+"}})'
-                 for n in range(1, COMPUTE_SLICES + 1)]
-    return "\n  or\n".join(branches)
+    slices_of = " or ".join(f'{n} * {cat.GPU_INFO.name}{{profile=~"{n}[cg]\\\\..+"}}'
+                            for n in range(1, COMPUTE_SLICES + 1))
+    parents = (f'max by (instance, parent_uuid) (label_replace({cat.GPU_MIG_COMPUTE_SLICES.name}, '
+               f'"parent_uuid", "$1", "uuid", "(.+)"))\n    or\n    '
+               f'{COMPUTE_SLICES} * max by (instance, parent_uuid) ({cat.GPU_INFO.name}{{parent_uuid!=""}})')
+    return (f'{info} ({cat.GPU_INFO.name}{{profile=""}})\n  or\n'
+            f'{info} (\n  (\n    {slices_of}\n  )\n  / on (instance, parent_uuid) group_left ()\n'
+            f'  (\n    {parents}\n  )\n)')
 
 
 _HELD_BY = f'{cat.GPU_UP.name}{{claim!=""}}'
-_BUSY_BY = (f'{cat.GPU_UTILIZATION.name}{{claim!="", profile=""}}\n'
-            f'  or\n  {cat.GPU_SM_ACTIVE.name}{{claim!="", profile!=""}}')
+_BUSY_SIGNALS = (f'{cat.GPU_UTILIZATION.name}{{claim!="", profile=""}}',
+                 f'{cat.GPU_SM_ACTIVE.name}{{claim!="", profile!=""}}')
+
+
+def _busy_by(window: str) -> str:
+    """Each claimed device's busy ratio over the ``window`` before each evaluation: the mean of every
+    sample in it, so periodic load counts as it ran, not as it stood at the evaluation's instant.
+    A window holding no sample (scrapes sparser than the window) takes the latest sample instead."""
+    return "\n  or\n  ".join(f"avg_over_time({signal}[{window}])\n  or\n  {signal}" for signal in _BUSY_SIGNALS)
+
+
+def _busy_device_expr(window: str) -> str:
+    return (f"max {_without(_HOLDER_DETAIL)} (\n  {_busy_by(window)}\n)\n"
+            f"* on (instance, uuid) group_left (model) {SHARE}")
+
+
 _PODS = f"group without (instance, job, container, pod_uid) ({cat.CLAIM_CONSUMER_INFO.name})"
 
 
@@ -87,25 +110,36 @@ class Rule:
     expr: str
     why: str
     """One line for the rules file: what the figure is."""
+    over: Callable[[str], str] | None = None
+    """The expression for another window than the rules' interval, where it averages over one: the
+    report's raw-series form takes its step."""
+
+    def expr_over(self, window: str) -> str:
+        return self.over(window) if self.over is not None else self.expr
 
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule(SHARE, _share_expr(),
-         "Share of its physical GPU each device stands for: 1 for a whole GPU, N/7 for a MIG device of "
-         "N compute slices."),
+         "Share of its physical GPU each device stands for: 1 for a whole GPU, N/S for a MIG device of "
+         "N compute slices on a GPU of S (7; 4 on an A30; 7 where the GPU does not say)."),
     Rule(HELD_DEVICE,
          f"group {_without(_HOLDER_DETAIL)} ({_HELD_BY})\n"
          f"* on (instance, uuid) group_left (model) {SHARE}",
          "GPU-equivalents each claimed device stands for (a shared device once, whoever uses it)."),
-    Rule(BUSY_DEVICE,
-         f"max {_without(_HOLDER_DETAIL)} (\n  {_BUSY_BY}\n)\n"
-         f"* on (instance, uuid) group_left (model) {SHARE}",
+    Rule(BUSY_DEVICE, _busy_device_expr(RULE_INTERVAL),
          "GPU-equivalents busy on each claimed device: NVML utilisation (whole GPUs) or GPM SM "
-         "activity (MIG), times the share."),
+         f"activity (MIG), the mean of every sample in the last {RULE_INTERVAL}, times the share.",
+         over=_busy_device_expr),
     Rule(HELD_CLAIM, f"sum {_without(_DEVICE_LEVEL)} ({HELD_DEVICE})", "GPU-equivalents each claim holds."),
     Rule(BUSY_CLAIM, f"sum {_without(_DEVICE_LEVEL)} ({BUSY_DEVICE})", "GPU-equivalents each claim keeps busy."),
+    Rule(MEASURED_CLAIM,
+         f"sum {_without(_DEVICE_LEVEL)} ({HELD_DEVICE} and on (instance, uuid) {BUSY_DEVICE})",
+         "GPU-equivalents each claim holds on devices with a busy signal (A100 and A30 MIG devices have "
+         "none): the denominator of its idle share."),
     Rule(HELD_NAMESPACE, f"sum without (claim) ({HELD_CLAIM})", "GPU-equivalents each namespace holds."),
     Rule(BUSY_NAMESPACE, f"sum without (claim) ({BUSY_CLAIM})", "GPU-equivalents each namespace keeps busy."),
+    Rule(MEASURED_NAMESPACE, f"sum without (claim) ({MEASURED_CLAIM})",
+         "GPU-equivalents each namespace holds on devices with a busy signal."),
     Rule(HELD_POD,
          f"(\n  {HELD_CLAIM}\n  / count without (pod) ({_PODS})\n)\n* ignoring (pod) group_right {_PODS}",
          "Per-pod view: a claim's GPU-equivalents split evenly between the pods that use it."),
@@ -140,12 +174,14 @@ def rules_yaml() -> str:
     return "\n".join(lines) + "\n"
 
 
-def inline(expr: str) -> str:
-    """``expr`` with every recorded series replaced by its expression: the raw-series form."""
+def inline(expr: str, window: str = RULE_INTERVAL) -> str:
+    """``expr`` with every recorded series replaced by its expression: the raw-series form. A rule
+    that averages over its interval averages over ``window`` instead (the report's step), so each
+    point stands for every sample of its step, as a recorded point does for its minute."""
     for rule in reversed(RULES):  # later rules only reference earlier ones
         name = re.compile(rf"(?<![\w:]){re.escape(rule.record)}(?![\w:])")
         if name.search(expr):
-            body = f"({inline(rule.expr)})"
+            body = f"({inline(rule.expr_over(window), window)})"
             expr = name.sub(body.replace("\\", "\\\\"), expr)  # the regexes' backslashes stay
     return expr
 
@@ -158,6 +194,8 @@ class Queries:
     held: str
     """GPU-equivalents held by (namespace, claim, model): model prices the hours."""
     busy: str
+    measured: str
+    """GPU-equivalents held on devices with a busy signal, by (namespace, claim)."""
     devices: str
     """Each claimed device with its share (instant, at the end): the idle list's devices."""
     pods: str = f"group by (namespace, claim, pod) ({cat.CLAIM_CONSUMER_INFO.name})"
@@ -165,14 +203,17 @@ class Queries:
     """A recorded series that exists wherever the rules run."""
 
 
-def queries(*, recorded: bool) -> Queries:
-    """The report's queries over the recorded series, or the same figures from raw series."""
+def queries(*, recorded: bool, step: float = 60.0) -> Queries:
+    """The report's queries over the recorded series, or the same figures from raw series at
+    ``step`` seconds apart."""
     held = f"sum by (namespace, claim, model) ({HELD_DEVICE})"
     busy = f"sum by (namespace, claim) ({BUSY_DEVICE})"
+    measured = f"sum by (namespace, claim) ({MEASURED_CLAIM})"
     devices = HELD_DEVICE
     if not recorded:
-        held, busy, devices = inline(held), inline(busy), inline(devices)
-    return Queries(held, busy, devices)
+        window = f"{round(step)}s" if step == round(step) else f"{round(step * 1000)}ms"
+        held, busy, measured, devices = (inline(q, window) for q in (held, busy, measured, devices))
+    return Queries(held, busy, measured, devices)
 
 
 # --- durations and windows --------------------------------------------------------------------
@@ -185,6 +226,11 @@ MAX_POINTS: Final = 11000
 
 class ShowbackError(ValueError):
     """Bad input to the report (a window, a price file); the message says what to fix."""
+
+
+class NothingToReport(Exception):
+    """The server answered but holds no dra-exporter series in the window: nothing usable (exit 1,
+    not a report of zeros)."""
 
 
 def parse_duration(text: str) -> float:
@@ -249,11 +295,24 @@ class Usage:
     claim: str
     held_hours: float
     busy_hours: float
+    """Busy GPU-hours of the devices with a busy signal."""
     cost: float | None
+    measured_hours: float
+    """GPU-hours held on devices with a busy signal: A100 and A30 MIG devices have none (no
+    utilisation, no GPM), so how busy they were is unknown, never zero."""
 
     @property
-    def idle_share(self) -> float:
-        return 1.0 - self.busy_hours / self.held_hours if self.held_hours > 0 else 0.0
+    def busy_known(self) -> bool:
+        return self.measured_hours > 0
+
+    @property
+    def unmeasured_hours(self) -> float:
+        return max(self.held_hours - self.measured_hours, 0.0)
+
+    @property
+    def idle_share(self) -> float | None:
+        """Idle share of the GPU-hours whose busy share is measured; None where none is."""
+        return 1.0 - self.busy_hours / self.measured_hours if self.busy_known else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,13 +367,17 @@ def build(
     source: str,
     held: Sequence[Series],
     busy: Sequence[Series],
+    measured: Sequence[Series] | None = None,
     devices: Sequence[Series] = (),
     pods: Sequence[Series] = (),
     prices: Prices | None = None,
     idle_below: float = IDLE_BELOW,
     top: int = 10,
 ) -> Report:
-    """Turn the query results at ``start, start + step, …, end - step`` into the report."""
+    """Turn the query results at ``start, start + step, …, end - step`` into the report.
+
+    ``measured``: what of ``held`` is on devices with a busy signal (``Queries.measured``); None
+    when every held device has one."""
     def key(s: Series) -> tuple[str, str]:
         return s.labels.get("namespace", ""), s.labels.get("claim", "")
 
@@ -333,11 +396,21 @@ def build(
     for s in busy:
         busy_hours[key(s)] += _hours(s.points, step)
         busy_at[key(s)].update(s.points)
+    measured_hours: Mapping[tuple[str, str], float] = held_hours
+    measured_at: Mapping[tuple[str, str], Mapping[float, float]] = held_at
+    if measured is not None:
+        hours_of: dict[tuple[str, str], float] = defaultdict(float)
+        at: dict[tuple[str, str], dict[float, float]] = defaultdict(dict)
+        for s in measured:
+            hours_of[key(s)] += _hours(s.points, step)
+            at[key(s)].update(s.points)
+        measured_hours, measured_at = hours_of, at
 
     def usage(ns: str, claim: str, keys: Iterable[tuple[str, str]]) -> Usage:
         ks = list(keys)
         return Usage(ns, claim, sum(held_hours[k] for k in ks), sum(busy_hours.get(k, 0.0) for k in ks),
-                     sum(cost[k] for k in ks) if prices is not None else None)
+                     sum(cost[k] for k in ks) if prices is not None else None,
+                     sum(measured_hours.get(k, 0.0) for k in ks))
 
     claims = sorted((usage(*k, [k]) for k in held_hours), key=lambda u: (-u.held_hours, u.namespace, u.claim))
     by_ns: dict[str, list[tuple[str, str]]] = defaultdict(list)
@@ -356,7 +429,7 @@ def build(
     idle = []
     last = max((t for series in held_at.values() for t in series), default=None)
     for k, series in held_at.items():
-        since = _idle_since(series, busy_at.get(k, {}), idle_below, last)
+        since = _idle_since(series, busy_at.get(k, {}), measured_at.get(k, {}), idle_below, last)
         if since is None:
             continue
         text, share = _devices_text(devices_of.get(k, []))
@@ -368,14 +441,16 @@ def build(
                   prices is not None, idle_below)
 
 
-def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], idle_below: float,
-                last: float | None) -> float | None:
-    """First point of the idle run that reaches the window's last point, or None (busy, or gone)."""
+def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], measured: Mapping[float, float],
+                idle_below: float, last: float | None) -> float | None:
+    """First point of the idle run that reaches the window's last point, or None (busy, gone, or
+    holding a device whose busy share is unknown: not known to be idle)."""
     if last is None or held.get(last, 0.0) <= 0:
         return None  # not held at the end: not sitting idle now
     since = None
     for t in sorted(held, reverse=True):
-        if held[t] <= 0 or busy.get(t, 0.0) >= idle_below * held[t]:
+        unmeasured = measured.get(t, 0.0) < held[t] - 1e-9  # sums of the same shares: equal but for rounding
+        if held[t] <= 0 or unmeasured or busy.get(t, 0.0) >= idle_below * held[t]:
             break
         since = t
     return since
@@ -384,7 +459,7 @@ def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], idle_b
 # --- rendering --------------------------------------------------------------------------------
 
 
-def _iso(t: float) -> str:
+def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -397,9 +472,16 @@ def _span(seconds: float) -> str:
     return f"{round(seconds)}s"
 
 
+UNKNOWN: Final = "unknown"
+"""What the table and CSV say where no held device has a busy signal (JSON: null)."""
+
+
 def _usage_dict(u: Usage, priced: bool) -> dict[str, object]:
-    out: dict[str, object] = {"gpu_hours_held": round(u.held_hours, 6), "gpu_hours_busy": round(u.busy_hours, 6),
-                              "idle_share": round(u.idle_share, 6)}
+    idle = u.idle_share
+    out: dict[str, object] = {"gpu_hours_held": round(u.held_hours, 6),
+                              "gpu_hours_busy": round(u.busy_hours, 6) if u.busy_known else None,
+                              "idle_share": round(idle, 6) if idle is not None else None,
+                              "gpu_hours_without_busy_signal": round(u.unmeasured_hours, 6)}
     if priced:
         out["cost"] = round(u.cost or 0.0, 6)
     return out
@@ -407,14 +489,14 @@ def _usage_dict(u: Usage, priced: bool) -> dict[str, object]:
 
 def render_json(r: Report) -> str:
     doc = {
-        "window": {"start": _iso(r.start), "end": _iso(r.end), "step_seconds": r.step},
+        "window": {"start": iso(r.start), "end": iso(r.end), "step_seconds": r.step},
         "source": r.source,
         "total": _usage_dict(r.total, r.priced),
         "namespaces": [{"namespace": u.namespace, **_usage_dict(u, r.priced)} for u in r.namespaces],
         "claims": [{"namespace": u.namespace, "claim": u.claim, **_usage_dict(u, r.priced)} for u in r.claims],
         "idle_claims": [
             {"namespace": c.namespace, "claim": c.claim, "pods": list(c.pods), "devices": c.devices,
-             "gpu_equivalents": round(c.gpu_equivalents, 6), "idle_since": _iso(c.idle_since),
+             "gpu_equivalents": round(c.gpu_equivalents, 6), "idle_since": iso(c.idle_since),
              "idle_since_before_window": c.idle_since_before_window, "idle_seconds": r.end - c.idle_since}
             for c in r.idle
         ],
@@ -428,12 +510,16 @@ def render_csv(r: Report) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["namespace", "claim", "gpu_hours_held", "gpu_hours_busy", "idle_share",
-                     *(["cost"] if r.priced else []), "idle_since", "pods", "devices"])
+                     "gpu_hours_without_busy_signal", *(["cost"] if r.priced else []), "idle_since", "pods",
+                     "devices"])
     for u in r.claims:
         c = idle.get((u.namespace, u.claim))
-        writer.writerow([u.namespace, u.claim, f"{u.held_hours:.6f}", f"{u.busy_hours:.6f}", f"{u.idle_share:.6f}",
+        share = u.idle_share
+        writer.writerow([u.namespace, u.claim, f"{u.held_hours:.6f}",
+                         f"{u.busy_hours:.6f}" if u.busy_known else UNKNOWN,
+                         f"{share:.6f}" if share is not None else UNKNOWN, f"{u.unmeasured_hours:.6f}",
                          *([f"{u.cost or 0.0:.6f}"] if r.priced else []),
-                         _iso(c.idle_since) if c else "", " ".join(c.pods) if c else "", c.devices if c else ""])
+                         iso(c.idle_since) if c else "", " ".join(c.pods) if c else "", c.devices if c else ""])
     return out.getvalue()
 
 
@@ -449,13 +535,18 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: int) -> 
 
 
 def render_table(r: Report) -> str:
-    numbers = ["GPU-H HELD", "GPU-H BUSY", "IDLE", *(["COST"] if r.priced else [])]
+    unmeasured = r.total.unmeasured_hours > 0
+    numbers = ["GPU-H HELD", "GPU-H BUSY", "IDLE", *(["NO SIGNAL"] if unmeasured else []),
+               *(["COST"] if r.priced else [])]
 
     def cells(u: Usage) -> list[str]:
-        return [f"{u.held_hours:.2f}", f"{u.busy_hours:.2f}", f"{u.idle_share:.0%}",
+        share = u.idle_share
+        return [f"{u.held_hours:.2f}", f"{u.busy_hours:.2f}" if u.busy_known else UNKNOWN,
+                f"{share:.0%}" if share is not None else UNKNOWN,
+                *([f"{u.unmeasured_hours:.2f}"] if unmeasured else []),
                 *([f"{u.cost or 0.0:.2f}"] if r.priced else [])]
 
-    title = (f"GPU showback {_iso(r.start)} → {_iso(r.end)} ({_span(r.end - r.start)}, step "
+    title = (f"GPU showback {iso(r.start)} → {iso(r.end)} ({_span(r.end - r.start)}, step "
              f"{_span(r.step)}, from {r.source})")
     lines = [title, ""]
     lines += _table(["NAMESPACE", *numbers], [[u.namespace, *cells(u)] for u in r.namespaces]
@@ -464,12 +555,16 @@ def render_table(r: Report) -> str:
     lines += _table(["NAMESPACE", "CLAIM", *numbers], [[u.namespace, u.claim, *cells(u)] for u in r.claims],
                     len(numbers))
     lines.append("")
+    if unmeasured:
+        lines.append("NO SIGNAL: GPU-hours held on devices without a busy signal (A100 and A30 MIG devices have "
+                     "no utilisation and no GPM); busy and idle cover the rest, unknown where nothing is left.")
+        lines.append("")
     if r.idle:
         lines.append(f"Claims idle longest (busy under {r.idle_below:.0%} of what they hold, until the end of "
                      "the window):")
         lines += _table(["NAMESPACE", "CLAIM", "PODS", "DEVICES", "IDLE SINCE", "FOR"],
                         [[c.namespace, c.claim, ",".join(c.pods) or "-", c.devices,
-                          ("before " if c.idle_since_before_window else "") + _iso(c.idle_since),
+                          ("before " if c.idle_since_before_window else "") + iso(c.idle_since),
                           _span(r.end - c.idle_since)] for c in r.idle], 0)
     else:
         lines.append("No claim sits idle at the end of the window.")

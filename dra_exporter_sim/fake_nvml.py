@@ -58,6 +58,11 @@ _INIT_ERRORS: Final = {"driver_not_loaded": pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
 _CLOCK_NAMES: Final = {pynvml.NVML_CLOCK_GRAPHICS: "graphics", pynvml.NVML_CLOCK_SM: "sm",
                        pynvml.NVML_CLOCK_MEM: "mem", pynvml.NVML_CLOCK_VIDEO: "video"}
 _VALUE_MEMBERS: Final = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+#: NVML's GPU-instance profile indices (not the profile ids MIG devices report) by slice count.
+_PROFILE_SLICES: Final = {pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE: 1, pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE: 2,
+                          pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE: 3, pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE: 4,
+                          pynvml.NVML_GPU_INSTANCE_PROFILE_6_SLICE: 6, pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE: 7,
+                          pynvml.NVML_GPU_INSTANCE_PROFILE_8_SLICE: 8}
 _PCIE_GPM: Final = {pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: "tx",
                     pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: "rx"}
 #: NVLink traffic over all links, in MiB/s as nvml.h defines them (answered where the profile has NVLink).
@@ -455,6 +460,22 @@ class FakeNvml:
         if target.mig:
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self._profile.mig_max_devices if target.gpu.mig else 0
+
+    @_nvml()
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, target: _Target, profile: int) -> Any:
+        """A GPU-instance profile by NVML's index (``NVML_GPU_INSTANCE_PROFILE_<n>_SLICE``): the
+        profile's slice count where the model has a profile of that many slices."""
+        if target.mig or not target.gpu.mig:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        wanted = _PROFILE_SLICES.get(profile)
+        match = next((p for p in self._profile.mig_profiles if p.compute_slices == wanted and "+" not in p.name),
+                     None)
+        if match is None:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_t()
+        info.id, info.sliceCount = match.gi_profile_id, match.compute_slices
+        info.instanceCount = match.max_instances
+        return info
 
     @_nvml()
     def nvmlDeviceGetMigDeviceHandleByIndex(self, target: _Target, index: int) -> _DeviceHandle:

@@ -96,6 +96,8 @@ class FakeGpu:
     pid_offset: int = 0
     migs: list[MigSpec | None] | None = None
     """MIG slots when MIG mode is enabled; None when disabled."""
+    compute_slices: int = 7
+    """Slices of the largest GPU-instance profile (an H200's 7g; an A30 has 4)."""
     gpm_supported: bool = True
     event_types: int = EVENTS_ALL
     graphics_processes: tuple[tuple[int, int], ...] = ()
@@ -327,6 +329,20 @@ class ReplayNvml:
         if handle.mig is not None or not any(s is not None and s.gi_id == gi_id for s in slots):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return GpuInstanceHandle(handle.gpu, gi_id)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Handle, profile: int) -> Any:
+        """The profile of ``n`` slices for each ``n`` up to the GPU's slice count (4 and 7 only where
+        they are its count: the largest profile), as real NVML answers a MIG-enabled GPU."""
+        self._enter("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        gpu = self.gpus[handle.gpu]
+        slices = {pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE: 1, pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE: 2,
+                  pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE: 3, pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE: 4,
+                  pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE: 7}.get(profile)
+        if handle.mig is not None or gpu.migs is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if slices is None or slices > gpu.compute_slices or (slices == 3 and gpu.compute_slices == 4):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._obj({"id": profile, "sliceCount": slices})
 
     def nvmlGpuInstanceGetInfo(self, gi: GpuInstanceHandle) -> Any:
         self._enter("nvmlGpuInstanceGetInfo", gi)

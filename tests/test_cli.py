@@ -211,6 +211,18 @@ def test_start_up_log_names_the_node_and_the_scenario_it_was_simulated_from(
     assert line == "collecting every 0.2s on node 'sim-node-1' (simulated from scenario demo)"
 
 
+def test_under_simulate_the_api_server_lines_say_what_the_simulated_cluster_has(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not "CRDs are not installed" or "serves no DeviceTaintRules": a newcomer reads those as problems."""
+    with caplog.at_level(logging.INFO, logger="dra_exporter.sources.kubeapi"):
+        runtime.snapshot(Settings(simulate="demo", interval=0.2))
+    lines = [r.getMessage() for r in caplog.records if r.name == "dra_exporter.sources.kubeapi"]
+    assert not [line for line in lines if "not installed" in line or "serves no" in line], lines
+    assert any("simulated cluster has the scenario's ResourceSlices" in line for line in lines), lines
+    assert any("simulated cluster has no ComputeDomains" in line for line in lines), lines
+
+
 def test_a_recovered_source_is_named_in_the_log_line(caplog: pytest.LogCaptureFixture) -> None:
     outcomes = iter([RuntimeError("socket gone"), "snapshot"])
 

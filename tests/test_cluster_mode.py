@@ -150,6 +150,20 @@ def test_cli_once_prints_the_simulated_cluster() -> None:
     assert 'dra_cluster_pool_complete{driver="gpu.example.com",pool="sim-example-2"} 0.0' in result.stdout
 
 
+def test_cli_once_without_api_access_says_why_and_exits_1(tmp_path: Path) -> None:
+    """Ran, found nothing usable: one line on stderr naming the cause, exit 1, no frame of zeros."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    result = run_cli("--once", "--kubeconfig", str(kubeconfig))
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert "API server unreachable" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_cli_bad_dump_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = run_cli("--simulate", str(dump_file(tmp_path, [])), "--once")
     assert result.returncode == 2

@@ -12,13 +12,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 from deploy_tools import REPO
 from promharness import PromServer
 
@@ -172,6 +175,96 @@ def test_queries_use_only_catalogue_metrics() -> None:
             assert metric in cat.BY_NAME, f"{name}: {metric} is not in dra_exporter/catalog.py"
         for record in set(RECORDED.findall(" ".join(queries))):
             assert record in showback.BY_RECORD, f"{name}: {record} is not a recording rule"
+
+
+# --- panel arithmetic, on promtool's evaluator ------------------------------------------------
+
+
+def panel_exprs(dash_name: str, title: str, **values: str) -> list[str]:
+    """A panel's queries with the variables on "All" (and ``values``)."""
+    dash = load_dashboards()[dash_name]
+    exprs = [target["expr"] for panel_title, target in targets(dash) if panel_title == title]
+    assert exprs, f"{dash_name}: no panel {title!r}"
+    return [substitute(e, {**all_values(dash), **values}) for e in exprs]
+
+
+def panel_expr(dash_name: str, title: str, **values: str) -> str:
+    (expr,) = panel_exprs(dash_name, title, **values)
+    return expr
+
+
+def promtool_expr_tests(promtool: str, directory: Path, series: list[dict[str, str]],
+                        cases: list[dict[str, Any]], interval: str = "1m") -> None:
+    """Evaluate expressions over given series with promtool (no rules): its unit-test runner."""
+    (directory / "none.yaml").write_text("groups: []\n")
+    tests = directory / "panels.test.yaml"
+    tests.write_text(yaml.safe_dump({"rule_files": ["none.yaml"], "tests": [
+        {"interval": interval, "input_series": series, "promql_expr_test": cases}]}, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", tests.name], cwd=directory, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_xid_panels_count_a_devices_first_xid_and_not_a_change_of_holder(
+        promtool: str, tmp_path: Path) -> None:
+    """A device's first XID starts its counter at 1, which increase() alone reads as nothing; a GPU
+    that changes hands starts new series with the old count, which is no XID."""
+    xid = cat.GPU_XID_ERRORS.name
+    node = 'instance="node-a", job="dra-exporter"'
+    series = [
+        {"series": f'{xid}{{{node}, uuid="GPU-0", gpu="0", xid="79"}}', "values": "_x30 1x30"},  # first XID at 30m
+        {"series": f'{xid}{{{node}, uuid="GPU-1", gpu="1", xid="13"}}', "values": "2x30 3x30"},  # one more
+        {"series": f'{xid}{{{node}, uuid="GPU-2", gpu="2", xid="31", claim="a"}}', "values": "1x30"},
+        {"series": f'{xid}{{{node}, uuid="GPU-2", gpu="2", xid="31", claim="b"}}', "values": "_x30 1x30"},
+    ]
+    overview = panel_expr("dra-overview.json", "XID errors in the last hour")
+    node_stat = panel_expr("dra-node.json", "XID errors in range", **{"$__range": "1h"})
+    promtool_expr_tests(promtool, tmp_path, series, [
+        {"expr": f"round({overview})", "eval_time": "60m", "exp_samples": [
+            {"labels": '{instance="node-a", xid="79"}', "value": 1},
+            {"labels": '{instance="node-a", xid="13"}', "value": 1},
+            {"labels": '{instance="node-a", xid="31"}', "value": 0}]},
+        {"expr": f"round({node_stat})", "eval_time": "60m", "exp_samples": [{"labels": "{}", "value": 2}]},
+    ])
+
+
+def test_idle_claims_lists_only_claims_of_gpu_devices(promtool: str, tmp_path: Path) -> None:
+    """An IMEX channel claim and a ComputeDomain daemon claim have no device with activity: they
+    are never idle claims (the 4-node demo listed 8 of them)."""
+    alloc, consumer = cat.CLAIM_ALLOCATION_INFO.name, cat.CLAIM_CONSUMER_INFO.name
+    node = 'instance="node-a", job="dra-exporter"'
+    gpu_driver = 'driver="gpu.nvidia.com", pool="node-a"'
+    cd_driver = 'driver="compute-domain.nvidia.com", pool="node-a"'
+    series = [
+        {"series": f'{alloc}{{{node}, namespace="ml", claim="train", {gpu_driver}, device="gpu-0", uuid="GPU-0", '
+                   f'admin_access="false", request="gpu"}}', "values": "1x60"},
+        {"series": f'{cat.GPU_UTILIZATION.name}{{{node}, uuid="GPU-0", gpu="0", namespace="ml", claim="train", '
+                   f'pod="train-0"}}', "values": "0x60"},
+        {"series": f'{consumer}{{{node}, namespace="ml", claim="train", pod="train-0", container="main"}}',
+         "values": "1x60"},
+        {"series": f'{alloc}{{{node}, namespace="mpi", claim="worker-0-channel", {cd_driver}, device="channel-0", '
+                   f'admin_access="false", request="channel"}}', "values": "1x60"},
+        {"series": f'{consumer}{{{node}, namespace="mpi", claim="worker-0-channel", pod="worker-0", container="w"}}',
+         "values": "1x60"},
+        {"series": f'{alloc}{{{node}, namespace="nvidia-dra-driver", claim="domain-daemon", {cd_driver}, '
+                   f'device="daemon-0", admin_access="false", request="daemon"}}', "values": "1x60"},
+    ]
+    devices, pods, idle_for = panel_exprs("dra-claims.json", "Idle claims", **{"$__range": "1h", "$__interval": "1m"})
+    only_train = [{"labels": '{instance="node-a", namespace="ml", claim="train"}', "value": 1}]
+    promtool_expr_tests(promtool, tmp_path, series, [
+        {"expr": devices, "eval_time": "30m", "exp_samples": only_train},
+        {"expr": pods, "eval_time": "30m", "exp_samples": only_train},
+        {"expr": f"{idle_for} > 0", "eval_time": "30m", "exp_samples": [
+            {"labels": '{instance="node-a", namespace="ml", claim="train"}', "value": 1800}]},
+    ])
+
+
+def test_the_nvlink_throughput_description_names_both_sources() -> None:
+    """The counter sums NVML's per-link counters where they exist and integrates GPM only where
+    they do not (catalogue help of dra_gpu_nvlink_bytes_total); the panel must not say GPM alone."""
+    panel = next(p for p in query_panels(load_dashboards()["dra-node.json"]) if p["title"] == "NVLink throughput")
+    assert "per-link" in panel["description"] and "GPM" in panel["description"], panel["description"]
+    assert "(from GPM)" not in panel["description"]
 
 
 # --- live checks against the real Prometheus --------------------------------------------------

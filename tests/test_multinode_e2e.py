@@ -113,3 +113,8 @@ def test_the_degraded_link_fires_the_nvlink_alert_on_its_node_only(prom: PromSer
     down = prom.query(f"{cat.GPU_NVLINK_LINK_UP.name} == 0")
     assert [(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["link"]) for r in down] == [(node1, "2", "5")]
     assert prom.query(rules["DraGpuFabricDegraded"]["expr"]) == [], "the fabric itself stays healthy"
+    # The link was up before the fault and its GPU serves the domain: critical, not the warning.
+    member = prom.query(rules["DraComputeDomainNvlinkLinkDown"]["expr"])
+    assert [(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["link"], r["metric"]["compute_domain"])
+            for r in member] == [(node1, "2", "5", "mpi-domain")]
+    assert prom.query(rules["DraGpuNvlinkLinkDown"]["expr"]) == [], "a domain member's link is the critical alert"

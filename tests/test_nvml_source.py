@@ -575,6 +575,21 @@ def test_mig_devices_are_listed_with_identity_in_placement_order(make_source: Ma
     assert not metrics(mig) & {cat.GPU_UTILIZATION.name, cat.GPU_POWER.name, cat.GPU_CLOCK.name, cat.GPU_ENERGY.name}
 
 
+@pytest.mark.parametrize("slices", [7, 4], ids=["h200", "a30"])
+def test_a_mig_enabled_gpu_says_how_many_compute_slices_it_splits_into(make_source: Make, slices: int) -> None:
+    """The denominator of a MIG device's share: 7 on an H200, 4 on an A30 (its 1g.6gb is a quarter);
+    the largest GPU-instance profile's slice count, read once, not a constant."""
+    nvml = ReplayNvml(gpus=2)
+    mig_gpu(nvml, gpu=1)
+    nvml.gpus[1].compute_slices = slices
+    source = make_source(nvml)
+    source.collect()
+    snapshot = source.collect()
+    assert value(device(snapshot, nvml.gpus[1].uuid), cat.GPU_MIG_COMPUTE_SLICES.name) == slices
+    assert cat.GPU_MIG_COMPUTE_SLICES.name not in metrics(device(snapshot, nvml.gpus[0].uuid)), "MIG off"
+    assert nvml.calls["nvmlDeviceGetGpuInstanceProfileInfo"] <= 4, "read when the GPU is found, not each cycle"
+
+
 def test_processes_come_from_mig_devices_never_from_their_parent(make_source: Make) -> None:
     nvml = ReplayNvml()
     specs = mig_gpu(nvml)

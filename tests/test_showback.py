@@ -157,15 +157,51 @@ def test_the_three_formats_carry_the_same_figures() -> None:
                        busy=[series([0.0] * 60, namespace="ml", claim="train")], prices=Prices(default=3.0))
     doc = json.loads(showback.render_json(r))
     assert doc["claims"] == [{"namespace": "ml", "claim": "train", "gpu_hours_held": 1.0, "gpu_hours_busy": 0.0,
-                              "idle_share": 1.0, "cost": 3.0}]
+                              "idle_share": 1.0, "gpu_hours_without_busy_signal": 0.0, "cost": 3.0}]
     assert doc["idle_claims"][0]["idle_since_before_window"] is True
     rows = list(__import__("csv").DictReader(showback.render_csv(r).splitlines()))
     assert rows == [{"namespace": "ml", "claim": "train", "gpu_hours_held": "1.000000", "gpu_hours_busy": "0.000000",
-                     "idle_share": "1.000000", "cost": "3.000000", "idle_since": "1970-01-12T13:46:40Z",
+                     "idle_share": "1.000000", "gpu_hours_without_busy_signal": "0.000000", "cost": "3.000000",
+                     "idle_since": "1970-01-12T13:46:40Z",
                      "pods": "", "devices": "?"}]
     table = showback.render_table(r)
     assert re.search(r"^ml\s+train\s+1\.00\s+0\.00\s+100%\s+3\.00$", table, re.MULTILINE), table
     assert "before 1970-01-12T13:46:40Z" in table
+
+
+def test_a_claim_without_busy_signal_is_unknown_not_idle() -> None:
+    """A100 and A30 MIG devices have neither utilisation nor GPM: their busy share is unknown (JSON
+    null, "unknown" in the table and CSV), they are never listed idle, and a claim holding one with a
+    measured GPU is judged on the measured part only."""
+    held = [series([1 / 7] * 60, namespace="inf", claim="a100-mig", model="A100"),
+            series([1.0] * 60, namespace="ml", claim="mixed", model="H100"),
+            series([1 / 4] * 60, namespace="ml", claim="mixed", model="A30")]
+    busy = [series([0.5] * 60, namespace="ml", claim="mixed")]
+    measured = [series([1.0] * 60, namespace="ml", claim="mixed")]
+    r = showback.build(start=T0, end=T0 + 3600, step=STEP, source="raw series", held=held, busy=busy,
+                       measured=measured)
+    claims = {(u.namespace, u.claim): u for u in r.claims}
+    unknown, mixed = claims[("inf", "a100-mig")], claims[("ml", "mixed")]
+    assert not unknown.busy_known and unknown.idle_share is None
+    assert unknown.unmeasured_hours == pytest.approx(1 / 7)
+    assert mixed.idle_share == pytest.approx(0.5), "idle share of the measured GPU-hours only"
+    assert mixed.unmeasured_hours == pytest.approx(0.25)
+    assert r.idle == (), "unknown is not idle"
+    doc = json.loads(showback.render_json(r))
+    row = next(c for c in doc["claims"] if c["claim"] == "a100-mig")
+    assert row["gpu_hours_busy"] is None and row["idle_share"] is None
+    assert row["gpu_hours_without_busy_signal"] == pytest.approx(1 / 7, abs=1e-6)
+    namespace = next(n for n in doc["namespaces"] if n["namespace"] == "inf")
+    assert namespace["idle_share"] is None
+    table = showback.render_table(r)
+    assert re.search(r"^inf\s+a100-mig\s+0\.14\s+unknown\s+unknown\s+0\.14$", table, re.MULTILINE), table
+    assert "NO SIGNAL" in table and "A100 and A30 MIG" in table
+    rows = {row["claim"]: row for row in __import__("csv").DictReader(showback.render_csv(r).splitlines())}
+    assert rows["a100-mig"]["gpu_hours_busy"] == "unknown" and rows["a100-mig"]["idle_share"] == "unknown"
+    # Idle though it holds an A30 MIG device of unknown use: not known to be idle.
+    still = showback.build(start=T0, end=T0 + 3600, step=STEP, source="t", held=held[1:],
+                           busy=[series([0.0] * 60, namespace="ml", claim="mixed")], measured=measured)
+    assert still.idle == ()
 
 
 # --- the price file ---------------------------------------------------------------------------
@@ -257,12 +293,15 @@ def run_report(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 WINDOW = ["--start", "1000000", "--end", "1003600", "--step", "60s", "--format", "json"]
+DRA_SERIES_SEEN = {f"count(last_over_time({cat.GPU_INFO.name}": [({}, [[1003600, "1"]])]}
+"""The report's probe answered: the exporters' series exist in the window."""
 
 
 def test_without_rules_the_report_says_so_and_asks_the_raw_series(fake: tuple[str, Any]) -> None:
     url, handler = fake
-    handler.answers = {cat.GPU_UP.name: [({"namespace": "ml", "claim": "t", "model": "m"},
-                                     [[1000000 + 60 * i, "1"] for i in range(60)])]}
+    handler.answers = {**DRA_SERIES_SEEN,
+                       cat.GPU_UP.name: [({"namespace": "ml", "claim": "t", "model": "m"},
+                                          [[1000000 + 60 * i, "1"] for i in range(60)])]}
     result = run_report("--prometheus", url, *WINDOW)
     assert result.returncode == 0, result.stderr
     assert "recording rules are not installed" in result.stderr and len(result.stderr.splitlines()) == 1
@@ -270,6 +309,15 @@ def test_without_rules_the_report_says_so_and_asks_the_raw_series(fake: tuple[st
     assert doc["source"] == "raw series" and doc["claims"][0]["gpu_hours_held"] == 1.0
     ranges = [q for path, q, _ in handler.seen if path.endswith("query_range")]
     assert ranges and all(":" not in re.sub(r"\[[^\]]*\]", "", q) for q in ranges), "raw queries only"
+
+
+def test_a_prometheus_without_dra_series_is_nothing_to_report_exit_1(fake: tuple[str, Any]) -> None:
+    """Not a table of zeros and "IDLE 0%": why on stderr, exit 1 (ran, found nothing usable)."""
+    url, _ = fake  # answers every query with an empty result
+    result = run_report("--prometheus", url, *WINDOW)
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert "no dra-exporter series" in result.stderr and "1970-01-12T13:46:40Z" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_with_rules_the_report_reads_the_recorded_series(fake: tuple[str, Any]) -> None:
@@ -285,6 +333,7 @@ def test_with_rules_the_report_reads_the_recorded_series(fake: tuple[str, Any]) 
 
 def test_bearer_token_and_basic_auth_are_sent(fake: tuple[str, Any], tmp_path: Path) -> None:
     url, handler = fake
+    handler.answers = dict(DRA_SERIES_SEEN)
     (tmp_path / "token").write_text("s3cret-token\n")
     (tmp_path / "password").write_text("pa55")
     assert run_report("--prometheus", url, *WINDOW, "--bearer-token-file", str(tmp_path / "token")).returncode == 0

@@ -172,23 +172,19 @@ def _rule_levels(path: Path) -> list[list[dict[str, object]]]:
     return [[r for r in rules if level[r["record"]] == n] for n in range(max(level.values()) + 1)]
 
 
-@pytest.fixture(scope="module")
-def week(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PromServer, int]]:
+def backfill(work: Path, openmetrics: str, start: int, end: int, interval: int) -> PromServer:
+    """A Prometheus over ``openmetrics`` with the recording rules backfilled every ``interval``
+    seconds over [start, end]; the caller stops it."""
     promtool = require_tool("promtool", "apt-get install -y prometheus")
     binary = require_tool("prometheus", "apt-get install -y prometheus")
-    work = tmp_path_factory.mktemp("week")
-    t0 = (int(time.time()) // HOUR - WEEK - 2) * HOUR  # a week that ended two hours ago, on whole hours
     tsdb = work / "tsdb"
-    source = work / "week.om"
-    source.write_text(week_openmetrics(t0))
+    source = work / "series.om"
+    source.write_text(openmetrics)
     subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tsdb)],
                    check=True, capture_output=True, timeout=300)
     levels = _rule_levels(RECORDING_RULES)
-    server: PromServer | None = None
-    for n in range(len(levels) + 1):
+    for n in range(len(levels)):
         server = start_prometheus(binary, work / f"prom-{n}", [], "5m", tsdb=tsdb)
-        if n == len(levels):
-            break
         # Same group name and file each pass: Prometheus offsets a group's evaluations by a hash of
         # both, and levels evaluated at different offsets would each lag the one before.
         group = [{"name": "showback", "rules": levels[n]}]
@@ -196,14 +192,20 @@ def week(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PromServer,
         try:
             subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", f"--url={server.url}",
                             # an hour either side: promtool leaves out the edges of its range
-                            f"--start={t0 - HOUR}", f"--end={t0 + (WEEK + 1) * HOUR}", f"--output-dir={out}",
-                            str(recording_rules_every(f"{STEP}s", work, group))],
+                            f"--start={start - HOUR}", f"--end={end + HOUR}", f"--output-dir={out}",
+                            str(recording_rules_every(f"{interval}s", work, group))],
                            check=True, capture_output=True, timeout=300)
         finally:
             server.stop()
         for block in out.iterdir():
             shutil.move(str(block), tsdb / block.name)
-    assert server is not None
+    return start_prometheus(binary, work / f"prom-{len(levels)}", [], "5m", tsdb=tsdb)
+
+
+@pytest.fixture(scope="module")
+def week(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PromServer, int]]:
+    t0 = (int(time.time()) // HOUR - WEEK - 2) * HOUR  # a week that ended two hours ago, on whole hours
+    server = backfill(tmp_path_factory.mktemp("week"), week_openmetrics(t0), t0, t0 + WEEK * HOUR, STEP)
     try:
         yield server, t0
     finally:
@@ -275,6 +277,62 @@ def test_a_price_file_prices_each_model_and_a_mig_device_pays_its_share(
         share = sum(d.share for d in claim.devices)
         assert got[(claim.namespace, claim.name)]["cost"] == pytest.approx(
             held * price, abs=share * STEP / HOUR * price + 1e-5), claim.name
+
+
+# --- periodic load: every sample counts, not the one at the evaluation's instant ---------------
+
+SCRAPE = 15  # seconds; the scrapes fall 7 s after each minute, as a real target's offset would
+CYCLE = (1.0, 0.9, 0.6, 0.7)  # a 60 s load cycle, one value per scrape: a mean of 0.8
+PERIODIC = (  # (claim, device, share): a whole GPU by its utilisation, a MIG device by SM activity
+    ("ranks", Device("gb-0", "GPU-g0", "0", model="NVIDIA GB200"), 1.0),
+    ("slice", Device("gb-0", "MIG-g1-0", "1", "3g.93gb", "NVIDIA GB200", "GPU-g1"), 3 / 7),
+)
+PERIODIC_HOURS = 2
+
+
+def periodic_openmetrics(t0: int) -> str:
+    """Series from 10 minutes before t0 to 10 after the window: each scrape reads the cycle's step
+    it falls in, so the mean of the samples is the curve's mean."""
+    grid = range(t0 - 600 + 7, t0 + PERIODIC_HOURS * HOUR + 600, SCRAPE)
+    out: list[str] = []
+    for name in ("dra_gpu_info", "dra_gpu_up", "dra_gpu_utilization_ratio", "dra_gpu_sm_active_ratio"):
+        out.append(f"# TYPE {name} gauge")
+        for claim, d, _ in PERIODIC:
+            if name == "dra_gpu_info":
+                labels = _labels(instance=d.node, job="dra-exporter", uuid=d.uuid, gpu=d.gpu, model=d.model,
+                                 profile=d.profile, parent_uuid=d.parent)
+            else:
+                if name == ("dra_gpu_sm_active_ratio" if not d.profile else "dra_gpu_utilization_ratio"):
+                    continue
+                labels = _labels(instance=d.node, job="dra-exporter", uuid=d.uuid, gpu=d.gpu, profile=d.profile,
+                                 parent_uuid=d.parent, namespace="mpi", claim=claim, pod=f"{claim}-0")
+            for t in grid:
+                value = 1.0 if name in ("dra_gpu_info", "dra_gpu_up") else CYCLE[(t - t0) % 60 // SCRAPE]
+                out.append(f"{name}{labels} {value} {t}")
+    out.append("# EOF")
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_periodic_load_is_busy_by_the_mean_of_every_sample_from_the_rules_and_the_raw_series(
+        tmp_path: Path) -> None:
+    t0 = (int(time.time()) // HOUR - PERIODIC_HOURS - 2) * HOUR
+    end = t0 + PERIODIC_HOURS * HOUR
+    server = backfill(tmp_path, periodic_openmetrics(t0), t0 - 600, end + 600, 60)
+    try:
+        window = ["--start", str(t0), "--end", str(end), "--step", "60s"]
+        docs = {"rules": report(server.url, *window), "raw": report(server.url, *window, "--raw")}
+    finally:
+        server.stop()
+    assert docs["rules"]["source"] == "recording rules" and docs["raw"]["source"] == "raw series"
+    mean = sum(CYCLE) / len(CYCLE)
+    for how, doc in docs.items():
+        got = by_claim(doc)
+        for claim, _, share in PERIODIC:
+            held = share * PERIODIC_HOURS
+            assert got[("mpi", claim)]["gpu_hours_held"] == pytest.approx(held, rel=0.01), (how, claim)
+            assert got[("mpi", claim)]["gpu_hours_busy"] == pytest.approx(held * mean, rel=0.01), (how, claim)
 
 
 # --- end to end: the simulated node scraped for a minute --------------------------------------

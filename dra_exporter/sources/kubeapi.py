@@ -285,7 +285,8 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
                  kubeconfig: str | None = None,
                  claim_hints: Callable[[], Iterable[tuple[str, str]]] = tuple,
                  claim_refresh: float = 300.0, timeouts: Timeouts = Timeouts(), max_objects: int | None = None,
-                 monotonic: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None,
+                 simulated: bool = False) -> None:
         if not node_name:
             raise ValueError("kubeapi: a node name is needed for the spec.nodeName field selectors")
         super().__init__(client_factory=client_factory, kubeconfig=kubeconfig, timeouts=timeouts,
@@ -294,6 +295,8 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         self._claim_hints = claim_hints
         self._claim_refresh = claim_refresh
         self._monotonic = monotonic
+        self._simulated = simulated
+        """The API server is ``--simulate``'s: say what the simulated cluster has, not what it lacks."""
         self._slices: Reflector[model.ResourceSliceInfo] | None = None
         self._nodeless_slices: Reflector[model.ResourceSliceInfo] | None = None
         self._pods: Reflector[model.PodInfo] | None = None
@@ -381,8 +384,12 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         try:
             version = self._taint_rule_version()
             if version is None:
-                self._log.info("kubeapi: %s serves no DeviceTaintRules (gate DRADeviceTaintRules off, or "
-                               "Kubernetes before 1.33): only the slices' own taints are shown", GROUP)
+                if self._simulated:
+                    self._log.info("kubeapi: the simulated cluster has the scenario's ResourceSlices, "
+                                   "ResourceClaims and pods (`cluster --simulate` simulates DeviceTaintRules)")
+                else:
+                    self._log.info("kubeapi: %s serves no DeviceTaintRules (gate DRADeviceTaintRules off, or "
+                                   "Kubernetes before 1.33): only the slices' own taints are shown", GROUP)
                 return
             rules = self._reflector("devicetaintrules", self._client, http.taint_rules_path(version), None,
                                taint_rule_from_dict, self._timeouts, self.requests, on_update=self._bump)
@@ -408,7 +415,10 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
             response = http.get(client, path, timeout=self._timeouts.request)
             found = cd.served(read_json(response, f"discover {cd.GROUP}/{cd.VERSION}", seconds=self._timeouts.request))
         except ApiException as exc:
-            if exc.status == 404:
+            if exc.status == 404 and self._simulated:
+                self._log.info("kubeapi: the simulated cluster has no ComputeDomains in this scenario (the "
+                               "gb200-domain scenario has one)")
+            elif exc.status == 404:
                 self._log.info("kubeapi: %s/%s is not served (NVIDIA's ComputeDomain CRDs are not installed): "
                                "no ComputeDomain metrics", cd.GROUP, cd.VERSION)
             else:

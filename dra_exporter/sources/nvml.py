@@ -155,6 +155,8 @@ class _Gpu:
     device: GpuDevice
     state: _DeviceState
     max_mig: int = 0
+    compute_slices: int | None = None
+    """Compute slices of a MIG-enabled GPU; None where NVML does not say (or MIG is off)."""
     gpm_supported: bool | None = None
     """None until probed (once, on the GPU's first good cycle)."""
     migs: dict[str, _Mig] = field(default_factory=dict)
@@ -472,6 +474,11 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+#: The GPU-instance profiles that span a whole GPU of some model (A30: 4 slices; A100 to GB200: 7).
+_WHOLE_GPU_PROFILES: Final = ("NVML_GPU_INSTANCE_PROFILE_4_SLICE", "NVML_GPU_INSTANCE_PROFILE_6_SLICE",
+                              "NVML_GPU_INSTANCE_PROFILE_7_SLICE", "NVML_GPU_INSTANCE_PROFILE_8_SLICE")
+
+
 def _mig_profile(name: str) -> str:
     """``NVIDIA H200 MIG 1g.18gb`` -> ``1g.18gb``; ``""`` when the name has no MIG part."""
     _, sep, profile = name.rpartition(" MIG ")
@@ -673,8 +680,27 @@ class NvmlSource(Source[DeviceSnapshot]):
             mig_mode=mig_mode,
         )
         max_mig = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) if mig_mode == "enabled" else 0
+        slices = self._compute_slices(handle) if mig_mode == "enabled" else None
         state = _DeviceState(list(self._reader.field_ids), links=LinkState(), fabric=FabricState())
-        return _Gpu(handle, device, state, max_mig=max_mig)
+        return _Gpu(handle, device, state, max_mig=max_mig, compute_slices=slices)
+
+    def _compute_slices(self, handle: Any) -> int | None:
+        """The slice count of the GPU's largest GPU-instance profile: 7 on A100 and H100 to GB200, 4
+        on A30. A MIG device's share of its GPU is its slices over this, never over a constant."""
+        nvml = self._nvml
+        counts = []
+        for name in _WHOLE_GPU_PROFILES:
+            profile = getattr(nvml, name, None)
+            if profile is None:
+                continue  # an older pynvml
+            try:
+                counts.append(int(nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile).sliceCount))
+            except nvml.NVMLError as err:
+                if err.value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT,
+                                 nvml.NVML_ERROR_NO_PERMISSION, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                    continue  # not a profile of this GPU, or a driver that cannot say
+                raise
+        return max(counts, default=0) or None
 
     def _mig_mode(self, handle: Any) -> str:
         nvml = self._nvml
@@ -757,6 +783,8 @@ class NvmlSource(Source[DeviceSnapshot]):
         try:
             self._probe_gpm(gpu)
             readings = reader.read(gpu.handle, gpu.state, gpu.device.uuid, now)
+            if gpu.compute_slices is not None:
+                readings.append(Reading(cat.GPU_MIG_COMPUTE_SLICES.name, float(gpu.compute_slices)))
             procs = [] if gpu.mig_enabled else reader.processes(gpu.handle, gpu.state, gpu.device.uuid)
             if gpu.mig_enabled:
                 self._refresh_migs(gpu)

@@ -54,6 +54,8 @@ class SourceContext:
     claim_refresh: float = 300.0
     max_objects: int | None = None
     """Objects of one kind held from the API server; None: the source's default."""
+    simulated_apiserver: bool = False
+    """The API server is ``--simulate``'s: what it lacks is what the scenario has, not a problem."""
     procfs: str = "/proc"
     wall_clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
@@ -175,7 +177,8 @@ def _kubeapi(ctx: SourceContext) -> Source[ClusterSnapshot]:
         return [(c.namespace, c.name) for p in pods.pods for ctr in p.containers for c in ctr.claims]
 
     return KubeApiSource(ctx.node_name, kubeconfig=ctx.kubeconfig, client_factory=ctx.kube_client,
-                         claim_hints=claim_hints, claim_refresh=ctx.claim_refresh, max_objects=ctx.max_objects)
+                         claim_hints=claim_hints, claim_refresh=ctx.claim_refresh, max_objects=ctx.max_objects,
+                         simulated=ctx.simulated_apiserver)
 
 
 def _procs(ctx: SourceContext) -> Source[ProcessOwnersSnapshot]:
