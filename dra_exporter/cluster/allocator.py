@@ -62,6 +62,8 @@ DeviceKey = tuple[str, str, str]
 """(driver, pool, device)."""
 PoolKey = tuple[str, str]
 """(driver, pool)."""
+UsageKey = tuple[tuple[str, bool, tuple[tuple[str, float], ...]], ...]
+"""What a pool's devices are allocated to: (device, a share?, consumed capacity) per allocation result."""
 
 # Why a candidate device (one that meets the class's and the request's selectors) was not used, in
 # the order the allocator checks.
@@ -155,7 +157,7 @@ class Outcome:
 # --- DeviceClass selectors, cached across cluster states ----------------------------------------------
 
 
-class ClassMatches:
+class AllocatorCache:
     """The compiled DeviceClass selectors and, per slice, each device's result for every class
     (True, False or None: the expression failed on it), and the pools built from them. Kept between
     cluster states: a slice is evaluated again only when it is another object, all of them when a
@@ -168,6 +170,8 @@ class ClassMatches:
         self._slices: dict[str, tuple[ResourceSliceInfo, tuple[tuple[bool | None, ...], ...]]] = {}
         self._rows: dict[tuple[bool | None, ...], tuple[bool | None, ...]] = {}
         self.pools: dict[PoolKey, tuple[tuple[int, ...], tuple[DeviceTaintRule, ...], Pool]] = {}
+        #: (class index, node) → the node's pools and their usage when counted, and the count.
+        self.placeable: dict[tuple[int, str], tuple[tuple[Pool, ...], tuple[UsageKey, ...], int]] = {}
 
     def update(self, classes: Sequence[DeviceClassInfo]) -> None:
         order = tuple(sorted(c.name for c in classes))
@@ -186,6 +190,7 @@ class ClassMatches:
             self._slices.clear()
             self._rows.clear()
             self.pools.clear()
+            self.placeable.clear()
 
     def index(self, name: str) -> int | None:
         return self._index.get(name)
@@ -217,6 +222,8 @@ class ClassMatches:
             del self._slices[name]
         for key in [k for k in self.pools if k not in pools]:
             del self.pools[key]
+        if len(self.placeable) > 4 * max(1, len(pools)) * max(1, len(self.order)):
+            self.placeable.clear()  # nodes gone: start again rather than keep them
 
 
 # --- the cluster's devices -----------------------------------------------------------------------------
@@ -240,6 +247,8 @@ class Pool:
     """The nodes its slices name (``nodeName``, a device's ``nodeName``)."""
     everywhere: bool = False
     """Some slice is for all nodes or for a node selector."""
+    class_mask: tuple[bool, ...] = ()
+    """Per class: whether some device of the pool does not fail it (True or None)."""
 
     @property
     def usable(self) -> bool:
@@ -259,7 +268,7 @@ class Device:
     slice: ResourceSliceInfo
     pool: Pool
     matches: tuple[bool | None, ...]
-    """Per class of ``ClassMatches.order``."""
+    """Per class of ``AllocatorCache.order``."""
     taints: tuple[DeviceTaint, ...]
     """Its own taints and those of DeviceTaintRules that select it."""
 
@@ -374,6 +383,11 @@ class _Request:
     @property
     def count(self) -> int:
         return len(self.all_list) if self.info.all_devices else self.info.count
+
+
+#: A claim for one device that asks nothing more, and a layer that adds nothing (never written to).
+_PLAIN: Final = DeviceRequestInfo("", "")
+_NOTHING: Final = _Usage()
 
 
 class _Failure(Exception):
@@ -500,10 +514,10 @@ def share_of(device: SliceDevice, request: DeviceRequestInfo) -> dict[str, float
 class Allocator:
     """The scheduler's allocation over one cluster state; see the module docstring."""
 
-    def __init__(self, state: ClusterState, matches: ClassMatches | None = None,
+    def __init__(self, state: ClusterState, matches: AllocatorCache | None = None,
                  node_labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
         if matches is None:
-            matches = ClassMatches()
+            matches = AllocatorCache()
         matches.update(state.classes)
         self.matches = matches
         self.classes = {c.name: c for c in state.classes}
@@ -537,8 +551,10 @@ class Allocator:
         if not names and self._global:
             names = {""}  # devices for all nodes and no node known: one node stands for them
         self.nodes: tuple[str, ...] = tuple(sorted(names))
-        self._views: dict[str, list[Device]] = {}
+        self._views: dict[str, list[tuple[Pool, list[Device]]]] = {}
         self.committed = _Usage()
+        self._usage: dict[PoolKey, list[tuple[str, bool, tuple[tuple[str, float], ...]]]] = {}
+        self._usage_keys: dict[PoolKey, UsageKey] = {}
         self._commit_claims(state.claims)
 
     # --- building -----------------------------------------------------------------------------------
@@ -566,6 +582,8 @@ class Allocator:
                 group.append(device)
             pool.devices.extend(group)
             pool.by_slice.append((sl, group))
+        pool.class_mask = tuple(any(d.matches[i] is not False for d in pool.devices)
+                                for i in range(len(self.matches.order)))
         return pool
 
     def _commit_claims(self, claims: Sequence[ClaimInfo]) -> None:
@@ -574,10 +592,12 @@ class Allocator:
             for r in c.results:
                 if r.admin_access:
                     continue
+                share = bool(r.share_id or r.consumed_capacity)
+                self._usage.setdefault((r.driver, r.pool), []).append((r.device, share, r.consumed_capacity))
                 key = (r.driver, r.pool, r.device)
                 device = self.devices.get(key)
                 first = key not in self.committed.taken and key not in self.committed.shared_by
-                if r.share_id or r.consumed_capacity:
+                if share:
                     self.committed.shared_by.setdefault(key, []).append(who)
                     self.committed.add_share(key, dict(r.consumed_capacity))
                 else:
@@ -587,21 +607,33 @@ class Allocator:
 
     # --- node views ---------------------------------------------------------------------------------
 
-    def view(self, node: str) -> list[Device]:
-        """The devices ``node`` sees, in the order the allocator tries them."""
+    def usage(self, pool: PoolKey) -> UsageKey:
+        """What the committed allocations of this state take of a pool, in a canonical order: equal
+        keys, equal use (``commit`` does not change it)."""
+        known = self._usage_keys.get(pool)
+        if known is None:
+            known = self._usage_keys[pool] = tuple(sorted(self._usage.get(pool, ())))
+        return known
+
+    def pool_view(self, node: str) -> list[tuple[Pool, list[Device]]]:
+        """The pools ``node`` sees and their devices for it, in the order the allocator tries them."""
         cached = self._views.get(node)
         if cached is not None:
             return cached
         labels = self.labels(node)
         pools = sorted([*self._local.get(node, ()), *self._global], key=lambda p: p.key)
-        out: list[Device] = []
+        out: list[tuple[Pool, list[Device]]] = []
         for pool in pools:
-            for sl, devices in pool.by_slice:
-                if devices and _slice_for_node(sl, node, labels):
-                    out.extend(devices)
+            devices = [d for sl, group in pool.by_slice if group and _slice_for_node(sl, node, labels) for d in group]
+            if devices:
+                out.append((pool, devices))
         if len(self._views) < 10_000:
             self._views[node] = out
         return out
+
+    def view(self, node: str) -> list[Device]:
+        """The devices ``node`` sees, in the order the allocator tries them."""
+        return [d for _, devices in self.pool_view(node) for d in devices]
 
     def labels(self, node: str) -> Mapping[str, str] | None:
         return self.node_labels.get(node) if self.node_labels is not None else None
@@ -610,7 +642,7 @@ class Allocator:
         """Nodes that see a device meeting (or failing) one of the classes' selectors."""
         indices = [i for n in class_names if (i := self.matches.index(n)) is not None]
         return tuple(n for n in self.nodes
-                     if any(d.matches[i] is not False for d in self.view(n) for i in indices))
+                     if any(p.class_mask[i] for p, _ in self.pool_view(n) for i in indices))
 
     # --- checks ---------------------------------------------------------------------------------------
 
@@ -650,6 +682,8 @@ class Allocator:
         return key in self.committed.taken or key in layer.taken
 
     def _capacity_fits(self, device: Device, request: DeviceRequestInfo, layer: _Usage) -> bool:
+        if not device.device.allow_multiple_allocations and not request.capacity:
+            return True  # the whole device, and a default never exceeds the capacity
         share = share_of(device.device, request)
         if share is None:
             return False
@@ -710,7 +744,13 @@ class Allocator:
                      if missing else "no requests")
             return Outcome(claim.namespace, claim.name, False, error=error,
                            requests=tuple(self._summary(claim, r, []) for r in claim.requests))
-        nodes = (node,) if node is not None else self.candidate_nodes({r.device_class for r in claim.requests})
+        classes = {r.device_class for r in claim.requests}
+        if node is not None:
+            nodes: tuple[str, ...] = (node,)
+        elif any((sel := self.matches.selector(c)) is not None and sel.error for c in classes):
+            nodes = self.nodes  # a selector that does not compile fails wherever the search reaches a device
+        else:
+            nodes = self.candidate_nodes(classes)
         first_error = ""
         tried: list[str] = []
         for n in nodes:
@@ -728,6 +768,11 @@ class Allocator:
         who = f"{outcome.namespace}/{outcome.claim}"
         for pick in outcome.picks:
             self._take(self.committed, pick, who)
+            if not pick.admin_access:
+                pool = pick.device[:2]
+                shared = self.devices[pick.device].device.allow_multiple_allocations
+                self._usage.setdefault(pool, []).append((pick.device[2], shared, pick.consumed_capacity))
+                self._usage_keys.pop(pool, None)  # what is counted of the pool changed
 
     def _take(self, usage: _Usage, pick: Pick, who: str) -> None:
         if pick.admin_access:
@@ -935,6 +980,8 @@ class Allocator:
                 if result is False:
                     continue
                 if result is None:
+                    if device.key in self.committed.taken and not request.admin_access:
+                        continue  # skipped before CEL runs: not a candidate, not an error
                     reason, detail = SELECTOR_ERROR, f"{'/'.join(device.key)}: CEL runtime error"
                 else:
                     matching += 1
@@ -968,28 +1015,51 @@ class Allocator:
         """Single-device claims of ``device_class`` (ExactCount 1, no selectors, no tolerations) the
         scheduler could place one after another now, node after node; the committed state does not
         change. A device skipped once stays unusable while more are placed, so each node's devices
-        are walked once."""
+        are walked once; a node that sees only its own pools is counted again only when they or what
+        is allocated of them changed."""
         index = self.matches.index(device_class)
         selector = self.matches.selector(device_class)
         if index is None or selector is None or selector.error:
             return 0
-        request = DeviceRequestInfo("", device_class)
         layer = _Usage()
         placed = 0
         for node in self.nodes:
-            labels = self.labels(node)
-            devices = self.view(node)
+            pools = [(p, ds) for p, ds in self.pool_view(node) if p.class_mask[index]]
+            if not pools:
+                continue
+            local = all(not p.everywhere and p.nodes == {node} for p, _ in pools)
+            if local:
+                seen = tuple(p for p, _ in pools)
+                usage = tuple(self.usage(p.key) for p in seen)
+                known = self.matches.placeable.get((index, node))
+                if known is not None and len(known[0]) == len(seen) and all(
+                        a is b for a, b in zip(known[0], seen, strict=True)) and known[1] == usage:
+                    placed += known[2]
+                    continue
+            count = self._place_on_node(node, pools, index, layer)
+            if local:
+                self.matches.placeable[(index, node)] = (seen, usage, count)
+            placed += count
+        return placed
+
+    def _place_on_node(self, node: str, pools: Sequence[tuple[Pool, Sequence[Device]]], index: int,
+                       layer: _Usage) -> int:
+        labels = self.labels(node)
+        placed = 0
+        for pool, devices in pools:
+            if not pool.usable:
+                continue
             for device in devices:
-                if not device.pool.usable or self._in_use(device.key, layer):
-                    continue
                 result = device.matches[index]
-                if result is None:
-                    break  # the search reaches a device its class cannot evaluate: no claim on this node
-                if not result or not device.for_node(node, labels):
+                if result is False or self._in_use(device.key, layer):
                     continue
-                while self._capacity_fits(device, request, layer) and self._counters_fit(device, layer)[0] and (
-                        self._blocking_taint(device, request) is None) and not self._in_use(device.key, layer):
-                    share = share_of(device.device, request) if device.device.allow_multiple_allocations else None
+                if result is None:
+                    return placed  # the search reaches a device its class cannot evaluate: no claim here
+                if not device.for_node(node, labels):
+                    continue
+                while self._capacity_fits(device, _PLAIN, layer) and self._counters_fit(device, layer)[0] and (
+                        self._blocking_taint(device, _PLAIN) is None) and not self._in_use(device.key, layer):
+                    share = share_of(device.device, _PLAIN) if device.device.allow_multiple_allocations else None
                     self._take(layer, Pick("", device.key, False, tuple(sorted((share or {}).items()))), "")
                     placed += 1
                     if share is not None and not any(share.values()):
@@ -1000,7 +1070,7 @@ class Allocator:
         """How many of ``devices`` (one profile of one GPU, in slice order) the scheduler could place
         one after another, each for a claim asking for exactly that kind: first fit over them."""
         layer = _Usage()
-        request = DeviceRequestInfo("", "")
+        request = _PLAIN
         placed = 0
         for device in devices:
             if not device.pool.usable or self._in_use(device.key, layer):
@@ -1017,15 +1087,14 @@ class Allocator:
         multiple allocations, with shares and capacity left) or free."""
         if not device.pool.usable:
             return "unavailable"
-        request = DeviceRequestInfo("", "")
         if device.key in self.committed.taken:
             return "allocated"
         shared = device.key in self.committed.shares
-        if shared and not self._capacity_fits(device, request, _Usage()):
+        if shared and not self._capacity_fits(device, _PLAIN, _NOTHING):
             return "allocated"
-        if self._blocking_taint(device, request) is not None:
+        if self._blocking_taint(device, _PLAIN) is not None:
             return "tainted"
-        if not self._counters_fit(device, _Usage())[0]:
+        if not self._counters_fit(device, _NOTHING)[0]:
             return "blocked"
         return "shared" if shared else "free"
 

@@ -35,7 +35,7 @@ from ..model import (
     SliceDevice,
     SourceHealth,
 )
-from .allocator import Allocator, ClassMatches, Device, Pool
+from .allocator import Allocator, AllocatorCache, Device, Pool, UsageKey
 
 STATES = ("allocated", "shared", "tainted", "blocked", "unavailable", "free")
 #: Device attributes behind labels (NVIDIA's names; ``model`` is the example driver's).
@@ -59,6 +59,15 @@ class _Builder:
     def families(self) -> list[Family]:
         return [Family(spec.name, tuple(Sample(labels, v) for labels, v in sorted(found.items())))
                 for spec in cat.CATALOG if (found := self.samples.get(spec.name))]
+
+
+@dataclass(slots=True)
+class _PoolSamples:
+    """What one pool adds to a frame: its samples, and its devices per (class, state) and class errors."""
+
+    out: _Builder = field(default_factory=_Builder)
+    class_states: Counter[tuple[int, str]] = field(default_factory=Counter)
+    errors: Counter[int] = field(default_factory=Counter)
 
 
 def current_generation(slices: Iterable[ResourceSliceInfo]) -> dict[tuple[str, str], int]:
@@ -112,7 +121,9 @@ class Capacity:
     between frames (recomputed only for classes and slices that changed)."""
 
     def __init__(self) -> None:
-        self._matches = ClassMatches()
+        self._matches = AllocatorCache()
+        #: Per pool: its samples and class counts, with the pool object and its usage they are of.
+        self._pools: dict[tuple[str, str], tuple[Pool, UsageKey, _PoolSamples]] = {}
         self._static: tuple[ClusterState, dict[str, dict[Labels, float]]] | None = None
 
     def frame(self, state: ClusterState, now: float, health: Sequence[SourceHealth] = (),
@@ -144,8 +155,23 @@ class Capacity:
         self._matches.forget(state.slices)
         class_states: Counter[tuple[int, str]] = Counter()
         errors: Counter[int] = Counter()
+        fresh = {}
         for pool in allocator.pools:
-            self._pool_devices(out, allocator, pool, class_states, errors)
+            usage = allocator.usage(pool.key)
+            known = self._pools.get(pool.key)
+            if known is not None and known[0] is pool and known[1] == usage:
+                samples = known[2]
+            else:
+                samples = _PoolSamples()
+                self._pool_devices(samples, allocator, pool)
+            fresh[pool.key] = (pool, usage, samples)
+            for name, found in samples.out.samples.items():
+                family = out.samples[name]
+                for labels, value in found.items():
+                    family[labels] = family.get(labels, 0.0) + value
+            class_states.update(samples.class_states)
+            errors.update(samples.errors)
+        self._pools = fresh
         self._class_families(out, allocator, class_states, errors)
         self._claim_families(out, state.claims)
         self._taint_rule_families(out, state.taint_rules, current)
@@ -155,9 +181,9 @@ class Capacity:
         return out.samples
 
     @staticmethod
-    def _pool_devices(out: _Builder, allocator: Allocator, pool: Pool, class_states: Counter[tuple[int, str]],
-                      errors: Counter[int]) -> None:
+    def _pool_devices(samples: _PoolSamples, allocator: Allocator, pool: Pool) -> None:
         """Devices by state, what shared devices have left, partitions that fit, GPU-equivalents."""
+        out, class_states, errors = samples.out, samples.class_states, samples.errors
         driver, name = pool.key
         profiles: dict[tuple[str, str], list[Device]] = {}
         counter_sets: dict[str, list[Device]] = {}
