@@ -104,7 +104,7 @@ def partitionable_gpus(node: str, model: GpuModel, gpus: int = 1) -> list[JSON]:
     for g in range(gpus):
         common: JSON = {"productName": {"string": model.product}, "driverVersion": {"version": "580.82.7"}}
         counter_set = f"gpu-{g}-counter-set"
-        devices = [{"name": f"gpu-{g}", "attributes": {"type": {"string": "gpu"}, **common},
+        devices: list[JSON] = [{"name": f"gpu-{g}", "attributes": {"type": {"string": "gpu"}, **common},
                     "capacity": {"memory": q(f"{model.memory_gib}Gi")},
                     "consumesCounters": [{"counterSet": counter_set, "counters": gpu_counters(model)}]}]
         for p in model.profiles:

@@ -355,3 +355,21 @@ def test_counts_follow_commits_and_new_states_through_the_shared_cache() -> None
     assert again.placeable_claims("gpu.example.com") == 3
     taken = cluster_state(example_gpus("n1", 3), EXAMPLE_GPU, claim_obj("a", results=[(EXAMPLE, "n1", "gpu-2")]))
     assert Allocator(replace(taken, slices=state.slices), cache).placeable_claims("gpu.example.com") == 2
+
+
+# --- GPU-equivalents ----------------------------------------------------------------------------------------
+
+
+def test_gpu_equivalents_add_up_to_the_gpus_and_split_a_partitioned_one_by_its_scarcest_counter() -> None:
+    # GPU 0: a 3g at 0 and a 1g at 4 take 5 of 8 memory slices (the scarcest: 3/8 left); GPU 1 whole, taken;
+    # an example GPU tainted; an incomplete example pool.
+    claims = [claim_obj("a", results=[(NVIDIA, "n1", "gpu-0-mig-3g40gb-9-0")]),
+              claim_obj("b", results=[(NVIDIA, "n1", "gpu-0-mig-1g10gb-19-4")]),
+              claim_obj("c", results=[(NVIDIA, "n1", "gpu-1")])]
+    tainted = example_gpus("n2", 2)
+    tainted["spec"]["devices"][0]["taints"] = [{"key": "ecc", "effect": "NoSchedule"}]
+    state = cluster_state(partitionable_gpus("n1", H100, gpus=2), claims, tainted,
+                          example_gpus("n3", 2, count=2))
+    got = values(Capacity().frame(state, 0.0), cat.CLUSTER_GPU_EQUIVALENTS.name, "node", "state")
+    assert got == {("n1", "free"): 0.375, ("n1", "allocated"): 1.625, ("n1", "blocked"): 0.0,
+                   ("n2", "free"): 1.0, ("n2", "blocked"): 1.0, ("n3", "blocked"): 2.0}

@@ -1099,11 +1099,18 @@ class Allocator:
         return "shared" if shared else "free"
 
     def counter_set_share_left(self, pool: Pool, set_name: str) -> float:
-        """The share of a counter set still free, by the counter that bounds it most (0-1)."""
+        """The share of a counter set still free, by the counter that bounds it most (0-1). Numbered
+        counters of one kind (NVIDIA's ``memory-slice-0`` … ``-7``) count together, as one resource:
+        one slice taken leaves 7 of 8, not nothing."""
         used = self.committed.counters.get((pool.key, set_name), {})
-        shares = [max(0.0, total - used.get(name, 0.0)) / total
-                  for name, total in pool.counters.get(set_name, {}).items() if total > 0]
-        return min(shares, default=0.0)
+        totals: dict[str, list[float]] = {}
+        for name, total in pool.counters.get(set_name, {}).items():
+            base, sep, number = name.rpartition("-")
+            kind = base if sep and number.isdigit() else name
+            have = totals.setdefault(kind, [0.0, 0.0])
+            have[0] += max(0.0, total - used.get(name, 0.0))
+            have[1] += total
+        return min((left / total for left, total in totals.values() if total > 0), default=0.0)
 
 
 def _amount(value: float) -> str:

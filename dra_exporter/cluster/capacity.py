@@ -172,6 +172,9 @@ class Capacity:
             class_states.update(samples.class_states)
             errors.update(samples.errors)
         self._pools = fresh
+        gpus = out.samples.get(cat.CLUSTER_GPU_EQUIVALENTS.name, {})
+        for labels, v in gpus.items():
+            gpus[labels] = round(v, 6)  # sums of shares: whole GPUs without float noise
         self._class_families(out, allocator, class_states, errors)
         self._claim_families(out, state.claims)
         self._taint_rule_families(out, state.taint_rules, current)
