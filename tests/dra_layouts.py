@@ -127,7 +127,8 @@ def example_gpus(node: str, gpus: int, *, pool: str = "", count: int = 1, genera
     devices = [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}, "model": {"string": "LATEST-GPU-MODEL"},
                                                    "uuid": {"string": f"gpu-{node}-{i}"}},
                 "capacity": {"memory": q("80Gi")}} for i in range(first, first + gpus)]
-    return slice_obj(f"{node}-{EXAMPLE}-{generation}-{first}", EXAMPLE, pool or node, devices, node=node, count=count,
+    pool = pool or node
+    return slice_obj(f"{pool}-{EXAMPLE}-{generation}-{first}", EXAMPLE, pool, devices, node=node, count=count,
                      generation=generation)
 
 

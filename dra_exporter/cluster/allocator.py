@@ -1011,10 +1011,10 @@ class Allocator:
 
     # --- counts ------------------------------------------------------------------------------------------
 
-    def placeable_claims(self, device_class: str) -> int:
+    def placeable_claims(self, device_class: str, nodes: Iterable[str] | None = None) -> int:
         """Single-device claims of ``device_class`` (ExactCount 1, no selectors, no tolerations) the
-        scheduler could place one after another now, node after node; the committed state does not
-        change. A device skipped once stays unusable while more are placed, so each node's devices
+        scheduler could place one after another now, node after node (``nodes``: only on those, in
+        that order); the committed state does not change. A device skipped once stays unusable while more are placed, so each node's devices
         are walked once; a node that sees only its own pools is counted again only when they or what
         is allocated of them changed."""
         index = self.matches.index(device_class)
@@ -1023,7 +1023,7 @@ class Allocator:
             return 0
         layer = _Usage()
         placed = 0
-        for node in self.nodes:
+        for node in self.nodes if nodes is None else nodes:
             pools = [(p, ds) for p, ds in self.pool_view(node) if p.class_mask[index]]
             if not pools:
                 continue
