@@ -154,8 +154,10 @@ EXAMPLE_GPU = device_class("gpu.example.com", f"device.driver == '{EXAMPLE}'")
 
 
 def request(name: str = "gpu", device_class_name: str = "gpu.example.com", count: int = 1, **more: Any) -> JSON:
-    return {"name": name, "exactly": {"deviceClassName": device_class_name, "allocationMode": "ExactCount",
-                                      "count": count, **more}}
+    exactly: JSON = {"deviceClassName": device_class_name, "allocationMode": "ExactCount", "count": count, **more}
+    if exactly["allocationMode"] == "All":
+        del exactly["count"]  # the API refuses a count with All
+    return {"name": name, "exactly": exactly}
 
 
 def claim_obj(name: str, requests: list[JSON] | None = None, *, namespace: str = "ml",

@@ -299,8 +299,20 @@ def test_match_and_distinct_attribute_constraints() -> None:
     assert [d[2] for d in same.devices] == ["gpu-0", "gpu-2", "gpu-3"]  # backtracks past gpu-1
     distinct = allocator.allocate(pending(request(count=2), constraints=[{"distinctAttribute": f"{EXAMPLE}/numa"}]))
     assert [d[2] for d in distinct.devices] == ["gpu-0", "gpu-1"]
-    impossible = allocator.allocate(pending(request(count=3), constraints=[{"distinctAttribute": f"{EXAMPLE}/numa"}]))
-    assert not impossible.placeable and reasons(impossible) == {al.CONSTRAINT: 4}
+    # As kube-scheduler 1.36 does it: a request's device is compared with the one before it, not all.
+    three = allocator.allocate(pending(request(count=3), constraints=[{"distinctAttribute": f"{EXAMPLE}/numa"}]))
+    assert [d[2] for d in three.devices] == ["gpu-0", "gpu-1", "gpu-2"]
+    # Across requests it holds: a second request finds no value the first one's device does not have.
+    same = cluster_state(example_gpus("n1", 2), EXAMPLE_GPU)
+    two = Allocator(same).allocate(pending(request("a"), request("b"),
+                                           constraints=[{"distinctAttribute": f"{EXAMPLE}/index"}]))
+    assert two.placeable
+    sl = example_gpus("n1", 2)
+    for d in sl["spec"]["devices"]:
+        d["attributes"]["numa"] = {"int": 0}
+    impossible = Allocator(cluster_state(sl, EXAMPLE_GPU)).allocate(pending(
+        request("a"), request("b"), constraints=[{"distinctAttribute": f"{EXAMPLE}/numa"}]))
+    assert not impossible.placeable and reasons(impossible, "a") == {al.CONSTRAINT: 2}
 
 
 def test_request_selectors_and_a_missing_class() -> None:

@@ -200,3 +200,119 @@ def test_partitions_fit_equal_what_the_scheduler_places_per_profile(kube: Contro
     assert fam is not None
     (fit,) = [s.value for s in fam.samples if dict(s.labels)["pool"] == node and dict(s.labels)["profile"] == profile]
     assert scheduler_places(kube, ns, node, cls["metadata"]["name"]) == fit
+
+
+# --- one claim: placeable or not, as the scheduler decides -------------------------------------------------
+
+Requests = Callable[[dict[str, str]], tuple[list[JSON], list[JSON]]]
+"""Class key → class name in; the claim's requests and constraints out."""
+
+
+def _numa(node: str) -> list[JSON]:
+    sl = example_gpus(node, 4)
+    for i, d in enumerate(sl["spec"]["devices"]):
+        d["attributes"]["numa"] = {"int": i // 2 + (1 if i == 0 else 0)}  # 1, 0, 1, 1
+    return [sl]
+
+
+def _numa_two_requests(node: str) -> list[JSON]:
+    sl = example_gpus(node, 3)
+    for d in sl["spec"]["devices"]:
+        d["attributes"]["numa"] = {"int": 0}
+    sl["spec"]["devices"][2]["attributes"]["numa"] = {"int": 1}
+    return [sl, allocated(f"held-{node}", EXAMPLE, node, "gpu-2")]
+
+
+def _example_one_taken(node: str) -> list[JSON]:
+    return [example_gpus(node, 3), allocated(f"held-{node}", EXAMPLE, node, "gpu-1")]
+
+
+def _all_tainted(node: str) -> list[JSON]:
+    sl = example_gpus(node, 2)
+    for d in sl["spec"]["devices"]:
+        d["taints"] = [{"key": "maintenance", "value": "planned", "effect": "NoSchedule"}]
+    return [sl]
+
+
+def _with_incomplete(node: str) -> list[JSON]:
+    return [example_gpus(node, 2, pool=f"{node}-ok"), example_gpus(node, 2, pool=f"{node}-partial", count=2)]
+
+
+def _shared_one_share(node: str) -> list[JSON]:
+    share = {"shareID": "3f6c1c3e-5b1a-4d7e-9a51-2b8f0e1d4c21", "consumedCapacity": {"memory": "30Gi"}}
+    return [*_shared(node), allocated(f"share-{node}", EXAMPLE, node, "gpu-0", **share)]
+
+
+def _mig_all_taken(node: str) -> list[JSON]:
+    return [*partitionable_gpus(node, H100), allocated(f"whole-{node}", NVIDIA, node, "gpu-0")]
+
+
+def _one(cls: str, **more: Any) -> Requests:
+    return lambda names: ([request(device_class_name=names[cls], **more)], [])
+
+
+def _exactly(cls: str, count: int, constraint: JSON | None = None) -> Requests:
+    return lambda names: ([request(device_class_name=names[cls], count=count)], [constraint] if constraint else [])
+
+
+def _first_available(*classes: str) -> Requests:
+    return lambda names: ([{"name": "gpu", "firstAvailable": [
+        {"name": f"sub{i}", "deviceClassName": names[c], "allocationMode": "ExactCount", "count": 1}
+        for i, c in enumerate(classes)]}], [])
+
+
+CLASSES = {"example": ANY_EXAMPLE, "mig": (MIG,),
+           "gpu": (f"device.driver == '{NVIDIA}' && device.attributes['{NVIDIA}'].type == 'gpu'",),
+           "one-g": (f"device.driver == '{NVIDIA}' && device.attributes['{NVIDIA}'].profile == '1g.10gb'",),
+           "one-g-guarded": (f"device.driver == '{NVIDIA}' && {_profile('1g.10gb')}",)}
+CLAIMS: list[tuple[str, Layout, Requests | None, bool]] = [
+    ("two of three, one taken", _example_one_taken, _exactly("example", 2), True),
+    ("three of three, one taken", _example_one_taken, _exactly("example", 3), False),
+    ("matchAttribute over four, three asked (backtracking)", _numa,
+     _exactly("example", 3, {"matchAttribute": f"{EXAMPLE}/numa"}), True),
+    # The scheduler compares a request's device with the one before it only: 1, 0, 1 passes.
+    ("distinctAttribute, three asked, two values", _numa,
+     _exactly("example", 3, {"distinctAttribute": f"{EXAMPLE}/numa"}), True),
+    ("distinctAttribute, two asked, two values", _numa,
+     _exactly("example", 2, {"distinctAttribute": f"{EXAMPLE}/numa"}), True),
+    ("distinctAttribute over two requests, one value left", _numa_two_requests, None, False),
+    ("tainted devices, tolerated", _all_tainted,
+     _one("example", tolerations=[{"key": "maintenance", "operator": "Equal", "value": "planned",
+                                   "effect": "NoSchedule"}]), True),
+    ("tainted devices, not tolerated", _all_tainted, _one("example"), False),
+    ("All over complete pools", _example_one_taken, _one("example", allocationMode="All"), False),
+    ("All with an incomplete pool on the node", _with_incomplete, _one("example", allocationMode="All"), False),
+    ("All over free devices", lambda n: [example_gpus(n, 3)], _one("example", allocationMode="All"), True),
+    ("a request selector some devices meet", lambda n: [example_gpus(n, 4)],
+     _one("example", selectors=[{"cel": {"expression": f"device.attributes['{EXAMPLE}'].index >= 2"}}]), True),
+    ("a request selector no device meets", lambda n: [example_gpus(n, 4)],
+     _one("example", selectors=[{"cel": {"expression": f"device.attributes['{EXAMPLE}'].index >= 9"}}]), False),
+    ("a 50Gi share next to a 30Gi one on 80Gi", _shared_one_share,
+     _one("example", capacity={"requests": {"memory": "50Gi"}}), True),
+    ("a 60Gi share next to a 30Gi one on 80Gi", _shared_one_share,
+     _one("example", capacity={"requests": {"memory": "60Gi"}}), False),
+    ("first available: the MIG class when the whole GPU is taken, else the GPU", _mig_all_taken,
+     _first_available("gpu", "mig"), False),
+    ("first available: the GPU, else MIG", _h100, _first_available("gpu", "mig"), True),
+    ("a selector that fails on the whole GPU", _h100, _one("one-g"), False),
+    ("the same selector, guarded", _h100, _one("one-g-guarded"), True),
+]
+
+
+@pytest.mark.parametrize(("what", "layout", "requests", "expected"), CLAIMS, ids=[c[0] for c in CLAIMS])
+def test_a_claim_is_placeable_exactly_when_the_scheduler_allocates_it(
+        kube: ControlPlane, what: str, layout: Layout, requests: Requests | None, expected: bool) -> None:
+    classes = {key: unique_class(kube, key, *expressions) for key, expressions in CLASSES.items()}
+    ns, node = create_layout(kube, layout, classes)
+    names = {k: c["metadata"]["name"] for k, c in classes.items()}
+    if requests is None:  # two requests of one device each, all their devices different
+        reqs = [request("a", names["example"]), request("b", names["example"])]
+        constraints = [{"distinctAttribute": f"{EXAMPLE}/numa"}]
+    else:
+        reqs, constraints = requests(names)
+    name = kube.unique("claim")
+    obj = claim_obj(name, reqs, namespace=ns, constraints=constraints)
+    kube.create(obj, ns)
+    outcome = Allocator(view(kube)).allocate(claim_from_dict(obj, "v1"), node)
+    kube.pod(ns, name, claims={"gpu": name}, node_name=node)
+    assert (placed(kube, ns, name), outcome.placeable) == (expected, expected), (what, outcome)

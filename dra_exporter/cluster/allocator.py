@@ -408,13 +408,20 @@ class _Search:
 
 
 class _Constraint:
-    """``matchAttribute`` (all the same value) or ``distinctAttribute`` (all different)."""
+    """``matchAttribute`` (all the same value) or ``distinctAttribute`` (all different).
+
+    ``distinctAttribute`` as kube-scheduler 1.36 applies it: it keeps one value per request (the
+    last device added for it), so a request's devices are compared with the other requests' last
+    ones and with the device just before them, not with all of them (three devices of one request
+    may carry 1, 0, 1); the real scheduler allocates such claims (the test bed shows it)."""
 
     def __init__(self, spec: DeviceConstraint) -> None:
         self.requests = frozenset(spec.requests)
         self.attribute = spec.match_attribute or spec.distinct_attribute
         self.distinct = not spec.match_attribute
         self.values: list[tuple[str, str]] = []
+        self.by_request: dict[str, tuple[str, str]] = {}
+        self.count = 0
 
     def applies(self, request: str) -> bool:
         return not self.requests or request in self.requests or request.partition("/")[0] in self.requests
@@ -426,15 +433,23 @@ class _Constraint:
         if value is None:
             return False
         if self.distinct:
-            if value in self.values:
+            if self.count and value in self.by_request.values():
                 return False
-        elif self.values and (value != self.values[0] or value[1] not in _SCALAR_KINDS):
+            self.by_request[request.partition("/")[0]] = value
+            self.count += 1
+            return True
+        if self.values and (value != self.values[0] or value[1] not in _SCALAR_KINDS):
             return False
         self.values.append(value)
         return True
 
     def remove(self, request: str, device: Device) -> None:
-        if self.applies(request):
+        if not self.applies(request):
+            return
+        if self.distinct:
+            self.by_request.pop(request.partition("/")[0], None)
+            self.count -= 1
+        else:
             self.values.pop()
 
 
@@ -1014,9 +1029,9 @@ class Allocator:
     def placeable_claims(self, device_class: str, nodes: Iterable[str] | None = None) -> int:
         """Single-device claims of ``device_class`` (ExactCount 1, no selectors, no tolerations) the
         scheduler could place one after another now, node after node (``nodes``: only on those, in
-        that order); the committed state does not change. A device skipped once stays unusable while more are placed, so each node's devices
-        are walked once; a node that sees only its own pools is counted again only when they or what
-        is allocated of them changed."""
+        that order); the committed state does not change. A device skipped once stays unusable
+        while more are placed, so each node's devices are walked once; a node that sees only its own
+        pools is counted again only when they or what is allocated of them changed."""
         index = self.matches.index(device_class)
         selector = self.matches.selector(device_class)
         if index is None or selector is None or selector.error:
