@@ -570,6 +570,10 @@ class Allocator:
         self.committed = _Usage()
         self._usage: dict[PoolKey, list[tuple[str, bool, tuple[tuple[str, float], ...]]]] = {}
         self._usage_keys: dict[PoolKey, UsageKey] = {}
+        self._candidates: dict[tuple[int, ...], tuple[str, ...]] = {}
+        #: What a claim of one shape got on a node, and the diagnoses: until the next ``commit``.
+        self._tried: dict[tuple[object, ...], tuple[tuple[Pick, ...] | None, str]] = {}
+        self._diagnosed: dict[tuple[object, ...], tuple[RequestOutcome, ...]] = {}
         self._commit_claims(state.claims)
 
     # --- building -----------------------------------------------------------------------------------
@@ -655,9 +659,12 @@ class Allocator:
 
     def candidate_nodes(self, class_names: Iterable[str]) -> tuple[str, ...]:
         """Nodes that see a device meeting (or failing) one of the classes' selectors."""
-        indices = [i for n in class_names if (i := self.matches.index(n)) is not None]
-        return tuple(n for n in self.nodes
-                     if any(p.class_mask[i] for p, _ in self.pool_view(n) for i in indices))
+        indices = tuple(sorted({i for n in class_names if (i := self.matches.index(n)) is not None}))
+        known = self._candidates.get(indices)
+        if known is None:
+            known = self._candidates[indices] = tuple(
+                n for n in self.nodes if any(p.class_mask[i] for p, _ in self.pool_view(n) for i in indices))
+        return known
 
     # --- checks ---------------------------------------------------------------------------------------
 
@@ -781,6 +788,8 @@ class Allocator:
     def commit(self, outcome: Outcome) -> None:
         """Take what ``outcome`` chose, as the claim's allocation would."""
         who = f"{outcome.namespace}/{outcome.claim}"
+        self._tried.clear()
+        self._diagnosed.clear()
         for pick in outcome.picks:
             self._take(self.committed, pick, who)
             if not pick.admin_access:
@@ -817,6 +826,17 @@ class Allocator:
         return groups
 
     def _try_node(self, claim: ClaimInfo, node: str) -> tuple[list[Pick] | None, str]:
+        # Claims of one shape fare alike on a node until something is committed (``explain --all``
+        # over many pending claims of a few shapes); errors of request selectors name their claim.
+        shape = None if any(r.selectors for r in claim.requests) else (claim.requests, claim.constraints, node)
+        if shape is not None and (known := self._tried.get(shape)) is not None:
+            return (list(known[0]) if known[0] is not None else None), known[1]
+        picks, error = self._search_node(claim, node)
+        if shape is not None and len(self._tried) < 100_000:
+            self._tried[shape] = (tuple(picks) if picks is not None else None, error)
+        return picks, error
+
+    def _search_node(self, claim: ClaimInfo, node: str) -> tuple[list[Pick] | None, str]:
         search = _Search(claim, node, self.labels(node), self.view(node), self._requests(claim), _Usage(),
                          constraints=[_Constraint(c) for c in claim.constraints])
         try:
@@ -1022,7 +1042,13 @@ class Allocator:
                               chosen, blocked, error)
 
     def _diagnose(self, claim: ClaimInfo, nodes: Sequence[str], picks: Sequence[Pick]) -> tuple[RequestOutcome, ...]:
-        return tuple(self._summary(claim, r, nodes, picks) for r in claim.requests)
+        key = (claim.requests, bool(claim.constraints), tuple(nodes), tuple(picks))
+        known = self._diagnosed.get(key)
+        if known is None:
+            known = tuple(self._summary(claim, r, nodes, picks) for r in claim.requests)
+            if len(self._diagnosed) < 10_000:
+                self._diagnosed[key] = known
+        return known
 
     # --- counts ------------------------------------------------------------------------------------------
 
