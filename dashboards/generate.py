@@ -1346,32 +1346,45 @@ def cluster_capacity() -> Dashboard:
                      ("Value #D", "tainted"), ("Value #E", "blocked"))
     states_help = ("Allocated: a claim holds it; tainted: not allocated, kept from new claims by a "
                    "NoSchedule/NoExecute taint; blocked: not allocated, but what is allocated on its GPU "
-                   "leaves too few counters; free: the scheduler could allocate it now.")
+                   "leaves too few counters; free: the scheduler could allocate it now, on its own (partitions "
+                   "of one GPU exclude each other). Devices of pools the scheduler cannot use are "
+                   "unavailable, shared devices with capacity left shared; the columns leave them out.")
+    gpu_eq, placeable = cat.CLUSTER_GPU_EQUIVALENTS.name, cat.CLUSTER_CLASS_PLACEABLE.name
     capacity = Row(
         "Capacity",
         (
+            stat("GPU-equivalents free", or_zero(f"sum({gpu_eq}{csel(nod, eq('state', 'free'))})"),
+                 "Whole GPUs' worth that could still be allocated: a whole GPU is 1, a partitionable GPU counts "
+                 "the share of its counters still free (by the counter that bounds it most), so exclusive "
+                 "partitions of one GPU are not added up.", width=6),
+            Panel("Placeable claims by DeviceClass", "bargauge",
+                  (now(f"max by (device_class) ({placeable}{csel(cls)})", "{{device_class}}"),),
+                  "How many claims for one device of each DeviceClass the scheduler could allocate now, one after "
+                  "another (its allocator: first fit, counters, taints, shared capacity, usable pools). 0 with "
+                  "claims waiting fires DraDeviceClassExhausted.", width=18),
+            stat("GPU-equivalents allocated", or_zero(f"sum({gpu_eq}{csel(nod, eq('state', 'allocated'))})"),
+                 "Whole GPUs' worth allocated to claims (a partitionable GPU by the share of its counters used).",
+                 width=4),
+            stat("GPU-equivalents blocked", or_zero(f"sum({gpu_eq}{csel(nod, eq('state', 'blocked'))})"),
+                 "Whole GPUs' worth neither allocated nor allocatable: tainted, or in a pool the scheduler cannot "
+                 "use.", thresholds=RED_FROM_ONE, width=4),
             stat("Devices", f"sum({devices}{csel(*dev)})",
                  "Devices the ResourceSlices publish (newest pool generations) on the selected drivers and nodes: "
-                 "whole GPUs and every MIG placement, so a MIG-partitionable GPU counts many times."),
-            stat("Allocated", or_zero(f"sum({devices}{csel(*dev, eq('state', 'allocated'))})"),
-                 "Devices a ResourceClaim's allocation names (admin access aside)."),
-            stat("Free", or_zero(f"sum({devices}{csel(*dev, eq('state', 'free'))})"),
-                 "Devices the scheduler could allocate now (no taint, and their counters still fit)."),
+                 "whole GPUs and every MIG placement, so a MIG-partitionable GPU counts many times.", width=4),
             stat("Tainted", or_zero(f"sum({devices}{csel(*dev, eq('state', 'tainted'))})"),
                  "Unallocated devices a NoSchedule or NoExecute taint keeps from new claims.",
-                 thresholds=RED_FROM_ONE),
-            stat("Blocked by partitions", or_zero(f"sum({devices}{csel(*dev, eq('state', 'blocked'))})"),
-                 "Unallocated placements that no longer fit because what is allocated on their GPU took the "
-                 "counters they need (overlapping MIG placements)."),
+                 thresholds=RED_FROM_ONE, width=4),
+            stat("Unavailable devices", or_zero(f"sum({devices}{csel(*dev, eq('state', 'unavailable'))})"),
+                 "Devices of pools the scheduler does not allocate from: the newest generation incomplete or "
+                 "invalid (DraResourcePoolIncomplete).", thresholds=RED_FROM_ONE, width=4),
             stat("Pending claims", or_zero(f"count(count by (namespace, claim) ({pending}{csel(cls)}))"),
                  "ResourceClaims not allocated yet that ask for the selected DeviceClasses.",
-                 thresholds=RED_FROM_ONE),
+                 thresholds=RED_FROM_ONE, width=4),
             Panel("Devices by state", "timeseries", (t(f"sum by (state) ({devices}{csel(*dev)})", "{{state}}"),),
                   states_help),
-            Panel("Free devices by DeviceClass", "bargauge",
-                  (now(f"sum by (device_class) ({classes}{csel(cls, eq('state', 'free'))})", "{{device_class}}"),),
-                  "Devices that match each DeviceClass's CEL selectors and are free (a device can match several "
-                  "classes). A class with none free and claims waiting fires DraDeviceClassExhausted."),
+            Panel("GPU-equivalents by model and state", "bargauge",
+                  (now(f"sum by (model, state) ({gpu_eq}{csel(nod)})", "{{model}} {{state}}"),),
+                  "GPUs of each model, free, allocated and blocked, in whole GPUs (partitions by their share)."),
             Panel("Capacity by node", "table", states("node", devices, *dev),
                   "Devices of each node by state. " + states_help + " An empty node: a pool for all nodes or a "
                   "node selector.",
@@ -1408,7 +1421,8 @@ def cluster_capacity() -> Dashboard:
                   "free placements: many free placements on few GPUs is fragmentation.", width=8),
             Panel("Free placements by profile", "bargauge",
                   (now(f"sum by (profile) ({fit}{csel(*dev)})", "{{profile}}"),),
-                  "Partitions of each profile that fit, each counted on its own (they overlap: not all at once).",
+                  "Partitions of each profile the scheduler could still place, one after another on each GPU, "
+                  "summed over the GPUs (profiles exclude each other: not all at once).",
                   width=8),
             Panel("Placements blocked by what is allocated, by profile", "bargauge",
                   (now(f"sum by (profile) ({devices}{csel(*dev, eq('state', 'blocked'))})", "{{profile}}"),),
@@ -1416,9 +1430,9 @@ def cluster_capacity() -> Dashboard:
                   "have taken.", width=8),
             Panel("Partitions that still fit, per GPU and profile", "table",
                   (tab(f"{fit}{csel(*dev)}"),),
-                  "dra_cluster_partitions_fit: for each GPU (counter set) and profile, the placements whose "
-                  "consumesCounters fit what allocated devices left (the scheduler's arithmetic). 0: the "
-                  "profile no longer fits on that GPU.",
+                  "dra_cluster_partitions_fit: for each GPU (counter set) and profile, how many partitions the "
+                  "scheduler could place one after another (every counter must fit, engines too: one +me "
+                  "partition per GPU). 0: the profile no longer fits on that GPU.",
                   columns=("node", "driver", "pool", "counter_set", "profile", "Value"),
                   renames=(("counter_set", "GPU (counter set)"), ("Value", "fit")), width=24),
         ),
@@ -1468,10 +1482,10 @@ def cluster_capacity() -> Dashboard:
                  "DeviceClasses whose CEL selectors match no device: a claim for one waits for ever.",
                  thresholds=RED_FROM_ONE, width=8),
             stat("Exhausted classes",
-                 or_zero(f"count(sum by (device_class) ({classes}{csel(cls, eq('state', 'free'))}) == 0 "
+                 or_zero(f"count(max by (device_class) ({placeable}{csel(cls)}) == 0 "
                          f"and on (device_class) sum by (device_class) ({classes}{csel(cls)}) > 0 "
                          f"and on (device_class) count by (device_class) ({pending}{csel(cls)}) > 0)"),
-                 "Classes with devices, none free, and claims waiting for them (DraDeviceClassExhausted's "
+                 "Classes with devices, room for no claim, and claims waiting for them (DraDeviceClassExhausted's "
                  "condition).", thresholds=RED_FROM_ONE, width=8),
             stat("Classes not evaluable", or_zero(f"count({evaluable}{csel(cls)} == 0)"),
                  "DeviceClasses whose CEL selectors the exporter cannot run: they get no capacity series.",
@@ -1485,13 +1499,16 @@ def cluster_capacity() -> Dashboard:
                     tab(f"sum by (device_class) ({cat.CLUSTER_CLASS_ERRORS.name}{csel(cls)})"),
                     tab(f"(count by (device_class) ({pending_claims}) "
                         f"or 0 * sum by (device_class) ({evaluable}{csel(cls)}))"),
+                    tab(f"max by (device_class) ({placeable}{csel(cls)})"),
                 ),
                 "Each DeviceClass: the devices its CEL selectors match, by state; whether the exporter could "
                 "evaluate its selectors (0: no capacity reported); devices its selectors failed on (a missing "
-                "attribute: the scheduler skips them too); and its pending claims.",
-                columns=("device_class", *state_columns, "Value #F", "Value #G", "Value #H"),
+                "attribute: the scheduler refuses a claim on a node when its search reaches one); its pending "
+                "claims; and how many claims for one of its devices the scheduler could place now.",
+                columns=("device_class", *state_columns, "Value #F", "Value #G", "Value #H", "Value #I"),
                 renames=(("device_class", "DeviceClass"), *state_renames, ("Value #F", "evaluable"),
-                         ("Value #G", "selector errors"), ("Value #H", "pending claims")),
+                         ("Value #G", "selector errors"), ("Value #H", "pending claims"),
+                         ("Value #I", "placeable claims")),
                 width=24,
             ),
         ),
@@ -1503,8 +1520,9 @@ def cluster_capacity() -> Dashboard:
             stat("Incomplete pools",
                  # The comparison first: ``==`` binds tighter than ``and``.
                  or_zero(f"count({cat.CLUSTER_POOL_COMPLETE.name}{csel(drv)} == 0 {on_nodes})"),
-                 "Pools whose newest generation has not published all its slices or still has older ones: "
-                 "the scheduler sees part of them (DraResourcePoolIncomplete).", thresholds=RED_FROM_ONE, width=12),
+                 "Pools whose newest generation has not published all its slices (the scheduler allocates "
+                 "nothing from them) or that still publish older ones (DraResourcePoolIncomplete).",
+                 thresholds=RED_FROM_ONE, width=12),
             stat("Pools being replaced",
                  or_zero(f"count({cat.CLUSTER_POOL_SLICES.name}{csel(drv, eq('generation', 'older'))} > 0 "
                          f"{on_nodes})"),
@@ -1568,8 +1586,9 @@ def cluster_capacity() -> Dashboard:
         "dra-exporter-cluster-capacity",
         "dra-cluster-capacity.json",
         "DRA cluster capacity",
-        "The whole cluster's DRA state from dra-exporter cluster: devices by state per DeviceClass, MIG profile, "
-        "node, driver and pool; MIG fragmentation; pending claims and their age; pools; taints.",
+        "The whole cluster's DRA state from dra-exporter cluster: GPU-equivalents free and claims the scheduler "
+        "could place per DeviceClass; devices by state per DeviceClass, MIG profile, node, driver and pool; MIG "
+        "fragmentation; pending claims and their age; pools; taints.",
         (
             Variable("driver", "Driver", f"label_values({devices}{csel()}, driver)"),
             Variable("node", "Node", f"label_values({devices}{csel(drv)}, node)"),

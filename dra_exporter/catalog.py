@@ -619,18 +619,34 @@ _CLUSTER_NODE: Final = (("node", "k8s.node.name"),)
 
 CLUSTER_DEVICES: Final = MetricSpec(
     "dra_cluster_devices", "gauge",
-    "Devices of the cluster's ResourceSlices (newest pool generation) by state: allocated (to a claim, "
-    "admin access aside), tainted (not allocated, a NoSchedule/NoExecute taint), blocked (not allocated, "
-    "its shared counters no longer fit) or free.",
+    "Devices of the cluster's ResourceSlices (newest pool generation) by state for new claims: "
+    "unavailable (its pool's newest generation is incomplete or invalid: the scheduler does not use it), "
+    "allocated (to a claim, admin access aside; a shared device with no capacity left), shared (allows "
+    "multiple allocations, has shares and capacity left), tainted (a NoSchedule/NoExecute taint), blocked "
+    "(its shared counters no longer fit) or free. Partitions of one GPU overlap: add them up with "
+    "dra_cluster_gpu_equivalents, not this.",
     ("driver", "pool", "node", "type", "model", "profile", "state"),
     otlp=OtlpForm("dra.cluster.devices", "{device}", attributes=_CLUSTER_NODE + (("type", "dra.device.type"),)))
 CLUSTER_PARTITIONS_FIT: Final = MetricSpec(
     "dra_cluster_partitions_fit", "gauge",
-    "Partitions of a partitionable device (a counter set: one GPU) that could still be allocated, by "
-    "profile: free devices whose consumesCounters fit what allocated devices left of the counter set "
-    "(the scheduler's arithmetic; each counted on its own, not all at once).",
+    "Partitions of a partitionable device (a counter set: one GPU) of one profile that the scheduler could "
+    "allocate now, one after another (its allocator: first fit, every counter of the pool must still fit, "
+    "engine counters included: one OFA engine means one +me partition).",
     ("driver", "pool", "node", "counter_set", "profile"),
     otlp=OtlpForm("dra.cluster.partitions.fit", "{partition}", attributes=_CLUSTER_NODE))
+CLUSTER_GPU_EQUIVALENTS: Final = MetricSpec(
+    "dra_cluster_gpu_equivalents", "gauge",
+    "GPUs by state, in whole GPUs: a whole GPU is 1; a partitionable GPU splits by the share of its counter "
+    "set still free (by the counter that bounds it most) into free (or blocked, when none of its devices can "
+    "be allocated now: tainted, its pool unavailable) and allocated; a static MIG device counts its compute "
+    "slices of 7. Sums to the GPUs there are.", ("model", "node", "state"),
+    otlp=OtlpForm("dra.cluster.gpu_equivalents", "{gpu}", attributes=_CLUSTER_NODE))
+CLUSTER_DEVICE_CAPACITY_LEFT: Final = MetricSpec(
+    "dra_cluster_device_capacity_remaining", "gauge",
+    "What a device that allows multiple allocations (consumable capacity) has left of each capacity after "
+    "its shares (base units: bytes for memory); only for such devices.",
+    ("driver", "pool", "node", "device", "capacity"),
+    otlp=OtlpForm("dra.cluster.device.capacity.remaining", "1", attributes=_CLUSTER_NODE))
 CLUSTER_CLAIMS: Final = MetricSpec(
     "dra_cluster_claims", "gauge",
     "ResourceClaims by state: pending (not allocated), allocated (but reserved by no pod) or reserved.",
@@ -651,6 +667,12 @@ CLUSTER_CLASS_DEVICES: Final = MetricSpec(
     "Devices that match a DeviceClass's CEL selectors, by state (as dra_cluster_devices).",
     ("device_class", "state"),
     otlp=OtlpForm("dra.cluster.class.devices", "{device}"))
+CLUSTER_CLASS_PLACEABLE: Final = MetricSpec(
+    "dra_cluster_class_placeable_claims", "gauge",
+    "Claims for one device of the class (no other selectors, no tolerations) the scheduler could allocate "
+    "now, one after another, node after node (its allocator: first fit, counters, taints, shared capacity); "
+    "0 when none: new claims of the class stay pending.", ("device_class",),
+    otlp=OtlpForm("dra.cluster.class.placeable_claims", "{claim}"))
 CLUSTER_CLASS_EVALUABLE: Final = MetricSpec(
     "dra_cluster_class_selectors_evaluable", "gauge",
     "Whether the exporter could evaluate a DeviceClass's CEL selectors (1) or not (0: its capacity is "
@@ -658,8 +680,9 @@ CLUSTER_CLASS_EVALUABLE: Final = MetricSpec(
     otlp=OtlpForm("dra.cluster.class.selectors.evaluable", "1"))
 CLUSTER_CLASS_ERRORS: Final = MetricSpec(
     "dra_cluster_class_selector_errors", "gauge",
-    "Devices for which a DeviceClass's CEL selectors failed (a missing attribute, a type error); the "
-    "scheduler does not allocate them for the class either.", ("device_class",),
+    "Devices for which a DeviceClass's CEL selectors failed (a missing attribute, a type error). The "
+    "scheduler does not skip such a device: when its search reaches one, it refuses the claim on that node "
+    "(CEL runtime error), so one failing device can keep the whole class from a node.", ("device_class",),
     otlp=OtlpForm("dra.cluster.class.selector.errors", "{device}"))
 CLUSTER_POOL_INFO: Final = MetricSpec(
     "dra_cluster_pool_info", "gauge",
@@ -679,8 +702,10 @@ CLUSTER_POOL_SLICES_EXPECTED: Final = MetricSpec(
     otlp=OtlpForm("dra.cluster.pool.expected_slices", "{slice}"))
 CLUSTER_POOL_COMPLETE: Final = MetricSpec(
     "dra_cluster_pool_complete", "gauge",
-    "Whether every slice of a pool's newest generation is published and no older one is left (1) or not "
-    "(0): until then the scheduler sees part of the pool.", ("driver", "pool"),
+    "Whether a pool's newest generation has all its resourceSliceCount slices and no slice of an older "
+    "generation is left (1) or not (0). The scheduler ignores older generations and allocates from the "
+    "newest only once it has all its slices; older ones still published mean the driver is replacing the "
+    "pool.", ("driver", "pool"),
     otlp=OtlpForm("dra.cluster.pool.complete", "1"))
 CLUSTER_TAINT_RULE_DEVICES: Final = MetricSpec(
     "dra_cluster_taint_rule_devices", "gauge",
@@ -731,8 +756,9 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     DEVICE_INFO, DEVICE_TAINT, DEVICE_HEALTH, DEVICE_SHARED_CAPACITY, DEVICE_SHARED_CONSUMPTION,
     COMPUTE_DOMAIN_INFO, COMPUTE_DOMAIN_READY, COMPUTE_DOMAIN_NODE_READY, COMPUTE_DOMAIN_CHANNEL_INFO,
     COMPUTE_DOMAIN_GPU_INFO,
-    CLUSTER_DEVICES, CLUSTER_PARTITIONS_FIT, CLUSTER_CLAIMS, CLUSTER_CLAIM_PENDING, CLUSTER_CLAIM_UNRESERVED,
-    CLUSTER_CLASS_DEVICES, CLUSTER_CLASS_EVALUABLE, CLUSTER_CLASS_ERRORS, CLUSTER_POOL_INFO, CLUSTER_POOL_SLICES,
+    CLUSTER_DEVICES, CLUSTER_PARTITIONS_FIT, CLUSTER_GPU_EQUIVALENTS, CLUSTER_DEVICE_CAPACITY_LEFT, CLUSTER_CLAIMS,
+    CLUSTER_CLAIM_PENDING, CLUSTER_CLAIM_UNRESERVED, CLUSTER_CLASS_DEVICES, CLUSTER_CLASS_PLACEABLE,
+    CLUSTER_CLASS_EVALUABLE, CLUSTER_CLASS_ERRORS, CLUSTER_POOL_INFO, CLUSTER_POOL_SLICES,
     CLUSTER_POOL_SLICES_EXPECTED, CLUSTER_POOL_COMPLETE, CLUSTER_TAINT_RULE_DEVICES, CLUSTER_OBJECTS,
     SOURCE_UP, COLLECT_DURATION, COLLECT_ERRORS, LAST_SUCCESS, BUILD_INFO, UNATTRIBUTED_PROCESSES,
 )

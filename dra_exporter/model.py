@@ -260,6 +260,19 @@ MODEL_ATTRIBUTES: Final = ("productName", "model")
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityRequestPolicy:
+    """``capacity[].requestPolicy`` of a device that allows multiple allocations (KEP-5075): what a
+    request that names no amount takes (``default``), and the amounts a request may take
+    (``valid_values``, or ``min``..``max`` in steps of ``step`` from ``min``). Base units."""
+
+    default: float | None = None
+    valid_values: tuple[float, ...] = ()
+    min: float | None = None
+    max: float | None = None
+    step: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SliceDevice:
     """One device of a ResourceSlice."""
 
@@ -280,6 +293,10 @@ class SliceDevice:
     placement: NodePlacement | None = None
     """Per-device placement (``perDeviceNodeSelection`` slices: ``nodeName``, ``allNodes`` or
     ``nodeSelector`` on the device); None when the slice places all its devices."""
+    allow_multiple_allocations: bool = False
+    """``allowMultipleAllocations``: claims share the device, each taking part of its capacity."""
+    request_policies: tuple[tuple[str, CapacityRequestPolicy], ...] = ()
+    """``capacity[].requestPolicy`` by capacity name (as ``capacity`` spells it), sorted."""
 
     def attribute(self, key: str) -> str:
         for k, v in self.attributes:
@@ -329,6 +346,15 @@ class DeviceToleration:
     value: str = ""
     effect: str = ""
     """``""``: every effect."""
+
+    def tolerates(self, taint: DeviceTaint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if self.operator == "Exists":
+            return True
+        return self.operator in ("Equal", "") and self.value == taint.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,6 +452,29 @@ class DeviceRequestInfo:
     count: int = 1
     all_devices: bool = False
     """``allocationMode: All``."""
+    selectors: tuple[str, ...] = ()
+    """The request's own CEL selectors (``selectors[].cel.expression``), ANDed with its class's."""
+    admin_access: bool = False
+    tolerations: tuple[DeviceToleration, ...] = ()
+    capacity: tuple[tuple[str, float], ...] = ()
+    """``capacity.requests``: what the request takes of a shared device's capacity, base units."""
+
+    @property
+    def parent(self) -> str:
+        """The request a prioritized-list subrequest belongs to (``main`` of ``main/sub``); its
+        own name for a plain request."""
+        return self.name.partition("/")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConstraint:
+    """One ``spec.devices.constraints[]`` entry: the devices of ``requests`` (all the claim's
+    when empty) share the value of ``match_attribute``, or all differ in ``distinct_attribute``
+    (fully qualified names)."""
+
+    requests: tuple[str, ...] = ()
+    match_attribute: str = ""
+    distinct_attribute: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,6 +511,7 @@ class ClaimInfo:
     """``metadata.creationTimestamp`` as Unix time; 0 when unknown."""
     configs: tuple[OpaqueConfig, ...] = ()
     """The allocation's opaque device configuration (NVIDIA's ``ComputeDomainChannelConfig``)."""
+    constraints: tuple[DeviceConstraint, ...] = ()
 
     @property
     def allocated(self) -> bool:

@@ -4,9 +4,10 @@ the simulated API server (``SimulatedApiServer`` over a ``Scenario`` holding raw
 * ``builtin_cluster()``: a few GPU nodes of different shapes — the demo's 8 x H200 node (static MIG,
   its claims and pods), an 8 x H200 node with NVIDIA's DynamicMIG (partitionable devices over shared
   counters, as the driver publishes them), a 4 x A100 node (one device tainted by its driver, one by a
-  DeviceTaintRule), a dra-example-driver node and an example-driver pool whose second slice is not
-  published (incomplete); NVIDIA's and the example driver's DeviceClasses plus one no device matches,
-  and claims: allocated, held by no pod, and pending (for that class, and for MIG).
+  DeviceTaintRule), a dra-example-driver node, an example-driver pool whose second slice is not
+  published (incomplete) and an example-driver GPU that claims share (consumable capacity); NVIDIA's
+  and the example driver's DeviceClasses plus one no device matches, and claims: allocated, held by
+  no pod, and pending (for that class, and for MIG).
 * ``load_cluster_dump(path)``: a whole cluster dump (``kubectl get resourceslices,resourceclaims,
   deviceclasses,devicetaintrules,pods -A -o yaml``, any driver, any served version), every node of it.
 
@@ -78,7 +79,8 @@ DEVICE_CLASSES: Final = (
 
 
 def _claim(namespace: str, name: str, device_class: str, results: list[tuple[str, str, str]], *,
-           created: float, reserved_by: str = "", first_available: tuple[str, ...] = ()) -> JSON:
+           created: float, reserved_by: str = "", first_available: tuple[str, ...] = (),
+           share: tuple[str, ...] = ()) -> JSON:
     request: JSON = {"name": "gpu"}
     if first_available:
         request["firstAvailable"] = [{"name": c.split(".")[0], "deviceClassName": c} for c in first_available]
@@ -88,6 +90,8 @@ def _claim(namespace: str, name: str, device_class: str, results: list[tuple[str
     if results:
         status["allocation"] = {"devices": {"results": [
             {"request": "gpu", "driver": d, "pool": p, "device": dev} for d, p, dev in results]}}
+        for result, memory in zip(status["allocation"]["devices"]["results"], share, strict=False):
+            result.update(shareID=k8s_objects.derived_uuid(1, "share", name), consumedCapacity={"memory": memory})
     if reserved_by:
         status["reservedFor"] = [{"resource": "pods", "name": reserved_by,
                                   "uid": derived_uuid(1, "pod", namespace, reserved_by)}]
@@ -126,6 +130,15 @@ def _example(node: str, i: int) -> JSON:
         "capacity": {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}}
 
 
+def _shared(node: str) -> JSON:
+    """An example-driver GPU that claims share (consumable capacity): 80Gi, 30Gi a share by default."""
+    return {"name": "gpu-0", "allowMultipleAllocations": True, "attributes": {
+        "model": {"string": "LATEST-GPU-MODEL"},
+        "uuid": {"string": f"gpu-{k8s_objects.derived_uuid(1, 'shared', node)}"}},
+        "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
+            "default": "30Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}}}
+
+
 def builtin_cluster() -> tuple[JSON, ...]:
     """The built-in cluster's objects (see the module docstring)."""
     demo = load_scenario("demo")
@@ -133,12 +146,13 @@ def builtin_cluster() -> tuple[JSON, ...]:
     dynamic = dataclasses.replace(demo, node_name="sim-node-2", dynamic_mig=True, claims=(), pods=(),
                                   gpus=tuple(dataclasses.replace(g, mig=(), taints=()) for g in demo.gpus))
     dynamic_slices = k8s_objects.nvidia_slices(dynamic)
-    a100, example, partial = "sim-a100-1", "sim-example-1", "sim-example-2"
+    a100, example, partial, shared = "sim-a100-1", "sim-example-1", "sim-example-2", "sim-shared-1"
     slices = [*static.resourceslices, *dynamic_slices,
               _plain_slice(a100, NVIDIA_DRIVER, [_a100(a100, i) for i in range(4)]),
               _plain_slice(example, EXAMPLE_DRIVER, [_example(example, i) for i in range(8)]),
               # Two slices announced, one published: the pool stays incomplete.
-              _plain_slice(partial, EXAMPLE_DRIVER, [_example(partial, i) for i in range(4)], count=2)]
+              _plain_slice(partial, EXAMPLE_DRIVER, [_example(partial, i) for i in range(4)], count=2),
+              _plain_slice(shared, EXAMPLE_DRIVER, [_shared(shared)])]
     claims = [
         *static.resourceclaims,
         # DynamicMIG: a 3g.71gb at 0 and a 1g.18gb at 4 on GPU 0, the whole GPU 1.
@@ -154,6 +168,9 @@ def builtin_cluster() -> tuple[JSON, ...]:
         _claim("research", "forgotten", "gpu.nvidia.com", [(NVIDIA_DRIVER, a100, "gpu-1")], created=-86400),
         _claim("demo", "example-0", "gpu.example.com", [(EXAMPLE_DRIVER, example, "gpu-0")], created=-1800,
                reserved_by="example-pod"),
+        # One 30Gi share of the shared GPU: two more fit, not three.
+        _claim("demo", "share-0", "gpu.example.com", [(EXAMPLE_DRIVER, shared, "gpu-0")], created=-1800,
+               reserved_by="share-pod", share=("30Gi",)),
         # Pending: a class no device matches, and a prioritized list of MIG profiles.
         _claim("research", "tpu-job", "tpu.example.com", [], created=-2700),
         _claim("research", "tpu-job-2", "tpu.example.com", [], created=-600),

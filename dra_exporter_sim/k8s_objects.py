@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from dra_exporter import model
 from dra_exporter.dra_versions import GROUP
+from dra_exporter.quantity import quantity
 from dra_exporter.resolve import NVIDIA_DRIVER, NvidiaNameResolver, canonical_profile
 
 from .clock import FIXED_EPOCH
@@ -430,11 +431,28 @@ def _counter_set_name(gpu: Gpu) -> str:
     return f"gpu-{gpu.minor}-counter-set"
 
 
+def _counter_name(capacity: str) -> str:
+    """NVIDIA's counter for a capacity: its name in DNS form (``copyEngines`` → ``copy-engines``)."""
+    return "".join(f"-{c.lower()}" if c.isupper() else c for c in capacity)
+
+
+def _engine_counters(capacity: JSON) -> JSON:
+    """A MIG placement's capacities as the counters it consumes (memory slices are counters of their own)."""
+    return {_counter_name(k): v for k, v in capacity.items() if not k.startswith("memorySlice")}
+
+
 def _gpu_counters(scenario: Scenario) -> JSON:
-    counters: JSON = {
-        "multiprocessors": _q(_GPU_SMS),
-        "memory": _q(binary_quantity(scenario.profile.memory_total)),
-    }
+    """A GPU's counter set as NVIDIA's driver publishes it: per capacity of its MIG placements the
+    largest any placement has (multiprocessors, memory, copy/decoder/encoder/JPEG/OFA engines: one
+    OFA engine, so one ``+me`` or 7g placement at a time), and one counter per memory slice."""
+    largest: dict[str, tuple[float, JSON]] = {}
+    for profile in scenario.profile.mig_profiles:
+        memory = int(scenario.profile.memory_total * profile.memory_slices / scenario.profile.mig_memory_slices)
+        for name, value in _engine_counters(_mig_capacity(profile, memory, 0)).items():
+            number = quantity(value["value"]) or 0.0
+            if name not in largest or number > largest[name][0]:
+                largest[name] = (number, value)
+    counters: JSON = {name: value for name, (_, value) in sorted(largest.items())}
     counters.update({f"memory-slice-{i}": _q(1) for i in range(scenario.profile.mig_memory_slices)})
     return counters
 
@@ -444,7 +462,8 @@ def _consumes(gpu: Gpu, counters: JSON) -> list[JSON]:
 
 
 def _partitionable_devices(scenario: Scenario, gpu: Gpu) -> list[JSON]:
-    """The whole GPU and every MIG placement, each consuming the GPU's shared counters."""
+    """The whole GPU and every MIG placement, each consuming the GPU's shared counters: the GPU all
+    of them, a placement its capacities (engines included) and its memory slices."""
     whole = gpu_device(scenario, gpu)
     whole["consumesCounters"] = _consumes(gpu, _gpu_counters(scenario))
     devices = [whole]
@@ -454,8 +473,7 @@ def _partitionable_devices(scenario: Scenario, gpu: Gpu) -> list[JSON]:
             mig = existing.get((profile.name, start))
             # Dynamic MIG devices have no UUID in the slice: they only exist once prepared.
             device = mig_device(scenario, gpu, profile, start, taints=mig.taints if mig else ())
-            memory = device["capacity"]["memory"]["value"]
-            counters: JSON = {"multiprocessors": device["capacity"]["multiprocessors"], "memory": _q(memory)}
+            counters = _engine_counters(device["capacity"])
             counters.update({f"memory-slice-{i}": _q(1) for i in range(start, start + profile.memory_slices)})
             device["consumesCounters"] = _consumes(gpu, counters)
             devices.append(device)

@@ -149,11 +149,12 @@ def test_admin_access_results_take_no_device_and_no_counters() -> None:
     assert fits(frame)["gpu"] == 1 and fits(frame)["1g.10gb"] == 7
 
 
-def test_missing_counter_slice_blocks_the_partitions_and_marks_the_pool_incomplete() -> None:
+def test_missing_counter_slice_makes_the_pool_incomplete_and_its_devices_unavailable() -> None:
     device_slice_only = nvidia_partitionable("node-a", A100_40GB, "A100")[1:]
     frame = Capacity().frame(state(device_slice_only), NOW)
     assert set(fits(frame).values()) == {0.0}
-    assert {st for (st,) in values(frame, cat.CLUSTER_DEVICES.name, "state")} == {"blocked"}
+    # The scheduler does not allocate from an incomplete pool: none of its devices is free.
+    assert {st for (st,) in values(frame, cat.CLUSTER_DEVICES.name, "state")} == {"unavailable"}
     assert values(frame, cat.CLUSTER_POOL_COMPLETE.name, "pool") == {("node-a",): 0.0}
     assert values(frame, cat.CLUSTER_POOL_SLICES.name, "generation") == {("current",): 1.0, ("older",): 0.0}
     assert values(frame, cat.CLUSTER_POOL_SLICES_EXPECTED.name, "pool") == {("node-a",): 2.0}

@@ -104,9 +104,16 @@ def test_variables_list_values_and_every_query_accepts_a_selection(cluster_prom:
 def test_capacity_panels_agree_with_the_frame(cluster_prom: PromServer, frame: dict[str, Samples]) -> None:
     devices = frame[cat.CLUSTER_DEVICES.name]
     assert value(cluster_prom, "Devices") == total(devices)
-    for title, state in (("Allocated", "allocated"), ("Free", "free"), ("Tainted", "tainted"),
-                         ("Blocked by partitions", "blocked")):
+    for title, state in (("Tainted", "tainted"), ("Unavailable devices", "unavailable")):
         assert value(cluster_prom, title) == total(devices, state=state) > 0, title
+    gpus = frame[cat.CLUSTER_GPU_EQUIVALENTS.name]
+    for title, state in (("GPU-equivalents free", "free"), ("GPU-equivalents allocated", "allocated"),
+                         ("GPU-equivalents blocked", "blocked")):
+        assert value(cluster_prom, title) == pytest.approx(total(gpus, state=state)), title
+        assert total(gpus, state=state) > 0, title
+    placeable = frame[cat.CLUSTER_CLASS_PLACEABLE.name]
+    assert by(cluster_prom, "Placeable claims by DeviceClass", "device_class") == {
+        labels["device_class"]: v for labels, v in placeable}
     # The driver picker narrows the counts to that driver's devices.
     assert value(cluster_prom, "Devices", driver="gpu\\\\.example\\\\.com") == total(devices, driver="gpu.example.com")
     nodes = {labels["node"] for labels, _ in devices}

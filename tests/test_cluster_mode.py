@@ -65,8 +65,8 @@ def test_lists_every_kind_once_then_only_watches() -> None:
 def test_lists_come_in_pages_and_hold_every_object() -> None:
     with cluster_server() as server, cluster_source(server, page_size=4) as src:
         state = src.collect()
-        assert len(state.slices) == 13 and len(state.claims) == 17
-        assert server.requests[("list", "resourceslices")] == 4  # 13 slices, 4 a page
+        assert len(state.slices) == 14 and len(state.claims) == 18
+        assert server.requests[("list", "resourceslices")] == 4  # 14 slices, 4 a page
         assert server.requests[("list", "resourceclaims")] == 5
 
 
@@ -86,7 +86,7 @@ def test_watch_expired_410_lists_again() -> None:
         server.inject(GONE_410)
         eventually(lambda: server.requests[("list", "resourceclaims")] >= 2)
         server.inject(None)
-        assert len(src.collect().claims) == 17
+        assert len(src.collect().claims) == 18
 
 
 def test_the_builtin_cluster_serves_every_family_it_promises() -> None:
@@ -114,7 +114,7 @@ def test_a_cluster_dump_is_replayed_every_node_of_it(tmp_path: Path) -> None:
     replayed = load_cluster_dump(dump_file(tmp_path, objects))
     with cluster_server(replayed) as server, cluster_source(server) as src:
         nodes = {s.node_name for s in src.collect().slices}
-    assert nodes == {"sim-node-1", "sim-node-2", "sim-a100-1", "sim-example-1", "sim-example-2"}
+    assert nodes == {"sim-node-1", "sim-node-2", "sim-a100-1", "sim-example-1", "sim-example-2", "sim-shared-1"}
 
 
 def test_a_v1beta1_dump_is_read_in_the_version_served(tmp_path: Path) -> None:

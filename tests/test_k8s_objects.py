@@ -450,11 +450,13 @@ def test_dynamic_mig_v1_has_a_counters_only_slice_and_a_device_slice_per_gpu() -
     # Abstract MIG devices carry no UUID; the whole GPU does.
     assert "uuid" not in devices["gpu-2-mig-3g71gb-9-0"]["attributes"]
     assert devices["gpu-2"]["attributes"]["uuid"] == {"string": s.gpus[2].uuid}
+    # NVIDIA's driver: every capacity a counter (engines too), and the placement's memory slices.
     assert set(devices["gpu-2-mig-1g18gb-19-4"]["consumesCounters"][0]["counters"]) == {
-        "multiprocessors",
-        "memory",
+        "multiprocessors", "memory", "copy-engines", "decoders", "encoders", "jpeg-engines", "ofa-engines",
         "memory-slice-4",
     }
+    assert sets["gpu-2-counter-set"]["ofa-engines"] == {"value": "1"}
+    assert devices["gpu-2-mig-1g18gb-me-20-4"]["consumesCounters"][0]["counters"]["ofa-engines"] == {"value": "1"}
 
 
 def test_dynamic_mig_v1beta2_keeps_counters_with_their_devices() -> None:

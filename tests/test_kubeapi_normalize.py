@@ -137,8 +137,9 @@ def test_hostile_objects_read_as_empty_not_as_errors() -> None:
                                                               "taints": [{"effect": "NoSchedule"}]}]
     sl = slice_from_dict(raw, "v1")
     assert sl.generation == 9
-    assert [d.name for d in sl.devices] == ["d", "gpu-0", "gpu-1-mig-1g18gb-19-0"]
-    assert sl.devices[0] == model.SliceDevice("d")
+    # In the slice's order, which is the order the scheduler tries them in.
+    assert [d.name for d in sl.devices] == ["gpu-0", "gpu-1-mig-1g18gb-19-0", "d"]
+    assert sl.devices[-1] == model.SliceDevice("d")
     assert slice_from_dict({"spec": None, "metadata": []}, "v1") == model.ResourceSliceInfo("", "", "")
     assert claim_from_dict({"status": {"allocation": {"devices": {"results": [None, {}]}}}}, "v1").results == ()
     assert pod_from_dict({"spec": {"containers": [{"name": "c", "resources": {"claims": "x"}}]}}).containers == (
@@ -376,7 +377,7 @@ def test_slices_that_name_no_node_cover_this_node_by_all_nodes_selector_or_per_d
     ]
     covered = {s.name: [d.name for d in s.devices] for s in slices_for_node(slices, NODE, {"rack": "r1"})}
     assert covered == {"everywhere": [], "rack-1": ["a"], "by-name": ["c"],
-                       "per-device": ["mine", "rack-1-only", "shared"], "counters": []}, \
+                       "per-device": ["mine", "shared", "rack-1-only"], "counters": []}, \
         "a counters-only slice without a node stays with the device slices of its pool"
     # Without the node's labels (no RBAC for nodes), a label selector is not taken as matching.
     unknown = {s.name: [d.name for d in s.devices] for s in slices_for_node(slices, NODE, None)}

@@ -3,21 +3,16 @@
 Contract: ``Capacity.frame(state, now, health)`` is a function of its arguments (``Capacity`` only
 memoises what is costly — CEL results per slice — so equal inputs give equal frames). No I/O.
 
-The arithmetic is the scheduler's (KEP-4815, ``k8s.io/dynamic-resource-allocation/structured``):
-
-* only the slices of each pool's newest generation count; a pool is complete when it has
-  ``resourceSliceCount`` of them and no slice of an older generation is left;
-* a device is allocated when some claim's ``status.allocation`` names it (admin-access results do
-  not take the device: such claims share it with its owner);
-* a counter set's remaining counters are its ``sharedCounters`` minus what the allocated devices
-  that consume from it take (``consumesCounters``); an unallocated device fits when every counter it
-  consumes is still there. Counter sets are per pool (1.35+ requires unique names per pool);
-* a NoSchedule or NoExecute taint (the slice's own, or a DeviceTaintRule's) keeps a device from
-  new claims; a ``None`` effect does not.
-
-State of each device, one of: ``allocated``, ``tainted``, ``blocked`` (its counters do not fit),
-``free``. What the cluster mode cannot know is not guessed: device health is the kubelet's, and the
-node agent reports it (``dra_device_health``).
+What is placeable, and every figure that depends on it, is the allocator's (``allocator.py``: the
+scheduler's structured allocator, first fit); nothing here computes fit. Per device, one state:
+``unavailable`` (its pool's newest generation is incomplete or invalid: the scheduler does not use
+it), ``allocated``, ``shared`` (it allows multiple allocations, has shares and capacity left),
+``tainted`` (a NoSchedule/NoExecute taint, the slice's own or a DeviceTaintRule's), ``blocked`` (its
+counters no longer fit) or ``free``. Per class, the single-device claims the scheduler could place
+one after another; per GPU and profile, the partitions it could place one after another; per model
+and node, GPU-equivalents (a partitionable GPU counts by the share of its counter set still free,
+by the counter that bounds it most). What the cluster mode cannot know is not guessed: device health
+is the kubelet's, and the node agent reports it (``dra_device_health``).
 """
 
 from __future__ import annotations
@@ -30,7 +25,6 @@ from .. import catalog as cat
 from ..model import (
     ClaimInfo,
     ClusterState,
-    DeviceClassInfo,
     DeviceRequestInfo,
     DeviceTaintRule,
     Family,
@@ -41,26 +35,15 @@ from ..model import (
     SliceDevice,
     SourceHealth,
 )
-from .selectors import CelEngine, ClassSelector, MemoBudget
+from .allocator import Allocator, AllocatorCache, Device, Pool, UsageKey
+from .selectors import CelEngine
 
-ALLOCATED, TAINTED, BLOCKED, FREE = "allocated", "tainted", "blocked", "free"
-STATES = (ALLOCATED, TAINTED, BLOCKED, FREE)
-_BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+STATES = ("allocated", "shared", "tainted", "blocked", "unavailable", "free")
 #: Device attributes behind labels (NVIDIA's names; ``model`` is the example driver's).
 _MODEL_ATTRIBUTES = ("productName", "model")
 _GIB = 2**30
-
-DeviceKey = tuple[str, str, str]
-"""(driver, pool, device)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Device:
-    """A current device with what its labels and the counter arithmetic need."""
-
-    key: DeviceKey
-    device: SliceDevice
-    node: str
+#: GPU-equivalent states: a GPU (or the part of it) that can be allocated, is, or cannot be.
+_FREE_STATES = frozenset({"free", "shared"})
 
 
 @dataclass(slots=True)
@@ -79,6 +62,15 @@ class _Builder:
                 for spec in cat.CATALOG if (found := self.samples.get(spec.name))]
 
 
+@dataclass(slots=True)
+class _PoolSamples:
+    """What one pool adds to a frame: its samples, and its devices per (class, state) and class errors."""
+
+    out: _Builder = field(default_factory=_Builder)
+    class_states: Counter[tuple[int, str]] = field(default_factory=Counter)
+    errors: Counter[int] = field(default_factory=Counter)
+
+
 def current_generation(slices: Iterable[ResourceSliceInfo]) -> dict[tuple[str, str], int]:
     """The newest generation of each (driver, pool)."""
     newest: dict[tuple[str, str], int] = {}
@@ -86,62 +78,6 @@ def current_generation(slices: Iterable[ResourceSliceInfo]) -> dict[tuple[str, s
         key = (s.driver, s.pool)
         newest[key] = max(newest.get(key, s.generation), s.generation)
     return newest
-
-
-def allocated_devices(claims: Iterable[ClaimInfo]) -> set[DeviceKey]:
-    """Devices some claim's allocation takes (admin access takes none)."""
-    return {(r.driver, r.pool, r.device) for c in claims for r in c.results if not r.admin_access}
-
-
-def remaining_counters(slices: Sequence[ResourceSliceInfo], allocated: set[DeviceKey]
-                       ) -> dict[tuple[str, str, str], dict[str, float]]:
-    """(driver, pool, counter set) → counter → what is left after the allocated devices' consumption."""
-    left: dict[tuple[str, str, str], dict[str, float]] = {}
-    for s in slices:
-        for cs in s.shared_counters:
-            left[(s.driver, s.pool, cs.name)] = dict(cs.counters)
-    for s in slices:
-        for d in s.devices:
-            if (s.driver, s.pool, d.name) not in allocated:
-                continue
-            for use in d.consumes_counters:
-                counters = left.get((s.driver, s.pool, use.counter_set))
-                if counters is None:
-                    continue  # its counter set is not published (an incomplete pool)
-                for name, value in use.counters:
-                    counters[name] = counters.get(name, 0.0) - value
-    return left
-
-
-def fits(driver: str, pool: str, device: SliceDevice,
-         left: dict[tuple[str, str, str], dict[str, float]]) -> bool:
-    """Whether every counter ``device`` consumes is still available; a counter set or counter the
-    pool does not publish never fits (the scheduler cannot allocate against it)."""
-    for use in device.consumes_counters:
-        counters = left.get((driver, pool, use.counter_set))
-        if counters is None:
-            return False
-        for name, value in use.counters:
-            if counters.get(name, -1.0) < value:
-                return False
-    return True
-
-
-def blocking_taint(key: DeviceKey, device: SliceDevice, rules: Sequence[DeviceTaintRule]) -> bool:
-    if any(t.effect in _BLOCKING_EFFECTS for t in device.taints):
-        return True
-    return any(r.taint.effect in _BLOCKING_EFFECTS and r.selects(*key) for r in rules)
-
-
-def device_state(key: DeviceKey, device: SliceDevice, allocated: set[DeviceKey], rules: Sequence[DeviceTaintRule],
-                 left: dict[tuple[str, str, str], dict[str, float]]) -> str:
-    if key in allocated:
-        return ALLOCATED
-    if blocking_taint(key, device, rules):
-        return TAINTED
-    if device.consumes_counters and not fits(key[0], key[1], device, left):
-        return BLOCKED
-    return FREE
 
 
 def partition_profile(device: SliceDevice) -> str:
@@ -159,10 +95,14 @@ def _amount(value: float) -> str:
     return f"{value:g}"
 
 
-def _node(sl: ResourceSliceInfo, device: SliceDevice) -> str:
-    if device.placement is not None:
-        return device.placement.node_name
-    return device.node_name or sl.placement.node_name or sl.node_name
+def _model(device: SliceDevice) -> str:
+    return next((v for a in _MODEL_ATTRIBUTES if (v := device.attribute(a))), "")
+
+
+def _mig_share(device: SliceDevice) -> float:
+    """A MIG device's share of its GPU without shared counters (static MIG): its compute slices of 7."""
+    head = device.attribute("profile").split("g.", 1)[0]
+    return min(1.0, int(head) / 7) if head.isdigit() else 1.0
 
 
 def _placement(sl: ResourceSliceInfo) -> str:
@@ -183,12 +123,9 @@ class Capacity:
 
     def __init__(self, engine: CelEngine | None = None) -> None:
         """``engine`` runs the classes' CEL (default: in this process, without a time limit)."""
-        self._engine = engine
-        self._memo_budget = MemoBudget()
-        self._selectors: dict[str, tuple[DeviceClassInfo, ClassSelector]] = {}
-        self._matches: dict[str, tuple[ResourceSliceInfo, tuple[tuple[int, ...], ...]]] = {}
-        self._class_order: tuple[str, ...] = ()
-        self._errors: Counter[str] = Counter()
+        self._matches = AllocatorCache(engine)
+        #: Per pool: its samples and class counts, with the pool object and its usage they are of.
+        self._pools: dict[tuple[str, str], tuple[Pool, UsageKey, _PoolSamples]] = {}
         self._static: tuple[ClusterState, dict[str, dict[Labels, float]]] | None = None
 
     def frame(self, state: ClusterState, now: float, health: Sequence[SourceHealth] = (),
@@ -216,29 +153,31 @@ class Capacity:
         newest = current_generation(state.slices)
         current = [s for s in state.slices if s.generation == newest[(s.driver, s.pool)]]
         self._pool_families(out, state.slices, newest)
-        allocated = allocated_devices(state.claims)
-        left = remaining_counters(current, allocated)
-        rules = [r for r in state.taint_rules if not r.unsupported_selector]
-        self._update_selectors(state.classes)
-        class_states: Counter[tuple[str, str]] = Counter()
-        for sl in current:
-            matches = self._slice_matches(sl)
-            for device, matched in zip(sl.devices, matches, strict=True):
-                key = (sl.driver, sl.pool, device.name)
-                st = device_state(key, device, allocated, rules, left)
-                node = _node(sl, device)
-                model = next((v for a in _MODEL_ATTRIBUTES if (v := device.attribute(a))), "")
-                out.add(cat.CLUSTER_DEVICES, (("driver", sl.driver), ("pool", sl.pool), ("node", node),
-                                              ("type", device.attribute("type")), ("model", model),
-                                              ("profile", device.attribute("profile")), ("state", st)))
-                for index in matched:
-                    class_states[(self._class_order[index], st)] += 1
-                for use in device.consumes_counters[:1]:
-                    # Free means it fits: a zero keeps the series of a full GPU.
-                    out.add(cat.CLUSTER_PARTITIONS_FIT, (
-                        ("driver", sl.driver), ("pool", sl.pool), ("node", node), ("counter_set", use.counter_set),
-                        ("profile", partition_profile(device))), 1.0 if st == FREE else 0.0)
-        self._class_families(out, class_states)
+        allocator = Allocator(state, self._matches)
+        self._matches.forget(state.slices)
+        class_states: Counter[tuple[int, str]] = Counter()
+        errors: Counter[int] = Counter()
+        fresh = {}
+        for pool in allocator.pools:
+            usage = allocator.usage(pool.key)
+            known = self._pools.get(pool.key)
+            if known is not None and known[0] is pool and known[1] == usage:
+                samples = known[2]
+            else:
+                samples = _PoolSamples()
+                self._pool_devices(samples, allocator, pool)
+            fresh[pool.key] = (pool, usage, samples)
+            for name, found in samples.out.samples.items():
+                family = out.samples[name]
+                for labels, value in found.items():
+                    family[labels] = family.get(labels, 0.0) + value
+            class_states.update(samples.class_states)
+            errors.update(samples.errors)
+        self._pools = fresh
+        gpus = out.samples.get(cat.CLUSTER_GPU_EQUIVALENTS.name, {})
+        for labels, v in gpus.items():
+            gpus[labels] = round(v, 6)  # sums of shares: whole GPUs without float noise
+        self._class_families(out, allocator, class_states, errors)
         self._claim_families(out, state.claims)
         self._taint_rule_families(out, state.taint_rules, current)
         for kind, count in (("ResourceSlice", len(state.slices)), ("ResourceClaim", len(state.claims)),
@@ -246,55 +185,65 @@ class Capacity:
             out.set(cat.CLUSTER_OBJECTS, (("kind", kind),), count)
         return out.samples
 
-    # --- DeviceClasses ---------------------------------------------------------------------------
-
-    def _update_selectors(self, classes: Sequence[DeviceClassInfo]) -> None:
-        order = tuple(sorted(c.name for c in classes))
-        changed = order != self._class_order
-        fresh = {}
-        for c in classes:
-            known = self._selectors.get(c.name)
-            if known is not None and known[0] == c:
-                fresh[c.name] = known
-            else:
-                fresh[c.name] = (c, ClassSelector(c, self._engine, self._memo_budget))
-                changed = True
-        self._selectors, self._class_order = fresh, order
-        if changed:
-            self._matches.clear()  # every slice's matches are against the old classes
-            self._errors.clear()
-
-    def _slice_matches(self, sl: ResourceSliceInfo) -> tuple[tuple[int, ...], ...]:
-        cached = self._matches.get(sl.name)
-        if cached is not None and cached[0] is sl:
-            return cached[1]
-        if cached is not None:
-            self._count_errors(cached[0], cached[1], -1)
-        selectors = [self._selectors[name][1] for name in self._class_order]
-        matches = tuple(tuple(i for i, sel in enumerate(selectors) if sel.matches(sl.driver, d) is True)
-                        for d in sl.devices)
-        self._matches[sl.name] = (sl, matches)
-        self._count_errors(sl, matches, 1)
-        return matches
-
-    def _count_errors(self, sl: ResourceSliceInfo, matches: tuple[tuple[int, ...], ...], sign: int) -> None:
-        # Results are memoised by the selector, so asking again costs a lookup.
-        for name in self._class_order:
-            sel = self._selectors[name][1]
-            failed = sum(1 for d in sl.devices if sel.matches(sl.driver, d) is None)
-            if failed:
-                self._errors[name] += sign * failed
-
-    def _class_families(self, out: _Builder, class_states: Counter[tuple[str, str]]) -> None:
-        for name in self._class_order:
-            sel = self._selectors[name][1]
-            labels = (("device_class", name),)
-            out.set(cat.CLUSTER_CLASS_EVALUABLE, labels, 0 if sel.error else 1)
-            if sel.error:
+    @staticmethod
+    def _pool_devices(samples: _PoolSamples, allocator: Allocator, pool: Pool) -> None:
+        """Devices by state, what shared devices have left, partitions that fit, GPU-equivalents."""
+        out, class_states, errors = samples.out, samples.class_states, samples.errors
+        driver, name = pool.key
+        profiles: dict[tuple[str, str], list[Device]] = {}
+        counter_sets: dict[str, list[Device]] = {}
+        for device in pool.devices:
+            d = device.device
+            st = allocator.state(device)
+            node, model = device.node, _model(d)
+            out.add(cat.CLUSTER_DEVICES, (("driver", driver), ("pool", name), ("node", node),
+                                          ("type", d.attribute("type")), ("model", model),
+                                          ("profile", d.attribute("profile")), ("state", st)))
+            for index, result in enumerate(device.matches):
+                if result:
+                    class_states[(index, st)] += 1
+                elif result is None:
+                    errors[index] += 1
+            if d.allow_multiple_allocations and pool.usable:
+                for capacity, left in allocator.capacity_left(device.key).items():
+                    out.set(cat.CLUSTER_DEVICE_CAPACITY_LEFT, (("driver", driver), ("pool", name), ("node", node),
+                                                               ("device", d.name), ("capacity", capacity)), left)
+            if d.consumes_counters:
+                counter_set = d.consumes_counters[0].counter_set
+                profiles.setdefault((counter_set, partition_profile(d)), []).append(device)
+                counter_sets.setdefault(counter_set, []).append(device)
+            elif model:
+                share = _mig_share(d) if d.attribute("type") == "mig" else 1.0
+                gpu_state = "allocated" if st == "allocated" else "free" if st in _FREE_STATES else "blocked"
+                out.add(cat.CLUSTER_GPU_EQUIVALENTS, (("model", model), ("node", node), ("state", gpu_state)), share)
+        for (counter_set, profile), devices in profiles.items():
+            out.set(cat.CLUSTER_PARTITIONS_FIT, (
+                ("driver", driver), ("pool", name), ("node", devices[0].node), ("counter_set", counter_set),
+                ("profile", profile)), allocator.fit_one_after_another(devices))
+        for counter_set, devices in counter_sets.items():
+            model = next((m for dev in devices if (m := _model(dev.device))), "")
+            if not model:
                 continue
-            out.set(cat.CLUSTER_CLASS_ERRORS, labels, max(0, self._errors.get(name, 0)))
+            left = allocator.counter_set_share_left(pool, counter_set) if pool.usable else 0.0
+            usable = pool.usable and any(allocator.state(dev) in _FREE_STATES for dev in devices)
+            labels = (("model", model), ("node", devices[0].node))
+            out.add(cat.CLUSTER_GPU_EQUIVALENTS, (*labels, ("state", "free")), left if usable else 0.0)
+            out.add(cat.CLUSTER_GPU_EQUIVALENTS, (*labels, ("state", "blocked")),
+                    0.0 if usable else (left if pool.usable else 1.0))
+            out.add(cat.CLUSTER_GPU_EQUIVALENTS, (*labels, ("state", "allocated")), 1.0 - left if pool.usable else 0.0)
+
+    def _class_families(self, out: _Builder, allocator: Allocator, class_states: Counter[tuple[int, str]],
+                        errors: Counter[int]) -> None:
+        for index, name in enumerate(self._matches.order):
+            sel = self._matches.selector(name)
+            labels = (("device_class", name),)
+            out.set(cat.CLUSTER_CLASS_EVALUABLE, labels, 0 if sel is None or sel.error else 1)
+            if sel is None or sel.error:
+                continue
+            out.set(cat.CLUSTER_CLASS_ERRORS, labels, errors.get(index, 0))
+            out.set(cat.CLUSTER_CLASS_PLACEABLE, labels, allocator.placeable_claims(name))
             for st in STATES:
-                out.set(cat.CLUSTER_CLASS_DEVICES, (*labels, ("state", st)), class_states.get((name, st), 0))
+                out.set(cat.CLUSTER_CLASS_DEVICES, (*labels, ("state", st)), class_states.get((index, st), 0))
 
     # --- pools, claims, taint rules ------------------------------------------------------------------
 
@@ -317,7 +266,7 @@ class Capacity:
             out.set(cat.CLUSTER_POOL_SLICES, (*labels, ("generation", "current")), in_current)
             out.set(cat.CLUSTER_POOL_SLICES, (*labels, ("generation", "older")), older)
             out.set(cat.CLUSTER_POOL_SLICES_EXPECTED, labels, count)
-            out.set(cat.CLUSTER_POOL_COMPLETE, labels, 1 if in_current >= count and not older else 0)
+            out.set(cat.CLUSTER_POOL_COMPLETE, labels, 1 if in_current == count and not older else 0)
 
     @staticmethod
     def _claim_families(out: _Builder, claims: Sequence[ClaimInfo]) -> None:

@@ -72,8 +72,10 @@ def slim_claim(claim: model.ClaimInfo) -> model.ClaimInfo:
     """What the claim families read: results' devices, whether a pod reserves it, its requests."""
     return replace(
         claim, namespace=sys.intern(claim.namespace), uid="", devices=(), reserved_for=claim.reserved_for[:1],
+        # Shares of a device and what they consume are the allocator's (consumable capacity).
         results=tuple(model.AllocationResult(sys.intern(r.request), sys.intern(r.driver), sys.intern(r.pool),
-                                             r.device, r.admin_access) for r in claim.results))
+                                             r.device, r.admin_access, r.share_id,
+                                             consumed_capacity=r.consumed_capacity) for r in claim.results))
 
 
 class ClusterSource(ApiServerSource):

@@ -70,8 +70,9 @@ def slice_from_dict(obj: Mapping[str, Any], version: str) -> model.ResourceSlice
         generation=_int(pool, "generation"),
         resource_slice_count=_int(pool, "resourceSliceCount", 1),
         node_name=_str(spec, "nodeName"),
-        devices=tuple(sorted((_device(d, driver, version, per_device) for d in _list(spec, "devices")
-                              if _str(_map_of(d), "name")), key=lambda d: d.name)),
+        # In the slice's order: the scheduler tries devices in it (first fit).
+        devices=tuple(_device(d, driver, version, per_device) for d in _list(spec, "devices")
+                      if _str(_map_of(d), "name")),
         shared_counters=_counter_sets(_list(spec, "sharedCounters")),
         placement=_placement(spec),
         per_device_node_selection=per_device,
@@ -118,7 +119,22 @@ def _device(raw: Any, driver: str, version: str, per_device: bool = False) -> mo
             for t in map(_map_of, _list(body, "taints")) if _str(t, "key")),
         node_name=_str(body, "nodeName"),
         placement=_placement(body) if per_device else None,
+        allow_multiple_allocations=body.get("allowMultipleAllocations") is True,
+        request_policies=tuple(sorted(_request_policies(_map(body, "capacity")))),
     )
+
+
+def _request_policies(raw: Mapping[str, Any]) -> Iterable[tuple[str, model.CapacityRequestPolicy]]:
+    for key, value in raw.items():
+        policy = _map(_map_of(value), "requestPolicy")
+        if not policy or not isinstance(key, str):
+            continue
+        valid_range = _map(policy, "validRange")
+        yield key, model.CapacityRequestPolicy(
+            default=quantity(policy.get("default")),
+            valid_values=tuple(n for v in _list(policy, "validValues") if (n := quantity(v)) is not None),
+            min=quantity(valid_range.get("min")), max=quantity(valid_range.get("max")),
+            step=quantity(valid_range.get("step")))
 
 
 def _attributes(raw: Mapping[str, Any], driver: str) -> Iterable[tuple[str, str]]:
@@ -233,6 +249,7 @@ def claim_from_dict(obj: Mapping[str, Any], version: str) -> model.ClaimInfo:
         name=_str(meta, "name"),
         uid=_str(meta, "uid"),
         requests=claim_requests(_map(_map(obj, "spec"), "devices"), version),
+        constraints=claim_constraints(_map(_map(obj, "spec"), "devices")),
         created=timestamp(_str(meta, "creationTimestamp")),
         results=tuple(
             model.AllocationResult(
@@ -286,8 +303,25 @@ def claim_requests(devices: Mapping[str, Any], version: str) -> tuple[model.Devi
 
 def _request(name: str, body: Mapping[str, Any]) -> model.DeviceRequestInfo:
     mode = _str(body, "allocationMode")
-    return model.DeviceRequestInfo(name, _str(body, "deviceClassName"), max(_int(body, "count", 1), 1),
-                                   all_devices=mode == "All")
+    return model.DeviceRequestInfo(
+        name, _str(body, "deviceClassName"), max(_int(body, "count", 1), 1), all_devices=mode == "All",
+        selectors=_cel_selectors(body), admin_access=body.get("adminAccess") is True,
+        tolerations=_tolerations(_list(body, "tolerations")),
+        capacity=tuple(sorted((k, n) for k, v in _map(_map(body, "capacity"), "requests").items()
+                              if isinstance(k, str) and (n := quantity(v)) is not None)))
+
+
+def _cel_selectors(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """``selectors[].cel.expression`` of a DeviceClass or a request, in order."""
+    return tuple(e for s in map(_map_of, _list(body, "selectors")) if (e := _str(_map(s, "cel"), "expression")))
+
+
+def claim_constraints(devices: Mapping[str, Any]) -> tuple[model.DeviceConstraint, ...]:
+    """``spec.devices.constraints[]`` (the same in every version)."""
+    return tuple(
+        model.DeviceConstraint(tuple(r for r in _list(c, "requests") if isinstance(r, str)),
+                               _str(c, "matchAttribute"), _str(c, "distinctAttribute"))
+        for c in map(_map_of, _list(devices, "constraints")))
 
 
 def timestamp(text: str) -> float:
@@ -305,7 +339,7 @@ def device_class_from_dict(obj: Mapping[str, Any]) -> model.DeviceClassInfo:
     spec = _map(obj, "spec")
     return model.DeviceClassInfo(
         name=_str(_map(obj, "metadata"), "name"),
-        selectors=tuple(e for s in map(_map_of, _list(spec, "selectors")) if (e := _str(_map(s, "cel"), "expression"))),
+        selectors=_cel_selectors(spec),
         extended_resource_name=_str(spec, "extendedResourceName"))
 
 
