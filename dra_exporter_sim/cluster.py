@@ -91,7 +91,7 @@ def _claim(namespace: str, name: str, device_class: str, results: list[tuple[str
         status["allocation"] = {"devices": {"results": [
             {"request": "gpu", "driver": d, "pool": p, "device": dev} for d, p, dev in results]}}
         for result, memory in zip(status["allocation"]["devices"]["results"], share, strict=False):
-            result.update(shareID=k8s_objects.derived_uuid(1, "share", name), consumedCapacity={"memory": memory})
+            result.update(shareID=derived_uuid(1, "share", name), consumedCapacity={"memory": memory})
     if reserved_by:
         status["reservedFor"] = [{"resource": "pods", "name": reserved_by,
                                   "uid": derived_uuid(1, "pod", namespace, reserved_by)}]
@@ -134,7 +134,7 @@ def _shared(node: str) -> JSON:
     """An example-driver GPU that claims share (consumable capacity): 80Gi, 30Gi a share by default."""
     return {"name": "gpu-0", "allowMultipleAllocations": True, "attributes": {
         "model": {"string": "LATEST-GPU-MODEL"},
-        "uuid": {"string": f"gpu-{k8s_objects.derived_uuid(1, 'shared', node)}"}},
+        "uuid": {"string": f"gpu-{derived_uuid(1, 'shared', node)}"}},
         "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
             "default": "30Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}}}
 
