@@ -31,7 +31,6 @@ from ..model import (
     ClaimInfo,
     ClusterState,
     DeviceClassInfo,
-    DeviceRequestInfo,
     DeviceTaintRule,
     Family,
     Frame,
@@ -41,6 +40,7 @@ from ..model import (
     SliceDevice,
     SourceHealth,
 )
+from .claims import PENDING, ClaimStatus, FirstBlocking, claim_families, claim_statuses, missing_class, pending_ages
 from .selectors import ClassSelector
 
 ALLOCATED, TAINTED, BLOCKED, FREE = "allocated", "tainted", "blocked", "free"
@@ -179,14 +179,16 @@ def _placement(sl: ResourceSliceInfo) -> str:
 
 class Capacity:
     """Builds cluster frames; keeps compiled DeviceClass selectors and each slice's class matches
-    between frames (recomputed only for classes and slices that changed)."""
+    between frames (recomputed only for classes and slices that changed). ``first_blocking`` says why
+    each pending claim waits (``claims.FirstBlocking``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_blocking: FirstBlocking = missing_class) -> None:
+        self._first_blocking = first_blocking
         self._selectors: dict[str, tuple[DeviceClassInfo, ClassSelector]] = {}
         self._matches: dict[str, tuple[ResourceSliceInfo, tuple[tuple[int, ...], ...]]] = {}
         self._class_order: tuple[str, ...] = ()
         self._errors: Counter[str] = Counter()
-        self._static: tuple[ClusterState, dict[str, dict[Labels, float]]] | None = None
+        self._static: tuple[ClusterState, dict[str, dict[Labels, float]], tuple[ClaimStatus, ...]] | None = None
 
     def frame(self, state: ClusterState, now: float, health: Sequence[SourceHealth] = (),
               build_labels: Labels = ()) -> Frame:
@@ -194,10 +196,10 @@ class Capacity:
         when ``state`` is a different object (the source hands out the same one while nothing changed);
         the ages of pending claims and the self-metrics are computed every time."""
         if self._static is None or self._static[0] is not state:
-            self._static = (state, self._static_samples(state))
+            self._static = (state, *self._static_samples(state))
         out = _Builder()
         out.samples.update({name: dict(found) for name, found in self._static[1].items()})
-        self._pending_ages(out, state.claims, now)
+        pending_ages(out.set, self._static[2], now)
         for h in health:
             src = (("source", h.source),)
             out.set(cat.SOURCE_UP, src, 1 if h.up else 0)
@@ -208,7 +210,8 @@ class Capacity:
             out.set(cat.BUILD_INFO, build_labels, 1)
         return Frame(tuple(out.families()), now)
 
-    def _static_samples(self, state: ClusterState) -> dict[str, dict[Labels, float]]:
+    def _static_samples(self, state: ClusterState) -> tuple[dict[str, dict[Labels, float]], tuple[ClaimStatus, ...]]:
+        """The samples that depend on the objects alone, and the pending claims (their ages do not)."""
         out = _Builder()
         newest = current_generation(state.slices)
         current = [s for s in state.slices if s.generation == newest[(s.driver, s.pool)]]
@@ -236,12 +239,15 @@ class Capacity:
                         ("driver", sl.driver), ("pool", sl.pool), ("node", node), ("counter_set", use.counter_set),
                         ("profile", partition_profile(device))), 1.0 if st == FREE else 0.0)
         self._class_families(out, class_states)
-        self._claim_families(out, state.claims)
+        statuses = claim_statuses(state.claims, state.pods)
+        pending = tuple(s for s in statuses if s.state == PENDING)
+        claim_families(out.set, statuses, self._first_blocking(state, [s.claim for s in pending]))
         self._taint_rule_families(out, state.taint_rules, current)
         for kind, count in (("ResourceSlice", len(state.slices)), ("ResourceClaim", len(state.claims)),
-                            ("DeviceClass", len(state.classes)), ("DeviceTaintRule", len(state.taint_rules))):
+                            ("DeviceClass", len(state.classes)), ("DeviceTaintRule", len(state.taint_rules)),
+                            ("Pod", len(state.pods))):
             out.set(cat.CLUSTER_OBJECTS, (("kind", kind),), count)
-        return out.samples
+        return out.samples, pending
 
     # --- DeviceClasses ---------------------------------------------------------------------------
 
@@ -293,7 +299,7 @@ class Capacity:
             for st in STATES:
                 out.set(cat.CLUSTER_CLASS_DEVICES, (*labels, ("state", st)), class_states.get((name, st), 0))
 
-    # --- pools, claims, taint rules ------------------------------------------------------------------
+    # --- pools, taint rules ------------------------------------------------------------------
 
     @staticmethod
     def _pool_families(out: _Builder, slices: Sequence[ResourceSliceInfo], newest: dict[tuple[str, str], int]) -> None:
@@ -315,32 +321,6 @@ class Capacity:
             out.set(cat.CLUSTER_POOL_SLICES, (*labels, ("generation", "older")), older)
             out.set(cat.CLUSTER_POOL_SLICES_EXPECTED, labels, count)
             out.set(cat.CLUSTER_POOL_COMPLETE, labels, 1 if in_current >= count and not older else 0)
-
-    @staticmethod
-    def _claim_families(out: _Builder, claims: Sequence[ClaimInfo]) -> None:
-        by_state: Counter[tuple[str, str]] = Counter()
-        for c in claims:
-            if not c.allocated:
-                by_state[(c.namespace, "pending")] += 1
-            elif not c.reserved_for:
-                by_state[(c.namespace, "allocated")] += 1
-                out.set(cat.CLUSTER_CLAIM_UNRESERVED, (("namespace", c.namespace), ("claim", c.name)),
-                        len({(r.driver, r.pool, r.device) for r in c.results}))
-            else:
-                by_state[(c.namespace, "reserved")] += 1
-        for namespace in sorted({ns for ns, _ in by_state}):
-            for st in ("pending", "allocated", "reserved"):
-                out.set(cat.CLUSTER_CLAIMS, (("namespace", namespace), ("state", st)), by_state[(namespace, st)])
-
-    @staticmethod
-    def _pending_ages(out: _Builder, claims: Sequence[ClaimInfo], now: float) -> None:
-        for c in claims:
-            if c.allocated:
-                continue
-            age = max(0.0, now - c.created) if c.created else 0.0
-            for r in c.requests or (DeviceRequestInfo("", ""),):
-                out.set(cat.CLUSTER_CLAIM_PENDING, (("namespace", c.namespace), ("claim", c.name),
-                                                    ("device_class", r.device_class), ("request", r.name)), age)
 
     @staticmethod
     def _taint_rule_families(out: _Builder, rules: Sequence[DeviceTaintRule], current: Sequence[ResourceSliceInfo]

@@ -78,18 +78,20 @@ class Timeouts:
 class Reflector(Generic[T]):
     """Lists one kind, then watches it from the list's resourceVersion on its own thread.
 
-    Keeps every object normalised by ``normalize``, keyed ``namespace/name``. A failure is kept in
+    Keeps every object normalised by ``normalize``, keyed ``namespace/name``; an object it returns
+    None for is not kept (as if absent: the source does not need it). A failure is kept in
     ``error`` (``""`` while healthy) and retried with backoff, resuming from the last
     resourceVersion; 410 Gone (as an HTTP status or as a watch ERROR event) lists again.
     ``changed(key, old, new)`` is called for every object that changes (None: absent).
     """
 
     def __init__(self, kind: str, api_client: k8s.ApiClient, path: str, field_selector: str | None,
-                 normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
+                 normalize: Callable[[Mapping[str, Any]], T | None], timeouts: Timeouts, requests: Counter[str],
                  changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
                  on_update: Callable[[], None] = lambda: None, page_size: int = 0,
-                 label_selector: str | None = None) -> None:
+                 label_selector: str | None = None, rbac_hint: str = RBAC_HINT) -> None:
         self.kind = kind
+        self._rbac_hint = rbac_hint
         self._page_size = page_size
         self._labels = label_selector
         self._client = api_client
@@ -138,7 +140,7 @@ class Reflector(Generic[T]):
                 query.append(("continue", token))
             try:
                 response = request(f"list {self.kind}", lambda q=query: http.get(  # type: ignore[misc]
-                    self._client, self._path, q, timeout=self._timeouts.request))
+                    self._client, self._path, q, timeout=self._timeouts.request), self._rbac_hint)
             except Gone:
                 if not token or restarted:
                     raise
@@ -146,8 +148,8 @@ class Reflector(Generic[T]):
                 continue
             body = read_json(response, f"list {self.kind}", MAX_LIST_BYTES)
             for obj in body.get("items") or ():
-                if isinstance(obj, Mapping):
-                    items[object_key(obj)] = self._normalize(obj)
+                if isinstance(obj, Mapping) and (kept := self._normalize(obj)) is not None:
+                    items[object_key(obj)] = kept
             meta = body.get("metadata")
             version = version or text_field(meta, "resourceVersion") or None
             token = text_field(meta, "continue")
@@ -219,7 +221,8 @@ class Reflector(Generic[T]):
                              ("timeoutSeconds", seconds)]
         # The server ends the watch after `seconds`; a read timeout catches a silently dead peer.
         response = request(what, lambda: http.get(self._client, self._path, query,
-                                                    timeout=(self._timeouts.request, float(seconds + 30))))
+                                                    timeout=(self._timeouts.request, float(seconds + 30))),
+                           self._rbac_hint)
         self._response = response
         if self.error:
             self.error = ""
@@ -290,23 +293,23 @@ def close_watches(reflectors: Iterable[Reflector[Any] | None], client: k8s.ApiCl
             log.debug("closing the API client failed", exc_info=True)
 
 
-def request(what: str, call: Callable[[], Any]) -> Any:
+def request(what: str, call: Callable[[], Any], rbac_hint: str = RBAC_HINT) -> Any:
     try:
         return call()
     except ApiException as exc:
         if exc.status == 410:
             raise Gone() from None
-        raise api_error(exc, what) from None
+        raise api_error(exc, what, rbac_hint) from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise unreachable(exc) from None
 
 
-def api_error(exc: ApiException, what: str) -> SourceError:
+def api_error(exc: ApiException, what: str, rbac_hint: str = RBAC_HINT) -> SourceError:
     status = exc.status
     if status == 401:
         return SourceError(f"kubeapi: the API server rejected our credentials (401) on {what}")
     if status == 403:
-        return SourceError(f"kubeapi: forbidden (403) to {what}: {RBAC_HINT}")
+        return SourceError(f"kubeapi: forbidden (403) to {what}: {rbac_hint}")
     return SourceError(f"kubeapi: {what} failed: HTTP {status} {exc.reason or ''}".rstrip())
 
 
