@@ -17,7 +17,8 @@ The arithmetic is the scheduler's (KEP-4815, ``k8s.io/dynamic-resource-allocatio
 
 State of each device, one of: ``allocated``, ``tainted``, ``blocked`` (its counters do not fit),
 ``free``. What the cluster mode cannot know is not guessed: device health is the kubelet's, and the
-node agent reports it (``dra_device_health``).
+node agent reports it (``dra_device_health``). The states of claims, which need the pods that wait
+for them, are ``claims``'s.
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ class Capacity:
             for st in STATES:
                 out.set(cat.CLUSTER_CLASS_DEVICES, (*labels, ("state", st)), class_states.get((name, st), 0))
 
-    # --- pools, taint rules ------------------------------------------------------------------
+    # --- pools, taint rules (claims: .claims) ------------------------------------------------------
 
     @staticmethod
     def _pool_families(out: _Builder, slices: Sequence[ResourceSliceInfo], newest: dict[tuple[str, str], int]) -> None:

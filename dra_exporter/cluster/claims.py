@@ -8,7 +8,7 @@ Contract: pure functions of their arguments; no I/O.
   names) and has not ended (Succeeded, Failed, or being deleted). Only such claims does the
   scheduler try to allocate.
 * ``unused``: not allocated, and no pod waits: never referenced, or every pod that referenced it
-  ended (the scheduler deallocates a claim within a second of its last pod's end).
+  ended (Kubernetes deallocates a claim within a second of its last pod's end).
 * ``allocated``: allocated, and reserved by no pod (its devices are held, nobody uses them).
 * ``reserved``: allocated, and ``status.reservedFor`` names a consumer.
 
