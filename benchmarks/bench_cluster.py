@@ -2,14 +2,17 @@
 
 ``python3 -m benchmarks.bench_cluster [--nodes 5000]``: per node 8 GPUs (NVIDIA slices as the driver
 publishes them), a quarter of all GPUs MIG-split into 7 x 1g devices; 12 claims per node (60,000 at
-5,000 nodes), 1,000 of them pending (scaled with the node count), the rest allocated and reserved.
+5,000 nodes), 1,000 of them pending (scaled with the node count), the rest allocated and reserved;
+per claim the pod that uses it or waits for it (Running or Pending), and per node pods the cluster mode
+does not keep: 3 of daemon sets (no claims) and 2 of finished jobs (Succeeded; the list leaves them out).
 The simulated API server runs in a child process (its memory is not the exporter's); this process
 is the exporter: the real cluster source (paged lists, then watches) and the capacity core.
 
 Measured: RSS after the first frame (and its growth over the lists), time to first frame (lists
 included, so it includes the simulated server's work), CPU of one cycle when nothing changed (the
 source hands out the same state) and when the state changed (a new state object, slices unchanged:
-every family is recomputed but CEL results are reused), series count, API requests by kind.
+every family is recomputed but CEL results are reused), and of that the claim states (claims against
+pods), series count, API requests by kind.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 
 GPUS_PER_NODE = 8
 CLAIMS_PER_NODE = 12
+DAEMON_PODS_PER_NODE = 3
+FINISHED_PODS_PER_NODE = 2
 GROUP = "resource.k8s.io"
 
 
@@ -89,7 +94,34 @@ def generate(nodes: int) -> list[dict[str, Any]]:
                                                             "pool": node, "device": device}]}},
                     "reservedFor": [{"resource": "pods", "name": f"job-{index}-0", "uid": f"pod-{index}"}]}
             objects.append(claim)
+            objects.append(_pod(claim["metadata"]["namespace"], f"job-{index}-0", node, f"pod-{index}",
+                                "Pending" if pending else "Running", claim=f"job-{index}"))
+        for d in range(DAEMON_PODS_PER_NODE):
+            objects.append(_pod("kube-system", f"daemon-{d}-{node}", node, f"daemon-{d}-{n}", "Running"))
+        for f in range(FINISHED_PODS_PER_NODE):
+            objects.append(_pod(f"team-{n % 50}", f"done-{f}-{node}", node, f"done-{f}-{n}", "Succeeded",
+                                claim=f"done-{f}-{node}"))
     return objects
+
+
+def _pod(namespace: str, name: str, node: str, uid: str, phase: str, claim: str = "") -> dict[str, Any]:
+    """A pod as the API server has it: spec and status carry what a real one does around what is read."""
+    container: dict[str, Any] = {"name": "main", "image": "registry.example.com/train:1.0",
+                                 "resources": {"claims": [{"name": "gpu"}]} if claim else {}}
+    spec: dict[str, Any] = {"containers": [container], "restartPolicy": "Never", "schedulerName": "default-scheduler",
+                            "serviceAccountName": "default", "terminationGracePeriodSeconds": 30}
+    if claim:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    status: dict[str, Any] = {"phase": phase, "qosClass": "BestEffort"}
+    if phase != "Pending":
+        spec["nodeName"] = node
+        status.update({"hostIP": "10.0.0.1", "podIP": "10.1.0.1", "startTime": "2027-01-15T08:00:05Z",
+                       "conditions": [{"type": t, "status": "True", "lastTransitionTime": "2027-01-15T08:00:05Z"}
+                                      for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]})
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": namespace, "name": name, "uid": uid, "creationTimestamp": "2027-01-15T08:00:00Z",
+                         "labels": {"app": name.rsplit("-", 1)[0]}},
+            "spec": spec, "status": status}
 
 
 def _serve(nodes: int, ready: Any, stop: Any) -> None:
@@ -104,6 +136,8 @@ def _serve(nodes: int, ready: Any, stop: Any) -> None:
 
 
 def run(nodes: int, cycles: int = 5) -> dict[str, Any]:
+    from dra_exporter import catalog as cat
+    from dra_exporter.cluster import claims
     from dra_exporter.cluster.capacity import Capacity
     from dra_exporter.cluster.cel_worker import CelWorker
     from dra_exporter.sources.kubeapi_cluster import ClusterSource
@@ -137,17 +171,26 @@ def run(nodes: int, cycles: int = 5) -> dict[str, Any]:
 
         unchanged = cpu_of(lambda: capacity.frame(source.collect(), time.time()))
         changed = cpu_of(lambda: capacity.frame(replace(state), time.time()))
+
+        def claim_states() -> None:
+            statuses = claims.claim_statuses(state.claims, state.pods)
+            claims.claim_families(lambda *_: None, statuses, {})
+
+        claim_states_cpu = cpu_of(claim_states)  # the part of a changed frame that the pods add to
         time.sleep(1.0)  # let the watches start
         requests = dict(source.requests)
         source.close()
         return {
             "nodes": nodes, "gpus": nodes * GPUS_PER_NODE,
             "devices": sum(len(s.devices) for s in state.slices), "claims": len(state.claims),
-            "pending": sum(1 for c in state.claims if not c.allocated),
+            "pending": sum(s.value for s in frame.family(cat.CLUSTER_CLAIMS.name).samples
+                           if dict(s.labels)["state"] == "pending"),
+            "pods_kept": len(state.pods),
             "rss_mib": round(rss, 1), "rss_growth_mib": round(rss - rss_before, 1),
             "rss_mib_per_node": round((rss - rss_before) / nodes, 4),
             "first_frame_s": round(first_frame_s, 2), "first_frame_cpu_s": round(first_cpu_s, 2),
             "cycle_cpu_unchanged_s": round(unchanged, 4), "cycle_cpu_changed_s": round(changed, 3),
+            "claim_states_cpu_s": round(claim_states_cpu, 3),
             "series": series, "api_requests": requests,
         }
     finally:

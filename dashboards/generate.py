@@ -1330,11 +1330,15 @@ def cluster_capacity() -> Dashboard:
     devices, fit = cat.CLUSTER_DEVICES.name, cat.CLUSTER_PARTITIONS_FIT.name
     classes, evaluable = cat.CLUSTER_CLASS_DEVICES.name, cat.CLUSTER_CLASS_EVALUABLE.name
     pending, pools = cat.CLUSTER_CLAIM_PENDING.name, cat.CLUSTER_POOL_INFO.name
+    requests, reasons = cat.CLUSTER_CLAIM_PENDING_REQUEST.name, cat.CLUSTER_CLAIM_PENDING_REASON.name
     drv, nod, cls = rx("driver", "$driver"), rx("node", "$node"), rx("device_class", "$device_class")
     dev = (drv, nod)
     gpu = "driver, pool, node, counter_set"  # a counter set is one partitionable GPU
     on_nodes = f"and on (driver, pool) {pools}{csel(*dev)}"  # pool families carry no node
-    pending_claims = f"count by (namespace, claim, device_class) ({pending}{csel(cls)})"
+    # One pending series per claim; its requests name the classes, so the class picker goes through them.
+    pending_claims = f"count by (namespace, claim, device_class) ({requests}{csel(cls)})"
+    pending_for_classes = f"({pending}{csel()} and on (namespace, claim) {requests}{csel(cls)})"
+    age_by_request = f"({requests}{csel(cls)} * on (namespace, claim) group_left () {pending}{csel()})"
 
     def states(by: str, metric: str = devices, *matchers: str) -> tuple[Target, ...]:
         """Devices, free, allocated, tainted and blocked per ``by``: the columns of a capacity table."""
@@ -1377,9 +1381,9 @@ def cluster_capacity() -> Dashboard:
             stat("Unavailable devices", or_zero(f"sum({devices}{csel(*dev, eq('state', 'unavailable'))})"),
                  "Devices of pools the scheduler does not allocate from: the newest generation incomplete or "
                  "invalid (DraResourcePoolIncomplete).", thresholds=RED_FROM_ONE, width=4),
-            stat("Pending claims", or_zero(f"count(count by (namespace, claim) ({pending}{csel(cls)}))"),
-                 "ResourceClaims not allocated yet that ask for the selected DeviceClasses.",
-                 thresholds=RED_FROM_ONE, width=4),
+            stat("Pending claims", or_zero(f"count({pending_for_classes})"),
+                 "ResourceClaims not allocated yet that a pod waits for and that ask for the selected "
+                 "DeviceClasses.", thresholds=RED_FROM_ONE, width=4),
             Panel("Devices by state", "timeseries", (t(f"sum by (state) ({devices}{csel(*dev)})", "{{state}}"),),
                   states_help),
             Panel("GPU-equivalents by model and state", "bargauge",
@@ -1440,8 +1444,8 @@ def cluster_capacity() -> Dashboard:
     claims_row = Row(
         "Claims",
         (
-            stat("Oldest pending claim", or_zero(f"max({pending}{csel(cls)})"),
-                 "Seconds the longest-waiting claim for the selected DeviceClasses has been pending; "
+            stat("Oldest pending claim", or_zero(f"max({pending_for_classes})"),
+                 "Seconds a pod has waited for the longest-pending claim for the selected DeviceClasses; "
                  "DraClaimPendingTooLong fires after 15 minutes.", unit="s", thresholds=((900, "red"),), width=6),
             stat("Claims held by no pod", or_zero(f"count({cat.CLUSTER_CLAIM_UNRESERVED.name}{csel()})"),
                  "Allocated claims that no pod reserves: their devices are taken and unused.",
@@ -1452,15 +1456,16 @@ def cluster_capacity() -> Dashboard:
                  "Allocated claims a pod reserves.", width=6),
             Panel("Claims by state", "timeseries",
                   (t(f"sum by (state) ({cat.CLUSTER_CLAIMS.name}{csel()})", "{{state}}"),),
-                  "ResourceClaims of the cluster: pending (not allocated), allocated (reserved by no pod), "
+                  "ResourceClaims of the cluster: pending (not allocated, a pod waits for it), unused (not "
+                  "allocated, no pod waits: never referenced, or its pods ended), allocated (reserved by no pod), "
                   "reserved (a pod uses it)."),
             Panel("Oldest pending claim by DeviceClass", "timeseries",
-                  (t(f"max by (device_class) ({pending}{csel(cls)})", "{{device_class}}"),),
-                  "How long the longest-waiting claim for each DeviceClass has been pending.", "s"),
-            Panel("Pending claims and their age", "table", (tab(f"{pending}{csel(cls)}"),),
+                  (t(f"max by (device_class) ({age_by_request})", "{{device_class}}"),),
+                  "How long a pod has waited for the longest-pending claim that asks for each DeviceClass.", "s"),
+            Panel("Pending claims and their age", "table", (tab(age_by_request),),
                   "Every pending claim with each request (subrequests as request/subrequest), the DeviceClass it "
-                  "asks for and how long the claim has waited. Compare the class in the DeviceClasses table: "
-                  "no device at all means nothing matches it, none free means it is exhausted.",
+                  "asks for and how long a pod has waited for the claim. Compare the class in the DeviceClasses "
+                  "table: no device at all means nothing matches it, none free means it is exhausted.",
                   "s", columns=("namespace", "claim", "request", "device_class", "Value"),
                   renames=(("device_class", "DeviceClass"), ("Value", "pending for")),
                   thresholds=((900, "red"),), width=16),
@@ -1468,6 +1473,13 @@ def cluster_capacity() -> Dashboard:
                   (now(f"count by (device_class) ({pending_claims})", "{{device_class}}"),),
                   "Pending claims that ask for each DeviceClass (a claim with requests for two classes counts "
                   "in both).", width=8),
+            Panel("Why claims wait", "table",
+                  (tab(f"{reasons}{csel()} and on (namespace, claim) {requests}{csel(cls)}"),),
+                  "The first reason each pending claim cannot be allocated now, as the scheduler's allocator "
+                  "finds it, and the request (or subrequest) it blocks (taken, counters_exhausted, tainted, "
+                  "class_missing, pool_incomplete …; `dra-exporter explain NAMESPACE/CLAIM` says more). Claims "
+                  "not asked about yet are not listed.",
+                  columns=("namespace", "claim", "request", "reason"), width=24),
             Panel("Allocated claims no pod reserves", "table", (tab(f"{cat.CLUSTER_CLAIM_UNRESERVED.name}{csel()}"),),
                   "Allocated claims no pod reserves (a finished job's claim nobody deleted, a pod not created "
                   "yet): their devices are not free for anyone else.",
@@ -1484,7 +1496,7 @@ def cluster_capacity() -> Dashboard:
             stat("Exhausted classes",
                  or_zero(f"count(max by (device_class) ({placeable}{csel(cls)}) == 0 "
                          f"and on (device_class) sum by (device_class) ({classes}{csel(cls)}) > 0 "
-                         f"and on (device_class) count by (device_class) ({pending}{csel(cls)}) > 0)"),
+                         f"and on (device_class) count by (device_class) ({requests}{csel(cls)}) > 0)"),
                  "Classes with devices, room for no claim, and claims waiting for them (DraDeviceClassExhausted's "
                  "condition).", thresholds=RED_FROM_ONE, width=8),
             stat("Classes not evaluable", or_zero(f"count({evaluable}{csel(cls)} == 0)"),

@@ -649,14 +649,32 @@ CLUSTER_DEVICE_CAPACITY_LEFT: Final = MetricSpec(
     otlp=OtlpForm("dra.cluster.device.capacity.remaining", "1", attributes=_CLUSTER_NODE))
 CLUSTER_CLAIMS: Final = MetricSpec(
     "dra_cluster_claims", "gauge",
-    "ResourceClaims by state: pending (not allocated), allocated (but reserved by no pod) or reserved.",
+    "ResourceClaims by state: pending (not allocated, and a pod that has not ended waits for it), unused "
+    "(not allocated, and no pod waits: never referenced, or its pods ended), allocated (but reserved by no "
+    "pod) or reserved.",
     ("namespace", "state"),
     otlp=OtlpForm("dra.cluster.claims", "{claim}"))
 CLUSTER_CLAIM_PENDING: Final = MetricSpec(
     "dra_cluster_claim_pending_seconds", "gauge",
-    "Seconds since a ResourceClaim that is not allocated yet was created; one series per request "
-    "(and subrequest), only for pending claims.", ("namespace", "claim", "device_class", "request"),
+    "Seconds since a pod began to wait for a ResourceClaim that is not allocated (the later of the first "
+    "waiting pod's and the claim's creation); one series per pending claim, only for pending claims.",
+    ("namespace", "claim"),
     unit="seconds", otlp=OtlpForm("dra.cluster.claim.pending.duration", "s"))
+CLUSTER_CLAIM_PENDING_REQUEST: Final = MetricSpec(
+    "dra_cluster_claim_pending_request_info", "gauge",
+    "A request (or main/sub subrequest of a prioritized list) of a pending ResourceClaim and the "
+    "DeviceClass it asks for; join on (namespace, claim) to group pending claims by class; value is "
+    "always 1.", ("namespace", "claim", "request", "device_class"),
+    otlp=OtlpForm("dra.cluster.claim.pending.request.info", "1"))
+CLUSTER_CLAIM_PENDING_REASON: Final = MetricSpec(
+    "dra_cluster_claim_pending_reason", "gauge",
+    "Why a pending ResourceClaim cannot be allocated now, as the scheduler's allocator finds it (what "
+    "`dra-exporter explain` says first): the first blocking request (or subrequest) and reason: class_missing, "
+    "selector_not_evaluable, pool_incomplete, pool_invalid, taken, node_constraint, capacity_exhausted, "
+    "counters_exhausted, tainted, attribute_constraint, no_matching_device or too_few_devices. Claims that ask "
+    "alike share one answer, asked again each minute while the cluster changes; value is always 1.",
+    ("namespace", "claim", "request", "reason"),
+    otlp=OtlpForm("dra.cluster.claim.pending.reason", "1"))
 CLUSTER_CLAIM_UNRESERVED: Final = MetricSpec(
     "dra_cluster_claim_unreserved_devices", "gauge",
     "Devices allocated to a ResourceClaim that no pod reserves (held, unused); only for such claims.",
@@ -757,8 +775,9 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     COMPUTE_DOMAIN_INFO, COMPUTE_DOMAIN_READY, COMPUTE_DOMAIN_NODE_READY, COMPUTE_DOMAIN_CHANNEL_INFO,
     COMPUTE_DOMAIN_GPU_INFO,
     CLUSTER_DEVICES, CLUSTER_PARTITIONS_FIT, CLUSTER_GPU_EQUIVALENTS, CLUSTER_DEVICE_CAPACITY_LEFT, CLUSTER_CLAIMS,
-    CLUSTER_CLAIM_PENDING, CLUSTER_CLAIM_UNRESERVED, CLUSTER_CLASS_DEVICES, CLUSTER_CLASS_PLACEABLE,
-    CLUSTER_CLASS_EVALUABLE, CLUSTER_CLASS_ERRORS, CLUSTER_POOL_INFO, CLUSTER_POOL_SLICES,
+    CLUSTER_CLAIM_PENDING, CLUSTER_CLAIM_PENDING_REQUEST, CLUSTER_CLAIM_PENDING_REASON, CLUSTER_CLAIM_UNRESERVED,
+    CLUSTER_CLASS_DEVICES, CLUSTER_CLASS_PLACEABLE, CLUSTER_CLASS_EVALUABLE, CLUSTER_CLASS_ERRORS, CLUSTER_POOL_INFO,
+    CLUSTER_POOL_SLICES,
     CLUSTER_POOL_SLICES_EXPECTED, CLUSTER_POOL_COMPLETE, CLUSTER_TAINT_RULE_DEVICES, CLUSTER_OBJECTS,
     SOURCE_UP, COLLECT_DURATION, COLLECT_ERRORS, LAST_SUCCESS, BUILD_INFO, UNATTRIBUTED_PROCESSES,
 )

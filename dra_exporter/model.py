@@ -566,6 +566,10 @@ class ContainerInfo:
     health: tuple[DeviceHealth, ...] = ()
 
 
+#: Pod phases after which the pod holds, and waits for, no device.
+TERMINAL_PHASES: Final = ("Succeeded", "Failed")
+
+
 @dataclass(frozen=True, slots=True)
 class PodInfo:
     """A pod on this node as the API server has it."""
@@ -582,7 +586,7 @@ class PodInfo:
     @property
     def terminal(self) -> bool:
         """Succeeded or failed: the pod holds no device any more."""
-        return self.phase in ("Succeeded", "Failed")
+        return self.phase in TERMINAL_PHASES
 
     def container(self, name: str) -> ContainerInfo | None:
         for c in self.containers:
@@ -679,15 +683,32 @@ class DeviceClassInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterPod:
+    """A pod as the cluster mode needs it: the claims it references and whether it can still wait
+    for them (a claim is pending only while some pod waits for it)."""
+
+    namespace: str
+    name: str
+    created: float = 0.0
+    """``metadata.creationTimestamp`` as Unix time; 0 when unknown."""
+    claims: tuple[str, ...] = ()
+    """Names of the ResourceClaim objects it references (by name, or generated from a template)."""
+    ended: bool = False
+    """Succeeded, Failed or being deleted: the scheduler never places it again."""
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterState:
     """The API server's DRA objects of the whole cluster (the cluster mode): every slice (all
-    generations: completeness is judged on them), claim, DeviceClass and DeviceTaintRule."""
+    generations: completeness is judged on them), claim, DeviceClass and DeviceTaintRule, and the
+    pods that reference claims."""
 
     api_version: str = ""
     slices: tuple[ResourceSliceInfo, ...] = ()
     claims: tuple[ClaimInfo, ...] = ()
     classes: tuple[DeviceClassInfo, ...] = ()
     taint_rules: tuple[DeviceTaintRule, ...] = ()
+    pods: tuple[ClusterPod, ...] = ()
 
 
 # --- /proc -------------------------------------------------------------------------------------

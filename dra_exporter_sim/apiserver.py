@@ -33,6 +33,7 @@ for a too old resourceVersion). ``requests`` counts requests per (verb, resource
 from __future__ import annotations
 
 import base64
+import bisect
 import contextlib
 import json
 import logging
@@ -263,6 +264,18 @@ class _Store:
         self.events: list[_Event] = []
         self.compacted = 0
         """Events up to this resourceVersion are no longer in the log."""
+        self._ordered: dict[str, tuple[int, list[tuple[str, str]], list[JSON]]] = {}
+
+    def ordered(self, resource: str) -> tuple[list[tuple[str, str]], list[JSON]]:
+        """The keys of ``resource``'s objects in list order and the objects (caller holds ``cond``).
+        Kept until the next change, so the pages of one list cost a bisect each, not a sort: a
+        cluster of 85,000 pods is listed in 170 pages."""
+        cached = self._ordered.get(resource)
+        if cached is None or cached[0] != self.rv:
+            items = sorted(self.objects[resource].items())
+            cached = (self.rv, [k for k, _ in items], [o for _, o in items])
+            self._ordered[resource] = cached
+        return cached[1], cached[2]
 
     def apply(self, desired: Mapping[str, tuple[JSON, ...]]) -> int:
         """Make the store hold ``desired``; returns how many objects changed."""
@@ -623,7 +636,7 @@ class SimulatedApiServer:
         self.sync()
         with self._store.cond:
             rv = self._store.rv
-            objects = list(self._store.objects[request.resource.name].values())
+            keys, objects = self._store.ordered(request.resource.name)
         after: tuple[str, str] | None = None
         if request.continue_token:
             token_rv, after = _parse_continue(request.continue_token)
@@ -633,9 +646,8 @@ class SimulatedApiServer:
             rv = token_rv
         items: list[JSON] = []
         token, last = "", ("", "")
-        for obj in sorted(objects, key=_key):
-            if after is not None and _key(obj) <= after:
-                continue
+        for index in range(bisect.bisect_right(keys, after) if after is not None else 0, len(keys)):
+            obj = objects[index]
             if request.matches(obj):
                 if request.limit and len(items) == request.limit:
                     token = _continue_token(rv, last)
@@ -645,7 +657,7 @@ class SimulatedApiServer:
                 item.pop("kind", None)
                 item.pop("apiVersion", None)
                 items.append(item)
-                last = _key(obj)
+                last = keys[index]
         metadata: JSON = {"resourceVersion": str(rv)}
         if token:
             metadata["continue"] = token

@@ -7,12 +7,14 @@ the simulated API server (``SimulatedApiServer`` over a ``Scenario`` holding raw
   DeviceTaintRule), a dra-example-driver node, an example-driver pool whose second slice is not
   published (incomplete) and an example-driver GPU that claims share (consumable capacity); NVIDIA's
   and the example driver's DeviceClasses plus one no device matches, and claims: allocated, held by
-  no pod, and pending (for that class, and for MIG).
+  no pod, pending (a pod waits: for that class, a class that does not exist, and for MIG) and unused
+  (no pod waits: never referenced, or its pod succeeded).
 * ``load_cluster_dump(path)``: a whole cluster dump (``kubectl get resourceslices,resourceclaims,
   deviceclasses,devicetaintrules,pods -A -o yaml``, any driver, any served version), every node of it.
 
 Timestamps are on the simulator's fixed epoch (``clock.FIXED_EPOCH + t``), so pending ages are
-reproducible: the pending claims were created 10, 20 and 45 minutes before simulated time 0.
+reproducible: pods have waited for the pending claims since 20, 25 and 40 minutes before simulated
+time 0.
 """
 
 from __future__ import annotations
@@ -101,6 +103,17 @@ def _claim(namespace: str, name: str, device_class: str, results: list[tuple[str
             "spec": {"devices": {"requests": [request]}}, "status": status}
 
 
+def _waiting_pod(namespace: str, name: str, claim: str, *, created: float, phase: str = "Pending") -> JSON:
+    """A pod that references ``claim`` by name; ``Pending`` and unbound, as the scheduler leaves a pod
+    whose claim it cannot allocate."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": k8s_objects.object_metadata(1, "Pod", name, namespace, t=created),
+            "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                     "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+            "status": {"phase": phase}}
+
+
 def _plain_slice(node: str, driver: str, devices: list[JSON], *, count: int = 1, index: int = 0,
                  pool: str = "") -> JSON:
     pool = pool or node
@@ -171,16 +184,27 @@ def builtin_cluster() -> tuple[JSON, ...]:
         # One 30Gi share of the shared GPU: two more fit, not three.
         _claim("demo", "share-0", "gpu.example.com", [(EXAMPLE_DRIVER, shared, "gpu-0")], created=-1800,
                reserved_by="share-pod", share=("30Gi",)),
-        # Pending: a class no device matches, and a prioritized list of MIG profiles.
+        # Pending (a pod waits): a class no device matches, a class that does not exist (a typo), and a
+        # prioritized list of MIG profiles.
         _claim("research", "tpu-job", "tpu.example.com", [], created=-2700),
-        _claim("research", "tpu-job-2", "tpu.example.com", [], created=-600),
+        _claim("training", "typo-job", "gpu.nvidia.con", [], created=-1500),
         _claim("inference", "mig-either", "", [], created=-1200, first_available=("mig.nvidia.com", "gpu.nvidia.com")),
+        # Unused (no pod waits): never referenced, and one whose pod has succeeded.
+        _claim("research", "tpu-job-2", "tpu.example.com", [], created=-600),
+        _claim("research", "nightly-eval", "gpu.nvidia.com", [], created=-5400),
+    ]
+    pods = [
+        # The claim was made 5 minutes before the pod that waits for it.
+        _waiting_pod("research", "tpu-trainer", "tpu-job", created=-2400),
+        _waiting_pod("training", "typo-job-0", "typo-job", created=-1500),
+        _waiting_pod("inference", "mig-either-0", "mig-either", created=-1200),
+        _waiting_pod("research", "nightly-eval-0", "nightly-eval", created=-5400, phase="Succeeded"),
     ]
     rules = [{"apiVersion": f"{GROUP}/v1", "kind": "DeviceTaintRule",
               "metadata": {"name": "drain-a100-2", "uid": "rule-drain-a100-2", "creationTimestamp": timestamp(-600)},
               "spec": {"deviceSelector": {"driver": NVIDIA_DRIVER, "pool": a100, "device": "gpu-2"},
                        "taint": {"key": "example.com/maintenance", "value": "planned", "effect": "NoExecute"}}}]
-    return (*slices, *claims, *DEVICE_CLASSES, *rules, *static.pods)
+    return (*slices, *claims, *DEVICE_CLASSES, *rules, *static.pods, *pods)
 
 
 # --- cluster dumps ------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ def test_every_cluster_alert_is_unit_tested_and_has_a_runbook() -> None:
 def test_the_scale_benchmark_runs_in_a_tiny_configuration() -> None:
     result = bench_run(nodes=5, cycles=1)
     assert (result["gpus"], result["claims"], result["pending"]) == (40, 60, 1)
+    assert result["pods_kept"] == 60, "one pod per claim; daemon pods and finished jobs are not kept"
     assert result["devices"] == 5 * (6 + 2 * 7)  # a quarter of the GPUs split into 7
-    for kind in ("resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules"):
+    for kind in ("resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules", "pods"):
         assert result["api_requests"][f"list {kind}"] == 1
     assert result["series"] > 0

@@ -232,26 +232,7 @@ def test_older_generation_left_over_makes_the_pool_incomplete_and_is_not_counted
     assert values(complete, cat.CLUSTER_POOL_INFO.name, "node", "placement") == {("n1", "node"): 1.0}
 
 
-# --- claims --------------------------------------------------------------------------------------------------------
-
-
-def test_claim_states_and_the_age_of_pending_claims_by_request() -> None:
-    claims = [
-        claim("running", (EXAMPLE, "n1", "gpu-0")),
-        claim("held", (EXAMPLE, "n1", "gpu-1"), reserved=False),
-        claim("waiting", created="2026-01-01T00:05:00Z"),
-        claim("either", namespace="web", requests=[{"name": "gpu", "firstAvailable": [
-            {"name": "big", "deviceClassName": "gpu.nvidia.com"},
-            {"name": "small", "deviceClassName": "mig.nvidia.com"}]}]),
-    ]
-    frame = Capacity().frame(state([example_slice("n1")], claims), NOW)
-    assert values(frame, cat.CLUSTER_CLAIMS.name, "namespace", "state") == {
-        ("ml", "pending"): 1.0, ("ml", "allocated"): 1.0, ("ml", "reserved"): 1.0,
-        ("web", "pending"): 1.0, ("web", "allocated"): 0.0, ("web", "reserved"): 0.0}
-    assert values(frame, cat.CLUSTER_CLAIM_PENDING.name, "claim", "device_class", "request") == {
-        ("waiting", "mig.nvidia.com", "gpu"): 300.0,
-        ("either", "gpu.nvidia.com", "gpu/big"): 600.0, ("either", "mig.nvidia.com", "gpu/small"): 600.0}
-    assert values(frame, cat.CLUSTER_CLAIM_UNRESERVED.name, "claim") == {("held",): 1.0}
+# --- claims (their states: tests/test_cluster_claims.py) ------------------------------------------------------
 
 
 def test_v1beta1_claim_requests_are_read_too() -> None:

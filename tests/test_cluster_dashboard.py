@@ -129,15 +129,23 @@ def test_capacity_panels_agree_with_the_frame(cluster_prom: PromServer, frame: d
 def test_claim_panels_agree_with_the_frame(cluster_prom: PromServer, frame: dict[str, Samples]) -> None:
     pending = frame[cat.CLUSTER_CLAIM_PENDING.name]
     assert value(cluster_prom, "Pending claims") == total(frame[cat.CLUSTER_CLAIMS.name], state="pending") == 3
+    assert len(pending) == 3, "one series per claim"
     rows = {(r["metric"]["namespace"], r["metric"]["claim"], r["metric"]["request"], r["metric"]["device_class"])
             for r in instant(cluster_prom, "Pending claims and their age")}
-    assert rows == {(s["namespace"], s["claim"], s["request"], s["device_class"]) for s, _ in pending}
+    assert rows == {(s["namespace"], s["claim"], s["request"], s["device_class"])
+                    for s, _ in frame[cat.CLUSTER_CLAIM_PENDING_REQUEST.name]}
+    assert ("inference", "mig-either", "gpu/gpu", "gpu.nvidia.com") in rows, "a prioritized list: a row per subrequest"
     # Ages run on the simulated clock from the same start: the served ones are at least the frame's.
     assert value(cluster_prom, "Oldest pending claim") >= max(v for _, v in pending) > 0
+    # The class picker narrows pending claims through their requests' classes.
+    assert value(cluster_prom, "Pending claims", device_class="tpu\\\\.example\\\\.com") == 1
+    why = {(r["metric"]["claim"], r["metric"]["reason"]) for r in instant(cluster_prom, "Why claims wait")}
+    assert why == {(s["claim"], s["reason"]) for s, _ in frame[cat.CLUSTER_CLAIM_PENDING_REASON.name]} == {
+        ("typo-job", "class_missing"), ("tpu-job", "no_matching_device")}
     unreserved = frame[cat.CLUSTER_CLAIM_UNRESERVED.name]
     assert value(cluster_prom, "Claims held by no pod") == len(unreserved) == 1
     assert value(cluster_prom, "Devices held by no pod") == total(unreserved)
-    assert by(cluster_prom, "DeviceClasses", "device_class", "H")["tpu.example.com"] == 2
+    assert by(cluster_prom, "DeviceClasses", "device_class", "H")["tpu.example.com"] == 1, "tpu-job-2: no pod waits"
     assert value(cluster_prom, "Classes nothing matches") == 1  # tpu.example.com: no TPU in the cluster
 
 

@@ -1,6 +1,6 @@
 """The chart's cluster mode: off by default; when on, one Deployment replica with its own ServiceAccount,
-read-only RBAC on exactly the four DRA kinds, Service and ServiceMonitor, none of which the node agent's
-selectors pick up."""
+read-only RBAC on exactly the four DRA kinds and pods, Service and ServiceMonitor, none of which the node
+agent's selectors pick up."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_off_by_default() -> None:
     assert "Deployment" not in {d["kind"] for d in render_chart()}
 
 
-def test_one_replica_reading_only_the_dra_objects() -> None:
+def test_one_replica_reading_only_the_dra_objects_and_pods() -> None:
     objs = cluster_objects(ON)
     assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
                          "ServiceMonitor"}
@@ -35,9 +35,10 @@ def test_one_replica_reading_only_the_dra_objects() -> None:
     assert ctr["args"][0] == "cluster"
     assert f"--listen=0.0.0.0:{DEFAULT_CLUSTER_LISTEN.rsplit(':', 1)[1]}" in ctr["args"]
     assert "hostPID" not in pod and not ctr.get("volumeMounts"), "no node access"
-    (rule,) = objs["ClusterRole"]["rules"]
-    assert rule == {"apiGroups": ["resource.k8s.io"], "verbs": ["get", "list", "watch"],
-                    "resources": ["resourceclaims", "resourceslices", "deviceclasses", "devicetaintrules"]}
+    dra, pods = objs["ClusterRole"]["rules"]
+    assert dra == {"apiGroups": ["resource.k8s.io"], "verbs": ["get", "list", "watch"],
+                   "resources": ["resourceclaims", "resourceslices", "deviceclasses", "devicetaintrules"]}
+    assert pods == {"apiGroups": [""], "verbs": ["list", "watch"], "resources": ["pods"]}, "what the source asks"
     binding = objs["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == objs["ClusterRole"]["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"],

@@ -44,28 +44,40 @@ def cluster_source(server: SimulatedApiServer, **kw: Any) -> Iterator[ClusterSou
         src.close()
 
 
+RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules", "pods")
+
+
 def test_lists_every_kind_once_then_only_watches() -> None:
     with cluster_server() as server, cluster_source(server) as src:
         state = src.collect()
-        kinds = {o["kind"] for o in builtin_cluster()} - {"Pod"}
-        assert {"ResourceSlice", "ResourceClaim", "DeviceClass", "DeviceTaintRule"} == kinds
+        kinds = {o["kind"] for o in builtin_cluster()}
+        assert {"ResourceSlice", "ResourceClaim", "DeviceClass", "DeviceTaintRule", "Pod"} == kinds
         assert (len(state.slices), len(state.claims), len(state.classes), len(state.taint_rules)) == tuple(
             sum(1 for o in builtin_cluster() if o["kind"] == k)
             for k in ("ResourceSlice", "ResourceClaim", "DeviceClass", "DeviceTaintRule"))
-        for resource in ("resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules"):
+        for resource in RESOURCES:
             assert server.requests[("list", resource)] == 1, resource
-        eventually(lambda: all(server.requests[("watch", r)] == 1 for r in
-                               ("resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules")))
+        eventually(lambda: all(server.requests[("watch", r)] == 1 for r in RESOURCES))
         before = sum(server.requests.values())
         assert all(src.collect() is state for _ in range(10)), "nothing changed: the same state"
         assert sum(server.requests.values()) == before, "never polling"
-        assert not server.requests[("list", "pods")] and not server.requests[("watch", "pods")]
+
+
+def test_pods_are_kept_only_while_they_reference_claims_and_have_not_ended() -> None:
+    with cluster_server() as server, cluster_source(server) as src:
+        pods = {(p.namespace, p.name): p for p in src.collect().pods}
+    served = [o for o in builtin_cluster() if o["kind"] == "Pod"]
+    assert any(o["status"]["phase"] == "Succeeded" for o in served)
+    assert set(pods) == {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in served
+                         if o["spec"].get("resourceClaims") and o["status"]["phase"] != "Succeeded"}
+    assert pods[("research", "tpu-trainer")].claims == ("tpu-job",)
+    assert not any(p.ended for p in pods.values())
 
 
 def test_lists_come_in_pages_and_hold_every_object() -> None:
     with cluster_server() as server, cluster_source(server, page_size=4) as src:
         state = src.collect()
-        assert len(state.slices) == 14 and len(state.claims) == 18
+        assert len(state.slices) == 14 and len(state.claims) == 20
         assert server.requests[("list", "resourceslices")] == 4  # 14 slices, 4 a page
         assert server.requests[("list", "resourceclaims")] == 5
 
@@ -86,7 +98,7 @@ def test_watch_expired_410_lists_again() -> None:
         server.inject(GONE_410)
         eventually(lambda: server.requests[("list", "resourceclaims")] >= 2)
         server.inject(None)
-        assert len(src.collect().claims) == 18
+        assert len(src.collect().claims) == 20
 
 
 def test_the_builtin_cluster_serves_every_family_it_promises() -> None:
@@ -95,7 +107,15 @@ def test_the_builtin_cluster_serves_every_family_it_promises() -> None:
     names = {f.name for f in frame.families}
     assert {s.name for s in cat.CATALOG if s.name.startswith("dra_cluster_")} <= names
     pending = {dict(s.labels)["claim"]: s.value for s in frame.family(cat.CLUSTER_CLAIM_PENDING.name).samples}
-    assert pending == {"tpu-job": 2700.0, "tpu-job-2": 600.0, "mig-either": 1200.0}
+    assert pending == {"tpu-job": 2400.0, "typo-job": 1500.0, "mig-either": 1200.0}, "since their pods wait"
+    reasons = {tuple(dict(r.labels)[k] for k in ("namespace", "claim", "request", "reason"))
+               for r in frame.family(cat.CLUSTER_CLAIM_PENDING_REASON.name).samples}
+    # mig-either fits (a MIG profile is free), so it has no reason: only claims the scheduler cannot place.
+    assert reasons == {("training", "typo-job", "gpu", "class_missing"),
+                       ("research", "tpu-job", "gpu", "no_matching_device")}
+    unused = {(dict(s.labels)["namespace"], s.value) for s in frame.family(cat.CLUSTER_CLAIMS.name).samples
+              if dict(s.labels)["state"] == "unused" and s.value}
+    assert unused == {("research", 2.0)}, "tpu-job-2 (no pod) and nightly-eval (its pod succeeded)"
     tpu = {dict(s.labels)["state"]: s.value for s in frame.family(cat.CLUSTER_CLASS_DEVICES.name).samples
            if dict(s.labels)["device_class"] == "tpu.example.com"}
     assert set(tpu.values()) == {0.0}, "pending claims whose class nothing matches"

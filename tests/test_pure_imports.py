@@ -12,7 +12,8 @@ import pytest
 
 CORES = ("dra_exporter.model", "dra_exporter.quantity", "dra_exporter.catalog", "dra_exporter.resolve",
          "dra_exporter.join", "dra_exporter.join_domains", "dra_exporter.naming", "dra_exporter.showback",
-         "dra_exporter.dra_versions", "dra_exporter.cluster.capacity", "dra_exporter.cluster.selectors")
+         "dra_exporter.dra_versions", "dra_exporter.cluster.capacity", "dra_exporter.cluster.claims",
+         "dra_exporter.cluster.selectors")
 IO_LIBRARIES = ("kubernetes", "grpc", "pynvml")
 
 

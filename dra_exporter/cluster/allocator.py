@@ -67,16 +67,16 @@ UsageKey = tuple[tuple[str, bool, tuple[tuple[str, float], ...]], ...]
 
 # Why a candidate device (one that meets the class's and the request's selectors) was not used, in
 # the order the allocator checks.
-POOL_INCOMPLETE: Final = "pool-incomplete"
-POOL_INVALID: Final = "pool-invalid"
+POOL_INCOMPLETE: Final = "pool_incomplete"
+POOL_INVALID: Final = "pool_invalid"
 TAKEN: Final = "taken"
-SELECTOR_ERROR: Final = "selector-not-evaluable"
-NODE: Final = "node-constraint"
-CAPACITY: Final = "capacity-exhausted"
-COUNTERS: Final = "counters-exhausted"
+SELECTOR_ERROR: Final = "selector_not_evaluable"
+NODE: Final = "node_constraint"
+CAPACITY: Final = "capacity_exhausted"
+COUNTERS: Final = "counters_exhausted"
 TAINTED: Final = "tainted"
-CONSTRAINT: Final = "attribute-constraint"
-CLASS_MISSING: Final = "class-missing"
+CONSTRAINT: Final = "attribute_constraint"
+CLASS_MISSING: Final = "class_missing"
 REASONS: Final = (CLASS_MISSING, SELECTOR_ERROR, POOL_INCOMPLETE, POOL_INVALID, TAKEN, NODE, CAPACITY, COUNTERS,
                   TAINTED, CONSTRAINT)
 

@@ -12,7 +12,9 @@ counters no longer fit) or ``free``. Per class, the single-device claims the sch
 one after another; per GPU and profile, the partitions it could place one after another; per model
 and node, GPU-equivalents (a partitionable GPU counts by the share of its counter set still free,
 by the counter that bounds it most). What the cluster mode cannot know is not guessed: device health
-is the kubelet's, and the node agent reports it (``dra_device_health``).
+is the kubelet's, and the node agent reports it (``dra_device_health``). The states of claims, which
+need the pods that wait for them, are ``claims``'s; why a pending claim waits is the allocator's
+(``explain.PendingReasons``).
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ from dataclasses import dataclass, field
 
 from .. import catalog as cat
 from ..model import (
-    ClaimInfo,
     ClusterState,
-    DeviceRequestInfo,
     DeviceTaintRule,
     Family,
     Frame,
@@ -36,6 +36,8 @@ from ..model import (
     SourceHealth,
 )
 from .allocator import Allocator, AllocatorCache, Device, Pool, UsageKey
+from .claims import PENDING, ClaimStatus, claim_families, claim_statuses, pending_ages
+from .explain import PendingReasons
 from .selectors import CelEngine
 
 STATES = ("allocated", "shared", "tainted", "blocked", "unavailable", "free")
@@ -126,18 +128,19 @@ class Capacity:
         self._matches = AllocatorCache(engine)
         #: Per pool: its samples and class counts, with the pool object and its usage they are of.
         self._pools: dict[tuple[str, str], tuple[Pool, UsageKey, _PoolSamples]] = {}
-        self._static: tuple[ClusterState, dict[str, dict[Labels, float]]] | None = None
+        self._reasons = PendingReasons()
+        self._static: tuple[ClusterState, dict[str, dict[Labels, float]], tuple[ClaimStatus, ...]] | None = None
 
     def frame(self, state: ClusterState, now: float, health: Sequence[SourceHealth] = (),
               build_labels: Labels = ()) -> Frame:
         """The frame of ``state`` at ``now``. What depends on the objects alone is computed again only
         when ``state`` is a different object (the source hands out the same one while nothing changed);
         the ages of pending claims and the self-metrics are computed every time."""
-        if self._static is None or self._static[0] is not state:
-            self._static = (state, self._static_samples(state))
+        if self._static is None or self._static[0] is not state or not self._reasons.complete:
+            self._static = (state, *self._static_samples(state, now))
         out = _Builder()
         out.samples.update({name: dict(found) for name, found in self._static[1].items()})
-        self._pending_ages(out, state.claims, now)
+        pending_ages(out.set, self._static[2], now)
         for h in health:
             src = (("source", h.source),)
             out.set(cat.SOURCE_UP, src, 1 if h.up else 0)
@@ -148,7 +151,10 @@ class Capacity:
             out.set(cat.BUILD_INFO, build_labels, 1)
         return Frame(tuple(out.families()), now)
 
-    def _static_samples(self, state: ClusterState) -> dict[str, dict[Labels, float]]:
+    def _static_samples(self, state: ClusterState, now: float
+                        ) -> tuple[dict[str, dict[Labels, float]], tuple[ClaimStatus, ...]]:
+        """The samples that depend on the objects alone, and the pending claims (their ages do not).
+        ``now`` only decides whose pending reasons are asked again (``PendingReasons``)."""
         out = _Builder()
         newest = current_generation(state.slices)
         current = [s for s in state.slices if s.generation == newest[(s.driver, s.pool)]]
@@ -178,12 +184,15 @@ class Capacity:
         for labels, v in gpus.items():
             gpus[labels] = round(v, 6)  # sums of shares: whole GPUs without float noise
         self._class_families(out, allocator, class_states, errors)
-        self._claim_families(out, state.claims)
+        statuses = claim_statuses(state.claims, state.pods)
+        pending = tuple(s for s in statuses if s.state == PENDING)
+        claim_families(out.set, statuses, self._reasons(allocator, [s.claim for s in pending], now))
         self._taint_rule_families(out, state.taint_rules, current)
         for kind, count in (("ResourceSlice", len(state.slices)), ("ResourceClaim", len(state.claims)),
-                            ("DeviceClass", len(state.classes)), ("DeviceTaintRule", len(state.taint_rules))):
+                            ("DeviceClass", len(state.classes)), ("DeviceTaintRule", len(state.taint_rules)),
+                            ("Pod", len(state.pods))):
             out.set(cat.CLUSTER_OBJECTS, (("kind", kind),), count)
-        return out.samples
+        return out.samples, pending
 
     @staticmethod
     def _pool_devices(samples: _PoolSamples, allocator: Allocator, pool: Pool) -> None:
@@ -267,32 +276,6 @@ class Capacity:
             out.set(cat.CLUSTER_POOL_SLICES, (*labels, ("generation", "older")), older)
             out.set(cat.CLUSTER_POOL_SLICES_EXPECTED, labels, count)
             out.set(cat.CLUSTER_POOL_COMPLETE, labels, 1 if in_current == count and not older else 0)
-
-    @staticmethod
-    def _claim_families(out: _Builder, claims: Sequence[ClaimInfo]) -> None:
-        by_state: Counter[tuple[str, str]] = Counter()
-        for c in claims:
-            if not c.allocated:
-                by_state[(c.namespace, "pending")] += 1
-            elif not c.reserved_for:
-                by_state[(c.namespace, "allocated")] += 1
-                out.set(cat.CLUSTER_CLAIM_UNRESERVED, (("namespace", c.namespace), ("claim", c.name)),
-                        len({(r.driver, r.pool, r.device) for r in c.results}))
-            else:
-                by_state[(c.namespace, "reserved")] += 1
-        for namespace in sorted({ns for ns, _ in by_state}):
-            for st in ("pending", "allocated", "reserved"):
-                out.set(cat.CLUSTER_CLAIMS, (("namespace", namespace), ("state", st)), by_state[(namespace, st)])
-
-    @staticmethod
-    def _pending_ages(out: _Builder, claims: Sequence[ClaimInfo], now: float) -> None:
-        for c in claims:
-            if c.allocated:
-                continue
-            age = max(0.0, now - c.created) if c.created else 0.0
-            for r in c.requests or (DeviceRequestInfo("", ""),):
-                out.set(cat.CLUSTER_CLAIM_PENDING, (("namespace", c.namespace), ("claim", c.name),
-                                                    ("device_class", r.device_class), ("request", r.name)), age)
 
     @staticmethod
     def _taint_rule_families(out: _Builder, rules: Sequence[DeviceTaintRule], current: Sequence[ResourceSliceInfo]

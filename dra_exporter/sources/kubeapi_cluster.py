@@ -1,21 +1,25 @@
 """Source: the DRA objects of the whole cluster, for ``dra-exporter cluster``.
 
 Contract: ``ClusterSource.collect()`` returns a ``model.ClusterState`` (every ResourceSlice, claim,
-DeviceClass and DeviceTaintRule) and raises ``SourceError`` when there is no API access; the runner
-keeps the last good state during an outage, as for the node agent.
+DeviceClass and DeviceTaintRule, and the pods that reference claims) and raises ``SourceError`` when
+there is no API access; the runner keeps the last good state during an outage, as for the node agent.
 
 What it asks the API server: discovery (``GET /apis/resource.k8s.io``, the node agent's choice of
-v1, v1beta2, v1beta1), then one list and one watch per kind, cluster-wide, with the node agent's
+v1, v1beta2, v1beta1), then one list and one watch per kind (core/v1 pods too: a claim is pending
+only while a pod waits for it), cluster-wide, with the node agent's
 reflector (``kubeapi.Reflector``: resume from the last resourceVersion, bookmarks, list again on
 410, backoff, bounded answers). Lists are paged (``LIST_PAGE``), so a 5,000-node cluster's slices
 never sit in memory as one JSON document. DeviceTaintRules are read in the first of v1, v1beta2,
 v1alpha3 that serves them, or left out with a log line. Never polling: after the lists, the load
-is one watch per kind every 5-10 minutes.
+is one watch per kind every 5-10 minutes. Pods are asked for without those that ended
+(``status.phase`` neither Succeeded nor Failed), so completed jobs cost nothing.
 
 What it keeps: each object normalised by ``kubeapi_normalize`` (the one reader) and trimmed to what
 the capacity families read — claims lose their device statuses, tolerations and all but one
-``reservedFor`` entry; repeated strings (attribute names and values, drivers, pools) are interned, so
-40,000 GPUs of a few models share their text.
+``reservedFor`` entry; pods keep their namespace, name, creation, the claims they reference and whether
+they are being deleted, and a pod that references no claim is not kept at all; repeated strings
+(attribute names and values, drivers, pools, namespaces) are interned, so 40,000 GPUs of a few models
+share their text.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from . import kubeapi_http as http
 from .kubeapi import ApiServerSource
 from .kubeapi_normalize import (
     claim_from_dict,
+    cluster_pod_from_dict,
     device_class_from_dict,
     slice_from_dict,
     taint_rule_from_dict,
@@ -45,14 +50,16 @@ from .kubeapi_normalize import (
 from .reflector import Reflector, Timeouts, close_watches
 
 SOURCE: Final = "kubeapi"
-RBAC_HINT: Final = ("the cluster mode needs list and watch on resourceslices, resourceclaims, deviceclasses "
-                    "and devicetaintrules (resource.k8s.io)")
+RBAC_HINT: Final = ("the cluster mode needs list and watch on resourceslices, resourceclaims, deviceclasses and "
+                    "devicetaintrules (resource.k8s.io) and on pods")
 #: Objects per list page (client-go's pager uses 500).
 LIST_PAGE: Final = 500
 #: Objects held per kind (``--max-objects``): ten times the slices of 5,000 nodes (one slice per
 #: node and driver) and 50,000 claims; a cluster past it raises the limit. At the cap an endless
 #: watch of one-GPU slices holds ~0.5 GB (``benchmarks/bench_hostile_peers.py``).
 MAX_OBJECTS: Final = 50_000
+#: Pods that can still wait for a claim; the server drops a pod from the watch once it ends.
+PODS_NOT_ENDED: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 def _intern_pairs(pairs: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
@@ -76,6 +83,12 @@ def slim_claim(claim: model.ClaimInfo) -> model.ClaimInfo:
         results=tuple(model.AllocationResult(sys.intern(r.request), sys.intern(r.driver), sys.intern(r.pool),
                                              r.device, r.admin_access, r.share_id,
                                              consumed_capacity=r.consumed_capacity) for r in claim.results))
+
+
+def slim_pod(obj: Mapping[str, Any]) -> model.ClusterPod | None:
+    """A pod that references claims, with its namespace interned; None (not kept) for any other."""
+    pod = cluster_pod_from_dict(obj)
+    return replace(pod, namespace=sys.intern(pod.namespace)) if pod.claims else None
 
 
 class ClusterSource(ApiServerSource):
@@ -137,28 +150,31 @@ class ClusterSource(ApiServerSource):
         assert version is not None
         if discovered:
             self._log.info("kubeapi: reading %s/%s cluster-wide", GROUP, version)
-        kinds: list[tuple[str, str, Callable[[Mapping[str, Any]], Any]]] = [
-            ("resourceslices", http.slices_path(version), lambda o: slim_slice(slice_from_dict(o, version))),
+        kinds: list[tuple[str, str, Callable[[Mapping[str, Any]], Any], str | None]] = [
+            ("resourceslices", http.slices_path(version), lambda o: slim_slice(slice_from_dict(o, version)), None),
             ("resourceclaims", f"{http.GROUP_PATH}/{version}/resourceclaims",
-             lambda o: slim_claim(claim_from_dict(o, version))),
-            ("deviceclasses", f"{http.GROUP_PATH}/{version}/deviceclasses", device_class_from_dict),
+             lambda o: slim_claim(claim_from_dict(o, version)), None),
+            ("deviceclasses", f"{http.GROUP_PATH}/{version}/deviceclasses", device_class_from_dict, None),
+            ("pods", "/api/v1/pods", slim_pod, PODS_NOT_ENDED),
         ]
-        for kind, path, normalize in kinds:
+        for kind, path, normalize, selector in kinds:
             # One failed first list per cycle: an API server that answers every list a byte a second
             # costs a cycle one request deadline, not one per kind; the next kind goes next cycle.
-            if kind not in self._reflectors and not self._stop.is_set() and not self._try_add(kind, path, normalize):
+            if kind not in self._reflectors and not self._stop.is_set() and not self._try_add(kind, path, normalize,
+                                                                                               selector):
                 return
         if "devicetaintrules" not in self._reflectors and self.taint_rule_version is None:
             self._start_taint_rules()
 
-    def _try_add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any]) -> bool:
+    def _try_add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any],
+                 field_selector: str | None = None) -> bool:
         """List and watch ``kind``, unless its last failure's backoff is still running; False when
         the list was tried and failed."""
         backoff, _ = self._failed.get(kind, (None, ""))
         if backoff is not None and backoff.remaining():
             return True
         try:
-            self._add(kind, path, normalize)
+            self._add(kind, path, normalize, field_selector)
         except SourceError as exc:
             # The first list's own backoff: one list per backoff period, not one per cycle.
             backoff = backoff or Backoff(*self._timeouts.backoff, monotonic=time.monotonic)
@@ -168,9 +184,10 @@ class ClusterSource(ApiServerSource):
         self._failed.pop(kind, None)
         return True
 
-    def _add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any]) -> None:
+    def _add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any],
+             field_selector: str | None = None) -> None:
         assert self._client is not None
-        reflector: Reflector[Any] = Reflector(kind, self._client, path, None, normalize, self._timeouts,
+        reflector: Reflector[Any] = Reflector(kind, self._client, path, field_selector, normalize, self._timeouts,
                                                 self.requests, on_update=self._bump, page_size=self._page_size,
                                                 max_objects=self._max_objects, rbac_hint=RBAC_HINT)
         self._listing = reflector
@@ -215,6 +232,7 @@ class ClusterSource(ApiServerSource):
             claims=items("resourceclaims", lambda c: (c.namespace, c.name)),
             classes=items("deviceclasses", lambda c: c.name),
             taint_rules=items("devicetaintrules", lambda r: r.name),
+            pods=items("pods", lambda p: (p.namespace, p.name)),
         )
         self._state = (revision, state)
         return state

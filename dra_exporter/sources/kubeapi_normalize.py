@@ -436,11 +436,30 @@ def pod_from_dict(obj: Mapping[str, Any]) -> model.PodInfo:
             claims=tuple(sorted(set(uses), key=lambda c: (c.ref, c.claim, c.request))),
             health=tuple(sorted(set(health.get(name, ())),
                                 key=lambda h: (h.claim, h.request, h.driver, h.pool, h.device)))))
-    claims = {n for n in names.values() if n} | ({extended_claim} if extended_claim else set())
+    claims = referenced_claims(names, extended_claim)
     return model.PodInfo(
         namespace=_str(meta, "namespace"), name=_str(meta, "name"), uid=_str(meta, "uid"),
         phase=_str(status, "phase"), claims=tuple(sorted(claims)),
         containers=tuple(sorted(containers, key=lambda c: c.name)))
+
+
+def cluster_pod_from_dict(obj: Mapping[str, Any]) -> model.ClusterPod:
+    """One core/v1 Pod as the cluster mode reads it: the claims it references, its creation, and
+    whether it has ended (Succeeded, Failed, or ``deletionTimestamp`` set)."""
+    meta, status = _map(obj, "metadata"), _map(obj, "status")
+    names = claim_object_names(_map(obj, "spec"), status)
+    return model.ClusterPod(
+        namespace=_str(meta, "namespace"), name=_str(meta, "name"),
+        created=timestamp(_str(meta, "creationTimestamp")),
+        claims=tuple(sorted(referenced_claims(names, _str(_map(status, "extendedResourceClaimStatus"),
+                                                            "resourceClaimName")))),
+        ended=_str(status, "phase") in model.TERMINAL_PHASES or bool(_str(meta, "deletionTimestamp")))
+
+
+def referenced_claims(names: Mapping[str, str], extended_claim: str) -> set[str]:
+    """The claim objects a pod references: those of its ``spec.resourceClaims`` whose name is known
+    (``claim_object_names``) and the one the scheduler made for its extended resources."""
+    return {n for n in names.values() if n} | ({extended_claim} if extended_claim else set())
 
 
 def claim_object_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, str]:

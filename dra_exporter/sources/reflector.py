@@ -95,14 +95,15 @@ class Timeouts:
 class Reflector(Generic[T]):
     """Lists one kind, then watches it from the list's resourceVersion on its own thread.
 
-    Keeps every object normalised by ``normalize``, keyed ``namespace/name``. A failure is kept in
+    Keeps every object normalised by ``normalize``, keyed ``namespace/name``; an object it returns
+    None for is not kept (as if absent: the source does not need it). A failure is kept in
     ``error`` (``""`` while healthy) and retried with backoff, resuming from the last
     resourceVersion; 410 Gone (as an HTTP status or as a watch ERROR event) lists again.
     ``changed(key, old, new)`` is called for every object that changes (None: absent).
     """
 
     def __init__(self, kind: str, api_client: k8s.ApiClient, path: str, field_selector: str | None,
-                 normalize: Callable[[Mapping[str, Any]], T], timeouts: Timeouts, requests: Counter[str],
+                 normalize: Callable[[Mapping[str, Any]], T | None], timeouts: Timeouts, requests: Counter[str],
                  changed: Callable[[str, T | None, T | None], None] = lambda *_: None,
                  on_update: Callable[[], None] = lambda: None, page_size: int = 0,
                  label_selector: str | None = None, max_objects: int = MAX_OBJECTS,
@@ -348,9 +349,9 @@ class Reflector(Generic[T]):
 UNREADABLE: Final = (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, RecursionError)
 
 
-def readable(normalize: Callable[[Mapping[str, Any]], T], obj: Mapping[str, Any], kind: str, key: str,
+def readable(normalize: Callable[[Mapping[str, Any]], T | None], obj: Mapping[str, Any], kind: str, key: str,
              logged: set[str], most: int = MAX_OBJECTS) -> T | None:
-    """``normalize(obj)``, or None for an object that cannot be read, with one log line naming it
+    """``normalize(obj)`` (None: not kept), or None for an object that cannot be read, with one log line naming it
     (once while it stays unreadable: ``logged`` holds the keys, at most ``most``). One bad object
     costs that object, never the list, the watch or the view."""
     try:

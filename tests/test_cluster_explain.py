@@ -1,0 +1,112 @@
+"""``dra-exporter explain``: why a claim is pending, from the allocator's outcome (cluster/explain.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dra_layouts import (
+    EXAMPLE,
+    EXAMPLE_GPU,
+    H100,
+    NVIDIA,
+    NVIDIA_GPU,
+    NVIDIA_MIG,
+    claim_obj,
+    cluster_state,
+    device_class,
+    example_gpus,
+    partitionable_gpus,
+    request,
+    taint_rule,
+)
+
+from dra_exporter.cluster.explain import (
+    ClaimNotFound,
+    explain,
+    first_blocking,
+    parse_target,
+    render_json,
+    render_text,
+)
+
+
+def _one(state, name: str = "waiting"):  # type: ignore[no-untyped-def]
+    (outcome,) = explain(state, [("ml", name)])
+    return outcome
+
+
+def test_devices_held_by_other_claims_are_the_blocking_reason_with_their_holders() -> None:
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 2),
+                          claim_obj("a", results=[(EXAMPLE, "n1", "gpu-0")]),
+                          claim_obj("b", results=[(EXAMPLE, "n1", "gpu-1")]), claim_obj("waiting"))
+    outcome = _one(state)
+    assert not outcome.placeable and first_blocking(outcome) == ("gpu", "taken")
+    text = render_text([outcome])
+    assert text.splitlines()[:2] == [
+        "ml/waiting: NOT placeable (1 node tried)",
+        "  blocked first by: request gpu: 2 of 2 matching devices: allocated to other claims (ml/a, ml/b) [taken]"]
+
+
+def test_a_placeable_claim_says_where() -> None:
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 2), claim_obj("a", results=[(EXAMPLE, "n1", "gpu-0")]),
+                          claim_obj("waiting"))
+    outcome = _one(state)
+    assert outcome.placeable and first_blocking(outcome) is None
+    assert render_text([outcome]) == "ml/waiting: placeable now, on node n1: n1/gpu-1\n"
+    got = json.loads(render_json([outcome], single=True))
+    assert (got["placeable"], got["node"], got["devices"], got["blocking"]) == (True, "n1", [f"{EXAMPLE}/n1/gpu-1"],
+                                                                             None)
+
+
+def test_a_missing_class_blocks_first() -> None:
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), claim_obj("waiting", [request("gpu", "no-such-class")]))
+    outcome = _one(state)
+    assert first_blocking(outcome) == ("gpu", "class_missing")
+    assert "device class does not exist" in render_text([outcome])
+
+
+def test_an_untolerated_taint_names_the_taint() -> None:
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1),
+                          taint_rule("drain", EXAMPLE, "n1", "gpu-0", "maintenance", "NoSchedule"),
+                          claim_obj("waiting"))
+    outcome = _one(state)
+    assert first_blocking(outcome) == ("gpu", "tainted")
+    assert "maintenance" in render_text([outcome]).splitlines()[1]
+
+
+def test_partitions_of_a_gpu_in_use_block_the_whole_gpu_by_its_counters() -> None:
+    state = cluster_state(NVIDIA_GPU, NVIDIA_MIG, partitionable_gpus("n1", H100),
+                          claim_obj("small", [request("gpu", "mig.nvidia.com")], results=[
+                              (NVIDIA, "n1", "gpu-0-mig-1g10gb-19-0")]),
+                          claim_obj("waiting", [request("gpu", "gpu.nvidia.com")]))
+    outcome = _one(state)
+    assert first_blocking(outcome) == ("gpu", "counters_exhausted")
+    assert "gpu-0-counter-set" in render_text([outcome])
+
+
+def test_too_few_matching_devices() -> None:
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), claim_obj("waiting", [request("gpu", EXAMPLE, 2)]))
+    assert first_blocking(_one(state)) == ("gpu", "too_few_devices")
+    none = cluster_state(device_class("tpu", "device.driver == 'tpu.example.com'"), example_gpus("n1", 1),
+                         claim_obj("waiting", [request("gpu", "tpu")]))
+    assert first_blocking(_one(none)) == ("gpu", "no_matching_device")
+
+
+def test_all_explains_every_unallocated_claim_in_order_and_an_allocated_one_says_so() -> None:
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), claim_obj("z"), claim_obj("a", namespace="dev"),
+                          claim_obj("done", results=[(EXAMPLE, "n1", "gpu-0")]))
+    assert [(o.namespace, o.claim) for o in explain(state)] == [("dev", "a"), ("ml", "z")]
+    assert render_text(explain(state, [("ml", "done")])) == "ml/done: already allocated (nothing to explain)\n"
+    assert json.loads(render_json(explain(state), single=False))[0]["claim"] == "a"
+    assert render_text([]) == "no unallocated ResourceClaims in the cluster\n"
+
+
+def test_a_claim_that_does_not_exist_and_bad_names_are_errors() -> None:
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1))
+    with pytest.raises(ClaimNotFound, match="no ResourceClaim ml/nope"):
+        explain(state, [("ml", "nope")])
+    for bad in ("nope", "/x", "ml/", "a/b/c"):
+        with pytest.raises(ValueError, match="expected NAMESPACE/CLAIM"):
+            parse_target(bad)
+    assert parse_target("ml/train") == ("ml", "train")
