@@ -1,4 +1,4 @@
-"""Command line: ``dra-exporter serve | snapshot | doctor | demo | healthcheck | report | cluster``.
+"""Command line: ``dra-exporter serve | snapshot | doctor | demo | healthcheck | report | cluster | explain``.
 
 Thin by design: parse flags (every flag also reads ``DRA_EXPORTER_<FLAG>``), build
 ``Settings``, hand over to ``runtime``. User errors exit with code 2 and one line.
@@ -603,6 +603,47 @@ def cluster(once: bool, log_level: str, **kw: Any) -> None:
         return
     _logging(log_level)  # before the web config, whose loading may warn
     runtime.serve(ClusterSettings(**_shell_settings(kw, publishing=True)), CLUSTER)
+
+
+@main.command()
+@click.argument("claim", required=False, metavar="[NAMESPACE/CLAIM]")
+@_opt("--all", "all_claims", is_flag=True, default=False, envvar=_env("explain-all"),
+      help="Explain every ResourceClaim not yet allocated (instead of one).")
+@_opt("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+      envvar=_env("explain-format"), help="text: what to paste into a ticket; json: for scripts.")
+@environment_options(CLUSTER_OPTIONS)
+@_user_errors
+def explain(claim: str | None, all_claims: bool, fmt: str, log_level: str, **kw: Any) -> None:
+    """Why is a ResourceClaim pending? Whether the scheduler could allocate it now and, per request,
+    which devices match and what keeps the others (taken by which claims, tainted, counters used up,
+    pools incomplete …), the blocking reason first. Reads the API server (or --simulate's cluster)
+    once. Exit 0 for a claim found, 2 for bad input or a claim that does not exist."""
+    from . import runtime
+    from .cluster import explain as why
+    from .cluster.cel_worker import CelWorker
+    from .cluster.runtime import EXPLAIN
+
+    if bool(claim) == all_claims:
+        hint = (f" (--simulate took {kw['simulate']!r} as its scenario: put the claim before it)"
+                if not claim and "/" in str(kw.get("simulate") or "") and not os.path.lexists(kw["simulate"]) else "")
+        raise click.UsageError(f"name one claim as NAMESPACE/CLAIM, or give --all{hint}")
+    try:
+        targets = [why.parse_target(claim)] if claim else []
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    settings = ClusterSettings(**_shell_settings(kw, publishing=False))
+    _logging("error" if log_level == "info" else log_level)
+    state = _snapshot_or_exit(lambda: runtime.snapshots(settings, EXPLAIN)).state
+    engine = CelWorker()
+    try:
+        outcomes = why.explain(state, targets, engine)
+    except why.ClaimNotFound as exc:
+        click.echo(f"dra-exporter: {exc}", err=True)
+        sys.exit(2)
+    finally:
+        engine.close()
+    click.echo(why.render_json(outcomes, single=bool(claim)) if fmt == "json" else why.render_text(outcomes),
+               nl=fmt == "json")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ by ``join``) is defined here; the cluster mode's program is ``cluster.runtime.CL
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import platform
@@ -18,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -247,6 +248,19 @@ def snapshot(settings: S, program: Program[S] | None = None, *, renamed: bool = 
 
     ``renamed``: as the Prometheus endpoint shows it (the node agent's ``--naming``)."""
     prog: Program[Any] = NODE if program is None else program
+    with _one_shot(settings, prog) as (runtime, frame):
+        return prog.renamed(settings, runtime.env, frame) if renamed else frame
+
+
+def snapshots(settings: S, program: Program[S]) -> Snapshots:
+    """A one-shot run of the program's sources, as ``snapshot`` runs them: their latest snapshots
+    (``explain`` asks its own questions of the cluster's objects)."""
+    with _one_shot(settings, program) as (runtime, _):
+        return latest_snapshots(runtime.agent.runners)
+
+
+@contextlib.contextmanager
+def _one_shot(settings: S, prog: Program[S]) -> Iterator[tuple[Runtime, Frame]]:
     runtime = build(settings, prog, sim_time=SNAPSHOT_SIM_TIME if settings.simulate is not None else None)
     try:
         frame = runtime.agent.cycle(collect_side=True)
@@ -261,7 +275,7 @@ def snapshot(settings: S, program: Program[S] | None = None, *, renamed: bool = 
         silent = runtime.agent.never_answered()
         if silent is not None and not _names_a_device(frame):
             raise NothingUsable(silent.last_error or f"{silent.name} did not answer")
-        return prog.renamed(settings, runtime.env, frame) if renamed else frame
+        yield runtime, frame
     finally:
         runtime.close()
 

@@ -29,7 +29,7 @@ FILE_OPTIONS = sorted({(command, next(o for o in param.opts if o.startswith("--"
 NOT_FILES = {"kubelet_socket", "procfs"}
 
 #: What a command needs besides the file option to get as far as reading it (nothing is run).
-REQUIRED_ARGS = {"report": ["--prometheus-url", "http://127.0.0.1:9"]}
+REQUIRED_ARGS = {"report": ["--prometheus-url", "http://127.0.0.1:9"], "explain": ["--all"]}
 
 #: A bound far above what a refusal takes, far below "hangs for ever".
 SECONDS = 20

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 from dra_layouts import (
@@ -29,10 +32,14 @@ from dra_exporter.cluster.explain import (
     render_json,
     render_text,
 )
+from dra_exporter.model import ClusterPod
 
 
 def _one(state, name: str = "waiting"):  # type: ignore[no-untyped-def]
+    """The outcome for ml/<name>, a pod waiting for it (as a pending claim has)."""
+    state = replace(state, pods=(*state.pods, ClusterPod("ml", f"{name}-pod", claims=(name,))))
     (outcome,) = explain(state, [("ml", name)])
+    assert outcome.pod_waits is True
     return outcome
 
 
@@ -63,7 +70,7 @@ def test_a_missing_class_blocks_first() -> None:
     state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), claim_obj("waiting", [request("gpu", "no-such-class")]))
     outcome = _one(state)
     assert first_blocking(outcome) == ("gpu", "class_missing")
-    assert "device class does not exist" in render_text([outcome])
+    assert "device class no-such-class does not exist" in render_text([outcome]).splitlines()[1]
 
 
 def test_an_untolerated_taint_names_the_taint() -> None:
@@ -98,6 +105,7 @@ def test_all_explains_every_unallocated_claim_in_order_and_an_allocated_one_says
                           claim_obj("done", results=[(EXAMPLE, "n1", "gpu-0")]))
     assert [(o.namespace, o.claim) for o in explain(state)] == [("dev", "a"), ("ml", "z")]
     assert render_text(explain(state, [("ml", "done")])) == "ml/done: already allocated (nothing to explain)\n"
+    assert "no pod waits for it" in render_text(explain(state, [("ml", "z")]))
     assert json.loads(render_json(explain(state), single=False))[0]["claim"] == "a"
     assert render_text([]) == "no unallocated ResourceClaims in the cluster\n"
 
@@ -110,3 +118,44 @@ def test_a_claim_that_does_not_exist_and_bad_names_are_errors() -> None:
         with pytest.raises(ValueError, match="expected NAMESPACE/CLAIM"):
             parse_target(bad)
     assert parse_target("ml/train") == ("ml", "train")
+
+
+# --- the examples in docs/operating.md ("Why is my claim pending?") are what explain prints -----------
+
+def _waiting(state, *names: str):  # type: ignore[no-untyped-def]
+    return replace(state, pods=tuple(ClusterPod("ml", f"{n}-0", claims=(n,)) for n in names))
+
+
+def _docs_examples() -> dict[str, Any]:
+    held = [(EXAMPLE, "node-a", f"gpu-{i}") for i in range(2)]
+    slices = example_gpus("node-a", 2)
+    incomplete = example_gpus("node-b", 2, count=2)  # one slice of two published: a driver mid-update
+    return {
+        "taken": _waiting(cluster_state(
+            EXAMPLE_GPU, slices, claim_obj("train-a", results=held[:1]), claim_obj("train-b", results=held[1:]),
+            claim_obj("train-c")), "train-c"),
+        "counters": _waiting(cluster_state(
+            NVIDIA_GPU, NVIDIA_MIG, partitionable_gpus("node-h", H100),
+            claim_obj("notebook", [request("gpu", "mig.nvidia.com")],
+                      results=[(NVIDIA, "node-h", "gpu-0-mig-3g40gb-9-0")]),
+            claim_obj("big-job", [request("gpu", "gpu.nvidia.com")])), "big-job"),
+        "tainted": _waiting(cluster_state(
+            EXAMPLE_GPU, example_gpus("node-a", 1),
+            taint_rule("drain-node-a", EXAMPLE, "node-a", "gpu-0", "example.com/maintenance", "NoSchedule"),
+            claim_obj("eval")), "eval"),
+        "class-missing": _waiting(cluster_state(
+            EXAMPLE_GPU, slices, claim_obj("typo", [request("gpu", "gpu.nvidia.con")])), "typo"),
+        "pool-incomplete": _waiting(cluster_state(
+            EXAMPLE_GPU, incomplete, claim_obj("four", [request("gpu", EXAMPLE, 2)])), "four"),
+    }
+
+
+def test_the_examples_in_the_operating_docs_are_what_explain_prints() -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "operating.md").read_text()
+    for name, state in _docs_examples().items():
+        marker = f"<!-- explain:{name} -->\n```\n"
+        assert marker in text, f"docs/operating.md lacks the {name} example"
+        start = text.index(marker) + len(marker)
+        shown = text[start:text.index("```", start)]
+        claim = next(c for c in state.claims if not c.allocated)
+        assert shown == render_text(explain(state, [(claim.namespace, claim.name)])), name

@@ -148,6 +148,8 @@ class Outcome:
     """Why the allocator refused the claim outright (a missing class, a CEL run-time error on the
     node where it happened, All over an incomplete pool …); ``""`` when it just found no fit."""
     nodes_tried: int = 0
+    pod_waits: bool | None = None
+    """Whether a pod that has not ended references the claim (None: not asked)."""
 
     @property
     def devices(self) -> tuple[DeviceKey, ...]:

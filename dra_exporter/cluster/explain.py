@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 from ..model import ClaimInfo, ClusterState
@@ -30,9 +31,12 @@ from .allocator import (
     TAINTED,
     TAKEN,
     Allocator,
+    AllocatorCache,
     Outcome,
     RequestOutcome,
 )
+from .claims import waiting_since
+from .selectors import CelEngine
 
 #: When no candidate was kept from a request by anything, yet too few devices match it.
 NO_MATCH: Final = "no_matching_device"
@@ -67,9 +71,11 @@ def parse_target(text: str) -> tuple[str, str]:
     return namespace, name
 
 
-def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = ()) -> list[Outcome]:
+def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = (), engine: CelEngine | None = None
+            ) -> list[Outcome]:
     """The allocator's outcome for each claim in ``targets`` (an allocated claim says so), or for
-    every unallocated claim when ``targets`` is empty; ``ClaimNotFound`` for a claim not there."""
+    every unallocated claim when ``targets`` is empty; ``ClaimNotFound`` for a claim not there.
+    ``engine`` runs the CEL (default: in this process)."""
     by_key = {(c.namespace, c.name): c for c in state.claims}
     if targets:
         missing = [f"{ns}/{name}" for ns, name in targets if (ns, name) not in by_key]
@@ -78,8 +84,10 @@ def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = ()) -> lis
         claims: list[ClaimInfo] = [by_key[t] for t in targets]
     else:
         claims = sorted((c for c in state.claims if not c.allocated), key=lambda c: (c.namespace, c.name))
-    allocator = Allocator(state)
-    return [_allocated(c) if c.allocated else allocator.allocate(c) for c in claims]
+    allocator = Allocator(state, AllocatorCache(engine))
+    waited = waiting_since(state.pods)
+    return [_allocated(c) if c.allocated else replace(allocator.allocate(c), pod_waits=(c.namespace, c.name) in waited)
+            for c in claims]
 
 
 def _allocated(claim: ClaimInfo) -> Outcome:
@@ -117,7 +125,7 @@ def as_dict(outcome: Outcome) -> dict[str, Any]:
     return {
         "namespace": outcome.namespace, "claim": outcome.claim, "placeable": outcome.placeable,
         "allocated": outcome.error == "already allocated",
-        "node": outcome.node or None, "nodes_tried": outcome.nodes_tried,
+        "node": outcome.node or None, "nodes_tried": outcome.nodes_tried, "pod_waits": outcome.pod_waits,
         "devices": ["/".join(p.device) for p in outcome.picks],
         "blocking": None if blocking is None else {"request": blocking[0], "reason": blocking[1]},
         "error": outcome.error or None,
@@ -147,19 +155,25 @@ def _text(o: Outcome) -> str:
         return f"{name}: already allocated (nothing to explain)\n"
     if o.placeable:
         devices = ", ".join("/".join(p.device[1:]) for p in o.picks)
-        return f"{name}: placeable now, on node {o.node or '(any)'}: {devices}\n"
-    lines = [f"{name}: NOT placeable ({o.nodes_tried} node{'s' if o.nodes_tried != 1 else ''} tried)"]
+        return f"{name}: placeable now, on node {o.node or '(any)'}: {devices}{_waits(o)}\n"
+    tried = f" ({o.nodes_tried} node{'s' if o.nodes_tried != 1 else ''} tried)" if o.nodes_tried else ""
+    lines = [f"{name}: NOT placeable{tried}{_waits(o)}"]
     blocking = first_blocking(o)
     if blocking is not None:
         request, reason = blocking
         lines.append(f"  blocked first by: request {request or '(none)'}: {_sentence(o, request, reason)}")
-    if o.error:
+    if o.error and (blocking is None or blocking[1] != CLASS_MISSING):
         lines.append(f"  the allocator says: {o.error}")
     for r in o.requests:
+        if any(b.reason == CLASS_MISSING for b in r.blocked):
+            lines.append(f"  request {r.request}: device class {r.device_class or '(none)'} does not exist")
+            continue
         asked = "all" if r.all_devices else str(r.count)
         lines.append(f"  request {r.request}: {asked} × {r.device_class or '(no class)'} — "
                      f"{r.matching} match, {r.usable} usable")
         for b in r.blocked:
+            if blocking is not None and (r.request, b.reason) == blocking:
+                continue  # said on the second line
             more = f" ({', '.join(b.details)})" if b.details else ""
             lines.append(f"    {b.devices}: {_SAYS.get(b.reason, b.reason)}{more} [{b.reason}]")
         if r.error:
@@ -167,9 +181,15 @@ def _text(o: Outcome) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _waits(o: Outcome) -> str:
+    return "" if o.pod_waits is not False else "; no pod waits for it (unused: the scheduler does not try it)"
+
+
 def _sentence(o: Outcome, request: str, reason: str) -> str:
     r = next((r for r in o.requests if r.request == request), None)
     said = _SAYS.get(reason, reason)
+    if reason == CLASS_MISSING and r is not None:
+        return f"device class {r.device_class or '(none)'} does not exist [{reason}]"
     if r is None or reason in (NO_MATCH, TOO_FEW, CLASS_MISSING):
         return f"{said} [{reason}]"
     blocked = next((b for b in r.blocked if b.reason == reason), None)

@@ -57,3 +57,16 @@ class ClusterProgram(Program[ClusterSettings]):
 
 
 CLUSTER: ClusterProgram = ClusterProgram()
+
+
+class ExplainProgram(ClusterProgram):
+    """``dra-exporter explain``: the cluster mode's sources, once; the allocator's questions are
+    asked of their objects (``cluster.explain``), not of a frame, so the core builds none."""
+
+    name = "explain"
+
+    def core(self, settings: ClusterSettings, env: Environment) -> Core:
+        return lambda snapshots, health, timestamp: Frame((), timestamp)
+
+
+EXPLAIN: ExplainProgram = ExplainProgram()
