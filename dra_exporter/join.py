@@ -54,6 +54,7 @@ from .model import (
     ProcessSample,
     Sample,
     SourceHealth,
+    bare_container_id,
 )
 from .resolve import ChainResolver, ClaimStatusResolver, NvidiaNameResolver, Resolver, SliceResolver
 from .taints import TaintRuleIndex
@@ -522,7 +523,7 @@ def _container_labels(uuid: str, pod_uid: str, container_id: str, view: _View,
     name = pod.name if pod else ""
     container = ""
     for ctr in pod.containers if pod else ():
-        if ctr.container_id and ctr.container_id.rpartition("://")[2] == container_id:
+        if ctr.container_id and bare_container_id(ctr.container_id) == container_id:
             container = ctr.name
     claims = {c.claim for c in consumers if (c.namespace, c.pod) == (namespace, name) and c.claim
               and (not container or c.container == container)} if pod else set()

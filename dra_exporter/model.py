@@ -557,6 +557,12 @@ class DeviceHealth:
     logged by the source, never a label (free text: one series per wording)."""
 
 
+def bare_container_id(status_id: str) -> str:
+    """A pod status's container id without its runtime's scheme (``containerd://abc…`` → ``abc…``):
+    how a process's cgroup names its container (``ProcessOwner.container_id``)."""
+    return status_id.rpartition("://")[2]
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerInfo:
     name: str

@@ -54,7 +54,7 @@ from dra_exporter.sources.kubeapi_normalize import (
 from .duplicates import refuse_duplicates
 from .profile import MigProfile, identified, known_mig_profiles, load_profile, mig_profile_from_slice
 from .scenario import API_VERSIONS, DEVICE_HEALTH, MAX_GPUS, Hardware, Scenario, ScenarioError
-from .scenario_builder import parse_scenario, read_documents
+from .scenario_builder import parse_scenario
 
 KINDS: Final = ("ResourceSlice", "ResourceClaim", "Pod")
 #: NVIDIA's ComputeDomain objects: not part of the node's hardware or kubelet view, only served as they are.
@@ -78,17 +78,6 @@ UNKNOWN_CONTAINER: Final = "unknown"
 def is_dump(docs: list[Any]) -> bool:
     """Whether parsed YAML documents are Kubernetes objects rather than a scenario."""
     return any(isinstance(d, Mapping) and "kind" in d and "apiVersion" in d and "gpus" not in d for d in docs)
-
-
-def load_dump(path: str | os.PathLike[str], node_name: str | None = None) -> Scenario:
-    """The scenario of ``node_name`` (or of the dump's only GPU node) in a dump file."""
-    label, docs = read_documents(path)
-    if not is_dump(docs):
-        raise ScenarioError(
-            f"{label}: not a cluster dump (expected a kind: List or Kubernetes objects, "
-            "as `kubectl get resourceslices,resourceclaims,pods -A -o yaml` prints)"
-        )
-    return parse_dump(docs, label, node_name)
 
 
 def parse_dump(docs: list[Any], label: str, node_name: str | None = None) -> Scenario:

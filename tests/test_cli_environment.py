@@ -32,9 +32,10 @@ def _envvars(param: click.Parameter) -> list[str]:
 
 
 def _meaning(param: click.Parameter) -> tuple[Any, ...]:
-    """What a value of the variable is read as: the type, its range or choices, flag or list."""
+    """What a value of the variable is read as: the type, its range or choices (a file: which kind), flag or list."""
     t = param.type
-    bounds = tuple(getattr(t, a, None) for a in ("min", "max", "min_open", "max_open", "clamp"))
+    bounds = tuple(getattr(t, a, None) for a in ("min", "max", "min_open", "max_open", "clamp",
+                                                 "yaml", "or_name", "library_parses"))
     choices = tuple(getattr(t, "choices", ()) or ())
     option = isinstance(param, click.Option)
     return (type(t).__name__, bounds, choices, option and param.is_flag, option and param.multiple, param.nargs)

@@ -21,7 +21,7 @@ from dra_exporter.dra_versions import convert
 from dra_exporter.sources.kubeapi_normalize import noting_wrong_types, pod_from_dict
 from dra_exporter_sim import k8s_objects as ko
 from dra_exporter_sim import load_scenario
-from dra_exporter_sim.dump import is_dump, load_dump, parse_dump
+from dra_exporter_sim.dump import is_dump, parse_dump
 from dra_exporter_sim.scenario import Scenario, ScenarioError
 from dra_exporter_sim.scenario_builder import parse_scenario
 
@@ -164,13 +164,7 @@ def test_node_must_be_named_when_the_dump_has_several() -> None:
     assert parse_dump(dump_of(one_node), "d.yaml").node_name == NODE
 
 
-def test_load_dump_and_load_scenario_agree(tmp_path: Path) -> None:
-    a, b = load_dump(DUMPS / "v1beta2.yaml", NODE), load("v1beta2")
-    assert a.gpus == b.gpus and a.claims == b.claims and a.pods == b.pods
-    path = tmp_path / "scenario.yaml"
-    path.write_text("node: n\ngpus: [{index: 0}]\n")
-    with pytest.raises(ScenarioError, match="not a cluster dump"):
-        load_dump(path)
+def test_a_dump_is_told_from_a_scenario() -> None:
     assert is_dump(items("v1")) and not is_dump([{"node": "n", "gpus": []}])
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_exporter.model import ProcessOwner
+from dra_exporter.model import ProcessOwner, bare_container_id
 from dra_exporter.sources import SourceError
-from dra_exporter.sources.procs import CgroupOwner, ProcsSource, bare_container_id, parse_cgroup
+from dra_exporter.sources.procs import CgroupOwner, ProcsSource, parse_cgroup
 
 UID = "3f1c2a7e-5b9d-4c1a-9e2f-7a6b8c0d1e22"
 SYSTEMD_UID = UID.replace("-", "_")

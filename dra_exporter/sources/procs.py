@@ -66,11 +66,6 @@ def parse_cgroup_path(path: str) -> CgroupOwner | None:
     return CgroupOwner(pod["uid"].replace("_", "-"), container["id"])
 
 
-def bare_container_id(status_id: str) -> str:
-    """``containerd://abc…`` → ``abc…`` (how pods' statuses name containers)."""
-    return status_id.rpartition("://")[2]
-
-
 class ProcsSource(Source[ProcessOwnersSnapshot]):
     """Resolves the PIDs NVML reports to pods and containers through ``<procfs>/<pid>/cgroup``.
 
