@@ -25,8 +25,8 @@ from dra_exporter.resolve import NVIDIA_DRIVER
 from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
 
 from . import k8s_objects
-from .k8s_objects import GROUP, JSON, timestamp
 from .duplicates import refuse_duplicates
+from .k8s_objects import GROUP, JSON, timestamp
 from .loader import load_scenario
 from .scenario import API_VERSIONS, Scenario, ScenarioError
 from .scenario_builder import read_documents

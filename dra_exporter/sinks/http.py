@@ -34,8 +34,9 @@ Staying up under hostile or broken clients:
   ``PROBE_RESERVE_PER_CLIENT`` per peer, and only for a peer that holds at most
   ``PROBE_RESERVE_MAX_HELD`` ordinary connections) that answer one ``/healthz``, ``/readyz`` or
   ``/metrics`` request and nothing else (503), within ``PROBE_DEADLINE_S``: the kubelet's probes
-  and Prometheus's scrapes get through a flood from a few addresses that holds every ordinary slot. Beyond that, new connections are closed at once, so a
-  flood costs sockets, not unbounded threads and memory.
+  and Prometheus's scrapes get through a flood from a few addresses that holds every ordinary
+  slot. Beyond that, new connections are closed at once, so a flood costs sockets, not unbounded
+  threads and memory.
 - A request's head (request line and headers) is read in small chunks and counted: at most
   ``MAX_HEAD_BYTES`` in total (Go's and so exporter-toolkit's default), the first
   ``HEAD_ALLOWANCE_BYTES`` of it free, the rest borrowed from one server-wide budget of

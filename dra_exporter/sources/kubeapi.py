@@ -466,6 +466,11 @@ class KubeApiSource(Source[model.ClusterSnapshot]):
         for reflector in (self._slices, self._nodeless_slices, self._pods):
             if reflector is not None and reflector.error:
                 raise SourceError(reflector.error)
+        # The optional kinds fail quietly (their view is a bonus), but one past its object cap is
+        # the API server sending without end: said, as for the others.
+        for optional in (self._taint_rules, self._domains, self._cliques):
+            if optional is not None and optional.over_limit:
+                raise SourceError(optional.error)
 
     # --- claims ---------------------------------------------------------------------------------------
 

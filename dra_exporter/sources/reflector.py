@@ -132,6 +132,11 @@ class Reflector(Generic[T]):
         self._response: Any = None
         self._thread: threading.Thread | None = None
 
+    @property
+    def over_limit(self) -> bool:
+        """Whether the last list or watch passed ``max_objects`` (and no watch has lived since)."""
+        return self._over_limit
+
     def snapshot(self) -> list[T]:
         with self._lock:
             return list(self.items.values())
