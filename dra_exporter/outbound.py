@@ -14,6 +14,11 @@ an answer is read here
   chunk more than the cap is ever held;
 * on the wire bytes (``decode_content=False``): a compressed answer cannot expand past the cap.
 
+The status line and headers come before there is a response to read from: a peer that trickles
+those holds ``getresponse`` as long as it likes. So the pools of the three clients get connections
+whose ``getresponse`` is cut (the socket shut down, by one timer thread for the whole process) at
+the deadline ``answer_within`` set for the thread making the request (``bound_heads``).
+
 Answers are urllib3 responses (``preload_content=False``): the Kubernetes client's, the OTLP HTTP
 exporter's ``requests`` (``response.raw``) and ``report``'s own. The caller words the refusal
 (``AnswerRefused``'s message says what was exceeded, the caller says whose answer it was) and the
@@ -22,11 +27,18 @@ response is closed here when refused, since its connection cannot be reused with
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import socket
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
 import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 #: Bytes asked of one read: a read returns earlier with what has arrived.
 CHUNK: Final = 64 * 1024
@@ -121,6 +133,118 @@ def _lower_timeout(response: Any, left: float) -> None:
         sock.settimeout(left if current is None else min(current, left))
     except OSError:
         pass  # a socket closed meanwhile: the read says so
+
+
+# --- the status line and headers ----------------------------------------------------------------------
+
+_local = threading.local()
+
+
+@contextmanager
+def answer_within(seconds: float) -> Iterator[None]:
+    """Requests this thread makes in the block get their status line and headers within
+    ``seconds`` (on connections of a pool ``bound_heads`` set up), else ``AnswerTooSlow``."""
+    previous = getattr(_local, "bound", None)
+    _local.bound = (time.monotonic() + seconds, seconds)
+    try:
+        yield
+    finally:
+        _local.bound = previous
+
+
+class _Cutter:
+    """One thread for the process: shuts a socket down when its deadline passes, unless disarmed."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, list[Any]]] = []
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, deadline: float, sock: socket.socket) -> list[Any]:
+        entry: list[Any] = [sock, False]  # [the socket (None: disarmed), whether it was cut]
+        with self._wake:
+            heapq.heappush(self._heap, (deadline, next(self._order), entry))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="outbound-deadlines", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return entry
+
+    @staticmethod
+    def disarm(entry: list[Any]) -> None:
+        entry[0] = None
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._wake.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                _, _, entry = heapq.heappop(self._heap)
+            sock = entry[0]
+            if sock is not None:
+                entry[1] = True
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # the blocked read returns at once
+                except OSError:
+                    pass  # closed meanwhile
+
+
+_cutter = _Cutter()
+
+
+class _HeadsWithinDeadline:
+    """``getresponse`` (status line and headers) cut at the thread's ``answer_within`` deadline."""
+
+    sock: Any
+
+    def getresponse(self) -> Any:
+        bound = getattr(_local, "bound", None)
+        if bound is None or self.sock is None:
+            return super().getresponse()  # type: ignore[misc]
+        deadline, seconds = bound
+        if deadline <= time.monotonic():
+            raise AnswerTooSlow(seconds)
+        entry = _cutter.arm(deadline, self.sock)
+        try:
+            response = super().getresponse()  # type: ignore[misc]
+        except Exception:
+            if entry[1]:
+                raise AnswerTooSlow(seconds) from None
+            raise
+        finally:
+            _cutter.disarm(entry)
+        if entry[1]:  # cut in the headers: http.client takes the end of input for their end
+            response.close()
+            raise AnswerTooSlow(seconds)
+        return response
+
+
+class _HTTPConnection(_HeadsWithinDeadline, HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_HeadsWithinDeadline, HTTPSConnection):
+    pass
+
+
+class _HTTPPool(HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+_BOUND_POOLS: Final = {"http": _HTTPPool, "https": _HTTPSPool}
+
+
+def bound_heads(pool_manager: Any) -> None:
+    """Make ``pool_manager``'s pools cut a trickled head (``answer_within``); pools it made before
+    are closed, so every later request gets one. Calling it again changes nothing."""
+    if pool_manager.pool_classes_by_scheme is not _BOUND_POOLS:
+        pool_manager.pool_classes_by_scheme = _BOUND_POOLS
+        pool_manager.clear()
 
 
 def _close(response: Any) -> None:

@@ -81,6 +81,7 @@ class PrometheusClient:
             except (OSError, ssl.SSLError) as exc:
                 raise ReportError(f"--ca-file {conn.ca_file}: {exc}") from None
         self._pool = urllib3.PoolManager(ssl_context=context, retries=False)
+        outbound.bound_heads(self._pool)
         self.dropped: Counter[str] = Counter()
         """Points dropped as unusable, by why (``_Parsed``): the report says so once."""
 
@@ -124,8 +125,11 @@ class PrometheusClient:
         if left <= 0:
             raise ReportError(f"{address}: no answer within {self._timeout:g} s (--timeout)")
         try:
-            return self._pool.request("POST", target, body=body, headers=self._headers, redirect=False,
-                                      preload_content=False, timeout=urllib3.Timeout(connect=left, read=left))
+            with outbound.answer_within(left):
+                return self._pool.request("POST", target, body=body, headers=self._headers, redirect=False,
+                                          preload_content=False, timeout=urllib3.Timeout(connect=left, read=left))
+        except outbound.AnswerTooSlow:
+            raise ReportError(f"{address}: no answer within {self._timeout:g} s (--timeout)") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ReportError(f"cannot reach {address}: {_transport_words(exc)}") from None
 

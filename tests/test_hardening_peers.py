@@ -456,3 +456,25 @@ def test_a_lone_surrogate_in_a_label_is_replaced_at_exposition_and_in_otlp() -> 
     for attrs, _ in observed:
         values = dict(attrs).values()
         assert all("\ud800" not in str(v) for v in values) and "p?" in values, attrs
+
+
+# --- a trickled status line and headers ----------------------------------------------------------------
+
+
+def trickled_head(req: Request, reply: Reply) -> None:
+    """``200`` at once, then a header a byte every 0.1 s (about 30 s of them)."""
+    reply.raw(b"HTTP/1.1 200 OK\r\n")
+    for byte in trickle(b"X-Slow: " + b"y" * 300 + b"\r\n", 0.1):
+        reply.raw(byte)
+
+
+def test_a_trickled_head_ends_at_the_deadline_for_every_peer() -> None:
+    with HostileServer(trickled_head) as peer:
+        started = time.monotonic()
+        with pytest.raises(report.ReportError, match="no answer within 1 s"):
+            within(5, lambda: client(peer.url, timeout=1.0).instant("up", 0))
+        with pytest.raises(SourceError, match="no answer in time"):
+            within(5, reflector(peer.url).list_once)
+        result, why = within(8, lambda: push(peer.url, timeout=1.0))
+        assert result is MetricExportResult.FAILURE and "did not arrive within 1 s" in why, why
+        assert time.monotonic() - started < 8, "each one second, not thirty"

@@ -206,7 +206,12 @@ def _bounded_session() -> Any:
             seconds = float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else 10.0
             deadline = time.monotonic() + seconds  # the connection and the reply together
             kw["stream"] = True
-            response = super().request(method, url, *args, **kw)
+            try:
+                with outbound.answer_within(seconds):
+                    response = super().request(method, url, *args, **kw)
+            except outbound.AnswerRefused as exc:
+                self.refusal = f"the collector's reply was refused: {exc}"
+                raise
             try:
                 body = outbound.read_body(response.raw, MAX_REPLY_BYTES, seconds, deadline)
             except outbound.AnswerRefused as exc:
@@ -217,7 +222,10 @@ def _bounded_session() -> Any:
             response.raw.release_conn()
             return response
 
-    return BoundedSession()
+    session = BoundedSession()
+    for adapter in session.adapters.values():
+        outbound.bound_heads(adapter.poolmanager)  # type: ignore[attr-defined]  # requests' HTTPAdapter
+    return session
 
 
 def refusal(exporter: MetricExporter) -> str:

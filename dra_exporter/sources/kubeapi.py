@@ -36,8 +36,10 @@ watches are ``reflector.Reflector``'s):
   resourceVersion, costs a request per backoff period, never a request storm. After
   ``SHORT_WATCHES_ARE_AN_ERROR`` such watches in a row the source reports itself down;
 * answers are read with a bound: a list over ``MAX_LIST_BYTES`` and a claim or watch event over
-  ``MAX_OBJECT_BYTES`` are refused (``SourceError`` naming the limit) without reading further, so
-  a broken or hostile API server costs at most that much memory.
+  ``MAX_OBJECT_BYTES`` are refused (``SourceError`` naming the limit) without reading further, an
+  answer has the request timeout in all (not per read), and each kind holds at most
+  ``max_objects`` objects, so a broken or hostile API server costs at most that much memory and
+  time; an object that cannot be read costs that object (one log line), never the watch.
 
 Requests go through the official client's ``ApiClient`` (configuration, auth, TLS, in-cluster
 token refresh) with paths of our own (``kubeapi_http``: the typed API classes cost ~29 MB of RSS
@@ -491,6 +493,11 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         for reflector in (self._slices, self._nodeless_slices, self._pods):
             if reflector is not None and reflector.error:
                 raise SourceError(reflector.error)
+        # The optional kinds fail quietly (their view is a bonus), but one past its object cap is
+        # the API server sending without end: said, as for the others.
+        for optional in (self._taint_rules, self._domains, self._cliques):
+            if optional is not None and optional.over_limit:
+                raise SourceError(optional.error)
 
     # --- claims ---------------------------------------------------------------------------------------
 

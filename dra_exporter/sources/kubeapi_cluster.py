@@ -3,6 +3,11 @@
 Contract: ``ClusterSource.collect()`` returns a ``model.ClusterState`` (every ResourceSlice, claim,
 DeviceClass and DeviceTaintRule, and the pods that reference claims) and raises ``SourceError`` when
 there is no API access; the runner keeps the last good state during an outage, as for the node agent.
+When some kinds are read and others cannot be (a 403 on one), it raises ``PartialSnapshot`` with the
+state of those read: they are shown, the source counts as down, and each failed kind is listed again
+after its own backoff — one failed first list per cycle, so an API server that answers every list a
+byte a second costs a cycle one request timeout. Each kind holds at most ``max_objects``
+(``--max-objects``).
 
 What it asks the API server: discovery (``GET /apis/resource.k8s.io``, the node agent's choice of
 v1, v1beta2, v1beta1), then one list and one watch per kind (core/v1 pods too: a claim is pending

@@ -18,9 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
+import urllib3
 from kubernetes import config as k8s_config
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
+
+from .. import outbound
 
 GROUP_PATH: Final = "/apis/resource.k8s.io"
 PODS_PATH: Final = "/api/v1/pods"
@@ -63,7 +66,17 @@ def _send(api_client: ApiClient, method: str, path: str, query: Query, body: Map
     request = api_client.param_serialize(method=method, resource_path=path, path_params=dict(path_params or {}),
                                          query_params=list(query), header_params=headers, body=body,
                                          auth_settings=_AUTH)
-    answer = api_client.call_api(*request, _request_timeout=timeout)
+    outbound.bound_heads(api_client.rest_client.pool_manager)
+    # The status line and headers within the request timeout (a watch: its connect-and-head part),
+    # however the server trickles them; the body is read with its own bound (``outbound.read_body``).
+    head_s = float(timeout if isinstance(timeout, (int, float)) else timeout[0])
+    try:
+        with outbound.answer_within(head_s):
+            answer = api_client.call_api(*request, _request_timeout=timeout)
+    except outbound.AnswerTooSlow:
+        # As the client's own timeout is reported: every caller already words that one.
+        why = f"no status line and headers within {head_s:g} s"
+        raise urllib3.exceptions.ReadTimeoutError(None, path, why) from None  # type: ignore[arg-type]  # no pool to name
     if not 200 <= answer.status <= 299:
         answer.response.close()  # the body is not needed, and may be anything: never read it
         raise ApiException(status=answer.status, reason=answer.reason)

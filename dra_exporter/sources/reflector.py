@@ -15,8 +15,16 @@ reflector does:
   that cuts every stream, or a server that expires every resourceVersion, costs a request per
   backoff period, never a request storm. After ``SHORT_WATCHES_ARE_AN_ERROR`` such watches in a
   row the reflector reports an error;
-* answers are read with a bound: a list page over ``MAX_LIST_BYTES`` and an object or watch event
-  over ``MAX_OBJECT_BYTES`` are refused (``SourceError`` naming the limit) without reading further.
+* answers are read with a bound (``outbound``): a list page over ``MAX_LIST_BYTES`` and an object or
+  watch event over ``MAX_OBJECT_BYTES`` are refused (``SourceError`` naming the limit) without reading
+  further, and a list page or get that has not arrived within the request timeout is refused however
+  the server paces it;
+* at most ``max_objects`` objects are held (``--max-objects``): a list (over all its pages) or a
+  watch that brings more is refused (``TooManyObjects``), and the error stays until a watch has lived
+  without passing the limit; a list whose continue token never ends stops after the pages the cap
+  allows;
+* one object costs that object: one its normaliser cannot read is skipped with one log line naming
+  it (``readable``), an event that is not a JSON object is skipped, and the watch goes on.
 """
 
 from __future__ import annotations
@@ -132,6 +140,11 @@ class Reflector(Generic[T]):
         self.error = ""
         self._response: Any = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def over_limit(self) -> bool:
+        """Whether the last list or watch passed ``max_objects`` (and no watch has lived since)."""
+        return self._over_limit
 
     def snapshot(self) -> list[T]:
         with self._lock:
