@@ -102,12 +102,17 @@ def test_the_cluster_mode_reads_pods_and_reports_each_state(kube: ControlPlane) 
     kube.create(claim_object(ns, "waiting", nothing))
     kube.create(claim_object(ns, "nobody", nothing))
     kube.create(claim_object(ns, "typo", f"{nothing}-typo"))
+    either = claim_object(ns, "either", nothing)
+    either["spec"]["devices"]["requests"] = [{"name": "gpu", "firstAvailable": [
+        {"name": "a", "deviceClassName": nothing}, {"name": "b", "deviceClassName": f"{nothing}-gone"}]}]
+    kube.create(either)
     kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                  "metadata": {"name": "per-pod", "namespace": ns},
                  "spec": {"spec": {"devices": {"requests": [{"name": "gpu",
                                                              "exactly": {"deviceClassName": nothing}}]}}}})
     waiter = kube.pod(ns, "waiter", claims={"gpu": "waiting"})
     kube.pod(ns, "typist", claims={"gpu": "typo"})
+    kube.pod(ns, "chooser", claims={"gpu": "either"})
     kube.pod(ns, "templated", templates={"gpu": "per-pod"})
     # The resourceclaim controller makes the template's claim and names it in the pod's status.
     generated = kube.wait_for(lambda: next((s.get("resourceClaimName") for s in kube.get(
@@ -115,18 +120,20 @@ def test_the_cluster_mode_reads_pods_and_reports_each_state(kube: ControlPlane) 
         "the template's claim")
     missing = kube.unschedulable_message(ns, "typist")
     assert f"request gpu: device class {nothing}-typo does not exist" in missing
+    # A missing class of any subrequest fails the whole claim, though the first one's class exists.
+    assert f"request gpu/b: device class {nothing}-gone does not exist" in kube.unschedulable_message(ns, "chooser")
     with cluster_mode(kube) as frame:
-        eventually(lambda: claims_in(frame(), ns) == {"reserved": 1.0, "pending": 3.0, "unused": 1.0}, timeout=30)
+        eventually(lambda: claims_in(frame(), ns) == {"reserved": 1.0, "pending": 4.0, "unused": 1.0}, timeout=30)
         current = frame()
         ages = series(current, cat.CLUSTER_CLAIM_PENDING, ns)
-        assert set(ages) == {"waiting", "typo", generated}
+        assert set(ages) == {"waiting", "typo", "either", generated}
         # Aged from the pod's creation: the claim existed before it.
         waited = current.timestamp - timestamp(waiter["metadata"]["creationTimestamp"])
         assert waited - 1.0 <= float(ages["waiting"]) <= waited + 1.0  # the server's times are whole seconds
         reasons = {dict(s.labels)["claim"]: (dict(s.labels)["request"], dict(s.labels)["reason"])
                    for s in current.family(cat.CLUSTER_CLAIM_PENDING_REASON.name).samples
                    if dict(s.labels)["namespace"] == ns}
-        assert reasons == {"typo": ("gpu", "class_missing")}, "as the scheduler says: " + missing
+        assert reasons == {"typo": ("gpu", "class_missing"), "either": ("gpu/b", "class_missing")}, "as the scheduler"
 
 
 def cluster_role(rules: list[dict[str, Any]], name: str) -> dict[str, Any]:
