@@ -541,15 +541,16 @@ class Allocator:
         rules = [r for r in state.taint_rules if not r.unsupported_selector]
         self.pools: list[Pool] = []
         self.devices: dict[DeviceKey, Device] = {}
-        rules_key = tuple(rules)
         for key, slices in sorted(_newest(state.slices).items()):
             slices.sort(key=lambda s: s.name)
             ids = tuple(id(s) for s in slices)
             known = matches.pools.get(key)
+            # Only the rules that can select the pool's devices: a rule elsewhere rebuilds nothing here.
+            rules_key = tuple(r for r in rules if r.driver in ("", key[0]) and r.pool in ("", key[1]))
             if known is not None and known[0] == ids and known[1] == rules_key:
                 pool = known[2]
             else:
-                pool = self._pool(key, slices, rules)
+                pool = self._pool(key, slices, rules_key)
                 matches.pools[key] = (ids, rules_key, pool)
             self.pools.append(pool)
             for device in pool.devices:
@@ -579,6 +580,7 @@ class Allocator:
     # --- building -----------------------------------------------------------------------------------
 
     def _pool(self, key: PoolKey, slices: list[ResourceSliceInfo], rules: Sequence[DeviceTaintRule]) -> Pool:
+        """A pool of the newest generation's ``slices``, its devices tainted by ``rules`` (those for it)."""
         expected = max(s.resource_slice_count for s in slices)
         invalid, counters = _pool_invalid(slices)
         nodes = {s.placement.node_name or s.node_name for s in slices if s.placement.node_name or s.node_name}
@@ -590,13 +592,12 @@ class Allocator:
         pool = Pool(key, slices[0].generation, expected, slices, counters=counters,
                     incomplete=len(slices) != expected, invalid=invalid, nodes=frozenset(nodes),
                     everywhere=everywhere)
-        pool_rules = [r for r in rules if r.driver in ("", key[0]) and r.pool in ("", key[1])]
         for sl in slices:
             rows = self.matches.of_slice(sl)
             group: list[Device] = []
             for d, row in zip(sl.devices, rows, strict=True):
                 dkey = (sl.driver, sl.pool, d.name)
-                taints = d.taints + tuple(r.taint for r in pool_rules if r.selects(*dkey))
+                taints = d.taints + tuple(r.taint for r in rules if r.selects(*dkey))
                 device = Device(dkey, d, sl, pool, row, taints)
                 group.append(device)
             pool.devices.extend(group)
