@@ -303,8 +303,8 @@ def test_match_and_distinct_attribute_constraints() -> None:
     three = allocator.allocate(pending(request(count=3), constraints=[{"distinctAttribute": f"{EXAMPLE}/numa"}]))
     assert [d[2] for d in three.devices] == ["gpu-0", "gpu-1", "gpu-2"]
     # Across requests it holds: a second request finds no value the first one's device does not have.
-    same = cluster_state(example_gpus("n1", 2), EXAMPLE_GPU)
-    two = Allocator(same).allocate(pending(request("a"), request("b"),
+    indexed = cluster_state(example_gpus("n1", 2), EXAMPLE_GPU)
+    two = Allocator(indexed).allocate(pending(request("a"), request("b"),
                                            constraints=[{"distinctAttribute": f"{EXAMPLE}/index"}]))
     assert two.placeable
     sl = example_gpus("n1", 2)

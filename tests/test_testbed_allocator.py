@@ -325,8 +325,9 @@ def test_admin_access_gets_a_device_another_claim_holds(kube: ControlPlane) -> N
                              classes, admin_access=True)
     state = view(kube)
     for name, admin, expected in (("monitor", True, True), ("second", False, False)):
-        obj = claim_obj(name, [request(device_class_name=classes["example"]["metadata"]["name"],
-                                       **({"adminAccess": True} if admin else {}))], namespace=ns)
+        more: dict[str, Any] = {"adminAccess": True} if admin else {}
+        obj = claim_obj(name, [request(device_class_name=classes["example"]["metadata"]["name"], **more)],
+                        namespace=ns)
         kube.create(obj, ns)
         outcome = Allocator(state).allocate(claim_from_dict(obj, "v1"), node)
         kube.pod(ns, name, claims={"gpu": name}, node_name=node)
