@@ -385,3 +385,23 @@ def test_gpu_equivalents_add_up_to_the_gpus_and_split_a_partitioned_one_by_its_s
     got = values(Capacity().frame(state, 0.0), cat.CLUSTER_GPU_EQUIVALENTS.name, "node", "state")
     assert got == {("n1", "free"): 0.375, ("n1", "allocated"): 1.625, ("n1", "blocked"): 0.0,
                    ("n2", "free"): 1.0, ("n2", "blocked"): 1.0, ("n3", "blocked"): 2.0}
+
+
+# --- the simulator's built-in cluster ---------------------------------------------------------------------
+
+
+def test_the_builtin_cluster_counts_as_the_scheduler_would() -> None:
+    from dra_exporter_sim.cluster import builtin_cluster
+
+    state = cluster_state([o for o in builtin_cluster() if o["kind"] != "Pod"])
+    frame = Capacity().frame(state, 0.0)
+    placeable_by_class = {c: v for (c,), v in values(frame, cat.CLUSTER_CLASS_PLACEABLE.name, "device_class").items()}
+    # The example driver: 7 free GPUs of sim-example-1 (none of the incomplete sim-example-2) and one more
+    # 30Gi share of the shared GPU.
+    assert placeable_by_class["gpu.example.com"] == 8
+    assert placeable_by_class["tpu.example.com"] == 0
+    # DynamicMIG on sim-node-2: the driver's counter sets carry one OFA engine, so one +me partition per
+    # free GPU (GPU 1 is allocated whole).
+    me = {gpu: v for (gpu, profile), v in values(frame, cat.CLUSTER_PARTITIONS_FIT.name, "counter_set",
+                                                   "profile").items() if profile == "1g.18gb+me"}
+    assert me == {f"gpu-{g}-counter-set": (0.0 if g == 1 else 1.0) for g in range(8)}
