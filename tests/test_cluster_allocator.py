@@ -405,3 +405,9 @@ def test_the_builtin_cluster_counts_as_the_scheduler_would() -> None:
     me = {gpu: v for (gpu, profile), v in values(frame, cat.CLUSTER_PARTITIONS_FIT.name, "counter_set",
                                                    "profile").items() if profile == "1g.18gb+me"}
     assert me == {f"gpu-{g}-counter-set": (0.0 if g == 1 else 1.0) for g in range(8)}
+
+
+def test_shares_are_counted_not_placed_one_by_one() -> None:
+    # A 1-byte default share of 80Gi: 85,899,345,920 claims, counted in no time (bounded work).
+    device = slice_obj("s", EXAMPLE, "n1", [shared_gpu("n1", policy={"default": "1"})], node="n1")
+    assert placeable(cluster_state(device, EXAMPLE_GPU), "gpu.example.com") == 80 * 2**30

@@ -1099,14 +1099,29 @@ class Allocator:
                     return placed  # the search reaches a device its class cannot evaluate: no claim here
                 if not device.for_node(node, labels):
                     continue
-                while self._capacity_fits(device, _PLAIN, layer) and self._counters_fit(device, layer)[0] and (
-                        self._blocking_taint(device, _PLAIN) is None) and not self._in_use(device.key, layer):
-                    share = share_of(device.device, _PLAIN) if device.device.allow_multiple_allocations else None
-                    self._take(layer, Pick("", device.key, False, tuple(sorted((share or {}).items()))), "")
+                if not (self._capacity_fits(device, _PLAIN, layer) and self._counters_fit(device, layer)[0]
+                        and self._blocking_taint(device, _PLAIN) is None):
+                    continue
+                if not device.device.allow_multiple_allocations:
+                    self._take(layer, Pick("", device.key), "")
                     placed += 1
-                    if share is not None and not any(share.values()):
-                        break  # a share that takes nothing could be placed without end
+                    continue
+                # Shares of one device, counted rather than placed one by one (a 1-byte default on 80Gi
+                # would be billions of steps): the first consumes the counters, the others only capacity.
+                share = share_of(device.device, _PLAIN) or {}
+                shares = self._shares_left(device, share, layer)
+                self._take(layer, Pick("", device.key, False, tuple(sorted(share.items()))), "")
+                layer.add_share(device.key, {n: v * (shares - 1) for n, v in share.items()})
+                placed += shares
         return placed
+
+    def _shares_left(self, device: Device, share: Mapping[str, float], layer: _Usage) -> int:
+        """How many shares of ``share`` still fit the device's capacities (1 when it takes nothing)."""
+        have = self.committed.shares.get(device.key, {})
+        adding = layer.shares.get(device.key, {})
+        counts = [int((value - have.get(n, 0.0) - adding.get(n, 0.0) + _EPSILON) // share[n])
+                  for n, value in device.device.capacity if share.get(n, 0.0) > 0]
+        return max(1, min(counts, default=1))
 
     def fit_one_after_another(self, devices: Sequence[Device]) -> int:
         """How many of ``devices`` (one profile of one GPU, in slice order) the scheduler could place
