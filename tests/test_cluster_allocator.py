@@ -303,8 +303,8 @@ def test_match_and_distinct_attribute_constraints() -> None:
     three = allocator.allocate(pending(request(count=3), constraints=[{"distinctAttribute": f"{EXAMPLE}/numa"}]))
     assert [d[2] for d in three.devices] == ["gpu-0", "gpu-1", "gpu-2"]
     # Across requests it holds: a second request finds no value the first one's device does not have.
-    same = cluster_state(example_gpus("n1", 2), EXAMPLE_GPU)
-    two = Allocator(same).allocate(pending(request("a"), request("b"),
+    indexed = cluster_state(example_gpus("n1", 2), EXAMPLE_GPU)
+    two = Allocator(indexed).allocate(pending(request("a"), request("b"),
                                            constraints=[{"distinctAttribute": f"{EXAMPLE}/index"}]))
     assert two.placeable
     sl = example_gpus("n1", 2)
@@ -385,3 +385,29 @@ def test_gpu_equivalents_add_up_to_the_gpus_and_split_a_partitioned_one_by_its_s
     got = values(Capacity().frame(state, 0.0), cat.CLUSTER_GPU_EQUIVALENTS.name, "node", "state")
     assert got == {("n1", "free"): 0.375, ("n1", "allocated"): 1.625, ("n1", "blocked"): 0.0,
                    ("n2", "free"): 1.0, ("n2", "blocked"): 1.0, ("n3", "blocked"): 2.0}
+
+
+# --- the simulator's built-in cluster ---------------------------------------------------------------------
+
+
+def test_the_builtin_cluster_counts_as_the_scheduler_would() -> None:
+    from dra_exporter_sim.cluster import builtin_cluster
+
+    state = cluster_state([o for o in builtin_cluster() if o["kind"] != "Pod"])
+    frame = Capacity().frame(state, 0.0)
+    placeable_by_class = {c: v for (c,), v in values(frame, cat.CLUSTER_CLASS_PLACEABLE.name, "device_class").items()}
+    # The example driver: 7 free GPUs of sim-example-1 (none of the incomplete sim-example-2) and one more
+    # 30Gi share of the shared GPU.
+    assert placeable_by_class["gpu.example.com"] == 8
+    assert placeable_by_class["tpu.example.com"] == 0
+    # DynamicMIG on sim-node-2: the driver's counter sets carry one OFA engine, so one +me partition per
+    # free GPU (GPU 1 is allocated whole).
+    me = {gpu: v for (gpu, profile), v in values(frame, cat.CLUSTER_PARTITIONS_FIT.name, "counter_set",
+                                                   "profile").items() if profile == "1g.18gb+me"}
+    assert me == {f"gpu-{g}-counter-set": (0.0 if g == 1 else 1.0) for g in range(8)}
+
+
+def test_shares_are_counted_not_placed_one_by_one() -> None:
+    # A 1-byte default share of 80Gi: 85,899,345,920 claims, counted in no time (bounded work).
+    device = slice_obj("s", EXAMPLE, "n1", [shared_gpu("n1", policy={"default": "1"})], node="n1")
+    assert placeable(cluster_state(device, EXAMPLE_GPU), "gpu.example.com") == 80 * 2**30

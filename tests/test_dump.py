@@ -360,10 +360,11 @@ def test_two_uuids_for_one_gpu() -> None:
         device = find(o, "ResourceSlice", "gpu-node-a-gpu.nvidia.com-7xkqz")["spec"]["devices"][3]
         device["attributes"]["parentUUID"] = {"string": GPU + "9"}
 
-    # Devices are read in name order (as the exporter reads a slice): the MIG device with the other
-    # parent comes first, and the second one names the conflict.
+    # Devices are read in the slice's order (as the exporter and the scheduler read a slice): the
+    # device with the other parent comes second and names the conflict.
     message = broken(change)
-    assert "GPU minor 2 is " + GPU + "9 in ResourceSlice" in message and message.endswith("not " + GPU + "2")
+    assert "gpu-2-mig-19-4-1].attributes.parentUUID: GPU minor 2 is " + GPU + "2 in ResourceSlice" in message
+    assert message.endswith("not " + GPU + "9")
 
 
 def test_a_result_without_a_device_is_dropped_as_the_exporter_drops_it() -> None:

@@ -52,10 +52,11 @@ def view(kube: ControlPlane) -> ClusterState:
                         tuple(device_class_from_dict(o) for o in items("deviceclasses")))
 
 
-def create_layout(kube: ControlPlane, layout: Layout, classes: dict[str, JSON]) -> tuple[str, str]:
+def create_layout(kube: ControlPlane, layout: Layout, classes: dict[str, JSON], *,
+                  admin_access: bool = False) -> tuple[str, str]:
     """A fresh Ready node with the layout's objects (claims allocated through their status) and the
     classes; (namespace, node)."""
-    ns, node = kube.namespace("alloc"), kube.ready_node()
+    ns, node = kube.namespace("alloc", admin_access=admin_access), kube.ready_node()
     for c in classes.values():
         kube.create(c)
     for obj in layout(node):
@@ -316,3 +317,18 @@ def test_a_claim_is_placeable_exactly_when_the_scheduler_allocates_it(
     outcome = Allocator(view(kube)).allocate(claim_from_dict(obj, "v1"), node)
     kube.pod(ns, name, claims={"gpu": name}, node_name=node)
     assert (placed(kube, ns, name), outcome.placeable) == (expected, expected), (what, outcome)
+
+
+def test_admin_access_gets_a_device_another_claim_holds(kube: ControlPlane) -> None:
+    classes = {"example": unique_class(kube, "example", *ANY_EXAMPLE)}
+    ns, node = create_layout(kube, lambda n: [example_gpus(n, 1), allocated(f"held-{n}", EXAMPLE, n, "gpu-0")],
+                             classes, admin_access=True)
+    state = view(kube)
+    for name, admin, expected in (("monitor", True, True), ("second", False, False)):
+        more: dict[str, Any] = {"adminAccess": True} if admin else {}
+        obj = claim_obj(name, [request(device_class_name=classes["example"]["metadata"]["name"], **more)],
+                        namespace=ns)
+        kube.create(obj, ns)
+        outcome = Allocator(state).allocate(claim_from_dict(obj, "v1"), node)
+        kube.pod(ns, name, claims={"gpu": name}, node_name=node)
+        assert (placed(kube, ns, name), outcome.placeable) == (expected, expected), name

@@ -547,15 +547,16 @@ class Allocator:
         rules = [r for r in state.taint_rules if not r.unsupported_selector]
         self.pools: list[Pool] = []
         self.devices: dict[DeviceKey, Device] = {}
-        rules_key = tuple(rules)
         for key, slices in sorted(_newest(state.slices).items()):
             slices.sort(key=lambda s: s.name)
             ids = tuple(id(s) for s in slices)
             known = matches.pools.get(key)
+            # Only the rules that can select the pool's devices: a rule elsewhere rebuilds nothing here.
+            rules_key = tuple(r for r in rules if r.driver in ("", key[0]) and r.pool in ("", key[1]))
             if known is not None and known[0] == ids and known[1] == rules_key:
                 pool = known[2]
             else:
-                pool = self._pool(key, slices, rules)
+                pool = self._pool(key, slices, rules_key)
                 matches.pools[key] = (ids, rules_key, pool)
             self.pools.append(pool)
             for device in pool.devices:
@@ -585,6 +586,7 @@ class Allocator:
     # --- building -----------------------------------------------------------------------------------
 
     def _pool(self, key: PoolKey, slices: list[ResourceSliceInfo], rules: Sequence[DeviceTaintRule]) -> Pool:
+        """A pool of the newest generation's ``slices``, its devices tainted by ``rules`` (those for it)."""
         expected = max(s.resource_slice_count for s in slices)
         invalid, counters = _pool_invalid(slices)
         nodes = {s.placement.node_name or s.node_name for s in slices if s.placement.node_name or s.node_name}
@@ -596,13 +598,12 @@ class Allocator:
         pool = Pool(key, slices[0].generation, expected, slices, counters=counters,
                     incomplete=len(slices) != expected, invalid=invalid, nodes=frozenset(nodes),
                     everywhere=everywhere)
-        pool_rules = [r for r in rules if r.driver in ("", key[0]) and r.pool in ("", key[1])]
         for sl in slices:
             rows = self.matches.of_slice(sl)
             group: list[Device] = []
             for d, row in zip(sl.devices, rows, strict=True):
                 dkey = (sl.driver, sl.pool, d.name)
-                taints = d.taints + tuple(r.taint for r in pool_rules if r.selects(*dkey))
+                taints = d.taints + tuple(r.taint for r in rules if r.selects(*dkey))
                 device = Device(dkey, d, sl, pool, row, taints)
                 group.append(device)
             pool.devices.extend(group)
@@ -1105,14 +1106,29 @@ class Allocator:
                     return placed  # the search reaches a device its class cannot evaluate: no claim here
                 if not device.for_node(node, labels):
                     continue
-                while self._capacity_fits(device, _PLAIN, layer) and self._counters_fit(device, layer)[0] and (
-                        self._blocking_taint(device, _PLAIN) is None) and not self._in_use(device.key, layer):
-                    share = share_of(device.device, _PLAIN) if device.device.allow_multiple_allocations else None
-                    self._take(layer, Pick("", device.key, False, tuple(sorted((share or {}).items()))), "")
+                if not (self._capacity_fits(device, _PLAIN, layer) and self._counters_fit(device, layer)[0]
+                        and self._blocking_taint(device, _PLAIN) is None):
+                    continue
+                if not device.device.allow_multiple_allocations:
+                    self._take(layer, Pick("", device.key), "")
                     placed += 1
-                    if share is not None and not any(share.values()):
-                        break  # a share that takes nothing could be placed without end
+                    continue
+                # Shares of one device, counted rather than placed one by one (a 1-byte default on 80Gi
+                # would be billions of steps): the first consumes the counters, the others only capacity.
+                share = share_of(device.device, _PLAIN) or {}
+                shares = self._shares_left(device, share, layer)
+                self._take(layer, Pick("", device.key, False, tuple(sorted(share.items()))), "")
+                layer.add_share(device.key, {n: v * (shares - 1) for n, v in share.items()})
+                placed += shares
         return placed
+
+    def _shares_left(self, device: Device, share: Mapping[str, float], layer: _Usage) -> int:
+        """How many shares of ``share`` still fit the device's capacities (1 when it takes nothing)."""
+        have = self.committed.shares.get(device.key, {})
+        adding = layer.shares.get(device.key, {})
+        counts = [int((value - have.get(n, 0.0) - adding.get(n, 0.0) + _EPSILON) // share[n])
+                  for n, value in device.device.capacity if share.get(n, 0.0) > 0]
+        return max(1, min(counts, default=1))
 
     def fit_one_after_another(self, devices: Sequence[Device]) -> int:
         """How many of ``devices`` (one profile of one GPU, in slice order) the scheduler could place
