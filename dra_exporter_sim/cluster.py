@@ -24,16 +24,19 @@ from typing import Any, Final
 from dra_exporter.resolve import NVIDIA_DRIVER
 from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
 
-from . import k8s_objects
+from . import admission, k8s_objects
 from .k8s_objects import GROUP, JSON, timestamp
 from .loader import load_scenario
 from .scenario import API_VERSIONS, Scenario, ScenarioError
 from .scenario_builder import read_documents
 
 BUILTIN: Final = "cluster"
+#: The built-in cluster is a 1.36 one (``k8s_objects.KUBERNETES_VERSIONS``): DeviceTaintRules in v1beta2.
+TAINT_RULE_VERSION: Final = "v1beta2"
 EXAMPLE_DRIVER: Final = "gpu.example.com"
 #: Kinds a cluster dump may hold that the cluster mode reads; others (Nodes, templates…) are skipped.
-KINDS: Final = ("ResourceSlice", "ResourceClaim", "DeviceClass", "DeviceTaintRule", "Pod")
+KINDS: Final = ("ResourceSlice", "ResourceClaim", "DeviceClass", "DeviceTaintRule", "Pod", "Namespace", "Node")
+_CORE_KINDS: Final = ("Pod", "Namespace", "Node")
 
 
 def cluster_scenario(objects: tuple[Mapping[str, Any], ...], name: str) -> Scenario:
@@ -156,11 +159,35 @@ def builtin_cluster() -> tuple[JSON, ...]:
         _claim("research", "tpu-job-2", "tpu.example.com", [], created=-600),
         _claim("inference", "mig-either", "", [], created=-1200, first_available=("mig.nvidia.com", "gpu.nvidia.com")),
     ]
-    rules = [{"apiVersion": f"{GROUP}/v1", "kind": "DeviceTaintRule",
+    # The pods the claims are reserved for: a reservation for a pod that does not exist is removed by the
+    # resourceclaim controller of a real cluster.
+    pods = [_pod("inference", "llm-3g-0", "sim-node-2", "llm-3g"), _pod("inference", "embed-1g-0", "sim-node-2",
+                                                                        "embed-1g"),
+            _pod("training", "trainer-0", "sim-node-2", "h200-whole"),
+            _pod("training", "a100-trainer-0", a100, "a100-0"), _pod("demo", "example-pod", example, "example-0")]
+    # DeviceTaintRules in the version this cluster's release serves them (1.36: v1beta2, not yet v1).
+    rules = [{"apiVersion": f"{GROUP}/{TAINT_RULE_VERSION}", "kind": "DeviceTaintRule",
               "metadata": {"name": "drain-a100-2", "uid": "rule-drain-a100-2", "creationTimestamp": timestamp(-600)},
               "spec": {"deviceSelector": {"driver": NVIDIA_DRIVER, "pool": a100, "device": "gpu-2"},
                        "taint": {"key": "example.com/maintenance", "value": "planned", "effect": "NoExecute"}}}]
-    return (*slices, *claims, *DEVICE_CLASSES, *rules, *static.pods)
+    # sim-node-2's slices name their Node by the demo's seed, as sim-node-1's do.
+    nodes = [*static.nodes, k8s_objects.node_object(demo.seed, "sim-node-2"),
+             *(k8s_objects.node_object(1, n) for n in (a100, example, partial))]
+    namespaces = k8s_objects.namespace_objects(1, (*claims, *static.pods, *pods))
+    return (*namespaces, *nodes, *slices, *claims, *DEVICE_CLASSES, *rules, *static.pods, *pods)
+
+
+def _pod(namespace: str, name: str, node: str, claim: str) -> JSON:
+    """A running pod on ``node`` whose one container uses ``claim``."""
+    started = timestamp(-3600)
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": namespace, "name": name, "creationTimestamp": started,
+                         "uid": k8s_objects.derived_uuid(1, "pod", namespace, name)},
+            "spec": {"nodeName": node, "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": "main", "image": "sim.local/main:latest",
+                                     "resources": {"claims": [{"name": "gpu"}]}}]},
+            "status": {"phase": "Running", "startTime": started,
+                       "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": started}]}}
 
 
 # --- cluster dumps ------------------------------------------------------------------------------------
@@ -170,6 +197,7 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
     """Every DRA object (and pod) of a cluster dump; raises ``ScenarioError`` naming the object."""
     label, docs = read_documents(path)
     out: list[JSON] = []
+    checked: list[Mapping[str, Any]] = []
     for d, doc in enumerate(docs):
         if doc is None:
             continue
@@ -190,11 +218,13 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
                 raise ScenarioError(f"{where}: items[{i}] ({kind}): metadata.name: required")
             group, _, version = item["apiVersion"].rpartition("/")
             versions = TAINT_RULE_VERSIONS if kind == "DeviceTaintRule" else API_VERSIONS
-            if kind != "Pod" and (group != GROUP or version not in versions):
+            if kind not in _CORE_KINDS and (group != GROUP or version not in versions):
                 raise ScenarioError(f"{where}: {kind}/{meta['name']}: apiVersion {item['apiVersion']!r} is not "
                                     f"supported (supported: {', '.join(f'{GROUP}/{v}' for v in versions)})")
             out.append(dict(item))
+            checked.append(item)
     if not any(o["kind"] == "ResourceSlice" for o in out):
         raise ScenarioError(f"{label}: the dump has no ResourceSlice (expected `kubectl get resourceslices,"
                             "resourceclaims,deviceclasses,pods -A -o yaml`)")
+    admission.check(checked, label)
     return tuple(out)

@@ -51,11 +51,15 @@ from dra_exporter.sources.kubeapi_normalize import (
     slice_from_dict,
 )
 
+from . import admission
 from .profile import MigProfile, identified, known_mig_profiles, load_profile, mig_profile_from_slice
 from .scenario import API_VERSIONS, DEVICE_HEALTH, MAX_GPUS, Hardware, Scenario, ScenarioError
 from .scenario_builder import parse_scenario, read_documents
 
 KINDS: Final = ("ResourceSlice", "ResourceClaim", "Pod")
+#: Core kinds the dump may hold that are served as they are: their labels say what the server admits
+#: (a Namespace's admin-access label) and what owns the slices (a Node).
+SERVED_AS_THEY_ARE: Final = ("Namespace", "Node")
 #: NVIDIA's ComputeDomain objects: not part of the node's hardware or kubelet view, only served as they are.
 CD_KINDS: Final = ("ComputeDomain", "ComputeDomainClique")
 _CD_API_VERSION: Final = "resource.nvidia.com/v1beta1"
@@ -93,6 +97,7 @@ def load_dump(path: str | os.PathLike[str], node_name: str | None = None) -> Sce
 def parse_dump(docs: list[Any], label: str, node_name: str | None = None) -> Scenario:
     """Parsed dump documents → ``Scenario``; see the module docstring."""
     objects = _Objects.read(docs, label)
+    admission.check((item for item, _ in _items(docs, label)), label)
     node = _choose_node(objects, label, node_name)
     builder = _DumpBuilder(label, node, objects)
     data = builder.scenario_document()
@@ -166,6 +171,9 @@ class _Objects:
             kind, api_version = str(item["kind"]), str(item["apiVersion"])
             if kind in CD_KINDS:
                 raw.append(_compute_domain_object(_plain(item), label))
+                continue
+            if kind in SERVED_AS_THEY_ARE and api_version == "v1":
+                raw.append(_plain(item))
                 continue
             if kind not in KINDS:
                 continue  # DeviceClasses, templates, nodes…: nothing the simulated node needs

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .k8s_objects import JSON, ClusterObjects, changes_key, cluster_objects, object_metadata
+from .k8s_objects import JSON, ClusterObjects, changes_key, cluster_objects, namespace_objects, object_metadata
 from .scenario import Fault, Scenario, ScenarioError, derived_uuid
 from .scenario_builder import Cursor, parse_scenario
 
@@ -270,12 +270,16 @@ def objects(cluster: ClusterScenario, t: float) -> ClusterObjects:
     claims = tuple(_with_config(cluster, c) for p in parts for c in p.resourceclaims)
     domains = tuple(compute_domain(cluster, d, t) for d in cluster.compute_domains)
     cliques = tuple(c for d in cluster.compute_domains if d.cliques for c in cliques_of(cluster, d, t))
+    pods = tuple(o for p in parts for o in p.pods)
     return ClusterObjects(
         resourceslices=tuple(s for p in parts for s in p.resourceslices),
         resourceclaims=claims,
-        pods=tuple(o for p in parts for o in p.pods),
+        pods=pods,
+        nodes=tuple(n for p in parts for n in p.nodes),
         computedomains=domains,
         computedomaincliques=cliques,
+        namespaces=namespace_objects(cluster.nodes[0].seed if cluster.nodes else 0,
+                                     (*claims, *pods, *domains, *cliques)),
     )
 
 
