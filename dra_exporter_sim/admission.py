@@ -17,14 +17,20 @@ one found in one line naming the object (``Kind/namespace/name``) and the field,
 
 Only what the dump shows is judged: a dump without Namespaces or Nodes (``kubectl get
 resourceslices,resourceclaims,pods``) says nothing about labels or node owners.
+
+``defaulted`` fills in what the server fills in on create, so that a hand-written dump is served as a
+real server would have stored it: a request's ``allocationMode: ExactCount`` and ``count: 1`` (in
+``exactly``, in each ``firstAvailable`` subrequest, or next to the name in v1beta1), a taint's
+``timeAdded`` (the object's creation time here, else the simulated time 0; the server's clock there).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from .k8s_objects import ADMIN_ACCESS_LABEL, admin_access_requests
+from .k8s_objects import ADMIN_ACCESS_LABEL, admin_access_requests, timestamp
 from .scenario import MAX_CLAIM_DEVICES, ScenarioError
 
 _NODE_SELECTIONS: Final = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
@@ -132,3 +138,39 @@ def _dangling_owner(items: list[Mapping[str, Any]]) -> tuple[Mapping[str, Any], 
                 return obj, (f"metadata.ownerReferences[{i}]: {kind} {ref.get('name')} (uid {ref.get('uid')}) "
                              "is not in the dump")
     return None
+
+
+def defaulted(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` with the defaults the API server fills in on create (see the module docstring)."""
+    out = copy.deepcopy(dict(obj))
+    kind, spec = out.get("kind"), out.get("spec")
+    if not isinstance(spec, dict):
+        return out
+    created = _str(_map(out.get("metadata")).get("creationTimestamp")) or timestamp(0)
+    if kind == "ResourceClaim":
+        devices = spec.get("devices")
+        for request in _list(devices.get("requests") if isinstance(devices, dict) else None):
+            if not isinstance(request, dict):
+                continue
+            subrequests = _list(request.get("firstAvailable"))
+            if subrequests:
+                targets = subrequests
+            elif isinstance(request.get("exactly"), dict):
+                targets = [request["exactly"]]
+            elif str(out.get("apiVersion", "")).endswith("/v1beta1"):
+                targets = [request]
+            else:
+                targets = []
+            for target in (t for t in targets if isinstance(t, dict)):
+                target.setdefault("allocationMode", "ExactCount")
+                if target["allocationMode"] == "ExactCount":
+                    target.setdefault("count", 1)
+    elif kind == "ResourceSlice":
+        for device in _list(spec.get("devices")):
+            holder = device.get("basic", device) if isinstance(device, dict) else None
+            for taint in _list(holder.get("taints") if isinstance(holder, dict) else None):
+                if isinstance(taint, dict):
+                    taint.setdefault("timeAdded", created)
+    elif kind == "DeviceTaintRule" and isinstance(spec.get("taint"), dict):
+        spec["taint"].setdefault("timeAdded", created)
+    return out

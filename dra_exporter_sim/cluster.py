@@ -81,7 +81,8 @@ def _claim(namespace: str, name: str, device_class: str, results: list[tuple[str
            created: float, reserved_by: str = "", first_available: tuple[str, ...] = ()) -> JSON:
     request: JSON = {"name": "gpu"}
     if first_available:
-        request["firstAvailable"] = [{"name": c.split(".")[0], "deviceClassName": c} for c in first_available]
+        request["firstAvailable"] = [{"name": c.split(".")[0], "deviceClassName": c, "allocationMode": "ExactCount",
+                                      "count": 1} for c in first_available]
     else:
         request["exactly"] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
     status: JSON = {}
@@ -115,7 +116,8 @@ def _a100(node: str, i: int) -> JSON:
         "architecture": {"string": "Ampere"}, "cudaComputeCapability": {"version": "8.0.0"},
         "driverVersion": {"version": "580.82.7"}}, "capacity": {"memory": {"value": "80Gi"}}}
     if i == 3:
-        device["taints"] = [{"key": "gpu.nvidia.com/ecc-errors", "value": "uncorrectable", "effect": "NoSchedule"}]
+        device["taints"] = [{"key": "gpu.nvidia.com/ecc-errors", "value": "uncorrectable", "effect": "NoSchedule",
+                             "timeAdded": timestamp(-3600)}]
     return device
 
 
@@ -169,7 +171,8 @@ def builtin_cluster() -> tuple[JSON, ...]:
     rules = [{"apiVersion": f"{GROUP}/{TAINT_RULE_VERSION}", "kind": "DeviceTaintRule",
               "metadata": {"name": "drain-a100-2", "uid": "rule-drain-a100-2", "creationTimestamp": timestamp(-600)},
               "spec": {"deviceSelector": {"driver": NVIDIA_DRIVER, "pool": a100, "device": "gpu-2"},
-                       "taint": {"key": "example.com/maintenance", "value": "planned", "effect": "NoExecute"}}}]
+                       "taint": {"key": "example.com/maintenance", "value": "planned", "effect": "NoExecute",
+                                 "timeAdded": timestamp(-600)}}}]
     # sim-node-2's slices name their Node by the demo's seed, as sim-node-1's do.
     nodes = [*static.nodes, k8s_objects.node_object(demo.seed, "sim-node-2"),
              *(k8s_objects.node_object(1, n) for n in (a100, example, partial))]
@@ -221,7 +224,7 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
             if kind not in _CORE_KINDS and (group != GROUP or version not in versions):
                 raise ScenarioError(f"{where}: {kind}/{meta['name']}: apiVersion {item['apiVersion']!r} is not "
                                     f"supported (supported: {', '.join(f'{GROUP}/{v}' for v in versions)})")
-            out.append(dict(item))
+            out.append(admission.defaulted(item))
             checked.append(item)
     if not any(o["kind"] == "ResourceSlice" for o in out):
         raise ScenarioError(f"{label}: the dump has no ResourceSlice (expected `kubectl get resourceslices,"

@@ -209,7 +209,7 @@ class _Objects:
             else:
                 node = _map(obj.get("spec")).get("nodeName")
                 pods.append(_Pod(place, pod, node if isinstance(node, str) else ""))
-            raw.append(obj)
+            raw.append(admission.defaulted(obj))
         return cls(tuple(slices), tuple(claims), tuple(pods), tuple(raw))
 
 

@@ -39,6 +39,8 @@ _SERVER_METADATA = ("uid", "resourceVersion", "creationTimestamp", "generation",
                     "deletionTimestamp", "deletionGracePeriodSeconds")
 #: Requests in flight at once (creating the objects of one kind, deleting).
 _PARALLEL = 6
+#: Kinds whose defaults the exporter may read: the simulator serves them as the server stores them.
+_DEFAULTS_CHECKED = ("ResourceSlice", "ResourceClaim", "DeviceClass", "DeviceTaintRule")
 _WITH_STATUS = ("ResourceClaim", "Pod", "ComputeDomain", "ComputeDomainClique", "DeviceTaintRule")
 #: How long the garbage collector may take to delete an object whose owner does not exist.
 GC_TIMEOUT = 30.0
@@ -63,6 +65,8 @@ class Replay:
     """What the replay left out, and why."""
     dropped: dict[str, list[str]] = field(default_factory=dict)
     """Object → the fields it was sent with that the server did not keep (cleared, or gated off)."""
+    defaulted: dict[str, list[str]] = field(default_factory=dict)
+    """Object → the spec fields the server filled in (defaults) that the source did not have."""
     created: list[str] = field(default_factory=list)
     """API paths of what was created, in creation order (for ``delete``)."""
     finalized: set[str] = field(default_factory=set)
@@ -286,7 +290,10 @@ def replay(kube: ControlPlane, label: str, objects: Iterable[Mapping[str, Any]],
             if refusal:
                 step.outcome = Outcome(kind, where, "refused", f"status: {refusal.replace(prefix + '-', '')}")
                 return step
-        step.dropped = _dropped({**renamed, "status": status_part} if status_part else renamed, stored)
+        sent = {**renamed, "status": status_part} if status_part else renamed
+        step.dropped = _dropped(sent, stored)
+        if kind in _DEFAULTS_CHECKED:
+            step.defaulted = _dropped(stored.get("spec"), sent.get("spec"), "spec")
         if dangling:
             step.orphan = dangling
         else:
@@ -305,6 +312,8 @@ def replay(kube: ControlPlane, label: str, objects: Iterable[Mapping[str, Any]],
                 result.notes += step.notes
                 if step.dropped:
                     result.dropped[f"{step.kind} {step.where}"] = step.dropped
+                if step.defaulted:
+                    result.defaulted[f"{step.kind} {step.where}"] = step.defaulted
                 if step.outcome:
                     result.outcomes.append(step.outcome)
                 if step.orphan and step.path:
@@ -328,6 +337,7 @@ class _Step:
     finalized: bool = False
     notes: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    defaulted: list[str] = field(default_factory=list)
     orphan: str = ""
 
 

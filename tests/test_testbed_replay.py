@@ -21,7 +21,7 @@ import pytest
 from kubetestbed import ControlPlane
 
 from dra_exporter_sim import k8s_objects
-from dra_exporter_sim.cluster import builtin_cluster
+from dra_exporter_sim.cluster import builtin_cluster, load_cluster_dump
 from dra_exporter_sim.loader import load_scenario
 from dra_exporter_sim.scenario_builder import read_documents
 
@@ -55,21 +55,28 @@ def scenario_objects(name: str, t: float = 60.0) -> list[dict[str, Any]]:
     return [o for group in objects.by_resource().values() for o in group]
 
 
-def dump_objects(path: Path) -> list[dict[str, Any]]:
-    """Every object of a dump of a kind the simulator serves."""
+def file_objects(path: Path, kinds: tuple[str, ...] = SERVED) -> list[dict[str, Any]]:
+    """Every object of a dump of one of ``kinds``, as the file has it."""
     _, docs = read_documents(path)
     out = []
     for doc in docs:
         if isinstance(doc, Mapping):
             items = doc.get("items") if str(doc.get("kind", "")).endswith("List") else [doc]
-            out += [dict(i) for i in items or () if isinstance(i, Mapping) and i.get("kind") in SERVED]
+            out += [dict(i) for i in items or () if isinstance(i, Mapping) and i.get("kind") in kinds]
     return out
+
+
+def dump_objects(path: Path) -> list[dict[str, Any]]:
+    """What the simulator serves for a dump: the cluster loader's objects (with the defaults a server fills
+    in) and the ComputeDomains the node loader serves as they are."""
+    return [*load_cluster_dump(path), *file_objects(path, k8s_objects.COMPUTE_DOMAIN_KINDS)]
 
 
 def sources() -> list[tuple[str, list[dict[str, Any]]]]:
     return ([(name, scenario_objects(name)) for name in SCENARIOS]
             + [(f"dumps/{name}", dump_objects(DUMPS / name)) for name in VALID_DUMPS]
-            + [(f"dumps/invalid/{name}", dump_objects(DUMPS / "invalid" / name)) for name in INVALID])
+            # The simulator refuses these (test_admission.py): the files themselves are replayed.
+            + [(f"dumps/invalid/{name}", file_objects(DUMPS / "invalid" / name)) for name in INVALID])
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +100,8 @@ def test_the_real_api_server_accepts_and_keeps_everything_the_simulator_serves(
     assert result.of("accepted"), f"{label}: nothing replayed"
     assert not result.of("refused"), kubereplay.table([result])
     assert not result.dropped, f"{label}: fields the server did not keep: {result.dropped}"
+    # What the server fills in on create (allocationMode, count, a taint's timeAdded) is served already.
+    assert not result.defaulted, f"{label}: fields the server filled in: {result.defaulted}"
     # Only CRD-served kinds may be left out, and only while their CRDs are not installed.
     assert {o.kind for o in result.of("skipped")} <= set(k8s_objects.COMPUTE_DOMAIN_KINDS)
 
