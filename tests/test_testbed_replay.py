@@ -20,7 +20,7 @@ import kubereplay
 import pytest
 from kubetestbed import ControlPlane
 
-from dra_exporter_sim import k8s_objects
+from dra_exporter_sim import admission, k8s_objects
 from dra_exporter_sim.cluster import builtin_cluster, load_cluster_dump
 from dra_exporter_sim.loader import load_scenario
 from dra_exporter_sim.scenario_builder import read_documents
@@ -130,3 +130,59 @@ def test_the_real_api_server_refuses_each_invalid_dump_with_its_message(
 def test_every_dump_is_replayed_and_every_invalid_dump_is_known() -> None:
     assert sorted(p.name for p in (DUMPS / "invalid").glob("*.yaml")) == sorted(INVALID)
     assert VALID_DUMPS, "no dumps under tests/dumps/"
+
+
+# --- what the real server showed that the simulator did not, each now served as the server does -------------
+
+
+def test_a_namespace_is_stored_as_the_simulator_serves_its_namespaces(kube: ControlPlane) -> None:
+    name = kube.unique("plain")
+    stored = kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    (served,) = k8s_objects.namespace_objects(0, [{"kind": "Pod", "metadata": {"namespace": name}}])
+    # The server labels every namespace with its name and gives it its finalizer and phase.
+    assert stored["metadata"]["labels"] == served["metadata"]["labels"] == {"kubernetes.io/metadata.name": name}
+    assert stored["spec"] == served["spec"] and stored["status"] == served["status"]
+    kube.delete(f"/api/v1/namespaces/{name}")
+
+
+def test_the_defaults_the_server_fills_in_are_those_the_dump_loaders_fill_in(kube: ControlPlane) -> None:
+    ns = kube.namespace("defaults")
+    node = kube.ready_node()
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c", "namespace": ns},
+             "spec": {"devices": {"requests": [
+                 {"name": "one", "exactly": {"deviceClassName": "gpu"}},
+                 {"name": "all", "exactly": {"deviceClassName": "gpu", "allocationMode": "All"}},
+                 {"name": "either", "firstAvailable": [{"name": "a", "deviceClassName": "gpu"}]}]}}}
+    pool = kube.unique("pool")
+    slice_ = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": pool},
+              "spec": {"driver": "gpu.example.com", "nodeName": node,
+                       "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                       "devices": [{"name": "gpu-0", "taints": [{"key": "k", "effect": "NoSchedule"}]}]}}
+    rule = {"apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule", "metadata": {"name": pool},
+            "spec": {"deviceSelector": {"driver": "gpu.example.com", "pool": pool, "device": "gpu-0"},
+                     "taint": {"key": "k", "effect": "NoSchedule"}}}
+    try:
+        for obj in (claim, slice_, rule):
+            stored = kube.create(obj)
+            # The loaders put the object's creation time where the server puts its clock's.
+            created = stored["metadata"]["creationTimestamp"]
+            expected = admission.defaulted({**obj, "metadata": {**obj["metadata"], "creationTimestamp": created}})
+            assert stored["spec"] == expected["spec"], obj["kind"]
+    finally:
+        for path in (f"/apis/resource.k8s.io/v1beta2/devicetaintrules/{pool}",
+                     f"/apis/resource.k8s.io/v1/resourceslices/{pool}", f"/api/v1/nodes/{node}"):
+            kube.delete(path)
+
+
+def test_a_create_drops_the_status_the_replay_writes_through_the_status_subresource(kube: ControlPlane) -> None:
+    ns = kube.namespace("status")
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c", "namespace": ns},
+             "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu"}}]}},
+             "status": {"allocation": {"devices": {"results": [
+                 {"request": "r", "driver": "gpu.example.com", "pool": "p", "device": "gpu-0"}]}}}}
+    assert kube.create(claim)["status"] == {}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": ns},
+           "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+           "status": {"phase": "Running"}}
+    assert kube.create(pod)["status"]["phase"] == "Pending"
+    kube.delete(f"/api/v1/namespaces/{ns}/pods/p?gracePeriodSeconds=0")
