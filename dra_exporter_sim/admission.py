@@ -34,7 +34,8 @@ from .k8s_objects import ADMIN_ACCESS_LABEL, admin_access_requests, timestamp
 from .scenario import MAX_CLAIM_DEVICES, ScenarioError
 
 _NODE_SELECTIONS: Final = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
-_CLUSTER_SCOPED: Final = frozenset({"Node", "Namespace", "ResourceSlice", "DeviceClass", "DeviceTaintRule"})
+#: The kinds a dump may hold that have no namespace.
+CLUSTER_SCOPED: Final = frozenset({"Node", "Namespace", "ResourceSlice", "DeviceClass", "DeviceTaintRule"})
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -122,7 +123,7 @@ def _dangling_owner(items: list[Mapping[str, Any]]) -> tuple[Mapping[str, Any], 
     present: dict[tuple[str, str, str], str] = {}
     for o in items:
         meta = _map(o.get("metadata"))
-        ns = "" if _str(o.get("kind")) in _CLUSTER_SCOPED else _str(meta.get("namespace"))
+        ns = "" if _str(o.get("kind")) in CLUSTER_SCOPED else _str(meta.get("namespace"))
         present[(_str(o.get("kind")), ns, _str(meta.get("name")))] = _str(meta.get("uid"))
     for obj in items:
         meta = _map(obj.get("metadata"))
@@ -131,7 +132,7 @@ def _dangling_owner(items: list[Mapping[str, Any]]) -> tuple[Mapping[str, Any], 
             kind = _str(ref.get("kind"))
             if not kind or kind not in kinds:
                 continue  # the dump does not hold that kind: it cannot say whether the owner exists
-            ns = "" if kind in _CLUSTER_SCOPED else _str(meta.get("namespace"))
+            ns = "" if kind in CLUSTER_SCOPED else _str(meta.get("namespace"))
             key = (kind, ns, _str(ref.get("name")))
             # A hand-written owner without a UID matches by name.
             if key not in present or present[key] not in ("", _str(ref.get("uid"))):

@@ -170,14 +170,14 @@ class _Objects:
         for item, _where in _items(docs, label):
             kind, api_version = str(item["kind"]), str(item["apiVersion"])
             if kind in CD_KINDS:
-                raw.append(_compute_domain_object(_plain(item), label))
+                raw.append(_compute_domain_object(as_json(item), label))
                 continue
             if kind in SERVED_AS_THEY_ARE and api_version == "v1":
-                raw.append(_plain(item))
+                raw.append(as_json(item))
                 continue
             if kind not in KINDS:
                 continue  # DeviceClasses, templates, nodes…: nothing the simulated node needs
-            obj = _plain(item)
+            obj = as_json(item)
             group, _, version = api_version.rpartition("/")
             # The exporter's own reader, told to note fields of the wrong type: it reads them as absent
             # (as it must for an API server's answer), a dump with one is refused, naming the field.
@@ -251,12 +251,12 @@ def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _plain(value: Any) -> Any:
+def as_json(value: Any) -> Any:
     """YAML values as JSON would have them: unquoted timestamps back to RFC 3339 strings."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): as_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [as_json(v) for v in value]
     if isinstance(value, dt.datetime):
         value = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
         return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

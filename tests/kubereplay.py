@@ -18,8 +18,6 @@ replay made, so later tests see a clean cluster.
 from __future__ import annotations
 
 import copy
-import datetime as dt
-import json
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -28,12 +26,14 @@ from typing import Any
 
 from kubetestbed import ControlPlane, ControlPlaneError, collection_path, object_path
 
+from dra_exporter_sim.admission import CLUSTER_SCOPED
+from dra_exporter_sim.dump import as_json
+
 JSON = dict[str, Any]
 
 # Created first: what others name (classes by name, owners by UID).
 _ORDER = ("Namespace", "Node", "DeviceClass", "ResourceSlice", "Pod", "ResourceClaim", "DeviceTaintRule",
           "ComputeDomain", "ComputeDomainClique")
-_CLUSTER_SCOPED = ("Node", "Namespace", "ResourceSlice", "DeviceClass", "DeviceTaintRule")
 #: metadata the server owns: a create ignores or refuses it.
 _SERVER_METADATA = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields", "selfLink",
                     "deletionTimestamp", "deletionGracePeriodSeconds")
@@ -86,20 +86,6 @@ class Replay:
         n_refused = len(self.of("refused"))
         return (f"| {self.label} | {accepted} | {n_refused}{'' if not n_refused else ': ' + refused} "
                 f"| {skips or '-'} |")
-
-
-def plain(value: Any) -> Any:
-    """YAML values as the API's JSON has them (an unquoted timestamp is a string there)."""
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if isinstance(value, dt.datetime):
-        value = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    return value
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -156,7 +142,7 @@ def _rename(obj: JSON, names: _Names) -> JSON:
         meta["name"] = names.node(meta["name"])
     elif kind == "Namespace":
         meta["name"] = names.namespace(meta["name"])
-    elif kind in _CLUSTER_SCOPED:
+    elif kind in CLUSTER_SCOPED:
         meta["name"] = (names.device_class(meta["name"]) if kind == "DeviceClass"
                         else names.cluster_scoped(meta["name"]))
     if meta.get("namespace"):
@@ -229,7 +215,7 @@ def _node(kube: ControlPlane, name: str, labels: Mapping[str, str]) -> dict[str,
 
 def replay(kube: ControlPlane, label: str, objects: Iterable[Mapping[str, Any]], prefix: str) -> Replay:
     """Create ``objects`` (what the simulator serves for ``label``) in the real server; see the module."""
-    source = [plain(dict(o)) for o in objects]
+    source = [as_json(dict(o)) for o in objects]
     names = _Names(prefix, source)
     result = Replay(label)
     served_crds = _served_kinds(kube)
@@ -351,7 +337,7 @@ def _owners(renamed: JSON, source: Mapping[str, Any], names: _Names,
     ns = str(_meta(source).get("namespace") or "")
     for i, ref in enumerate(refs):
         kind, name, uid = str(ref.get("kind")), str(ref.get("name")), str(ref.get("uid"))
-        owner_ns = "" if kind in _CLUSTER_SCOPED else ns
+        owner_ns = "" if kind in CLUSTER_SCOPED else ns
         new = uids.get((kind, owner_ns, name, uid))
         if kind == "Node" and name not in described_nodes:
             new = uids.get(("Node", "", name, "*"))
@@ -452,7 +438,3 @@ def table(replays: Iterable[Replay]) -> str:
     lines = ["| scenario or dump | accepted | refused (reasons) | skipped |", "|---|---|---|---|"]
     lines += [r.row() for r in replays]
     return "\n".join(lines)
-
-
-def dumps_json(value: Any) -> str:
-    return json.dumps(value, indent=1, sort_keys=True)

@@ -83,14 +83,22 @@ def sources() -> list[tuple[str, list[dict[str, Any]]]]:
 def replays(kube: ControlPlane) -> Iterator[dict[str, kubereplay.Replay]]:
     """Every source replayed once into the session's control plane; removed again afterwards."""
     done: dict[str, kubereplay.Replay] = {}
+    prefixes = []
     try:
         for i, (label, objects) in enumerate(sources()):
-            done[label] = kubereplay.replay(kube, label, objects, kube.unique(f"rp{i}"))
+            prefixes.append(kube.unique(f"rp{i}"))
+            done[label] = kubereplay.replay(kube, label, objects, prefixes[-1])
         print("\n" + kubereplay.table(done.values()))
         yield done
     finally:
         for result in done.values():
             kubereplay.delete(kube, result)
+    # Later tests list the whole cluster: nothing cluster-scoped of a replay is left.
+    for path in ("/apis/resource.k8s.io/v1/resourceslices", "/apis/resource.k8s.io/v1/deviceclasses",
+                 "/api/v1/nodes"):
+        left = [i["metadata"]["name"] for i in kube.get(path)["items"] if i["metadata"]["name"].startswith(
+            tuple(f"{p}-" for p in prefixes))]
+        assert not left, f"{path}: left behind {left}"
 
 
 @pytest.mark.parametrize("label", [*SCENARIOS, *(f"dumps/{n}" for n in VALID_DUMPS)])
