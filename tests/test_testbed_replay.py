@@ -12,6 +12,8 @@ The replay's table (``pytest -s`` prints it) is in docs/reliability.md ("The rea
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import kubereplay
 import pytest
 from kubetestbed import ControlPlane
 
-from dra_exporter_sim import admission, k8s_objects
+from dra_exporter_sim import SimClock, SimulatedApiServer, admission, k8s_objects
 from dra_exporter_sim.cluster import builtin_cluster, load_cluster_dump
 from dra_exporter_sim.loader import load_scenario
 from dra_exporter_sim.scenario_builder import read_documents
@@ -194,3 +196,30 @@ def test_a_create_drops_the_status_the_replay_writes_through_the_status_subresou
            "status": {"phase": "Running"}}
     assert kube.create(pod)["status"]["phase"] == "Pending"
     kube.delete(f"/api/v1/namespaces/{ns}/pods/p?gracePeriodSeconds=0")
+
+
+def list_version(get: Any, path: str) -> int:
+    return int(get(path)["metadata"]["resourceVersion"])
+
+
+def test_a_lists_resource_version_moves_with_any_kinds_change_on_both_servers(kube: ControlPlane) -> None:
+    # One etcd revision for every kind: a new claim moves the slices' list resourceVersion too. The
+    # simulated server keeps one counter for all kinds, so a client resuming a watch from a list of one
+    # kind sees the same thing on both.
+    slices = "/apis/resource.k8s.io/v1/resourceslices"
+    before = list_version(kube.get, slices)
+    ns = kube.namespace("rv")
+    kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": "c", "namespace": ns},
+                 "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu"}}]}}})
+    assert list_version(kube.get, slices) > before
+
+    clock = SimClock(0.0, frozen=True)
+    with SimulatedApiServer(load_scenario("scale"), clock) as server:
+        def get(path: str) -> Any:
+            with urllib.request.urlopen(server.url + path, timeout=10) as resp:
+                return json.loads(resp.read())
+
+        before = list_version(get, slices)
+        clock.set(400.0)  # batch jobs have ended and started: pods and generated claims changed, no slice
+        assert list_version(get, slices) > before
