@@ -32,7 +32,10 @@ JOBS_PER_SLOT: Final = (8, 8, 8, 8, 8, 8, 8, 7)  # 63 short-lived job pods on th
 JOB_SECONDS: Final = 300  # a job runs this long ...
 JOB_GAP: Final = 40  # ... then its slot idles this long before the next job starts
 SLOT_STAGGER: Final = 42  # slots start this far apart, so starts and ends spread over time
-VF_CLAIMS: Final = 93  # 56 GPU claims + 1 admin-access claim + 93 VF claims = 150 claims
+# The exporter's admin-access claims: a real API server allocates at most 32 devices to one claim
+# (status.allocation.devices.results), so 56 MIG devices take two, of 4 GPUs each.
+ADMIN_CLAIMS: Final = 2
+VF_CLAIMS: Final = 92  # 56 GPU claims + 2 admin-access claims + 92 VF claims = 150 claims
 NIC_DRIVER: Final = "nic.example.com"
 VFS_PER_NIC: Final = 12
 
@@ -95,6 +98,10 @@ def _vf_device(i: int) -> str:
     return f"nic{nic}-vf{vf}"
 
 
+def _admin_claim(k: int) -> str:
+    return f"dra-exporter-gpus-{k}"
+
+
 def render() -> str:
     pods = _pods()
     out = [
@@ -102,10 +109,10 @@ def render() -> str:
         "# The size the performance targets are set at (docs/performance.md). Format: docs/scenarios.md.",
         "description: >-",
         f"  8 x H200, each split 7 x 1g.18gb (56 MIG devices); {len(pods) + 1} pods and "
-        f"{DEDICATED + SHARED + len(JOBS_PER_SLOT) + 1 + VF_CLAIMS} claims:",
+        f"{DEDICATED + SHARED + len(JOBS_PER_SLOT) + ADMIN_CLAIMS + VF_CLAIMS} claims:",
         f"  {DEDICATED} inference servers, {SHARED} MIG devices shared by two notebooks each,",
         f"  {sum(JOBS_PER_SLOT)} batch jobs that start and end a few times a minute during the first hour,",
-        "  a network-VF claim on most pods, and the exporter's own admin-access claim.",
+        "  a network-VF claim on most pods, and the exporter's own admin-access claims.",
         "node: sim-scale-1",
         "seed: 20250902",
         "gpu_model: h200",
@@ -124,9 +131,12 @@ def render() -> str:
     for i, p in enumerate(vf_pods):
         out.append(f"  - {{namespace: {p.namespace}, name: {p.claims[1]}, driver: {NIC_DRIVER}, "
                    f"request: vf, devices: [{_vf_device(i)}]}}")
-    all_devices = ", ".join(mig_name(i) for i in range(GPUS * SLICES))
-    out += ["  - namespace: monitoring", "    name: dra-exporter-gpus", "    admin_access: true",
-            f"    devices: [{all_devices}]", "", "pods:"]
+    per_claim = GPUS // ADMIN_CLAIMS * SLICES
+    for k in range(ADMIN_CLAIMS):
+        devices = ", ".join(mig_name(i) for i in range(k * per_claim, (k + 1) * per_claim))
+        out += ["  - namespace: monitoring", f"    name: {_admin_claim(k)}", "    admin_access: true",
+                f"    devices: [{devices}]"]
+    out += ["", "pods:"]
     for p in pods:
         out.append(f"  - namespace: {p.namespace}")
         out.append(f"    name: {p.name}")
@@ -141,7 +151,8 @@ def render() -> str:
         for memory, sm in zip(p.memory_gi, p.sm, strict=True):
             out.append(f"          - {{device: {p.device}, memory: {memory}Gi, sm: {sm}}}")
     out += ["  - namespace: monitoring", "    name: dra-exporter-scale", "    containers:",
-            "      - name: exporter", "        claims: [dra-exporter-gpus]", "",
+            "      - name: exporter",
+            f"        claims: [{', '.join(_admin_claim(k) for k in range(ADMIN_CLAIMS))}]", "",
             "faults:",
             f"  - {{kind: xid, gpu: 2, xid: 13, at: 120, mig_device: {mig_name(2 * SLICES + 3)}}}",
             "  - {kind: xid, gpu: 6, xid: 31, at: 1800}", ""]

@@ -131,7 +131,7 @@ def _cluster(settings: ClusterSettings, env: Environment) -> None:
         from dra_exporter_sim import FIXED_EPOCH, SimClock, SimulatedApiServer, load_cluster
 
         clock = SimClock(0.0)
-        apiserver = SimulatedApiServer(load_cluster(settings.simulate), clock, taint_rule_versions=("v1",)).start()
+        apiserver = SimulatedApiServer(load_cluster(settings.simulate), clock, taint_rule_versions=None).start()
         env.closers.append(apiserver.stop)
         access = {"kubeconfig": apiserver.kubeconfig_path}
         env.simulated_apiserver = True

@@ -7,7 +7,7 @@ serves the simulated cluster read-only, as of the scenario's simulated time:
   ``/apis/resource.k8s.io/<v>`` for the served versions (``k8s_objects.served_versions``);
 * ``resourceslices``, ``deviceclasses`` and ``devicetaintrules`` (cluster-scoped; DeviceTaintRules only in the
   ``taint_rule_versions`` asked for, none by default), ``resourceclaims`` (namespaced), core
-  ``pods`` and ``nodes``:
+  ``pods``, ``nodes`` and ``namespaces``:
   get, list and watch, with ``fieldSelector`` and ``labelSelector`` honoured (an unknown
   field label is a 400, as on a real server), lists carrying ``metadata.resourceVersion``
   and ``limit``/``continue`` paging (a token expires, 410, once anything changed);
@@ -105,6 +105,7 @@ RESOURCES: Final = {
     "devicetaintrules": _Resource("devicetaintrules", "DeviceTaintRule", GROUP, False, ("metadata.name",)),
     "deviceclasses": _Resource("deviceclasses", "DeviceClass", GROUP, False, ("metadata.name",)),
     "nodes": _Resource("nodes", "Node", "", False, ("metadata.name", "spec.unschedulable")),
+    "namespaces": _Resource("namespaces", "Namespace", "", False, ("metadata.name", "status.phase")),
     "pods": _Resource(
         "pods",
         "Pod",
@@ -351,9 +352,11 @@ class SimulatedApiServer:
         slow_delay: float = 5.0,
         poll_s: float = 0.1,
         bookmark_s: float = 60.0,
-        taint_rule_versions: Collection[str] = (),
+        taint_rule_versions: Collection[str] | None = (),
         compute_domains: bool | None = None,
     ) -> None:
+        """``taint_rule_versions``: the versions DeviceTaintRules are served in; None: those the cluster's
+        release serves (``k8s_objects.kubernetes_version``: 1.36 serves v1beta2 and v1alpha3)."""
         served = k8s_objects.served_versions(scenario.api_version)
         if versions is not None:
             unknown = sorted(set(versions) - set(API_VERSIONS))
@@ -363,6 +366,11 @@ class SimulatedApiServer:
                     f"known: {', '.join(API_VERSIONS)}"
                 )
             served = tuple(v for v in API_VERSIONS if v in versions)
+        preferred = scenario.api_version if scenario.api_version in served else served[0]
+        release = (k8s_objects.kubernetes_version(scenario) if preferred == scenario.api_version
+                   else k8s_objects.KUBERNETES_VERSIONS[preferred])
+        if taint_rule_versions is None:
+            taint_rule_versions = k8s_objects.taint_rule_versions(release)
         unknown_rules = sorted(set(taint_rule_versions) - set(TAINT_RULE_VERSIONS))
         if unknown_rules:
             raise ValueError(f"simulated API server: DeviceTaintRules exist in {', '.join(TAINT_RULE_VERSIONS)}, "
@@ -373,7 +381,9 @@ class SimulatedApiServer:
         #: Versions that serve DeviceTaintRules (v1 from 1.37, v1beta2 from 1.36, v1alpha3 from 1.33, each
         #: behind a gate before 1.37); v1alpha3 serves nothing else.
         self.taint_rule_versions = tuple(v for v in TAINT_RULE_VERSIONS if v in taint_rule_versions)
-        self.preferred = scenario.api_version if scenario.api_version in served else served[0]
+        self.preferred = preferred
+        #: ``/version``: the release, or the first that serves the DeviceTaintRule versions asked for.
+        self.kubernetes_version = k8s_objects.release_serving(release, self.taint_rule_versions)
         #: Whether resource.nvidia.com/v1beta1 (ComputeDomains) is served; None: where the scenario has some.
         self.compute_domains = (k8s_objects.serves_compute_domains(scenario) if compute_domains is None
                                 else compute_domains)
@@ -577,7 +587,7 @@ class SimulatedApiServer:
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url[7:]}],
             }
         if path == "/api/v1":
-            return _resource_list("v1", [RESOURCES["nodes"], RESOURCES["pods"]])
+            return _resource_list("v1", [RESOURCES["namespaces"], RESOURCES["nodes"], RESOURCES["pods"]])
         if path == "/apis":
             groups = [self._group(), *([self._cd_group()] if self.compute_domains else [])]
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
@@ -603,7 +613,7 @@ class SimulatedApiServer:
         return (*self.versions, *(v for v in self.taint_rule_versions if v not in self.versions))
 
     def _kube_version(self) -> str:
-        return k8s_objects.KUBERNETES_VERSIONS[self.preferred]
+        return self.kubernetes_version
 
     def _group(self) -> JSON:
         def gv(v: str) -> JSON:

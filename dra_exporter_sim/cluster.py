@@ -28,7 +28,7 @@ from dra_exporter.dra_versions import GROUP
 from dra_exporter.resolve import NVIDIA_DRIVER
 from dra_exporter.sources.kubeapi_normalize import TAINT_RULE_VERSIONS
 
-from . import k8s_objects
+from . import admission, k8s_objects
 from .dump import kubernetes_objects
 from .duplicates import refuse_duplicates
 from .k8s_objects import JSON, timestamp
@@ -37,9 +37,12 @@ from .scenario import API_VERSIONS, Scenario, ScenarioError, derived_uuid
 from .scenario_builder import read_documents
 
 BUILTIN: Final = "cluster"
+#: The built-in cluster is a 1.36 one (``k8s_objects.KUBERNETES_VERSIONS``): DeviceTaintRules in v1beta2.
+TAINT_RULE_VERSION: Final = "v1beta2"
 EXAMPLE_DRIVER: Final = "gpu.example.com"
 #: Kinds a cluster dump may hold that the cluster mode reads; others (Nodes, templates…) are skipped.
-KINDS: Final = ("ResourceSlice", "ResourceClaim", "DeviceClass", "DeviceTaintRule", "Pod")
+KINDS: Final = ("ResourceSlice", "ResourceClaim", "DeviceClass", "DeviceTaintRule", "Pod", "Namespace", "Node")
+_CORE_KINDS: Final = ("Pod", "Namespace", "Node")
 
 
 def cluster_scenario(objects: tuple[Mapping[str, Any], ...], name: str) -> Scenario:
@@ -85,7 +88,8 @@ def _claim(namespace: str, name: str, device_class: str, results: list[tuple[str
            share: tuple[str, ...] = ()) -> JSON:
     request: JSON = {"name": "gpu"}
     if first_available:
-        request["firstAvailable"] = [{"name": c.split(".")[0], "deviceClassName": c} for c in first_available]
+        request["firstAvailable"] = [{"name": c.split(".")[0], "deviceClassName": c, "allocationMode": "ExactCount",
+                                      "count": 1} for c in first_available]
     else:
         request["exactly"] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
     status: JSON = {}
@@ -132,7 +136,8 @@ def _a100(node: str, i: int) -> JSON:
         "architecture": {"string": "Ampere"}, "cudaComputeCapability": {"version": "8.0.0"},
         "driverVersion": {"version": "580.82.7"}}, "capacity": {"memory": {"value": "80Gi"}}}
     if i == 3:
-        device["taints"] = [{"key": "gpu.nvidia.com/ecc-errors", "value": "uncorrectable", "effect": "NoSchedule"}]
+        device["taints"] = [{"key": "gpu.nvidia.com/ecc-errors", "value": "uncorrectable", "effect": "NoSchedule",
+                             "timeAdded": timestamp(-3600)}]
     return device
 
 
@@ -193,18 +198,45 @@ def builtin_cluster() -> tuple[JSON, ...]:
         _claim("research", "tpu-job-2", "tpu.example.com", [], created=-600),
         _claim("research", "nightly-eval", "gpu.nvidia.com", [], created=-5400),
     ]
-    pods = [
+    waiting = [
         # The claim was made 5 minutes before the pod that waits for it.
         _waiting_pod("research", "tpu-trainer", "tpu-job", created=-2400),
         _waiting_pod("training", "typo-job-0", "typo-job", created=-1500),
         _waiting_pod("inference", "mig-either-0", "mig-either", created=-1200),
         _waiting_pod("research", "nightly-eval-0", "nightly-eval", created=-5400, phase="Succeeded"),
     ]
-    rules = [{"apiVersion": f"{GROUP}/v1", "kind": "DeviceTaintRule",
+    # The pods the claims are reserved for: a reservation for a pod that does not exist is removed by the
+    # resourceclaim controller of a real cluster.
+    running = [_pod("inference", "llm-3g-0", "sim-node-2", "llm-3g"),
+               _pod("inference", "embed-1g-0", "sim-node-2", "embed-1g"),
+               _pod("training", "trainer-0", "sim-node-2", "h200-whole"),
+               _pod("training", "a100-trainer-0", a100, "a100-0"), _pod("demo", "example-pod", example, "example-0"),
+               _pod("demo", "share-pod", shared, "share-0")]
+    # DeviceTaintRules in the version this cluster's release serves them (1.36: v1beta2, not yet v1).
+    rules = [{"apiVersion": f"{GROUP}/{TAINT_RULE_VERSION}", "kind": "DeviceTaintRule",
               "metadata": {"name": "drain-a100-2", "uid": "rule-drain-a100-2", "creationTimestamp": timestamp(-600)},
               "spec": {"deviceSelector": {"driver": NVIDIA_DRIVER, "pool": a100, "device": "gpu-2"},
-                       "taint": {"key": "example.com/maintenance", "value": "planned", "effect": "NoExecute"}}}]
-    return (*slices, *claims, *DEVICE_CLASSES, *rules, *static.pods, *pods)
+                       "taint": {"key": "example.com/maintenance", "value": "planned", "effect": "NoExecute",
+                                 "timeAdded": timestamp(-600)}}}]
+    # sim-node-2's slices name their Node by the demo's seed, as sim-node-1's do.
+    nodes = [*static.nodes, k8s_objects.node_object(demo.seed, "sim-node-2"),
+             *(k8s_objects.node_object(1, n) for n in (a100, example, partial, shared))]
+    pods = (*static.pods, *running, *waiting)
+    namespaces = k8s_objects.namespace_objects(1, (*claims, *pods))
+    return (*namespaces, *nodes, *slices, *claims, *DEVICE_CLASSES, *rules, *pods)
+
+
+def _pod(namespace: str, name: str, node: str, claim: str) -> JSON:
+    """A running pod on ``node`` whose one container uses ``claim``."""
+    started = timestamp(-3600)
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": namespace, "name": name, "creationTimestamp": started,
+                         "uid": derived_uuid(1, "pod", namespace, name)},
+            "spec": {"nodeName": node, "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": "main", "image": "sim.local/main:latest",
+                                     "resources": {"claims": [{"name": "gpu"}]}}]},
+            "status": {"phase": "Running", "startTime": started,
+                       "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": started}]}}
 
 
 # --- cluster dumps ------------------------------------------------------------------------------------
@@ -214,6 +246,7 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
     """Every DRA object (and pod) of a cluster dump; raises ``ScenarioError`` naming the object."""
     label, docs = read_documents(path)
     out: list[JSON] = []
+    checked: list[Mapping[str, Any]] = []
     for item, where in kubernetes_objects(docs, label):
         kind = item["kind"]
         if kind not in KINDS:
@@ -223,13 +256,15 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
             raise ScenarioError(f"{where} ({kind}): metadata.name: required")
         group, _, version = item["apiVersion"].rpartition("/")
         versions = TAINT_RULE_VERSIONS if kind == "DeviceTaintRule" else API_VERSIONS
-        if kind != "Pod" and (group != GROUP or version not in versions):
+        if kind not in _CORE_KINDS and (group != GROUP or version not in versions):
             raise ScenarioError(f"{where}: {kind}/{meta['name']}: apiVersion "
                                 f"{item['apiVersion']!r} is not supported "
                                 f"(supported: {', '.join(f'{GROUP}/{v}' for v in versions)})")
-        out.append(dict(item))
+        out.append(admission.defaulted(item))
+        checked.append(item)
     refuse_duplicates(out, label)
     if not any(o["kind"] == "ResourceSlice" for o in out):
         raise ScenarioError(f"{label}: the dump has no ResourceSlice (expected `kubectl get resourceslices,"
                             "resourceclaims,deviceclasses,pods -A -o yaml`)")
+    admission.check(checked, label)
     return tuple(out)

@@ -51,12 +51,16 @@ from dra_exporter.sources.kubeapi_normalize import (
     slice_from_dict,
 )
 
+from . import admission
 from .duplicates import refuse_duplicates
 from .profile import MigProfile, identified, known_mig_profiles, load_profile, mig_profile_from_slice
 from .scenario import API_VERSIONS, DEVICE_HEALTH, MAX_GPUS, Hardware, Scenario, ScenarioError
 from .scenario_builder import parse_scenario
 
 KINDS: Final = ("ResourceSlice", "ResourceClaim", "Pod")
+#: Core kinds the dump may hold that are served as they are: their labels say what the server admits
+#: (a Namespace's admin-access label) and what owns the slices (a Node).
+SERVED_AS_THEY_ARE: Final = ("Namespace", "Node")
 #: NVIDIA's ComputeDomain objects: not part of the node's hardware or kubelet view, only served as they are.
 CD_KINDS: Final = ("ComputeDomain", "ComputeDomainClique")
 _CD_API_VERSION: Final = "resource.nvidia.com/v1beta1"
@@ -83,6 +87,7 @@ def is_dump(docs: list[Any]) -> bool:
 def parse_dump(docs: list[Any], label: str, node_name: str | None = None) -> Scenario:
     """Parsed dump documents → ``Scenario``; see the module docstring."""
     objects = _Objects.read(docs, label)
+    admission.check((item for item, _ in kubernetes_objects(docs, label)), label)
     node = _choose_node(objects, label, node_name)
     builder = _DumpBuilder(label, node, objects)
     data = builder.scenario_document()
@@ -155,11 +160,14 @@ class _Objects:
         for item, _where in kubernetes_objects(docs, label):
             kind, api_version = str(item["kind"]), str(item["apiVersion"])
             if kind in CD_KINDS:
-                raw.append(_compute_domain_object(_plain(item), label))
+                raw.append(_compute_domain_object(as_json(item), label))
+                continue
+            if kind in SERVED_AS_THEY_ARE and api_version == "v1":
+                raw.append(as_json(item))
                 continue
             if kind not in KINDS:
                 continue  # DeviceClasses, templates, nodes…: nothing the simulated node needs
-            obj = _plain(item)
+            obj = as_json(item)
             group, _, version = api_version.rpartition("/")
             # The exporter's own reader, told to note fields of the wrong type: it reads them as absent
             # (as it must for an API server's answer), a dump with one is refused, naming the field.
@@ -191,7 +199,7 @@ class _Objects:
             else:
                 node = _map(obj.get("spec")).get("nodeName")
                 pods.append(_Pod(place, pod, node if isinstance(node, str) else ""))
-            raw.append(obj)
+            raw.append(admission.defaulted(obj))
         refuse_duplicates(raw, label)
         return cls(tuple(slices), tuple(claims), tuple(pods), tuple(raw))
 
@@ -238,12 +246,12 @@ def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _plain(value: Any) -> Any:
+def as_json(value: Any) -> Any:
     """YAML values as JSON would have them: unquoted timestamps back to RFC 3339 strings."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): as_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [as_json(v) for v in value]
     if isinstance(value, dt.datetime):
         value = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
         return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -51,8 +51,16 @@ from .scenario import (
     unit_hash,
 )
 
-#: ``/version`` answers of a cluster whose newest resource.k8s.io version is the key.
-KUBERNETES_VERSIONS: Final = {"v1": "v1.35.1", "v1beta2": "v1.33.5", "v1beta1": "v1.32.9"}
+#: ``/version`` answers of a cluster whose newest resource.k8s.io version is the key (v1: the release the
+#: project's test bed runs, so that what the simulator serves is what that server accepts).
+KUBERNETES_VERSIONS: Final = {"v1": "v1.36.2", "v1beta2": "v1.33.5", "v1beta1": "v1.32.9"}
+#: The release whose API server first serves DeviceTaintRules in each version (behind the DRADeviceTaintRules
+#: gate before 1.37): v1alpha3 from 1.33, v1beta2 from 1.36, v1 from 1.37.
+TAINT_RULES_SINCE: Final = {"v1": "v1.37.0", "v1beta2": "v1.36.0", "v1alpha3": "v1.33.0"}
+#: The namespace label without which the API server refuses admin-access claims (422).
+ADMIN_ACCESS_LABEL: Final = "resource.kubernetes.io/admin-access"
+#: The label every Namespace gets from the API server (1.21+), whatever its creator wrote.
+NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 
 JSON = dict[str, Any]
 
@@ -89,6 +97,8 @@ class ClusterObjects:
     computedomains: tuple[JSON, ...] = ()
     """resource.nvidia.com/v1beta1 ComputeDomains (multi-node scenarios, dumps)."""
     computedomaincliques: tuple[JSON, ...] = ()
+    namespaces: tuple[JSON, ...] = ()
+    """The namespaces of the namespaced objects (``namespace_objects``)."""
 
     def by_resource(self) -> dict[str, tuple[JSON, ...]]:
         return {
@@ -100,6 +110,7 @@ class ClusterObjects:
             "deviceclasses": self.deviceclasses,
             "computedomains": self.computedomains,
             "computedomaincliques": self.computedomaincliques,
+            "namespaces": self.namespaces,
         }
 
 
@@ -126,6 +137,33 @@ def served_versions(preferred: str) -> tuple[str, ...]:
     return API_VERSIONS[API_VERSIONS.index(preferred) :]
 
 
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.lstrip("v").split(".")[:2]
+    return int(major), int(minor)
+
+
+def taint_rule_versions(kubernetes_version: str) -> tuple[str, ...]:
+    """The versions a cluster of ``kubernetes_version`` serves DeviceTaintRules in (its gate on), newest first."""
+    release = _release(kubernetes_version)
+    return tuple(v for v, since in TAINT_RULES_SINCE.items() if release >= _release(since))
+
+
+def kubernetes_version(scenario: Scenario) -> str:
+    """The release the simulated cluster is: the one of its newest resource.k8s.io version, or, when its
+    objects hold DeviceTaintRules of a newer version (a 1.37 cluster's dump), the first that serves those."""
+    rules = (str(o.get("apiVersion", "")).rpartition("/")[2] for o in scenario.raw_objects
+             if o.get("kind") == "DeviceTaintRule")
+    return release_serving(KUBERNETES_VERSIONS[scenario.api_version], rules)
+
+
+def release_serving(release: str, rule_versions: Iterable[str]) -> str:
+    """``release``, or the first release that serves DeviceTaintRules in all of ``rule_versions``."""
+    for rule in rule_versions:
+        if rule in TAINT_RULES_SINCE and _release(TAINT_RULES_SINCE[rule]) > _release(release):
+            release = TAINT_RULES_SINCE[rule]
+    return release
+
+
 def timestamp(t: float) -> str:
     """RFC 3339 time of simulated second ``t`` on the simulated node's wall clock."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(FIXED_EPOCH + t))
@@ -138,11 +176,59 @@ def cluster_objects(scenario: Scenario, t: float) -> ClusterObjects:
     if scenario.cluster is not None:
         return _cluster_objects(scenario.cluster, t)
     slices = (*nvidia_slices(scenario), *(driver_slice(scenario, s) for s in scenario.slices))
+    claims = tuple(resource_claim(scenario, c, t) for c in scenario.claims_at(t))
+    pods = tuple(pod(scenario, p) for p in scenario.pods_at(t))
     return ClusterObjects(
         resourceslices=tuple(r for s in slices for r in _rolled_out(scenario, s, t)),
-        resourceclaims=tuple(resource_claim(scenario, c, t) for c in scenario.claims_at(t)),
-        pods=tuple(pod(scenario, p) for p in scenario.pods_at(t)),
+        resourceclaims=claims,
+        pods=pods,
+        # The Node its slices name as their owner: an owner that does not exist gets them garbage-collected.
+        nodes=(node_object(scenario.seed, scenario.node_name),),
+        namespaces=namespace_objects(scenario.seed, (*claims, *pods)),
     )
+
+
+def node_object(seed: int, name: str) -> JSON:
+    """The Node ``name``, with the UID the node's slices name in their owner reference."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": derived_uuid(seed, "node", name), "creationTimestamp": timestamp(-86400),
+                         "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+            "spec": {}}
+
+
+def admin_access_requests(claim: Mapping[str, Any]) -> list[int]:
+    """The indexes of a ResourceClaim's requests (any served version) that ask for admin access."""
+    spec = claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    out = []
+    for i, request in enumerate(requests if isinstance(requests, list) else ()):
+        if not isinstance(request, Mapping):
+            continue
+        # v1/v1beta2 under ``exactly`` (``firstAvailable`` has no adminAccess); v1beta1 next to the name.
+        exactly = request.get("exactly") if "exactly" in request else request
+        if isinstance(exactly, Mapping) and exactly.get("adminAccess") is True:
+            out.append(i)
+    return out
+
+
+def namespace_objects(seed: int, objects: Iterable[Mapping[str, Any]]) -> tuple[JSON, ...]:
+    """The Namespaces of ``objects``, labelled as the API server requires: ``resource.kubernetes.io/
+    admin-access: "true"`` where an admin-access claim lives (the server refuses the claim elsewhere)."""
+    admin: dict[str, bool] = {}
+    for obj in objects:
+        ns = (obj.get("metadata") or {}).get("namespace")
+        if ns:
+            claim = obj.get("kind") == "ResourceClaim"
+            admin[ns] = admin.get(ns, False) or (claim and bool(admin_access_requests(obj)))
+    out = []
+    for ns in sorted(admin):
+        labels = {NAMESPACE_NAME_LABEL: ns, **({ADMIN_ACCESS_LABEL: "true"} if admin[ns] else {})}
+        out.append({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": ns, "uid": derived_uuid(seed, "namespace", ns),
+                                 "creationTimestamp": timestamp(-86400), "labels": labels},
+                    "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
+    return tuple(out)
 
 
 def changes_key(scenario: Scenario, t: float) -> object:
@@ -194,7 +280,8 @@ def _generation(scenario: Scenario, slice_: JSON, generation: int) -> JSON:
 
 
 def _raw_objects(objects: Iterable[Mapping[str, Any]]) -> ClusterObjects:
-    kinds = ("ResourceSlice", "ResourceClaim", "Pod", "DeviceTaintRule", "Node", "DeviceClass", *COMPUTE_DOMAIN_KINDS)
+    kinds = ("ResourceSlice", "ResourceClaim", "Pod", "DeviceTaintRule", "Node", "DeviceClass", *COMPUTE_DOMAIN_KINDS,
+             "Namespace")
     by_kind: dict[str, list[JSON]] = {k: [] for k in kinds}
     for obj in objects:
         if obj.get("kind") in by_kind:
@@ -776,12 +863,16 @@ def _cluster_objects(cluster: ClusterScenario, t: float) -> ClusterObjects:
     claims = tuple(_with_config(cluster, c) for p in parts for c in p.resourceclaims)
     domains = tuple(compute_domain(cluster, d, t) for d in cluster.compute_domains)
     cliques = tuple(c for d in cluster.compute_domains if d.cliques for c in cliques_of(cluster, d, t))
+    pods = tuple(o for p in parts for o in p.pods)
     return ClusterObjects(
         resourceslices=tuple(s for p in parts for s in p.resourceslices),
         resourceclaims=claims,
-        pods=tuple(o for p in parts for o in p.pods),
+        pods=pods,
+        nodes=tuple(n for p in parts for n in p.nodes),
         computedomains=domains,
         computedomaincliques=cliques,
+        namespaces=namespace_objects(cluster.nodes[0].seed if cluster.nodes else 0,
+                                     (*claims, *pods, *domains, *cliques)),
     )
 
 

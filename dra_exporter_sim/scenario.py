@@ -467,6 +467,9 @@ def derived_uuid(seed: int, *parts: str) -> str:
 BUS_NUMBERS: Final = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB,
                        0x19, 0x2B, 0x3B, 0x5E, 0x9B, 0xAC, 0xBB, 0xDC)
 MAX_GPUS: Final = len(BUS_NUMBERS)
+#: The most devices a real API server lets one claim's allocation hold (resource.k8s.io
+#: ``AllocationResultsMaxSize``; a status update with more is refused, 422).
+MAX_CLAIM_DEVICES: Final = 32
 
 
 # --- the format's constants ---------------------------------------------------------------------

@@ -45,6 +45,7 @@ from .scenario import (
     DEVICE_HEALTH,
     FAULT_KINDS,
     INIT_ERRORS,
+    MAX_CLAIM_DEVICES,
     MAX_GPUS,
     NVIDIA_GPU_CLASS,
     NVIDIA_MIG_CLASS,
@@ -442,6 +443,9 @@ class _Builder:
             devices = self._claim_devices(c.key("devices"), driver, pool, seen)
             requests = (ClaimRequest(request_name, devices, self._device_class(driver, devices)),)
         devices = tuple(d for r in requests for d in r.devices)
+        if len(devices) > MAX_CLAIM_DEVICES:
+            raise c.error(f"claim {ns}/{name} has {len(devices)} devices: a real API server allocates at most "
+                          f"{MAX_CLAIM_DEVICES} to one claim (status.allocation.devices.results); split it")
         admin = c.key("admin_access").bool(False)
         if admin and any(r.first_available for r in requests):
             raise c.key("admin_access").error("a prioritized list (first_available) cannot ask for admin "

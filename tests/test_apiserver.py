@@ -87,7 +87,7 @@ def names(items: list[Any]) -> list[str]:
 @pytest.mark.parametrize(
     ("preferred", "served", "kube_version"),
     [
-        ("v1", ["v1", "v1beta2", "v1beta1"], "v1.35"),
+        ("v1", ["v1", "v1beta2", "v1beta1"], "v1.36"),
         ("v1beta2", ["v1beta2", "v1beta1"], "v1.33"),
         ("v1beta1", ["v1beta1"], "v1.32"),
     ],

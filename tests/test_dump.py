@@ -73,7 +73,7 @@ def test_gpus_and_mig_devices_come_from_the_nodes_nvidia_slice(version: str) -> 
         ("1g.18gb", 4, MIG + "24"),
     ]
     assert all(not p.containers[0].processes for p in s.pods)  # idle GPUs
-    assert len(s.raw_objects) == 19
+    assert len(s.raw_objects) == 20  # 19 DRA objects and pods, and the labelled monitoring Namespace
 
 
 @pytest.mark.parametrize("version", VERSIONS)
