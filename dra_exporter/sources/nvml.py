@@ -24,6 +24,7 @@ Contract (DESIGN §1, §6):
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import random as _random
@@ -37,6 +38,7 @@ from .. import catalog as cat
 from ..backoff import Backoff
 from ..model import DeviceSample, GpuDevice, Labels, NvmlSnapshot, ProcessSample, Reading
 from . import Source, SourceError
+from .nvml_calls import Getters
 from .nvml_events import EventWatcher, XidCounter, XidTally
 from .nvml_fabric import FabricReader, FabricState
 from .nvml_fields import Answers, FieldBatch, FieldValues
@@ -193,24 +195,32 @@ class _DeviceReader:
                                getattr(nvml, f"nvmlClocksThrottleReason{suffix}", None))) is not None)
         # Each family: (name, the binding's function, fetch(handle, state) -> NVML's raw answer, build(raw)
         # -> its readings). An answer equal to the device's last one gives the same readings again.
+        direct = Getters(nvml)
         plan: list[tuple[str, str, Callable[[Any, _DeviceState], Any], Callable[[Any], list[Reading]]]] = [
             ("memory", "nvmlDeviceGetMemoryInfo", self._memory, self._memory_readings),
-            ("utilization", "nvmlDeviceGetUtilizationRates", self._utilization, self._utilization_readings),
-            ("encoder", "nvmlDeviceGetEncoderUtilization", partial(self._codec, "nvmlDeviceGetEncoderUtilization"),
-             partial(_ratio, cat.GPU_ENCODER_UTILIZATION.name)),
-            ("decoder", "nvmlDeviceGetDecoderUtilization", partial(self._codec, "nvmlDeviceGetDecoderUtilization"),
-             partial(_ratio, cat.GPU_DECODER_UTILIZATION.name)),
-            ("power", "nvmlDeviceGetPowerUsage", partial(self._plain, "nvmlDeviceGetPowerUsage"),
-             partial(_watts, cat.GPU_POWER.name)),
-            ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", partial(self._plain, "nvmlDeviceGetEnforcedPowerLimit"),
-             partial(_watts, cat.GPU_POWER_LIMIT.name)),
-            ("temperature", "nvmlDeviceGetTemperature", self._temperature, _temperature_readings),
+            ("utilization", "nvmlDeviceGetUtilizationRates",
+             # nvmlUtilization_t: {unsigned int gpu; unsigned int memory;}
+             direct.make("nvmlDeviceGetUtilizationRates", outs=(ctypes.c_uint * 2,), read=tuple)
+             or self._utilization, self._utilization_readings),
+            *((family, function, direct.make(function, outs=(ctypes.c_uint, ctypes.c_uint))
+               or partial(self._codec, function), partial(_ratio, spec.name))
+              for family, function, spec in (
+                  ("encoder", "nvmlDeviceGetEncoderUtilization", cat.GPU_ENCODER_UTILIZATION),
+                  ("decoder", "nvmlDeviceGetDecoderUtilization", cat.GPU_DECODER_UTILIZATION))),
+            *((family, function, direct.make(function) or partial(self._plain, function), partial(_watts, spec.name))
+              for family, function, spec in (("power", "nvmlDeviceGetPowerUsage", cat.GPU_POWER),
+                                             ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", cat.GPU_POWER_LIMIT))),
+            ("temperature", "nvmlDeviceGetTemperature",
+             direct.make("nvmlDeviceGetTemperature", int(self._temperature_gpu)) or self._temperature,
+             _temperature_readings),
         ]
-        plan += [(f"clock_{label}", "nvmlDeviceGetClockInfo", partial(self._clock, int(getattr(nvml, const))),
+        plan += [(f"clock_{label}", "nvmlDeviceGetClockInfo",
+                  direct.make("nvmlDeviceGetClockInfo", clock) or partial(self._clock, clock),
                   partial(_clock_readings, cat.GPU_CLOCK.extra(clock=label)))
-                 for const, label in _CLOCKS if hasattr(nvml, const)]
-        plan += [("clock_events", "nvmlDeviceGetCurrentClocksEventReasons", self._clock_events,
-                  self._clock_event_readings)]
+                 for const, label in _CLOCKS if hasattr(nvml, const) for clock in (int(getattr(nvml, const)),)]
+        plan += [("clock_events", "nvmlDeviceGetCurrentClocksEventReasons",
+                  direct.make("nvmlDeviceGetCurrentClocksEventReasons", outs=(ctypes.c_ulonglong,))
+                  or self._clock_events, self._clock_event_readings)]
         # A binding too old for a family loses that family, loudly once, not every cycle.
         self._plan = tuple((family, fetch, build) for family, function, fetch, build in plan if hasattr(nvml, function))
         self._has_fields = hasattr(nvml, "nvmlDeviceGetFieldValues")
