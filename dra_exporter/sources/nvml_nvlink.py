@@ -32,6 +32,7 @@ NVML errors other than NOT_SUPPORTED propagate: the caller marks the device down
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -148,6 +149,24 @@ class LinkState:
         return bool(self.last_bytes)
 
 
+_new = object.__new__
+#: The slot descriptors' setters (``vars``: mypy takes ``Reading.metric`` for the instance attribute).
+_SET_METRIC, _SET_VALUE, _SET_LABELS = (vars(Reading)[name].__set__ for name in ("metric", "value", "labels"))
+
+
+def bulk_readings(metric: str, values: Sequence[float], labels: Sequence[Labels]) -> list[Reading]:
+    """``[Reading(metric, v, l) for v, l in zip(values, labels)]``, made without a Python call per reading:
+    the objects are allocated and their three slots set by ``map`` in C (a third of the constructor's
+    cost; ~300 readings per cycle on 8 GB200s). ``Reading`` is a frozen slots dataclass whose
+    ``__init__`` only sets those slots (tests/test_nvlink.py holds the two equal); setting them on an
+    object not yet handed out is its construction, not a mutation."""
+    made = list(map(_new, repeat(Reading, len(values))))
+    deque(map(_SET_METRIC, made, repeat(metric)), 0)
+    deque(map(_SET_VALUE, made, values), 0)
+    deque(map(_SET_LABELS, made, labels), 0)
+    return made
+
+
 def unwrap32(wraps: dict[Any, tuple[int, int]], key: Any, raw: int) -> int:
     """Make a 32-bit NVML counter monotonic: a value below the last one is taken as a wrap."""
     last, offset = wraps.get(key, (raw, 0))
@@ -229,7 +248,7 @@ class LinkReader:
             if first.counter and value_type == self._uint:
                 numbers = [unwrap32(wraps, e.key, int(n)) for e, n in zip(group.entries, numbers, strict=True)]
             values = list(map(mul, numbers, repeat(first.scale)))
-            made[group.start:group.end] = map(Reading, repeat(first.metric), values, group.labels)
+            made[group.start:group.end] = bulk_readings(first.metric, values, group.labels)
             if first.direction:
                 state.last_bytes.setdefault(first.direction, {}).update(zip(group.links, values, strict=True))
             if refused:
