@@ -138,6 +138,8 @@ class LinkState:
     state_by_call: set[int] = field(default_factory=set)
     """Links whose state field is NOT_SUPPORTED: asked with ``nvmlDeviceGetNvLinkState`` instead."""
     info: dict[int, Reading] = field(default_factory=dict)
+    info_readings: tuple[Reading, ...] = ()
+    """``info``'s readings in link order."""
     wraps: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     last_bytes: dict[str, dict[int, float]] = field(default_factory=dict)
     """Direction -> link -> the last value of its data counter."""
@@ -263,12 +265,13 @@ class LinkReader:
                 out.append(self._up_readings.get((link, up)) or Reading(
                     cat.GPU_NVLINK_LINK_UP.name, 1.0 if up else 0.0, (("link", str(link)),)))
         self._drop_refused(state)
-        for link in state.links or ():
-            if state.up.get(link) and link not in state.info:
-                self._read_info(handle, state, link)
-            info = state.info.get(link)
-            if info is not None:
-                out.append(info)
+        links = state.links or ()
+        if len(state.info) < len(links):  # a link's identity is read once, when it is first seen up
+            for link in links:
+                if state.up.get(link) and link not in state.info:
+                    self._read_info(handle, state, link)
+            state.info_readings = tuple(state.info[link] for link in links if link in state.info)
+        out += state.info_readings
         if bytes_moved:
             state.totals = tuple(Reading(cat.GPU_NVLINK_BYTES.name, sum(per_link.values()), labels)
                                  for direction, labels in self._total_labels
