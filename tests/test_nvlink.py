@@ -11,6 +11,7 @@ from one field-value call per GPU per cycle.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -21,8 +22,9 @@ import pytest
 from dra_exporter import catalog as cat
 from dra_exporter import naming
 from dra_exporter.join import JoinInput, join
-from dra_exporter.model import DeviceSample, DeviceSnapshot
+from dra_exporter.model import DeviceSample, DeviceSnapshot, Reading
 from dra_exporter.sources.nvml import NvmlSource
+from dra_exporter.sources.nvml_nvlink import bulk_readings
 from dra_exporter_sim.clock import SimClock
 from dra_exporter_sim.fake_nvml import FakeNvml
 from dra_exporter_sim.scenario import Scenario, ScenarioError
@@ -307,6 +309,20 @@ def test_with_link_counters_gpm_is_not_asked_for_nvlink_rates(nodes: list[Node])
     links = values(gpu, cat.GPU_NVLINK_LINK_BYTES.name, direction="tx")
     assert one(gpu, cat.GPU_NVLINK_BYTES.name, direction="tx") == pytest.approx(sum(links.values()))
     assert cat.GPU_SM_ACTIVE.name in families(gpu)
+
+
+def test_bulk_readings_are_the_constructors_readings() -> None:
+    # bulk_readings sets Reading's slots itself: it is right only while __init__ does nothing else.
+    labels = [(("link", str(n)), ("direction", "tx")) for n in range(3)]
+    numbers = [1.0, 2048.0, 3e12]
+    made = bulk_readings(cat.GPU_NVLINK_LINK_BYTES.name, numbers, labels)
+    expected = [Reading(cat.GPU_NVLINK_LINK_BYTES.name, v, own) for v, own in zip(numbers, labels, strict=True)]
+    assert made == expected and [hash(r) for r in made] == [hash(r) for r in expected]
+    assert [type(r) for r in made] == [Reading] * 3 and bulk_readings("m", [], []) == []
+    assert not hasattr(Reading, "__post_init__")
+    assert Reading.__slots__ == tuple(f.name for f in dataclasses.fields(Reading))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made[0].value = 0.0  # type: ignore[misc]
 
 
 class _Wrapping32(FakeNvml):

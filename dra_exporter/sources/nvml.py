@@ -24,11 +24,12 @@ Contract (DESIGN §1, §6):
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import random as _random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final, NoReturn
@@ -37,9 +38,10 @@ from .. import catalog as cat
 from ..backoff import Backoff
 from ..model import DeviceSample, DeviceSnapshot, GpuDevice, Labels, ProcessSample, Reading
 from . import Source, SourceError
+from .nvml_calls import Getters
 from .nvml_events import EventWatcher, XidCounter, XidTally
 from .nvml_fabric import FabricReader, FabricState
-from .nvml_fields import Answer, FieldBatch, FieldValues, changed
+from .nvml_fields import Answers, FieldBatch, FieldValues
 from .nvml_gpm import GpmReader, gpm_supported
 from .nvml_nvlink import LinkReader, LinkState, unwrap32
 
@@ -129,9 +131,10 @@ class _DeviceState:
     """Field id -> (last raw 32-bit value, offset added for wraps so far)."""
     family_answers: dict[str, tuple[Any, list[Reading]]] = field(default_factory=dict)
     """Family -> NVML's last raw answer and the readings made of it."""
-    board_answers: Sequence[Answer | None] = ()
+    last_answers: Answers | None = None
+    """The batch's answers last cycle; None after the batch changed."""
     board_readings: list[Reading | None] = field(default_factory=list)
-    """Per board field (``field_ids``, in order): the last answer, and the reading made of it (None: absent)."""
+    """Per board field (``field_ids``, in order): the reading made of its last answer (None: absent)."""
     last_process_ts: int = 0
     gpm: GpmReader | None = None
     gpm_without_nvlink: bool = False
@@ -196,24 +199,32 @@ class _DeviceReader:
                                getattr(nvml, f"nvmlClocksThrottleReason{suffix}", None))) is not None)
         # Each family: (name, the binding's function, fetch(handle, state) -> NVML's raw answer, build(raw)
         # -> its readings). An answer equal to the device's last one gives the same readings again.
+        direct = Getters(nvml)
         plan: list[tuple[str, str, Callable[[Any, _DeviceState], Any], Callable[[Any], list[Reading]]]] = [
             ("memory", "nvmlDeviceGetMemoryInfo", self._memory, self._memory_readings),
-            ("utilization", "nvmlDeviceGetUtilizationRates", self._utilization, self._utilization_readings),
-            ("encoder", "nvmlDeviceGetEncoderUtilization", partial(self._codec, "nvmlDeviceGetEncoderUtilization"),
-             partial(_ratio, cat.GPU_ENCODER_UTILIZATION.name)),
-            ("decoder", "nvmlDeviceGetDecoderUtilization", partial(self._codec, "nvmlDeviceGetDecoderUtilization"),
-             partial(_ratio, cat.GPU_DECODER_UTILIZATION.name)),
-            ("power", "nvmlDeviceGetPowerUsage", partial(self._plain, "nvmlDeviceGetPowerUsage"),
-             partial(_watts, cat.GPU_POWER.name)),
-            ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", partial(self._plain, "nvmlDeviceGetEnforcedPowerLimit"),
-             partial(_watts, cat.GPU_POWER_LIMIT.name)),
-            ("temperature", "nvmlDeviceGetTemperature", self._temperature, _temperature_readings),
+            ("utilization", "nvmlDeviceGetUtilizationRates",
+             # nvmlUtilization_t: {unsigned int gpu; unsigned int memory;}
+             direct.make("nvmlDeviceGetUtilizationRates", outs=(ctypes.c_uint * 2,), read=tuple)
+             or self._utilization, self._utilization_readings),
+            *((family, function, direct.make(function, outs=(ctypes.c_uint, ctypes.c_uint))
+               or partial(self._codec, function), partial(_ratio, spec.name))
+              for family, function, spec in (
+                  ("encoder", "nvmlDeviceGetEncoderUtilization", cat.GPU_ENCODER_UTILIZATION),
+                  ("decoder", "nvmlDeviceGetDecoderUtilization", cat.GPU_DECODER_UTILIZATION))),
+            *((family, function, direct.make(function) or partial(self._plain, function), partial(_watts, spec.name))
+              for family, function, spec in (("power", "nvmlDeviceGetPowerUsage", cat.GPU_POWER),
+                                             ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", cat.GPU_POWER_LIMIT))),
+            ("temperature", "nvmlDeviceGetTemperature",
+             direct.make("nvmlDeviceGetTemperature", int(self._temperature_gpu)) or self._temperature,
+             _temperature_readings),
         ]
-        plan += [(f"clock_{label}", "nvmlDeviceGetClockInfo", partial(self._clock, int(getattr(nvml, const))),
+        plan += [(f"clock_{label}", "nvmlDeviceGetClockInfo",
+                  direct.make("nvmlDeviceGetClockInfo", clock) or partial(self._clock, clock),
                   partial(_clock_readings, cat.GPU_CLOCK.extra(clock=label)))
-                 for const, label in _CLOCKS if hasattr(nvml, const)]
-        plan += [("clock_events", "nvmlDeviceGetCurrentClocksEventReasons", self._clock_events,
-                  self._clock_event_readings)]
+                 for const, label in _CLOCKS if hasattr(nvml, const) for clock in (int(getattr(nvml, const)),)]
+        plan += [("clock_events", "nvmlDeviceGetCurrentClocksEventReasons",
+                  direct.make("nvmlDeviceGetCurrentClocksEventReasons", outs=(ctypes.c_ulonglong,))
+                  or self._clock_events, self._clock_event_readings)]
         # A binding too old for a family loses that family, loudly once, not every cycle.
         self._plan = tuple((family, fetch, build) for family, function, fetch, build in plan if hasattr(nvml, function))
         self._has_fields = hasattr(nvml, "nvmlDeviceGetFieldValues")
@@ -415,29 +426,36 @@ class _DeviceReader:
         if state.batch is None or (links is not None and links.changed):
             link_requests = self._links.requests(links) if links is not None else []
             state.batch = self._field_values_reader.batch([(fid, 0) for fid in state.field_ids] + link_requests)
+            state.last_answers = None  # a new batch: every answer is new
         answers = self._field_values_reader.read(handle, state.batch)
+        last, state.last_answers = state.last_answers, answers
         board = len(state.field_ids)
-        self._board_fields(state, answers[:board], out)
+        self._board_fields(state, answers, last, out)
         if links is not None and links.entries:
-            self._links.readings(handle, links, answers, board, out)
+            self._links.readings(handle, links, answers, last, board, out)
 
-    def _board_fields(self, state: _DeviceState, answers: Sequence[Answer], out: list[Reading]) -> None:
-        """The board-level fields; an answer equal to last cycle's gives last cycle's reading again."""
-        if len(state.board_readings) != len(answers):
-            state.board_answers, state.board_readings = [None] * len(answers), [None] * len(answers)
+    def _board_fields(self, state: _DeviceState, answers: Answers, last: Answers | None,
+                      out: list[Reading]) -> None:
+        """The board-level fields (the batch's first entries); an answer equal to last cycle's gives
+        last cycle's reading again."""
+        count = len(state.field_ids)
+        if len(state.board_readings) != count:
+            state.board_readings, last = [None] * count, None
         made = state.board_readings
         dropped: set[int] = set()
-        head = self._field_values_reader.head
-        for i in changed(answers, state.board_answers):
-            field_id, answer = state.field_ids[i], answers[i]
+        reader = self._field_values_reader
+        for i in () if answers.same(last, 0, count) else range(count):
+            if answers.same(last, i, i + 1):
+                continue
+            field_id = state.field_ids[i]
             made[i] = None
-            value_type, ret = head(answer)
+            value_type, ret = answers.head(i)
             if ret != self._success:
                 if ret in self._unsupported_codes:
                     dropped.add(field_id)
                 continue  # any other per-field error: absent this cycle, asked again next cycle
             spec = self._fields.get(field_id)
-            raw = self._field_values_reader.number(answer)
+            raw = reader.number(answers, i)
             if spec is None or raw is None:
                 continue
             if spec.counter and value_type == self._uint:
@@ -445,7 +463,6 @@ class _DeviceReader:
                 # exported raw they would look like counter resets.
                 raw = unwrap32(state.wraps, field_id, int(raw))
             made[i] = Reading(spec.family.name, float(raw) * spec.scale, spec.labels)
-        state.board_answers = answers
         out += filter(None, made)
         if dropped:
             state.field_ids = [fid for fid in state.field_ids if fid not in dropped]
