@@ -28,7 +28,7 @@ from . import k8s_objects
 from .k8s_objects import GROUP, JSON, timestamp
 from .loader import load_scenario
 from .scenario import API_VERSIONS, Scenario, ScenarioError
-from .scenario_builder import read_documents
+from .scenario_builder import builtin_scenarios, not_an_object, read_documents
 
 BUILTIN: Final = "cluster"
 EXAMPLE_DRIVER: Final = "gpu.example.com"
@@ -45,6 +45,14 @@ def load_cluster(source: str | None) -> Scenario:
     """``None`` or ``"cluster"``: the built-in cluster; else a dump file. Raises ``ScenarioError``."""
     if source in (None, "", BUILTIN):
         return cluster_scenario(builtin_cluster(), BUILTIN)
+    if not os.path.exists(source):
+        # Not read_documents' "not a built-in scenario (built-ins: demo, ...)": those are the node
+        # agent's scenarios, which the cluster mode cannot run.
+        what = ("is a node scenario (serve, snapshot and demo --simulate run it)" if source in builtin_scenarios()
+                else "is no such file")
+        raise ScenarioError(f"cluster --simulate {source!r} {what}: give a cluster dump (kubectl get "
+                            f"resourceslices,resourceclaims,deviceclasses,pods -A -o yaml), or no value for the "
+                            f"built-in cluster")
     return cluster_scenario(load_cluster_dump(source), str(source))
 
 
@@ -176,12 +184,16 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
         where = f"{label}: document {d + 1}" if len(docs) > 1 else label
         if not isinstance(doc, Mapping):
             raise ScenarioError(f"{where}: expected a Kubernetes object or a kind: List, got {type(doc).__name__}")
+        if "kind" not in doc and "apiVersion" not in doc:
+            raise ScenarioError(f"{where}: not a Kubernetes object or List (a node scenario? cluster --simulate "
+                                "takes a cluster dump)")
         items = doc.get("items") if str(doc.get("kind", "")).endswith("List") else [doc]
         if not isinstance(items, list):
             raise ScenarioError(f"{where}: items: expected a list of objects")
         for i, item in enumerate(items):
-            if not isinstance(item, Mapping) or not item.get("kind") or not isinstance(item.get("apiVersion"), str):
-                raise ScenarioError(f"{where}: items[{i}]: expected a Kubernetes object with kind and apiVersion")
+            problem = not_an_object(item)
+            if problem is not None:
+                raise ScenarioError(f"{where}: items[{i}]: {problem}")
             kind = item["kind"]
             if kind not in KINDS:
                 continue

@@ -53,7 +53,7 @@ from dra_exporter.sources.kubeapi_normalize import (
 
 from .profile import MigProfile, identified, known_mig_profiles, load_profile, mig_profile_from_slice
 from .scenario import API_VERSIONS, DEVICE_HEALTH, MAX_GPUS, Hardware, Scenario, ScenarioError
-from .scenario_builder import parse_scenario, read_documents
+from .scenario_builder import not_an_object, parse_scenario, read_documents
 
 KINDS: Final = ("ResourceSlice", "ResourceClaim", "Pod")
 #: NVIDIA's ComputeDomain objects: not part of the node's hardware or kubelet view, only served as they are.
@@ -232,10 +232,9 @@ def _items(docs: list[Any], label: str) -> Iterator[tuple[Mapping[str, Any], str
         if not isinstance(items, list):
             raise ScenarioError(f"{where}: items: expected a list of objects")
         for i, item in enumerate(items):
-            if not isinstance(item, Mapping) or not item.get("kind") or not item.get("apiVersion"):
-                raise ScenarioError(
-                    f"{where}: items[{i}]: expected a Kubernetes object with kind and apiVersion"
-                )
+            problem = not_an_object(item)
+            if problem is not None:
+                raise ScenarioError(f"{where}: items[{i}]: {problem}")
             yield item, where
 
 
