@@ -33,6 +33,7 @@ from .config import (
     check_stall_timeout,
     parse_self_pod,
 )
+from .demo import DEFAULT_BASE_PORT
 from .sources import registry
 
 if TYPE_CHECKING:
@@ -476,8 +477,9 @@ def doctor(log_level: str, **kw: Any) -> None:
 @_opt("--scenario", default="gb200-domain", show_default=True, metavar="SCENARIO",
       type=FileOption(yaml=True, or_name=True),
       help="A built-in scenario or a scenario file; every node of a multi-node one gets its exporter.")
-@_opt("--base-port", type=click.IntRange(1, 65535), default=9401, show_default=True,
-      help="Port of the first node's exporter; the others follow on consecutive ports.")
+@_opt("--base-port", type=click.IntRange(1, 65535), default=DEFAULT_BASE_PORT, show_default=True,
+      help="Port of the first node's exporter; the others follow on consecutive ports (the default is clear of "
+           "serve's 9401 and cluster's 9402).")
 @_opt("--host", default="127.0.0.1", show_default=True, help="The address the exporters listen on.")
 @interval_option(NODE_OPTIONS, "Seconds between collection cycles (and the printed scrape interval)")
 @_user_errors
@@ -491,6 +493,11 @@ def demo(scenario: str, base_port: int, host: str, interval: float) -> None:
     if base_port + len(nodes) - 1 > 65535:
         raise ConfigError(f"--base-port {base_port}: {len(nodes)} exporters need ports up to "
                           f"{base_port + len(nodes) - 1}, past 65535")
+    taken = cluster_demo.ports_in_use(host, range(base_port, base_port + len(nodes)))
+    if taken:
+        raise ConfigError(f"--base-port {base_port}: port{'s' if len(taken) > 1 else ''} "
+                          f"{', '.join(map(str, taken))} on {host} in use ({len(nodes)} exporters need "
+                          f"{base_port}-{base_port + len(nodes) - 1}); pick another --base-port")
     sys.exit(cluster_demo.run(scenario, nodes, base_port, host, interval))
 
 

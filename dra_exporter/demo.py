@@ -7,6 +7,9 @@ cluster. Ctrl-C (or SIGTERM) stops them all; one that dies stops the demo; a dem
 (SIGKILL, the OOM killer) takes them with it (``die_with_parent``). Each process has its
 own simulated API server that serves the whole cluster, as each node agent of a real cluster
 talks to the one API server.
+
+The exporters run in their own session: a terminal's Ctrl-C reaches only the demo, which stops
+them with SIGTERM (a child caught by SIGINT while still importing would print a traceback).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +28,24 @@ import yaml
 
 #: The scrape job the dashboards and alert rules select on (as the chart's relabelings set it).
 JOB = "dra-exporter"
+DEFAULT_BASE_PORT = 9410
+"""Clear of ``serve``'s 9401 and ``cluster``'s 9402, so a demo runs beside a real exporter."""
+STOP_DEADLINE_S = 10.0
+"""How long the exporters get to stop before they are killed (they take well under a second)."""
+
+
+def ports_in_use(host: str, ports: Sequence[int]) -> list[int]:
+    """The ports of ``ports`` something on ``host`` listens on already (checked before any start)."""
+    taken = []
+    for port in ports:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # As the exporters' servers bind: a port only in TIME_WAIT (a demo just stopped) is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                taken.append(port)
+    return taken
 
 
 def scrape_config(targets: Sequence[tuple[str, str]], interval: float) -> str:
@@ -69,7 +91,8 @@ def run(scenario: str, nodes: Sequence[str], base_port: int, host: str, interval
         for node, address in targets:
             procs.append(subprocess.Popen([
                 sys.executable, "-m", "dra_exporter.cli", "serve", "--simulate", scenario, "--node-name", node,
-                "--listen", address, "--interval", f"{interval:g}", *extra], preexec_fn=die_with_parent(os.getpid())))
+                "--listen", address, "--interval", f"{interval:g}", *extra], start_new_session=True,
+            preexec_fn=die_with_parent(os.getpid())))
         out.write(f"# {len(procs)} exporters of scenario {scenario}; Ctrl-C stops them. Prometheus:\n")
         out.write(scrape_config(targets, interval))
         out.flush()
@@ -87,10 +110,12 @@ def run(scenario: str, nodes: Sequence[str], base_port: int, host: str, interval
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
-        deadline = time.monotonic() + 10
-        for proc in procs:
+        deadline = time.monotonic() + STOP_DEADLINE_S
+        for (node, _), proc in zip(targets, procs, strict=False):
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                sys.stderr.write(f"dra-exporter demo: the exporter of {node} did not stop in "
+                                 f"{STOP_DEADLINE_S:g} s; killed\n")
                 proc.kill()
                 proc.wait()

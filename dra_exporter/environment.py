@@ -80,10 +80,14 @@ def _node(settings: Settings, sim_time: float | None, env: Environment) -> None:
     nvml: Any
     sim = None
     if settings.simulate is not None:
-        from dra_exporter_sim import SimClock, SimulatedNode, load_scenario
+        from dra_exporter_sim import ScenarioError, SimClock, SimulatedNode, load_scenario
 
         # --node-name picks the node of a cluster dump; an ordinary scenario names its own.
         scenario = load_scenario(settings.simulate, settings.node_name or None)
+        if settings.node_name and settings.node_name != scenario.node_name:
+            # A one-node scenario names its node itself: a --node-name that differs is a typo, not a choice.
+            raise ScenarioError(f"--node-name {settings.node_name!r}: scenario {settings.simulate} simulates one "
+                                f"node, {scenario.node_name!r}; leave --node-name out or give that name")
         clock = SimClock(sim_time or 0.0, frozen=sim_time is not None)
         sim = SimulatedNode(scenario, clock, kubelet=settings.kubelet_socket is None,
                             apiserver=settings.kubeapi and not settings.kubeconfig).start()

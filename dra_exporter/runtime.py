@@ -312,8 +312,13 @@ def serve(settings: S, program: Program[S] | None = None, *, stop: threading.Eve
     stop = stop or threading.Event()
     runtime = build(settings, prog, publish=True)
     if threading.current_thread() is threading.main_thread():
+        def stop_from_another_thread(*_: Any) -> None:
+            # The handler runs on the main thread, which may be inside stop.wait() holding the
+            # Event's lock: setting it here would deadlock until the demo's kill deadline.
+            threading.Thread(target=stop.set, name="stop-signal", daemon=True).start()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, stop_from_another_thread)
     if runtime.prometheus is not None:
         log.info("%s: serving /metrics on %s (port %d)", prog.name, settings.listen, runtime.prometheus.port)
     if settings.otlp is not None:

@@ -34,7 +34,7 @@ from .duplicates import refuse_duplicates
 from .k8s_objects import JSON, timestamp
 from .loader import load_scenario
 from .scenario import API_VERSIONS, Scenario, ScenarioError, derived_uuid
-from .scenario_builder import read_documents
+from .scenario_builder import builtin_scenarios, read_documents
 
 BUILTIN: Final = "cluster"
 #: The built-in cluster is a 1.36 one (``k8s_objects.KUBERNETES_VERSIONS``): DeviceTaintRules in v1beta2.
@@ -54,6 +54,14 @@ def load_cluster(source: str | None) -> Scenario:
     """``None`` or ``"cluster"``: the built-in cluster; else a dump file. Raises ``ScenarioError``."""
     if source in (None, "", BUILTIN):
         return cluster_scenario(builtin_cluster(), BUILTIN)
+    if not os.path.exists(source):
+        # Not read_documents' "not a built-in scenario (built-ins: demo, ...)": those are the node
+        # agent's scenarios, which the cluster mode cannot run.
+        what = ("is a node scenario (serve, snapshot and demo --simulate run it)" if source in builtin_scenarios()
+                else "is no such file")
+        raise ScenarioError(f"cluster --simulate {source!r} {what}: give a cluster dump (kubectl get "
+                            f"resourceslices,resourceclaims,deviceclasses,pods -A -o yaml), or no value for the "
+                            f"built-in cluster")
     return cluster_scenario(load_cluster_dump(source), str(source))
 
 
@@ -247,6 +255,11 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
     label, docs = read_documents(path)
     out: list[JSON] = []
     checked: list[Mapping[str, Any]] = []
+    for d, doc in enumerate(docs):
+        if isinstance(doc, Mapping) and "kind" not in doc and "apiVersion" not in doc:
+            where = f"{label}: document {d + 1}" if len(docs) > 1 else label
+            raise ScenarioError(f"{where}: not a Kubernetes object or List (a node scenario? cluster --simulate "
+                                "takes a cluster dump)")
     for item, where in kubernetes_objects(docs, label):
         kind = item["kind"]
         if kind not in KINDS:

@@ -55,7 +55,7 @@ from . import admission
 from .duplicates import refuse_duplicates
 from .profile import MigProfile, identified, known_mig_profiles, load_profile, mig_profile_from_slice
 from .scenario import API_VERSIONS, DEVICE_HEALTH, MAX_GPUS, Hardware, Scenario, ScenarioError
-from .scenario_builder import parse_scenario
+from .scenario_builder import not_an_object, parse_scenario
 
 KINDS: Final = ("ResourceSlice", "ResourceClaim", "Pod")
 #: Core kinds the dump may hold that are served as they are: their labels say what the server admits
@@ -233,12 +233,9 @@ def kubernetes_objects(docs: list[Any], label: str) -> Iterator[tuple[Mapping[st
         if not isinstance(items, list):
             raise ScenarioError(f"{where}: items: expected a list of objects")
         for i, item in enumerate(items):
-            api_version = item.get("apiVersion") if isinstance(item, Mapping) else None
-            if not isinstance(item, Mapping) or not item.get("kind") or not api_version or not isinstance(
-                    api_version, str):
-                raise ScenarioError(
-                    f"{where}: items[{i}]: expected a Kubernetes object with kind and apiVersion"
-                )
+            problem = not_an_object(item)
+            if problem is not None:
+                raise ScenarioError(f"{where}: items[{i}]: {problem}")
             yield item, f"{where}: items[{i}]"
 
 

@@ -93,6 +93,22 @@ _REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]{0,1022}[A-Za-z0-9_])?")
 _SCENARIO_DIR: Final = "scenarios"
 
 
+def not_an_object(item: Any) -> str | None:
+    """Why a list item is not a Kubernetes object (what is missing, not a blanket "needs kind and
+    apiVersion": a truncated file's last item often has one of them); None when it is one."""
+    if not isinstance(item, Mapping):
+        return f"expected a Kubernetes object, got {'nothing' if item is None else type(item).__name__}"
+    kind, version = item.get("kind"), item.get("apiVersion")
+    has_kind, has_version = isinstance(kind, str) and bool(kind), isinstance(version, str) and bool(version)
+    if has_kind and has_version:
+        return None
+    if not has_kind and not has_version:
+        return "expected a Kubernetes object: it has neither kind nor apiVersion"
+    present = f"apiVersion {version!r}" if has_version else f"kind {kind!r}"
+    missing = "kind" if has_version else "apiVersion"
+    return f"{present} but no {missing} (a truncated file?)"
+
+
 def builtin_scenarios() -> list[str]:
     """Names accepted by ``loader.load_scenario`` besides file paths."""
     folder = resources.files(__package__).joinpath(_SCENARIO_DIR)

@@ -88,6 +88,8 @@ def test_every_source_but_nvml_has_a_switch_from_the_registry(captured: list[Set
     (["serve", "--no-such-flag"], "no-such-flag"),
     (["serve", "--no-prometheus"], "--otlp-endpoint"),
     (["serve", "--otlp-endpoint", "ftp://x:1"], "OTLP"),
+    (["serve", "--otlp-endpoint", "notaurl"], "host:port"),
+    (["serve", "--otlp-endpoint", "collector"], "host:port"),
     (["serve", "--otlp-endpoint", "http://c:4317", "--otlp-header", "novalue"], "KEY=VALUE"),
     # A file that exists (a file option refuses a missing one first): the missing key is the error.
     (["serve", "--otlp-endpoint", "http://c:4317", "--otlp-client-certificate", __file__], "key"),
@@ -221,6 +223,14 @@ def test_under_simulate_the_api_server_lines_say_what_the_simulated_cluster_has(
     assert not [line for line in lines if "not installed" in line or "serves no" in line], lines
     assert any("simulated cluster has the scenario's ResourceSlices" in line for line in lines), lines
     assert any("simulated cluster has no ComputeDomains" in line for line in lines), lines
+
+
+def test_a_node_name_a_one_node_scenario_does_not_simulate_is_an_error() -> None:
+    """A one-node scenario names its node: --node-name typo is refused (exit 2), not ignored."""
+    typo = run_cli("snapshot", "--simulate", "--node-name", "sim-node-l")
+    assert typo.returncode == 2 and typo.stderr.count("\n") == 1, typo.stderr
+    assert "--node-name 'sim-node-l'" in typo.stderr and "'sim-node-1'" in typo.stderr
+    assert run_cli("snapshot", "--simulate", "--node-name", "sim-node-1").returncode == 0
 
 
 def test_a_recovered_source_is_named_in_the_log_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -184,6 +184,25 @@ def test_cli_once_without_api_access_says_why_and_exits_1(tmp_path: Path) -> Non
     assert "API server unreachable" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(("source", "needle"), [
+    ("/nonexistent", "'/nonexistent' is no such file: give a cluster dump"),
+    ("demo", "'demo' is a node scenario (serve, snapshot and demo --simulate run it)"),
+])
+def test_cli_simulate_names_what_the_cluster_mode_takes(source: str, needle: str) -> None:
+    """Not the node scenarios as "built-ins", nor "items[0]: expected a Kubernetes object" for demo."""
+    result = run_cli("--simulate", source, "--once")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert needle in result.stderr and "built-ins" not in result.stderr, result.stderr
+
+
+def test_cli_a_truncated_dump_says_what_its_last_item_lacks(tmp_path: Path) -> None:
+    dump = tmp_path / "cut.yaml"
+    dump.write_text("apiVersion: v1\nkind: List\nitems:\n- apiVersion: resource.k8s.io/v1alpha3\n")
+    result = run_cli("--simulate", str(dump), "--once")
+    assert result.returncode == 2
+    assert "items[0]: apiVersion 'resource.k8s.io/v1alpha3' but no kind (a truncated file?)" in result.stderr
+
+
 def test_cli_bad_dump_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = run_cli("--simulate", str(dump_file(tmp_path, [])), "--once")
     assert result.returncode == 2

@@ -75,6 +75,10 @@ class OtlpSettings:
             _check_header(name, value)
 
 
+#: gRPC's scheme-less target: a host name or address (IPv6 in brackets) and a port.
+_GRPC_TARGET: Final = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}")
+
+
 def _check_endpoint(settings: OtlpSettings) -> None:
     endpoint = settings.endpoint
     if not endpoint:
@@ -83,6 +87,9 @@ def _check_endpoint(settings: OtlpSettings) -> None:
         if settings.protocol == "http/protobuf":
             raise OtlpConfigError(f"OTLP endpoint {endpoint!r} needs a scheme for http/protobuf, "
                                   f"e.g. http://collector:4318 or https://collector:4318")
+        if not _GRPC_TARGET.fullmatch(endpoint):
+            raise OtlpConfigError(f"OTLP endpoint {endpoint!r} must look like host:port (gRPC, e.g. "
+                                  f"collector:4317) or http://host:port or https://host:port")
         return  # gRPC's host:port form; TLS unless insecure
     parts = urlsplit(endpoint)
     if parts.scheme not in ("http", "https") or not parts.hostname:
