@@ -1,0 +1,169 @@
+"""A simulated GPU node inside the real control plane: the simulator's NVML and kubelet on one
+side, the real kube-apiserver, scheduler and controller-manager on the other.
+
+``GpuNode.register`` makes a Node the scheduler accepts and publishes the ResourceSlices the
+simulated NVIDIA driver would (names, UUIDs, MIG placements and shared counters from the
+scenario), owned by that Node as a kubelet plugin's are. Claims and pods are then made in the real
+server and allocated by the real scheduler; ``GpuNode.scenario`` writes the node's scenario once
+they are, so the simulated kubelet reports the devices the scheduler chose, never a guess.
+
+``DeviceClass`` names follow NVIDIA's driver (gpu.nvidia.com, mig.nvidia.com); they are created
+once per control plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubetestbed import ControlPlane
+
+from dra_exporter_sim.k8s_objects import cluster_objects
+from dra_exporter_sim.scenario_builder import parse_scenario
+
+DRIVER = "gpu.nvidia.com"
+GPU_CLASS = "gpu.nvidia.com"
+MIG_CLASS = "mig.nvidia.com"
+RESOURCE = "resource.k8s.io/v1"
+
+
+def device_class(name: str, kind: str, **spec: Any) -> dict[str, Any]:
+    cel = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{kind}'"
+    return {"apiVersion": RESOURCE, "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": cel}}], **spec}}
+
+
+def ensure_device_classes(kube: ControlPlane) -> None:
+    for obj in (device_class(GPU_CLASS, "gpu"), device_class(MIG_CLASS, "mig")):
+        status, message = kube.try_create(obj)
+        if status not in (201, 409):  # 409: an earlier test made it
+            raise AssertionError(f"DeviceClass {obj['metadata']['name']}: {status} {message}")
+
+
+def request(name: str, device_class: str = GPU_CLASS, count: int = 1, cel: str = "", **extra: Any) -> dict[str, Any]:
+    mode = {"allocationMode": "ExactCount", "count": count} if extra.get("allocationMode", "ExactCount") == \
+        "ExactCount" else {}
+    exactly: dict[str, Any] = {"deviceClassName": device_class, **mode, **extra}
+    if cel:
+        exactly["selectors"] = [{"cel": {"expression": cel}}]
+    return {"name": name, "exactly": exactly}
+
+
+def claim(namespace: str, name: str, *requests: Mapping[str, Any], **devices: Any) -> dict[str, Any]:
+    return {"apiVersion": RESOURCE, "kind": "ResourceClaim", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": list(requests), **devices}}}
+
+
+def allocated(kube: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
+    path = f"/apis/{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}"
+
+    def check() -> dict[str, Any] | None:
+        obj = kube.get(path)
+        return obj if obj.get("status", {}).get("allocation") else None
+
+    return dict(kube.wait_for(check, f"claim {namespace}/{name} allocated"))
+
+
+def allocated_devices(claim_obj: Mapping[str, Any]) -> list[str]:
+    return [r["device"] for r in claim_obj["status"]["allocation"]["devices"]["results"]]
+
+
+@dataclass
+class GpuNode:
+    kube: ControlPlane
+    name: str
+    gpus: list[dict[str, Any]]
+    seed: int
+    dynamic_mig: bool
+    uuids: dict[str, str]
+    """Device name → the simulated NVML's UUID (whole GPUs; MIG devices where the slice names one)."""
+
+    @classmethod
+    def register(cls, kube: ControlPlane, gpus: Sequence[Mapping[str, Any]], *, seed: int = 1,
+                 dynamic_mig: bool = False, prefix: str = "gpu-node") -> GpuNode:
+        ensure_device_classes(kube)
+        name = kube.ready_node(kube.unique(prefix))
+        node_uid = kube.get(f"/api/v1/nodes/{name}")["metadata"]["uid"]
+        doc = {"node": name, "seed": seed, "dynamic_mig": dynamic_mig, "gpus": [dict(g) for g in gpus]}
+        objects = cluster_objects(parse_scenario(doc, "testbed"), 0.0)
+        uuids: dict[str, str] = {}
+        for sl in objects.resourceslices:
+            # What a kubelet plugin writes: its Node as the owner (the real one, so the garbage
+            # collector keeps the slice while the Node lives), no server-set fields.
+            meta = {"name": sl["metadata"]["name"],
+                    "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid,
+                                         "controller": True}]}
+            kube.create({**sl, "metadata": meta})
+            for device in sl["spec"].get("devices", ()):
+                attributes = device.get("attributes", {})
+                if uuid := attributes.get("uuid", {}).get("string"):
+                    uuids[device["name"]] = uuid
+                if parent := attributes.get("parentUUID", {}).get("string"):  # a GPU in MIG mode is no device
+                    uuids.setdefault(device["name"].partition("-mig-")[0], parent)
+        return cls(kube, name, [dict(g) for g in gpus], seed, dynamic_mig, uuids)
+
+    def uuid_cel(self, device: str) -> str:
+        return f"device.attributes['{DRIVER}'].uuid == '{self.uuids[device]}'"
+
+    def parent_cel(self, gpu: str, profile: str) -> str:
+        return (f"device.attributes['{DRIVER}'].parentUUID == '{self.uuids[gpu]}' && "
+                f"device.attributes['{DRIVER}'].profile == '{profile}'")
+
+    def scenario(self, path: Path, claims: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]],
+                 **extra: Any) -> Path:
+        """Write this node's scenario, its kubelet reporting ``claims`` (the real claim objects, once
+        allocated) to the containers of ``pods`` (the real pod objects) as the scheduler chose.
+        The MIG devices the scheduler picked exist in the simulated NVML."""
+        gpus = {g["index"]: {**g, "mig": list(g.get("mig", ()))} for g in self.gpus}
+        entries = []
+        for c in claims:
+            devices = allocated_devices(c)
+            for device in devices:
+                if "-mig-" in device:  # gpu-<i>-mig-<profile>-<profile id>-<placement start>
+                    gpu, rest = device.split("-mig-")
+                    *_, start = rest.split("-")
+                    profile = _profile_of(rest)
+                    mig = gpus[int(gpu.removeprefix("gpu-"))]["mig"]
+                    if not any(m.get("placement_start") == int(start) and m["profile"] == profile for m in mig):
+                        mig.append({"profile": profile, "placement_start": int(start)})
+            results = c["status"]["allocation"]["devices"]["results"]
+            entries.append({"namespace": c["metadata"]["namespace"], "name": c["metadata"]["name"],
+                            "devices": devices, "admin_access": any(r.get("adminAccess") for r in results)})
+        used = {(c["metadata"]["namespace"], c["metadata"]["name"]) for c in claims}
+        pod_entries = []
+        for p in pods:
+            ns = p["metadata"]["namespace"]
+            names = _pod_claim_names(p)
+            containers = []
+            for ctr in p["spec"]["containers"]:
+                refs = [names[r["name"]] for r in ctr.get("resources", {}).get("claims", ()) if r["name"] in names]
+                extended = p.get("status", {}).get("extendedResourceClaimStatus", {})
+                if any(m.get("containerName") == ctr["name"] for m in extended.get("requestMappings", ())):
+                    refs.append(extended["resourceClaimName"])
+                containers.append({"name": ctr["name"], "claims": [r for r in refs if (ns, r) in used]})
+            pod_entries.append({"namespace": ns, "name": p["metadata"]["name"], "containers": containers})
+        doc = {"node": self.name, "seed": self.seed, "dynamic_mig": self.dynamic_mig,
+               "gpus": [gpus[i] for i in sorted(gpus)], "claims": entries, "pods": pod_entries, **extra}
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+
+def _profile_of(rest: str) -> str:
+    """``3g71gb-9-0`` → ``3g.71gb``; ``1g18gb-me-20-0`` → ``1g.18gb+me``."""
+    parts = rest.split("-")
+    base = parts[0]
+    cut = base.index("g") + 1
+    profile = f"{base[:cut]}.{base[cut:]}"
+    return profile + "+me" if len(parts) > 3 and parts[1] == "me" else profile
+
+
+def _pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
+    """Pod claim name → ResourceClaim name: named ones from the spec, generated ones from the status."""
+    names = {c["name"]: c["resourceClaimName"] for c in pod["spec"].get("resourceClaims", ())
+             if c.get("resourceClaimName")}
+    names.update({s["name"]: s["resourceClaimName"] for s in pod.get("status", {}).get("resourceClaimStatuses", ())
+                  if s.get("resourceClaimName")})
+    return names
