@@ -167,3 +167,30 @@ def _pod_claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
     names.update({s["name"]: s["resourceClaimName"] for s in pod.get("status", {}).get("resourceClaimStatuses", ())
                   if s.get("resourceClaimName")})
     return names
+
+
+# --- NVIDIA's ComputeDomain CRDs (tests/fixtures/crds) -------------------------------------------------
+
+CRDS = Path(__file__).resolve().parent / "fixtures" / "crds" / "resource.nvidia.com.yaml"
+CD_DISCOVERY = "/apis/resource.nvidia.com/v1beta1"
+
+
+def install_compute_domain_crds(kube: ControlPlane) -> None:
+    """Create both CRDs (present already: fine) and wait until the server serves them."""
+    for crd in yaml.safe_load_all(CRDS.read_text()):
+        status, message = kube.try_create(crd)
+        assert status in (201, 409), f"{crd['metadata']['name']}: {status} {message}"
+
+    def served() -> bool:
+        status, body = kube.request("GET", CD_DISCOVERY)
+        names = {r.get("name") for r in body.get("resources", ())} if status == 200 else set()
+        return {"computedomains", "computedomaincliques"} <= names
+
+    kube.wait_for(served, "resource.nvidia.com/v1beta1 served")
+
+
+def remove_compute_domain_crds(kube: ControlPlane) -> None:
+    """Delete both CRDs (and so every ComputeDomain) and wait until the group is no longer served."""
+    for crd in yaml.safe_load_all(CRDS.read_text()):
+        kube.delete(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}")
+    kube.wait_for(lambda: kube.request("GET", CD_DISCOVERY)[0] == 404, "resource.nvidia.com/v1beta1 gone")
