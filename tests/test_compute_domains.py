@@ -263,7 +263,8 @@ def test_imex_not_ready_fault_makes_the_member_and_the_domain_not_ready(tmp_path
     assert (dom.status, [n.name for n in dom.nodes]) == ("NotReady", ["node-0"]), "v25.3: the node leaves the list"
 
 
-def test_absent_crd_is_the_feature_off_with_one_discovery_and_no_retries(caplog: pytest.LogCaptureFixture) -> None:
+def test_absent_crd_is_the_feature_off_with_one_discovery_until_the_rediscovery_period(
+        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="dra_exporter.sources.kubeapi")
     scenario = parse_scenario({"node": "n", "gpus": [{"index": 0}],
                                "claims": [{"namespace": "a", "name": "c", "devices": ["gpu-0"]}],
