@@ -13,12 +13,14 @@ once per control plane.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from deploy_tools import render_chart
 from kubetestbed import ControlPlane
 
 from dra_exporter_sim.k8s_objects import cluster_objects
@@ -194,3 +196,48 @@ def remove_compute_domain_crds(kube: ControlPlane) -> None:
     for crd in yaml.safe_load_all(CRDS.read_text()):
         kube.delete(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}")
     kube.wait_for(lambda: kube.request("GET", CD_DISCOVERY)[0] == 404, "resource.nvidia.com/v1beta1 gone")
+
+
+# --- the chart's ServiceAccounts and ClusterRoles ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Identity:
+    """A ServiceAccount of the chart, bound to its ClusterRole in the real server, and its token."""
+
+    namespace: str
+    account: str
+    rules: tuple[dict[str, Any], ...]
+    kubeconfig: Path
+    token: str
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.account}"
+
+
+@contextmanager
+def chart_identities(kube: ControlPlane, folder: Path) -> Iterator[dict[str, Identity]]:
+    """The chart (cluster mode on) rendered into a namespace of its own and applied: ServiceAccounts,
+    ClusterRoles, ClusterRoleBindings; ``{"node": …, "cluster": …}`` with a token kubeconfig each.
+    The cluster-scoped objects are deleted afterwards."""
+    namespace = kube.namespace("monitoring")
+    objects = [o for o in render_chart({"cluster": {"enabled": True}}, namespace=namespace)
+               if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    for obj in objects:
+        kube.create(obj)
+    try:
+        roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
+        identities = {}
+        for binding in (o for o in objects if o["kind"] == "ClusterRoleBinding"):
+            (subject,) = binding["subjects"]
+            role = roles[binding["roleRef"]["name"]]
+            mode = "cluster" if role["metadata"]["labels"].get("app.kubernetes.io/component") == "cluster" else "node"
+            token = kube.service_account_token(subject["namespace"], subject["name"])
+            identities[mode] = Identity(subject["namespace"], subject["name"], tuple(role["rules"]),
+                                        kube.token_kubeconfig(folder / f"{mode}.kubeconfig", token, mode), token)
+        assert set(identities) == {"node", "cluster"}
+        yield identities
+    finally:
+        for obj in objects:
+            if obj["kind"] != "ServiceAccount":
+                kube.delete(f"/apis/rbac.authorization.k8s.io/v1/{obj['kind'].lower()}s/{obj['metadata']['name']}")

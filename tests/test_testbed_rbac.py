@@ -18,14 +18,13 @@ import time
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_tools import MANIFESTS, render_chart
-from kubenode import GpuNode, allocated, claim, install_compute_domain_crds, request
+from deploy_tools import MANIFESTS
+from kubenode import GpuNode, Identity, allocated, chart_identities, claim, install_compute_domain_crds, request
 from kubetestbed import ControlPlane, free_port
 
 pytestmark = pytest.mark.testbed_kube
@@ -72,47 +71,10 @@ def expand(rules: Iterable[Mapping[str, Any]]) -> set[Access]:
             for resource in rule.get("resources", ()) for verb in rule.get("verbs", ())}
 
 
-@dataclass(frozen=True)
-class Identity:
-    """A ServiceAccount of the chart, bound to its ClusterRole in the real server."""
-
-    namespace: str
-    account: str
-    rules: tuple[dict[str, Any], ...]
-    kubeconfig: Path
-    token: str
-
-    @property
-    def user(self) -> str:
-        return f"system:serviceaccount:{self.namespace}:{self.account}"
-
-
 @pytest.fixture(scope="module")
 def chart(kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Identity]]:
-    """The chart (cluster mode on) rendered into a namespace of its own and applied: ServiceAccounts,
-    ClusterRoles, ClusterRoleBindings. ``{"node": …, "cluster": …}``."""
-    namespace = kube.namespace("monitoring")
-    objects = [o for o in render_chart({"cluster": {"enabled": True}}, namespace=namespace)
-               if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
-    for obj in objects:
-        kube.create(obj)
-    roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
-    folder = tmp_path_factory.mktemp("rbac")
-    identities = {}
-    for binding in (o for o in objects if o["kind"] == "ClusterRoleBinding"):
-        (subject,) = binding["subjects"]
-        role = roles[binding["roleRef"]["name"]]
-        mode = "cluster" if role["metadata"]["labels"].get("app.kubernetes.io/component") == "cluster" else "node"
-        token = kube.service_account_token(subject["namespace"], subject["name"])
-        identities[mode] = Identity(subject["namespace"], subject["name"], tuple(role["rules"]),
-                                    kube.token_kubeconfig(folder / f"{mode}.kubeconfig", token, mode), token)
-    assert set(identities) == {"node", "cluster"}
-    try:
+    with chart_identities(kube, tmp_path_factory.mktemp("rbac")) as identities:
         yield identities
-    finally:
-        for obj in objects:
-            if obj["kind"] != "ServiceAccount":
-                kube.delete(f"/apis/rbac.authorization.k8s.io/v1/{obj['kind'].lower()}s/{obj['metadata']['name']}")
 
 
 def _scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
