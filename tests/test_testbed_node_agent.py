@@ -40,6 +40,7 @@ pytestmark = pytest.mark.testbed_kube
 
 EXTENDED_CLASS = "gpu-extended.nvidia.com"
 EXTENDED = "nvidia.com/gpu"
+NOW = "2026-01-01T00:00:00Z"
 #: gpu-0..5 for the workloads (gpu-3 in MIG mode, two partitions), gpu-6 idle and tainted, gpu-7
 #: for the watch tests.
 GPUS = [{"index": i} for i in range(6)] + [
@@ -98,6 +99,17 @@ def cluster(kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Clu
         {"name": "h200x2", "deviceClassName": GPU_CLASS, "allocationMode": "ExactCount", "count": 2,
          "selectors": [{"cel": {"expression": f"{node.uuid_cel('gpu-0')} || {node.uuid_cel('gpu-1')}"}}]}]}))
     schedule(ml, "train-0", claims={"gpus": "train"}, containers={"trainer": ("gpus",)})
+    # What the driver and the kubelet write: a device condition on the claim (status.devices), the
+    # devices' health in the pod's container status (one as a triplet, one as a CDI name).
+    train = allocated(kube, ml, "train")
+    kube.patch_status(train, {"devices": [{"driver": GPU_CLASS, "pool": node.name, "device": "gpu-1", "conditions": [
+        {"type": "Ready", "status": "True", "reason": "Prepared", "message": "", "lastTransitionTime": NOW}]}]})
+    trainer = pods["train-0"]["status"]["containerStatuses"]
+    trainer[0]["allocatedResourcesStatus"] = [{"name": "claim:gpus", "resources": [
+        {"resourceID": f"{GPU_CLASS}/{node.name}/gpu-0", "health": "Healthy"},
+        {"resourceID": f"k8s.gpu.nvidia.com/claim={train['metadata']['uid']}-gpu-1", "health": "Unhealthy",
+         "message": "XID 79: GPU has fallen off the bus"}]}]
+    pods["train-0"] = kube.patch_status(pods["train-0"], {"containerStatuses": trainer})
     # A claim the controller-manager makes from a template, and one the scheduler makes for nvidia.com/gpu.
     kube.create({"apiVersion": RESOURCE, "kind": "ResourceClaimTemplate", "metadata": {"name": "one-gpu",
                  "namespace": ml}, "spec": {"spec": {"devices": {"requests": [
@@ -195,6 +207,14 @@ def test_attribution_is_what_the_real_scheduler_and_controller_manager_made(
     claim_uids = dict(pick(frame, cat.CLAIM_ALLOCATION_INFO.name, "claim", "claim_uid"))
     assert claim_uids["train"] == cluster.claims["train-0"]["train"]["metadata"]["uid"]
 
+    assert pick(frame, cat.CLAIM_DEVICE_CONDITION.name, "claim", "device", "type", "status") == {
+        ("train", "gpu-1", "Ready", "True")}
+    # The container names the claim, not a request: so does the status ("claim:gpus"; the server
+    # refuses "claim:gpus/main" for it), and the health series has no request.
+    assert pick(frame, cat.DEVICE_HEALTH.name, "pod", "container", "claim", "request", "device", "health") == {
+        ("train-0", "trainer", "train", "", "gpu-0", "Healthy"),
+        ("train-0", "trainer", "train", "", "gpu-1", "Unhealthy")}
+
     # A slice's own taint, and a DeviceTaintRule (read in v1beta2: 1.36 serves none in v1).
     assert pick(frame, cat.DEVICE_TAINT.name, "device", "key", "value", "effect") == {
         ("gpu-6", "example.com/maintenance", "fan", "NoSchedule"), ("gpu-6", "example.com/drain", "now", "NoSchedule")}
@@ -257,6 +277,18 @@ def _watch(kube: ControlPlane, path: str, query: str, timeout: float = 30) -> li
         events = [json.loads(line) for line in resp.read().splitlines() if line.strip()]
     return [(e["type"], e["object"].get("code") if e["type"] == "ERROR" else e["object"]["metadata"].get(
         "resourceVersion")) for e in events]
+
+
+def test_device_health_names_the_claim_as_the_container_references_it(cluster: Cluster, kube: ControlPlane) -> None:
+    """``allocatedResourcesStatus[].name`` must be ``claim:<pod claim>`` or ``claim:<pod claim>/<request>``
+    exactly as the container's ``resources.claims`` entry says; the simulator wrote any."""
+    pod = kube.get(f"/api/v1/namespaces/{cluster.ml}/pods/train-0")
+    statuses = pod["status"]["containerStatuses"]
+    statuses[0]["allocatedResourcesStatus"][0]["name"] = "claim:gpus/main"
+    status, body = kube.request("PATCH", f"/api/v1/namespaces/{cluster.ml}/pods/train-0/status",
+                                {"status": {"containerStatuses": statuses}},
+                                content_type="application/merge-patch+json")
+    assert status == 422 and "must match one of the container's resource claims" in body["message"]
 
 
 def test_bookmarks_come_only_when_the_resource_version_moved(kube: ControlPlane) -> None:
