@@ -314,6 +314,11 @@ def test_bookmarks_come_only_when_the_resource_version_moved(kube: ControlPlane)
     assert events and set(events) == {("BOOKMARK", moved)}, events
 
 
+#: Lists one restart may cost a reflector: the one after the 410, plus retries of lists the
+#: restarted server refused while its caches filled.
+WARM_UP_LISTS = 3
+
+
 def _lists(src: kubeapi.KubeApiSource) -> dict[str, int]:
     return {k: v for k, v in src.requests.items() if k.startswith("list ")}
 
@@ -322,7 +327,7 @@ def _lists(src: kubeapi.KubeApiSource) -> dict[str, int]:
 def test_watches_follow_the_cluster_across_an_apiserver_restart_and_an_etcd_compaction(
         cluster: Cluster, kube: ControlPlane) -> None:
     """What changes while the apiserver restarts reaches the agent; each restart costs each
-    watch at most one list, and after a compaction the list is certain.
+    watch a list or two, never a storm, and after a compaction the list is certain.
 
     Unlike the simulator, a restarted apiserver expires every older resourceVersion even without
     a compaction (its watch cache starts at etcd's current revision): a watch from one is answered
@@ -357,7 +362,8 @@ def test_watches_follow_the_cluster_across_an_apiserver_restart_and_an_etcd_comp
                               "taint": {"key": "example.com/late", "effect": "NoSchedule"}}})
         eventually(lambda: ("gpu-7", "example.com/late") in taints(rt), timeout=60)
         after_restart = _lists(src)
-        assert all(after_restart[k] - before[k] <= 1 for k in before), (before, after_restart)
+        # One list each after the 410, and perhaps a retry of one the warming-up server refused: no storm.
+        assert all(after_restart[k] - before[k] <= WARM_UP_LISTS for k in before), (before, after_restart)
 
         kube.compact_etcd()
         kube.restart_apiserver()
@@ -367,7 +373,8 @@ def test_watches_follow_the_cluster_across_an_apiserver_restart_and_an_etcd_comp
         assert src.collect().claim(ml, "late") is None, "no local pod uses it: forgotten"
         eventually(lambda: ("gpu-7", "example.com/late") not in taints(rt), timeout=60)
         after_compaction = _lists(src)
-        assert after_compaction["list pods"] == after_restart["list pods"] + 1, (after_restart, after_compaction)
+        assert 1 <= after_compaction["list pods"] - after_restart["list pods"] <= WARM_UP_LISTS, (
+            after_restart, after_compaction)
         assert source_up(rt.agent.cycle(collect_side=True), "kubeapi") == 1.0
     # The controller-manager's watches took the same blow: wait until it serves new namespaces
     # again, so the tests after this one find the control plane as they expect it.
