@@ -132,8 +132,11 @@ class GpuNode:
                     if not any(m.get("placement_start") == int(start) and m["profile"] == profile for m in mig):
                         mig.append({"profile": profile, "placement_start": int(start)})
             results = c["status"]["allocation"]["devices"]["results"]
-            entries.append({"namespace": c["metadata"]["namespace"], "name": c["metadata"]["name"],
-                            "devices": devices, "admin_access": any(r.get("adminAccess") for r in results)})
+            entry = {"namespace": c["metadata"]["namespace"], "name": c["metadata"]["name"],
+                     "devices": devices, "admin_access": any(r.get("adminAccess") for r in results)}
+            if results and results[0]["driver"] != DRIVER:  # another driver's slice, in the scenario's slices
+                entry.update(driver=results[0]["driver"], pool=results[0]["pool"])
+            entries.append(entry)
         used = {(c["metadata"]["namespace"], c["metadata"]["name"]) for c in claims}
         pod_entries = []
         for p in pods:

@@ -42,10 +42,12 @@ EXTENDED_CLASS = "gpu-extended.nvidia.com"
 EXTENDED = "nvidia.com/gpu"
 NOW = "2026-01-01T00:00:00Z"
 #: gpu-0..5 for the workloads (gpu-3 in MIG mode, two partitions), gpu-6 idle and tainted, gpu-7
-#: for the watch tests.
+#: for the watch tests, gpu-8 through another driver.
 GPUS = [{"index": i} for i in range(6)] + [
     {"index": 6, "taints": [{"key": "example.com/maintenance", "value": "fan", "effect": "NoSchedule"}]},
-    {"index": 7}]
+    {"index": 7}, {"index": 8}]
+#: gpu-8 is also another driver's device: its slice names it only by the uuid attribute.
+EXAMPLE_DRIVER = "gpu.example.com"
 GPUS[3] = {"index": 3, "mig": [{"profile": "3g.71gb", "placement_start": 0},
                                {"profile": "1g.18gb", "placement_start": 4}]}
 
@@ -116,6 +118,19 @@ def cluster(kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Clu
                      request("gpu", cel=node.uuid_cel("gpu-4"))]}}}})
     schedule(ml, "job-0", templates={"gpu": "one-gpu"}, containers={"job": ("gpu",)})
     schedule(ml, "ext-0", containers={"cuda": ()}, extended={EXTENDED: "1"})
+    # Another driver's device that is gpu-8: only its slice's uuid attribute says so.
+    status, message = kube.try_create({"apiVersion": RESOURCE, "kind": "DeviceClass",
+                                       "metadata": {"name": EXAMPLE_DRIVER}, "spec": {"selectors": [
+                                           {"cel": {"expression": f"device.driver == '{EXAMPLE_DRIVER}'"}}]}})
+    assert status in (201, 409), message
+    accel = [{"name": "accel-0", "attributes": {"uuid": node.uuids["gpu-8"], "model": "Example"}}]
+    kube.create({"apiVersion": RESOURCE, "kind": "ResourceSlice", "metadata": {"name": f"{node.name}-example"},
+                 "spec": {"driver": EXAMPLE_DRIVER, "nodeName": node.name,
+                          "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
+                          "devices": [{"name": d["name"], "attributes": {k: {"string": v} for k, v in
+                                                                         d["attributes"].items()}} for d in accel]}})
+    kube.create(claim(ml, "alt", request("gpu", EXAMPLE_DRIVER)))
+    schedule(ml, "alt-0", claims={"gpu": "alt"}, containers={"c": ("gpu",)})
     # Admin access to every GPU of the node but gpu-7, in use or not (the tainted one tolerated): monitoring.
     kube.create(claim(ops, "watch-all", request(
         "all", allocationMode="All", adminAccess=True, cel=f"!({node.uuid_cel('gpu-7')})",
@@ -138,7 +153,8 @@ def cluster(kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Clu
                  "spec": {"deviceSelector": {"driver": GPU_CLASS, "pool": node.name, "device": "gpu-6"},
                           "taint": {"key": "example.com/drain", "value": "now", "effect": "NoSchedule"}}})
     every = [c for cs in claims.values() for c in cs.values()]
-    path = node.scenario(tmp_path_factory.mktemp("agent") / "node.yaml", every, list(pods.values()))
+    path = node.scenario(tmp_path_factory.mktemp("agent") / "node.yaml", every, list(pods.values()),
+                         slices=[{"driver": EXAMPLE_DRIVER, "devices": accel}])
     return Cluster(node, ml, ops, claims, pods, path, rule)
 
 
@@ -193,6 +209,8 @@ def test_attribution_is_what_the_real_scheduler_and_controller_manager_made(
         node.uuids["gpu-3"]: ("",) * 6,  # in MIG mode
         node.uuids["gpu-6"]: ("",) * 6,  # tainted, only the monitoring claim has it
         node.uuids["gpu-7"]: ("",) * 6,
+        # Found only through the other driver's slice: its uuid attribute.
+        node.uuids["gpu-8"]: (ml, "alt-0", uid("alt-0"), "c", "alt", "gpu"),
     }
     assert {u: attribution(by_uuid[u]) for u in expected} == expected
     assert job_claim.startswith("job-0-gpu-") and ext_claim.startswith("ext-0-extended-resources-")
@@ -201,7 +219,7 @@ def test_attribution_is_what_the_real_scheduler_and_controller_manager_made(
     consumers = pick(frame, cat.CLAIM_CONSUMER_INFO.name, "namespace", "pod")
     assert (cluster.ops, "dcgm-0") not in consumers and (ml, "train-0") in consumers
     allocations = pick(frame, cat.CLAIM_ALLOCATION_INFO.name, "namespace", "claim", "request", "uuid", "admin_access")
-    watched = {node.uuids[f"gpu-{i}"] for i in (0, 1, 2, 4, 5, 6)}
+    watched = {node.uuids[f"gpu-{i}"] for i in (0, 1, 2, 4, 5, 6, 8)}
     assert {(cluster.ops, "watch-all", "all", u, "true") for u in watched} <= allocations
     assert (ml, "train", "main/h200x2", node.uuids["gpu-0"], "false") in allocations
     claim_uids = dict(pick(frame, cat.CLAIM_ALLOCATION_INFO.name, "claim", "claim_uid"))
@@ -222,6 +240,7 @@ def test_attribution_is_what_the_real_scheduler_and_controller_manager_made(
     assert (info["gpu-3-mig-3g71gb-9-0"]["type"], info["gpu-3-mig-3g71gb-9-0"]["parent_uuid"]) == (
         "mig", node.uuids["gpu-3"])
     assert {lbl["node"] for lbl in info.values()} == {node.name}
+    assert (info["accel-0"]["driver"], info["accel-0"]["uuid"]) == (EXAMPLE_DRIVER, node.uuids["gpu-8"])
 
 
 def test_the_taint_rules_are_read_in_v1beta2_which_is_what_1_36_serves(cluster: Cluster, kube: ControlPlane) -> None:
