@@ -257,7 +257,8 @@ def test_admin_access_option_claims_every_gpu_of_the_node_through_dra() -> None:
     (request,) = template["spec"]["spec"]["devices"]["requests"]
     assert request == {
         "name": "gpus",
-        "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True},
+        "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True,
+                    "tolerations": [{"operator": "Exists"}]},
     }
     spec = pod_spec(docs)
     assert spec["resourceClaims"] == [
@@ -278,7 +279,8 @@ def test_admin_access_option_claims_every_gpu_of_the_node_through_dra() -> None:
         )
     )["ResourceClaimTemplate"]
     assert old["spec"]["spec"]["devices"]["requests"] == [
-        {"name": "gpus", "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True}
+        {"name": "gpus", "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True,
+         "tolerations": [{"operator": "Exists"}]}
     ]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deploy_tools import render_chart
 from kubenode import (
     GPU_CLASS,
     MIG_CLASS,
@@ -281,6 +282,32 @@ def test_mig_partitions_consume_the_shared_counters_the_scheduler_counts(
     mig = info[device]["uuid"]
     assert mig.startswith("MIG-") and info[device]["parent_uuid"] == node.uuids["gpu-1"], "found through NVML"
     assert attribution(device_labels(frame)[mig]) == (ns, "part-0", pod["metadata"]["uid"], "main", "part", "mig")
+
+
+def test_the_charts_admin_access_claim_gets_every_gpu_of_its_node_tainted_ones_too(
+        cluster: Cluster, kube: ControlPlane) -> None:
+    """deviceAccess.mode=adminAccessClaim: the chart's ResourceClaimTemplate and its DaemonSet's
+    claim references, on a node whose GPUs are in use and one of which is tainted. The real
+    scheduler allocates "All" only when every matching device can be: an exporter that did not
+    tolerate device taints stayed Pending (NoSchedule) or was evicted (NoExecute) exactly when a
+    GPU needed watching."""
+    ns = kube.namespace("dra-exporter", admin_access=True)
+    docs = render_chart({"deviceAccess": {"mode": "adminAccessClaim"}}, namespace=ns)
+    (template,) = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    kube.create(template)
+    spec = daemonset["spec"]["template"]["spec"]
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "exporter", "namespace": ns}, "spec": {
+        "nodeSelector": {"kubernetes.io/hostname": cluster.node.name}, "resourceClaims": spec["resourceClaims"],
+        "containers": [{"name": c["name"], "image": c["image"], "resources": {"claims": c["resources"]["claims"]}}
+                       for c in spec["containers"]]}})
+    pod = kube.wait_scheduled(ns, "exporter", timeout=30)
+    (generated,) = kube.get(f"/api/v1/namespaces/{ns}/pods/exporter")["status"]["resourceClaimStatuses"]
+    results = allocated(kube, ns, generated["resourceClaimName"])["status"]["allocation"]["devices"]["results"]
+    whole = {f"gpu-{i}" for i in range(9) if i != 3}  # gpu-3 is in MIG mode: its MIG devices are another class
+    assert {r["device"] for r in results} == whole and all(r["adminAccess"] for r in results)
+    assert pod["spec"]["nodeName"] == cluster.node.name
+
 
 
 # --- what the real server does that the simulator did not ------------------------------------------------
