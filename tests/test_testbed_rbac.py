@@ -12,6 +12,7 @@ default (tests/test_deploy.py checks the rendering); its rules are checked here 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -214,11 +215,29 @@ def test_the_cluster_mode_reads_everything_with_its_role_and_the_role_grants_onl
     with exporter("cluster", "--kubeconfig", str(identity.kubeconfig)) as port:
         asked = wait_until_used(kube, identity, CLUSTER_USES)
         _, metrics = _scrape(port)
+        # Everything it reads, as many as the server holds (what earlier tests left included).
+        deadline = time.monotonic() + 30
+        while (held := _cluster_objects(_scrape(port)[1])) != (served := _served_counts(kube)):
+            assert time.monotonic() < deadline, (held, served)
+            time.sleep(0.5)
     assert asked == CLUSTER_USES
     assert 'dra_exporter_source_up{source="kubeapi"} 1' in metrics
     assert "nic.example.com" in metrics, "the cluster's slices were read"
     assert expand(identity.rules) == CLUSTER_USES, "the role grants exactly what the cluster mode uses"
     assert rules_review(kube, identity) == CLUSTER_USES, "and the server grants the token nothing more"
+
+
+def _cluster_objects(metrics: str) -> dict[str, int]:
+    found = re.findall(r'^dra_cluster_objects\{kind="(\w+)"\} (\S+)$', metrics, re.MULTILINE)
+    return {kind: int(float(value)) for kind, value in found}
+
+
+def _served_counts(kube: ControlPlane) -> dict[str, int]:
+    paths = {"ResourceSlice": "/apis/resource.k8s.io/v1/resourceslices",
+             "ResourceClaim": "/apis/resource.k8s.io/v1/resourceclaims",
+             "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
+             "DeviceTaintRule": "/apis/resource.k8s.io/v1beta2/devicetaintrules"}
+    return {kind: len(kube.get(path)["items"]) for kind, path in paths.items()}
 
 
 # --- neither may write, nor read what it does not use -------------------------------------------------------
