@@ -346,6 +346,9 @@ def test_bookmarks_come_only_when_the_resource_version_moved(kube: ControlPlane)
     quiet, busy = kube.unique("quiet"), kube.unique("busy")
     for ns in (quiet, busy):
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        # The controller-manager publishes its CA into every new namespace: after that, nothing moves.
+        kube.wait_for(lambda ns=ns: kube.request("GET", f"/api/v1/namespaces/{ns}/configmaps/kube-root-ca.crt")[0]
+                      == 200, f"kube-root-ca.crt in {ns}")
     path = f"/api/v1/namespaces/{quiet}/configmaps"
     rv = kube.get(path)["metadata"]["resourceVersion"]
     assert _watch(kube, path, f"resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=3") == []
@@ -353,7 +356,7 @@ def test_bookmarks_come_only_when_the_resource_version_moved(kube: ControlPlane)
     later = threading.Timer(0.5, kube.create, (config_map,))
     later.start()
     try:
-        events = _watch(kube, path, f"resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=4")
+        events = _watch(kube, path, f"resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=6")
     finally:
         later.join()
     moved = kube.get(f"/api/v1/namespaces/{busy}/configmaps/moved")["metadata"]["resourceVersion"]
@@ -390,6 +393,8 @@ def test_watches_follow_the_cluster_across_an_apiserver_restart_and_an_etcd_comp
         before = _lists(src)
         pods = f"/api/v1/namespaces/{ml}/pods"
         rv = kube.get(pods)["metadata"]["resourceVersion"]
+        # Any write makes rv older than etcd's revision (and so than the restarted server's cache).
+        kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "before-restart", "namespace": ml}})
         kube.restart_apiserver()
         assert _watch(kube, pods, f"resourceVersion={rv}&timeoutSeconds=5") == [("ERROR", 410)]
         kube.create(claim(ml, "late", request("gpu", cel=node.uuid_cel("gpu-7"))))
