@@ -61,6 +61,12 @@ CONTROLLERS = ("resourceclaim-controller", "device-taint-eviction-controller", "
                "clusterrole-aggregation-controller", "root-ca-certificate-publisher-controller",
                "pod-garbage-collector-controller")
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+# What the RBAC tests read back: every request of a ServiceAccount outside kube-system (the
+# controller-manager's own service accounts would drown them), at Metadata level.
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+                "rules": [{"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+                          {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+                          {"level": "None"}]}
 _READY_TIMEOUT = 90.0  # a cold start on a busy 2-core machine
 
 
@@ -300,6 +306,7 @@ class ControlPlane:
     def start_apiserver(self, extra: tuple[str, ...] = ()) -> None:
         """(Re)start kube-apiserver on its port, over the same etcd; waits for /readyz."""
         p, w = self.pki, self.workdir
+        (w / "audit-policy.json").write_text(json.dumps(AUDIT_POLICY))
         self._spawn("kube-apiserver", [
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}", "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1", f"--secure-port={self.ports['api']}", "--endpoint-reconciler-type=none",
@@ -309,7 +316,9 @@ class ControlPlane:
             f"--service-account-signing-key-file={p.folder / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range=10.96.0.0/16",
             "--authorization-mode=Node,RBAC", "--allow-privileged=true", "--profiling=false",
-            f"--runtime-config={RUNTIME_CONFIG}", f"--feature-gates={_gates(GATES)}", "--v=1", *extra])
+            f"--runtime-config={RUNTIME_CONFIG}", f"--feature-gates={_gates(GATES)}", "--v=1",
+            f"--audit-policy-file={w / 'audit-policy.json'}", f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json", "--audit-log-mode=blocking", *extra])
         self._wait(lambda: self._get("/readyz"), "kube-apiserver")
 
     def restart_apiserver(self) -> None:
@@ -355,6 +364,26 @@ class ControlPlane:
     @property
     def kubeconfig(self) -> Path:
         return self.workdir / "admin.kubeconfig"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "logs" / "audit.jsonl"
+
+    def audit_events(self, user: str) -> list[dict[str, Any]]:
+        """The audit log's events (ResponseStarted of watches, ResponseComplete of everything) of
+        ``user``, e.g. ``system:serviceaccount:NS:NAME``; only ServiceAccounts outside kube-system
+        are logged (``AUDIT_POLICY``)."""
+        if not self.audit_log.exists():
+            return []
+        events = []
+        for line in self.audit_log.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:  # the line being written
+                continue
+            if event.get("user", {}).get("username") == user:
+                events.append(event)
+        return events
 
     def _ssl(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki.ca))
@@ -468,14 +497,15 @@ class ControlPlane:
             extended: Mapping[str, str] | None = None) -> dict[str, Any]:
         """A pod that references claims by name (``claims``: pod claim name → ResourceClaim name) or through
         templates (``templates``: pod claim name → ResourceClaimTemplate name). ``containers`` maps each
-        container to the pod claim names it uses (default: one container ``main`` using them all);
+        container to the pod claim names it uses (default: one container ``main`` using them all;
+        ``claim/request`` for one request of a claim);
         ``extended`` asks for extended resources (``nvidia.com/gpu: "1"``)."""
         pod_claims = [{"name": k, "resourceClaimName": v} for k, v in (claims or {}).items()]
         pod_claims += [{"name": k, "resourceClaimTemplateName": v} for k, v in (templates or {}).items()]
         uses = containers or {"main": tuple(c["name"] for c in pod_claims)}
         spec: dict[str, Any] = {
             "containers": [{"name": c, "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"claims": [{"name": n} for n in used],
+                            "resources": {"claims": [_container_claim(n) for n in used],
                                           **({"limits": dict(extended)} if extended else {})}}
                            for c, used in uses.items()],
             "resourceClaims": pod_claims, "terminationGracePeriodSeconds": 0}
@@ -561,6 +591,11 @@ def collection_path(obj: Mapping[str, Any], namespace: str | None = None) -> str
 
 def object_path(obj: Mapping[str, Any]) -> str:
     return f"{collection_path(obj)}/{obj['metadata']['name']}"
+
+
+def _container_claim(use: str) -> dict[str, str]:
+    name, _, request = use.partition("/")
+    return {"name": name, "request": request} if request else {"name": name}
 
 
 def _message(body: Any) -> str:

@@ -18,7 +18,7 @@ from dra_exporter import catalog as cat
 from dra_exporter import model
 from dra_exporter.join_domains import domain_families, domain_uses
 from dra_exporter.sources.computedomain import clique_from_dict, compute_domain_from_dict
-from dra_exporter.sources.kubeapi import KubeApiSource, Timeouts
+from dra_exporter.sources.kubeapi import REDISCOVER_S, KubeApiSource, Timeouts
 from dra_exporter.sources.kubeapi_normalize import claim_from_dict
 from dra_exporter_sim.apiserver import SimulatedApiServer
 from dra_exporter_sim.clock import SimClock
@@ -263,18 +263,32 @@ def test_imex_not_ready_fault_makes_the_member_and_the_domain_not_ready(tmp_path
     assert (dom.status, [n.name for n in dom.nodes]) == ("NotReady", ["node-0"]), "v25.3: the node leaves the list"
 
 
-def test_absent_crd_is_the_feature_off_with_one_discovery_and_no_retries(caplog: pytest.LogCaptureFixture) -> None:
+def test_absent_crd_is_the_feature_off_with_one_discovery_until_the_rediscovery_period(
+        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="dra_exporter.sources.kubeapi")
     scenario = parse_scenario({"node": "n", "gpus": [{"index": 0}],
                                "claims": [{"namespace": "a", "name": "c", "devices": ["gpu-0"]}],
                                "pods": [{"namespace": "a", "name": "p",
                                          "containers": [{"name": "c", "claims": ["c"]}]}]})
-    with reading(scenario) as (server, src):
-        for _ in range(3):
-            snap = src.collect()
-        assert snap.compute_domains == () and snap.claims, "the rest of the view is read"
-        assert src.compute_domain_resources == frozenset()
-        assert not any(res.startswith("computedomain") for _, res in server.requests)
+    now = [0.0]
+    with SimulatedApiServer(scenario, SimClock(50.0, frozen=True), poll_s=0.02) as server:
+        src = KubeApiSource(scenario.node_name, kubeconfig=server.kubeconfig_path, timeouts=FAST,
+                            monotonic=lambda: now[0])
+        try:
+            for _ in range(3):
+                snap = src.collect()
+            assert snap.compute_domains == () and snap.claims, "the rest of the view is read"
+            assert src.compute_domain_resources == frozenset()
+            assert not any(res.startswith("computedomain") for _, res in server.requests)
+            discoveries = server.requests[("get", "discovery")]
+            now[0] = REDISCOVER_S - 1
+            src.collect()
+            assert server.requests[("get", "discovery")] == discoveries, "not before the period"
+            now[0] = REDISCOVER_S
+            src.collect()
+            assert server.requests[("get", "discovery")] == discoveries + 1, "a driver installed since is found"
+        finally:
+            src.close()
     messages = [r.getMessage() for r in caplog.records if "resource.nvidia.com" in r.getMessage()]
     assert len(messages) == 1 and "not served" in messages[0], messages
 

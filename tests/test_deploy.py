@@ -172,13 +172,13 @@ def test_rbac_is_read_only_on_exactly_slices_claims_taint_rules_pods_nodes_and_c
         for resource in rule["resources"]
     }
     assert granted == {
-        ("resource.k8s.io", "resourceslices"): ["get", "list", "watch"],
-        ("resource.k8s.io", "resourceclaims"): ["get", "list", "watch"],
-        ("resource.k8s.io", "devicetaintrules"): ["get", "list", "watch"],
-        ("", "pods"): ["get", "list", "watch"],
+        ("resource.k8s.io", "resourceslices"): ["list", "watch"],
+        ("resource.k8s.io", "resourceclaims"): ["get"],
+        ("resource.k8s.io", "devicetaintrules"): ["list", "watch"],
+        ("", "pods"): ["list", "watch"],
         ("", "nodes"): ["get"],
-        ("resource.nvidia.com", "computedomains"): ["get", "list", "watch"],
-        ("resource.nvidia.com", "computedomaincliques"): ["get", "list", "watch"],
+        ("resource.nvidia.com", "computedomains"): ["list", "watch"],
+        ("resource.nvidia.com", "computedomaincliques"): ["list", "watch"],
     }
     assert all(set(r) == {"apiGroups", "resources", "verbs"} for r in kinds["ClusterRole"]["rules"]), (
         "no resourceNames / nonResourceURLs"
@@ -257,7 +257,8 @@ def test_admin_access_option_claims_every_gpu_of_the_node_through_dra() -> None:
     (request,) = template["spec"]["spec"]["devices"]["requests"]
     assert request == {
         "name": "gpus",
-        "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True},
+        "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True,
+                    "tolerations": [{"operator": "Exists"}]},
     }
     spec = pod_spec(docs)
     assert spec["resourceClaims"] == [
@@ -278,7 +279,8 @@ def test_admin_access_option_claims_every_gpu_of_the_node_through_dra() -> None:
         )
     )["ResourceClaimTemplate"]
     assert old["spec"]["spec"]["devices"]["requests"] == [
-        {"name": "gpus", "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True}
+        {"name": "gpus", "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True,
+         "tolerations": [{"operator": "Exists"}]}
     ]
 
 

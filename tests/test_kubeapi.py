@@ -1,6 +1,8 @@
-"""The API server source with the real ``kubernetes`` client: against the simulated API server
-(list, watch, resume, 410, outages, claim fetching) and a tiny local server for the answers the
-simulator does not give (403, unserved group)."""
+"""The API server source with the real ``kubernetes`` client against what a real API server will
+not do on demand: the simulated API server (dropped watches, injected 410s, outages, claim
+refreshes spread over time, unserved versions) and a tiny local server (403, unserved group,
+garbage). What a real server can answer — lists, watches, claim fetching — is in
+tests/test_testbed_kubeapi.py, against kube-apiserver itself."""
 
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ from dra_exporter.sources import SourceError
 from dra_exporter.sources.kubeapi import (
     NO_ACCESS,
     RBAC_HINT,
-    REFRESH_SPREAD,
     KubeApiSource,
     Timeouts,
     load_client,
@@ -81,46 +82,6 @@ def pods_of(src: KubeApiSource) -> set[str]:
 
 def counts(server: SimulatedApiServer, verb: str, resource: str) -> int:
     return server.requests[(verb, resource)]
-
-
-@pytest.mark.parametrize("version", ["v1", "v1beta2", "v1beta1"])
-def test_first_collect_lists_slices_pods_and_gets_the_claims_they_use(version: str) -> None:
-    with api_server(version) as server, source(server) as src:
-        snap = src.collect()
-        assert (snap.node, snap.api_version) == (NODE, version)
-        uuids = {d.name: d.attribute("uuid") for s in snap.slices for d in s.devices}
-        assert uuids == {name: server.scenario.nvml_uuid(name) for name in ("gpu-0", "gpu-1", "gpu-2")}
-        assert {p.name for p in snap.pods} == {"train-0", "short-0"}
-        assert {c.name for c in snap.claims} == {"train", "short-0-gpu"}, "only claims local pods use"
-        train = snap.claim("ml", "train")
-        assert train is not None and [(r.request, r.device) for r in train.results] == [("gpu", "gpu-0")]
-        # Slices: this node's (spec.nodeName=<node>) and those that name no node (spec.nodeName=).
-        assert (counts(server, "list", "resourceslices"), counts(server, "list", "pods")) == (2, 1)
-        assert counts(server, "get", "resourceclaims") == 2
-        assert counts(server, "list", "resourceclaims") == counts(server, "watch", "resourceclaims") == 0
-        eventually(lambda: (counts(server, "watch", "resourceslices"), counts(server, "watch", "pods")) == (2, 1))
-
-
-def test_quiet_cluster_costs_no_requests_and_returns_the_same_snapshot() -> None:
-    with api_server() as server, source(server) as src:
-        first = src.collect()
-        eventually(lambda: counts(server, "watch", "pods") == 1)
-        before = sum(server.requests.values())
-        assert all(src.collect() is first for _ in range(20))
-        assert sum(server.requests.values()) == before
-
-
-def test_watch_delivers_changes_and_claims_follow_their_pods() -> None:
-    with api_server() as server, source(server) as src:
-        src.collect()
-        server.clock.set(150.0)  # short-0 ends, its generated claim is deleted
-        eventually(lambda: pods_of(src) == {"train-0"})
-        assert {c.name for c in src.collect().claims} == {"train"}, "forgotten without a request"
-        server.clock.set(250.0)  # late-0 starts
-        eventually(lambda: pods_of(src) == {"train-0", "late-0"})
-        assert {c.name for c in src.collect().claims} == {"train", "late-0-gpu"}
-        assert counts(server, "list", "pods") == 1, "watch events, no re-list"
-        assert counts(server, "get", "resourceclaims") == 3
 
 
 def test_dropped_watch_resumes_from_its_resource_version() -> None:
@@ -182,19 +143,6 @@ def test_runner_keeps_the_last_good_view_and_logs_the_outage_once(caplog: pytest
         assert len([r for r in caplog.records if "kubeapi" in r.getMessage()]) == 1
 
 
-def test_claims_are_fetched_again_after_the_refresh_period() -> None:
-    now = [0.0]
-    with api_server() as server, source(server, claim_refresh=300.0, monotonic=lambda: now[0]) as src:
-        src.collect()
-        assert counts(server, "get", "resourceclaims") == 2
-        now[0] = 299.0
-        src.collect()
-        assert counts(server, "get", "resourceclaims") == 2, "never sooner than the refresh period"
-        now[0] = 300.0 * (1 + REFRESH_SPREAD)
-        src.collect()
-        assert counts(server, "get", "resourceclaims") == 4, "due by the end of the spread"
-
-
 def test_claims_fetched_together_are_refreshed_spread_out_not_in_one_burst() -> None:
     """A node's start-up fetches every claim at once; their refreshes must not stay in lockstep."""
     many = parse_scenario({
@@ -216,33 +164,6 @@ def test_claims_fetched_together_are_refreshed_spread_out_not_in_one_burst() -> 
             fetched_per_step.append(counts(server, "get", "resourceclaims") - before)
         assert sum(fetched_per_step) == 7, "each claim refreshed exactly once in [300, 360] s"
         assert max(fetched_per_step) < 7 and sum(1 for n in fetched_per_step if n) >= 2, fetched_per_step
-
-
-def test_a_new_pod_of_a_claim_in_use_fetches_it_again() -> None:
-    # Its allocation or reservedFor may have changed; waiting for the refresh would show it late.
-    shared = parse_scenario({
-        "node": NODE, "gpus": [{"index": 0}],
-        "claims": [{"namespace": "ml", "name": "shared", "devices": ["gpu-0"]}],
-        "pods": [{"namespace": "ml", "name": "a", "containers": [{"name": "c", "claims": ["shared"]}]},
-                 {"namespace": "ml", "name": "b", "start": 200, "containers": [{"name": "c", "claims": ["shared"]}]}],
-    }, "shared")
-    with SimulatedApiServer(shared, SimClock(50.0, frozen=True), poll_s=0.02) as server, \
-            source(server, monotonic=lambda: 0.0) as src:
-        src.collect()
-        src.collect()
-        assert counts(server, "get", "resourceclaims") == 1
-        server.clock.set(250.0)
-        eventually(lambda: pods_of(src) == {"a", "b"})
-        assert counts(server, "get", "resourceclaims") == 2
-
-
-def test_claims_named_by_the_kubelet_are_fetched_before_the_pod_watch_has_them() -> None:
-    with api_server() as server, source(server, claim_hints=lambda: [("ml", "late-0-gpu"), ("ml", "nope")]) as src:
-        claims = {c.name for c in src.collect().claims}
-        assert "late-0-gpu" not in claims, "not created before t=200"
-        assert counts(server, "get", "resourceclaims") == 4
-        src.collect()
-        assert counts(server, "get", "resourceclaims") == 4, "a missing claim is not asked for every cycle"
 
 
 def test_older_served_versions_are_read_when_v1_is_not_served() -> None:
@@ -334,7 +255,7 @@ def test_rbac_forbidden_names_what_is_missing(tmp_path: Path) -> None:
     answers = {"/apis/resource.k8s.io/v1/resourceslices": (403, FORBIDDEN), "/apis/resource.k8s.io": (200, GROUP_V1)}
     with canned(answers, tmp_path) as kubeconfig:
         message = collect_error(kubeconfig)
-    assert "forbidden (403)" in message and "list resourceslices" in message and "get/list/watch" in message
+    assert "forbidden (403)" in message and "list resourceslices" in message and RBAC_HINT in message
 
 
 def test_dra_not_served(tmp_path: Path) -> None:

@@ -107,6 +107,10 @@ NO_ACCESS: Final = ("kubeapi: no API server access (no in-cluster service accoun
                     "node-local attribution only")
 #: A claim's next refresh falls due at a random point of [1, 1 + REFRESH_SPREAD] x claim_refresh.
 REFRESH_SPREAD: Final = 0.2
+#: While NVIDIA's ComputeDomain CRDs are not both served, ``resource.nvidia.com`` is discovered
+#: again this often: a driver installed after the exporter is found within it, for one GET per
+#: node per period (kubectl's discovery cache lives as long).
+REDISCOVER_S: Final = 600.0
 
 T = TypeVar("T")
 
@@ -307,6 +311,9 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         self._cliques: Reflector[model.ComputeDomainClique] | None = None
         self.compute_domain_resources: frozenset[str] = frozenset()
         """Which of computedomains/computedomaincliques are read; empty: the CRDs are not served."""
+        self._domains_due: float | None = 0.0
+        """When ``resource.nvidia.com`` is discovered next (``monotonic``); None: both are read."""
+        self._domains_said = ""
         self._node_labels: dict[str, str] | None = None
         self._node_labels_due = 0.0
         self._node_warned = False
@@ -329,6 +336,7 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
                 raise SourceError(self._last_error)
             try:
                 self._start()
+                self._discover_compute_domains()
                 self._check_watches()
                 self._refresh_claims()
                 self._refresh_node_labels()
@@ -375,7 +383,6 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
             pods.start(self._stop)
             self._slices, self._nodeless_slices, self._pods = slices, nodeless, pods
             self._start_taint_rules()
-            self._start_compute_domains()
 
     # --- DeviceTaintRules: optional (alpha/beta gates off by default before 1.37, RBAC of older charts) ---
 
@@ -405,11 +412,16 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
 
     # --- ComputeDomains: only where NVIDIA's CRDs are served ------------------------------------------
 
-    def _start_compute_domains(self) -> None:
+    def _discover_compute_domains(self) -> None:
         """List and watch ComputeDomains (cluster-wide: they are few) and the cliques that carry a
-        domain label, when ``resource.nvidia.com/v1beta1`` serves them. One discovery request, at
-        start only: not served (404) is the feature off, logged once, never retried; not allowed,
-        or failing, is logged once and the rest of the view goes on."""
+        domain label, once ``resource.nvidia.com/v1beta1`` serves them. One discovery request at
+        start and, while either is not served, every ``REDISCOVER_S``: NVIDIA's driver may be
+        installed after the exporter. Not served (404) is the feature off; not allowed, or failing,
+        leaves the rest of the view going on. Each is logged once, until it changes."""
+        now = self._monotonic()
+        if self._domains_due is None or now < self._domains_due:
+            return
+        self._domains_due = now + REDISCOVER_S
         assert self._client is not None
         client, path = self._client, f"/apis/{cd.GROUP}/{cd.VERSION}"
         self.requests["discover"] += 1
@@ -418,43 +430,58 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
             found = cd.served(read_json(response, f"discover {cd.GROUP}/{cd.VERSION}", seconds=self._timeouts.request))
         except ApiException as exc:
             if exc.status == 404 and self._simulated:
-                self._log.info("kubeapi: the simulated cluster has no ComputeDomains in this scenario (the "
-                               "gb200-domain scenario has one)")
+                self._say_once(logging.INFO, "kubeapi: the simulated cluster has no ComputeDomains in this "
+                                             "scenario (the gb200-domain scenario has one)")
             elif exc.status == 404:
-                self._log.info("kubeapi: %s/%s is not served (NVIDIA's ComputeDomain CRDs are not installed): "
-                               "no ComputeDomain metrics", cd.GROUP, cd.VERSION)
+                self._say_once(logging.INFO, f"kubeapi: {cd.GROUP}/{cd.VERSION} is not served (NVIDIA's ComputeDomain "
+                                             f"CRDs are not installed): no ComputeDomain metrics until they are")
             else:
-                self._log.warning("kubeapi: ComputeDomains not read: %s (the rest of the cluster view is)",
-                                  str(api_error(exc, f"discover {cd.GROUP}")).removeprefix("kubeapi: "))
+                why = str(api_error(exc, f"discover {cd.GROUP}")).removeprefix("kubeapi: ")
+                self._say_once(logging.WARNING, f"kubeapi: ComputeDomains not read: {why} (the rest of the cluster "
+                                                "view is)")
             return
         except (urllib3.exceptions.HTTPError, OSError, SourceError) as exc:
-            why = exc if isinstance(exc, SourceError) else unreachable(exc)
-            self._log.warning("kubeapi: ComputeDomains not read: %s", str(why).removeprefix("kubeapi: "))
+            error = exc if isinstance(exc, SourceError) else unreachable(exc)
+            self._say_once(logging.WARNING, f"kubeapi: ComputeDomains not read: {str(error).removeprefix('kubeapi: ')}")
             return
-        readers: list[Reflector[Any]] = []
+        started: list[Reflector[Any]] = []
         try:
-            if cd.DOMAINS in found:
-                self._domains = self._reflector(cd.DOMAINS, client, f"{path}/{cd.DOMAINS}", None,
-                                           cd.compute_domain_from_dict, self._timeouts, self.requests,
-                                           on_update=self._bump)
-                readers.append(self._domains)
-            if cd.CLIQUES in found:
+            if cd.DOMAINS in found and self._domains is None:
+                domains: Reflector[model.ComputeDomain] = self._reflector(
+                    cd.DOMAINS, client, f"{path}/{cd.DOMAINS}", None, cd.compute_domain_from_dict, self._timeouts,
+                    self.requests, on_update=self._bump)
+                domains.list_once()
+                started.append(domains)
+            if cd.CLIQUES in found and self._cliques is None:
                 # The driver namespace is the Helm release's: list every namespace, only labelled cliques.
-                self._cliques = self._reflector(cd.CLIQUES, client, f"{path}/{cd.CLIQUES}", None, cd.clique_from_dict,
-                                           self._timeouts, self.requests, on_update=self._bump,
-                                           label_selector=DOMAIN_UID_LABEL)
-                readers.append(self._cliques)
-            for reader in readers:
-                reader.list_once()
+                cliques: Reflector[model.ComputeDomainClique] = self._reflector(
+                    cd.CLIQUES, client, f"{path}/{cd.CLIQUES}", None, cd.clique_from_dict, self._timeouts,
+                    self.requests, on_update=self._bump, label_selector=DOMAIN_UID_LABEL)
+                cliques.list_once()
+                started.append(cliques)
         except SourceError as exc:
-            self._log.warning("kubeapi: ComputeDomains not read: %s (the rest of the cluster view is)",
-                              str(exc).removeprefix("kubeapi: "))
-            self._domains = self._cliques = None
+            self._say_once(logging.WARNING, f"kubeapi: ComputeDomains not read: {str(exc).removeprefix('kubeapi: ')} "
+                                            "(the rest of the cluster view is)")
             return
-        for reader in readers:
+        for reader in started:
             reader.start(self._stop)
-        self.compute_domain_resources = found
-        self._log.info("kubeapi: reading %s from %s/%s", " and ".join(sorted(found)), cd.GROUP, cd.VERSION)
+            if reader.kind == cd.DOMAINS:
+                self._domains = reader
+            else:
+                self._cliques = reader
+        self.compute_domain_resources = frozenset(
+            name for name, reader in ((cd.DOMAINS, self._domains), (cd.CLIQUES, self._cliques)) if reader)
+        if self._domains is not None and self._cliques is not None:
+            self._domains_due = None
+        if started:
+            self._bump()
+            self._say_once(logging.INFO, f"kubeapi: reading {' and '.join(sorted(self.compute_domain_resources))} "
+                                         f"from {cd.GROUP}/{cd.VERSION}")
+
+    def _say_once(self, level: int, message: str) -> None:
+        if message != self._domains_said:
+            self._domains_said = message
+            self._log.log(level, "%s", message)
 
     # --- node labels: only for slices that select nodes by label ---------------------------------------
 

@@ -49,7 +49,9 @@ from ..outbound import AnswerRefused
 from . import SourceError
 from . import kubeapi_http as http
 
-RBAC_HINT: Final = "the exporter needs get/list/watch on resourceslices, resourceclaims and pods"
+RBAC_HINT: Final = ("the exporter needs the chart's ClusterRole (the node agent: list/watch on resourceslices "
+                    "and pods, get on resourceclaims; the cluster mode: list/watch on resourceslices, "
+                    "resourceclaims and deviceclasses)")
 #: One object (a claim GET, one watch event): the API server refuses to store objects over 3 MiB
 #: (its request body limit; etcd's default is 1.5 MiB), so anything bigger is not a real object.
 MAX_OBJECT_BYTES: Final = 4 * 2**20
