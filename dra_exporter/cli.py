@@ -180,7 +180,7 @@ def environment_options(program: ProgramOptions) -> Decorator:
         _opt("--max-objects", type=click.IntRange(min=1), default=None, metavar="N",
              help="Objects of one kind held from the API server; past it the list or watch is refused with one "
                   "line and source_up says 0, instead of memory growing without bound [default: 10000 per kind "
-                  "for a node, 50000 for the cluster mode]."),
+                  "for a node; for the cluster mode 50000, claims and pods 250000]."),
         log_level_option,
     ])
 

@@ -150,6 +150,16 @@ def test_a_list_of_more_objects_than_the_cap_is_refused() -> None:
             reflector(api.url, max_objects=50).list_once()
 
 
+def test_the_cluster_modes_default_caps_hold_a_5000_node_cluster_and_a_given_cap_holds_for_every_kind() -> None:
+    # benchmarks/bench_cluster.py at 5,000 nodes: 10,000 slices, 60,000 claims, 85,000 pods (60,000 kept).
+    # A flat cap of 50,000 refused its claims ("more than 50000 objects"): the view was never complete.
+    default = ClusterSource(kubeconfig="unused")
+    assert default._cap("resourceslices") >= 4 * 10_000
+    assert default._cap("resourceclaims") >= 2 * 85_000 and default._cap("pods") >= 2 * 85_000
+    given = ClusterSource(kubeconfig="unused", max_objects=1_000)
+    assert {given._cap(k) for k in ("resourceslices", "resourceclaims", "pods", "deviceclasses")} == {1_000}
+
+
 def test_a_continue_token_that_never_ends_stops_after_the_pages_the_cap_allows() -> None:
     def pages(req: Request, reply: Reply) -> None:
         n = int(req.query.get("continue") or 0)

@@ -59,10 +59,14 @@ RBAC_HINT: Final = ("the cluster mode needs list and watch on resourceslices, re
                     "devicetaintrules (resource.k8s.io) and on pods")
 #: Objects per list page (client-go's pager uses 500).
 LIST_PAGE: Final = 500
-#: Objects held per kind (``--max-objects``): ten times the slices of 5,000 nodes (one slice per
-#: node and driver) and 50,000 claims; a cluster past it raises the limit. At the cap an endless
-#: watch of one-GPU slices holds ~0.5 GB (``benchmarks/bench_hostile_peers.py``).
+#: Objects held per kind (``--max-objects``) by default: five times the slices of 5,000 nodes (two slices
+#: a node: NVIDIA and another driver); at the cap an endless watch of one-GPU slices holds ~0.5 GB
+#: (``benchmarks/bench_hostile_peers.py``). A cluster past it raises the limit.
 MAX_OBJECTS: Final = 50_000
+#: Claims and pods are many more (12 claims and 17 pods a node at 5,000 nodes: 60,000 and 85,000) and
+#: each is a few hundred bytes as kept: their default cap is this many times ``MAX_OBJECTS``.
+SMALL_KINDS: Final = ("resourceclaims", "pods")
+SMALL_KIND_FACTOR: Final = 5
 #: Pods that can still wait for a claim; the server drops a pod from the watch once it ends.
 PODS_NOT_ENDED: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -106,6 +110,7 @@ class ClusterSource(ApiServerSource):
                  logger: logging.Logger | None = None) -> None:
         super().__init__(client_factory=client_factory, kubeconfig=kubeconfig, timeouts=timeouts,
                          max_objects=MAX_OBJECTS if max_objects is None else max_objects, logger=logger)
+        self._cap_given = max_objects is not None
         self._page_size = page_size
         self._reflectors: dict[str, Reflector[Any]] = {}
         self._failed: dict[str, tuple[Backoff, str]] = {}
@@ -194,7 +199,7 @@ class ClusterSource(ApiServerSource):
         assert self._client is not None
         reflector: Reflector[Any] = Reflector(kind, self._client, path, field_selector, normalize, self._timeouts,
                                                 self.requests, on_update=self._bump, page_size=self._page_size,
-                                                max_objects=self._max_objects, rbac_hint=RBAC_HINT)
+                                                max_objects=self._cap(kind), rbac_hint=RBAC_HINT)
         self._listing = reflector
         try:
             reflector.list_once(self._stop)  # here, so the first frame already has the whole cluster
@@ -202,6 +207,11 @@ class ClusterSource(ApiServerSource):
             self._listing = None
         reflector.start(self._stop)
         self._reflectors[kind] = reflector
+
+    def _cap(self, kind: str) -> int:
+        """Objects ``kind`` may hold: ``--max-objects`` for every kind when given, else its default."""
+        small = kind in SMALL_KINDS and not self._cap_given
+        return self._max_objects * SMALL_KIND_FACTOR if small else self._max_objects
 
     def _start_taint_rules(self) -> None:
         assert self._client is not None
