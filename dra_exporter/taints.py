@@ -30,9 +30,20 @@ class TaintRuleIndex:
             if not rule.unsupported_selector:
                 self._filed.setdefault((rule.driver, rule.pool, rule.device), []).append((order, rule))
         self._shapes: tuple[_Shape, ...] = tuple(sorted({(bool(d), bool(p), bool(v)) for d, p, v in self._filed}))
+        self._by_pool: dict[tuple[str, str], list[tuple[int, DeviceTaintRule]]] = {}
+        for (d, p, _), filed in self._filed.items():
+            self._by_pool.setdefault((d, p), []).extend(filed)
 
     def __bool__(self) -> bool:
         return bool(self._filed)
+
+    def for_pool(self, driver: str, pool: str) -> tuple[DeviceTaintRule, ...]:
+        """The rules that can select a device of the pool (driver and pool named or left open), in
+        the order given: what the allocator applies to the pool's devices."""
+        found = [entry for key in {(driver, pool), (driver, ""), ("", pool), ("", "")}
+                 for entry in self._by_pool.get(key, ())]
+        found.sort(key=lambda entry: entry[0])
+        return tuple(rule for _, rule in found)
 
     def matching(self, driver: str, pool: str, device: str) -> Sequence[DeviceTaintRule]:
         found: list[tuple[int, DeviceTaintRule]] = []

@@ -35,3 +35,13 @@ def test_devices_per_rule_counts_each_rule_once_per_device() -> None:
     rules = [rule("driver", "gpu.nvidia.com"), rule("one", "gpu.nvidia.com", "n1", "gpu-0"), rule("none", "x")]
     devices = [("gpu.nvidia.com", "n1", "gpu-0"), ("gpu.nvidia.com", "n1", "gpu-1"), ("other", "n1", "gpu-0")]
     assert devices_per_rule(rules, devices) == {"driver": 2, "one": 1, "none": 0}
+
+
+def test_the_rules_for_a_pool_are_those_that_can_select_one_of_its_devices_in_order() -> None:
+    rng = random.Random(11)
+    shapes = list(itertools.product(DRIVERS + ("",), POOLS, DEVICES))
+    rules = [rule(f"r{i}", *rng.choice(shapes), unsupported=rng.random() < 0.1) for i in range(60)]
+    index = TaintRuleIndex(rules)
+    for driver, pool in itertools.product(DRIVERS, ("n1", "n2", "n3")):
+        assert list(index.for_pool(driver, pool)) == [
+            r for r in rules if not r.unsupported_selector and r.driver in ("", driver) and r.pool in ("", pool)]

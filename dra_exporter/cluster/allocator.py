@@ -56,6 +56,7 @@ from ..model import (
     ResourceSliceInfo,
     SliceDevice,
 )
+from ..taints import TaintRuleIndex
 from .selectors import CelEngine, ClassSelector, MemoBudget
 
 DeviceKey = tuple[str, str, str]
@@ -544,7 +545,7 @@ class Allocator:
         self.classes = {c.name: c for c in state.classes}
         self.node_labels = node_labels
         self._request_selectors: dict[tuple[str, ...], ClassSelector] = {}
-        rules = [r for r in state.taint_rules if not r.unsupported_selector]
+        rules = TaintRuleIndex(state.taint_rules)
         self.pools: list[Pool] = []
         self.devices: dict[DeviceKey, Device] = {}
         for key, slices in sorted(_newest(state.slices).items()):
@@ -552,7 +553,7 @@ class Allocator:
             ids = tuple(id(s) for s in slices)
             known = matches.pools.get(key)
             # Only the rules that can select the pool's devices: a rule elsewhere rebuilds nothing here.
-            rules_key = tuple(r for r in rules if r.driver in ("", key[0]) and r.pool in ("", key[1]))
+            rules_key = rules.for_pool(*key)
             if known is not None and known[0] == ids and known[1] == rules_key:
                 pool = known[2]
             else:

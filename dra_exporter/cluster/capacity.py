@@ -35,6 +35,7 @@ from ..model import (
     SliceDevice,
     SourceHealth,
 )
+from ..taints import devices_per_rule
 from .allocator import Allocator, AllocatorCache, Device, Pool, UsageKey
 from .claims import PENDING, ClaimStatus, claim_families, claim_statuses, pending_ages
 from .explain import PendingReasons
@@ -280,9 +281,9 @@ class Capacity:
     @staticmethod
     def _taint_rule_families(out: _Builder, rules: Sequence[DeviceTaintRule], current: Sequence[ResourceSliceInfo]
                              ) -> None:
+        counts = devices_per_rule(rules, ((s.driver, s.pool, d.name) for s in current for d in s.devices))
         for r in rules:
-            count = 0 if r.unsupported_selector else sum(
-                1 for s in current for d in s.devices if r.selects(s.driver, s.pool, d.name))
+            count = counts.get(r.name, 0)
             out.set(cat.CLUSTER_TAINT_RULE_DEVICES, (
                 ("rule", r.name), ("driver", r.driver), ("pool", r.pool), ("device", r.device),
                 ("key", r.taint.key), ("value", r.taint.value), ("effect", r.taint.effect)), count)
