@@ -36,7 +36,7 @@ def test_one_replica_reading_only_the_dra_objects_and_pods() -> None:
     assert f"--listen=0.0.0.0:{DEFAULT_CLUSTER_LISTEN.rsplit(':', 1)[1]}" in ctr["args"]
     assert "hostPID" not in pod and not ctr.get("volumeMounts"), "no node access"
     dra, pods = objs["ClusterRole"]["rules"]
-    assert dra == {"apiGroups": ["resource.k8s.io"], "verbs": ["get", "list", "watch"],
+    assert dra == {"apiGroups": ["resource.k8s.io"], "verbs": ["list", "watch"],
                    "resources": ["resourceclaims", "resourceslices", "deviceclasses", "devicetaintrules"]}
     assert pods == {"apiGroups": [""], "verbs": ["list", "watch"], "resources": ["pods"]}, "what the source asks"
     binding = objs["ClusterRoleBinding"]

@@ -397,7 +397,8 @@ def test_a_403_in_the_cluster_mode_names_what_it_needs_and_names_cannot_forge_li
         finally:
             source.close()
     message = str(caught.value)
-    assert "deviceclasses and devicetaintrules" in message and "pods" not in message, message
+    # The cluster mode's kinds, which include pods (claim states), not the node agent's hint.
+    assert "deviceclasses and devicetaintrules (resource.k8s.io) and on pods" in message, message
     forged = str(api_error(ApiException(status=404, reason="x\nERROR forged"), "get resourceclaims a/b\nc"))
     assert "\n" not in forged and "a/b\\nc" in forged, forged
 
