@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,9 +172,11 @@ def _rule_levels(path: Path) -> list[list[dict[str, object]]]:
     return [[r for r in rules if level[r["record"]] == n] for n in range(max(level.values()) + 1)]
 
 
-def backfill(work: Path, openmetrics: str, start: int, end: int, interval: int) -> PromServer:
+def backfill(work: Path, openmetrics: str, start: int, end: int, interval: int,
+             extra_args: Sequence[str] = ()) -> PromServer:
     """A Prometheus over ``openmetrics`` with the recording rules backfilled every ``interval``
-    seconds over [start, end]; the caller stops it."""
+    seconds over [start, end]; the caller stops it. ``extra_args`` go to every Prometheus started
+    (a retention for data older than the default 15 days)."""
     promtool = require_tool("promtool", "apt-get install -y prometheus")
     binary = require_tool("prometheus", "apt-get install -y prometheus")
     tsdb = work / "tsdb"
@@ -184,7 +186,7 @@ def backfill(work: Path, openmetrics: str, start: int, end: int, interval: int) 
                    check=True, capture_output=True, timeout=300)
     levels = _rule_levels(RECORDING_RULES)
     for n in range(len(levels)):
-        server = start_prometheus(binary, work / f"prom-{n}", [], "5m", tsdb=tsdb)
+        server = start_prometheus(binary, work / f"prom-{n}", [], "5m", tsdb=tsdb, extra_args=extra_args)
         # Same group name and file each pass: Prometheus offsets a group's evaluations by a hash of
         # both, and levels evaluated at different offsets would each lag the one before.
         group = [{"name": "showback", "rules": levels[n]}]
@@ -199,7 +201,7 @@ def backfill(work: Path, openmetrics: str, start: int, end: int, interval: int) 
             server.stop()
         for block in out.iterdir():
             shutil.move(str(block), tsdb / block.name)
-    return start_prometheus(binary, work / f"prom-{len(levels)}", [], "5m", tsdb=tsdb)
+    return start_prometheus(binary, work / f"prom-{len(levels)}", [], "5m", tsdb=tsdb, extra_args=extra_args)
 
 
 @pytest.fixture(scope="module")
