@@ -23,7 +23,6 @@ from deploy_tools import REPO
 from test_showback_prometheus import HOUR, backfill
 
 DOC = REPO / "docs" / "operating.md"
-START, END = "<!-- showback-week:start -->\n", "<!-- showback-week:end -->"
 T0 = 1793577600  # 2026-11-02T00:00:00Z
 WEEK = 168
 STEP = 300
@@ -83,6 +82,11 @@ CLAIMS = (
     Claim("research", "forgotten-a100", (A[2],), ("sweep-0",), (48, WEEK), 0.0),
     Claim("batch", "nightly-a30", (C_MIG[2],), ("etl-0",), (0, WEEK), 0.9),
 )
+#: The pods' ``team`` label (kube-state-metrics' kube_pod_labels): teams cross namespaces; the
+#: batch pod has none.
+TEAMS = {"llama-pretrain": "foundation", "llama-finetune": "foundation", "bert-a100": "search",
+         "vllm-h100-mig": "search", "embed-h100-mig": "search", "rerank-a100-mig": "search",
+         "ocr-a30-mig": "docs-ai", "shared-notebook": "foundation", "forgotten-a100": "docs-ai"}
 
 
 def _labels(**kw: str) -> str:
@@ -93,7 +97,7 @@ def openmetrics() -> str:
     grid = range(T0 - HOUR, T0 + (WEEK + 1) * HOUR, STEP)
     families: dict[str, list[str]] = {n: [] for n in (
         "dra_gpu_info", "dra_gpu_mig_compute_slices", "dra_gpu_up", "dra_gpu_utilization_ratio",
-        "dra_gpu_sm_active_ratio", "dra_claim_consumer_info")}
+        "dra_gpu_sm_active_ratio", "dra_claim_consumer_info", "kube_pod_labels")}
     for d in DEVICES:
         mig_mode = "enabled" if d.uuid in PARENTS else ""
         info = _labels(instance=d.node, job="dra-exporter", uuid=d.uuid, gpu=d.gpu, model=d.model,
@@ -124,6 +128,10 @@ def openmetrics() -> str:
                     who = _labels(instance=c.devices[0].node, job="dra-exporter", namespace=c.namespace,
                                   claim=c.name, pod=pod, container="main")
                     families["dra_claim_consumer_info"].append(f"dra_claim_consumer_info{who} 1 {t}")
+                    if c.name in TEAMS:
+                        pod_labels = _labels(job="kube-state-metrics", namespace=c.namespace, pod=pod,
+                                             label_team=TEAMS[c.name])
+                        families["kube_pod_labels"].append(f"kube_pod_labels{pod_labels} 1 {t}")
     out = []
     for name, lines in families.items():
         out.append(f"# TYPE {name} gauge")
@@ -131,29 +139,38 @@ def openmetrics() -> str:
     return "\n".join([*out, "# EOF"]) + "\n"
 
 
-def report_table() -> str:
+ARGS = ("--start", "2026-11-02", "--end", "2026-11-09", "--price-file", "prices.yaml")
+BLOCKS = {"showback-week": (), "showback-week-team": ("--group-by", "label:team")}
+"""Marker name in docs/operating.md → the report's extra arguments."""
+
+
+def reports() -> dict[str, str]:
+    """Each block's report (table), from one backfilled Prometheus."""
+    out = {}
     with tempfile.TemporaryDirectory() as work:
         server = backfill(Path(work), openmetrics(), T0, T0 + WEEK * HOUR, STEP,
                           extra_args=["--storage.tsdb.retention.time=100y"])
         try:
-            prices = Path(work) / "prices.yaml"
-            prices.write_text("".join(f'"{m}": {p}\n' for m, p in PRICES.items()))
-            proc = subprocess.run(
-                [sys.executable, "-m", "dra_exporter.cli", "report", "--prometheus", server.url, "--start",
-                 "2026-11-02", "--end", "2026-11-09", "--price-file", str(prices)],
-                capture_output=True, text=True, timeout=600, check=True)
+            (Path(work) / "prices.yaml").write_text("".join(f'"{m}": {p}\n' for m, p in PRICES.items()))
+            for marker, extra in BLOCKS.items():
+                proc = subprocess.run([sys.executable, "-m", "dra_exporter.cli", "report", "--prometheus",
+                                       server.url, *ARGS, *extra], capture_output=True, text=True, timeout=600,
+                                      check=True, cwd=work)
+                command = " ".join(("dra-exporter report --prometheus http://prometheus:9090", *ARGS, *extra))
+                out[marker] = f"```text\n$ {command}\n{proc.stdout}```\n"
         finally:
             server.stop()
-    return proc.stdout
+    return out
 
 
 def main() -> int:
     text = DOC.read_text()
-    start, end = text.index(START) + len(START), text.index(END)
-    block = "```text\n$ dra-exporter report --prometheus http://prometheus:9090 --start 2026-11-02 \\\n" \
-            "    --end 2026-11-09 --price-file prices.yaml\n" + report_table() + "```\n"
-    DOC.write_text(text[:start] + block + text[end:])
-    print(f"wrote the report of the week into {DOC.relative_to(REPO)}")
+    for marker, block in reports().items():
+        start_mark, end_mark = f"<!-- {marker}:start -->\n", f"<!-- {marker}:end -->"
+        start, end = text.index(start_mark) + len(start_mark), text.index(end_mark)
+        text = text[:start] + block + text[end:]
+    DOC.write_text(text)
+    print(f"wrote the reports of the week into {DOC.relative_to(REPO)}")
     return 0
 
 

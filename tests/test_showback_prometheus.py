@@ -100,6 +100,7 @@ CLAIMS = (
     Claim("batch", "job-1", (B1_1,), ("job-1",), (10, 12), ((10, 12, 1.0),)),
     Claim("batch", "job-2", (B1_1,), ("job-2",), (30, 33), ((30, 33, 1.0),)),
 )
+TEAMS = {"ml": "platform", "inference": "serving", "research": "platform"}
 UNCLAIMED_UTIL = 0.3  # GPU-b2 and the free MIG device are busy without a claim: never counted
 
 
@@ -148,6 +149,10 @@ def week_openmetrics(t0: int) -> str:
     family("dra_gpu_utilization_ratio", util)
     family("dra_gpu_sm_active_ratio", sm)
     family("dra_claim_consumer_info", consumers)
+    # kube-state-metrics' pod labels (--metric-labels-allowlist=pods=[team]): the batch pods have none.
+    family("kube_pod_labels", {_labels(job="kube-state-metrics", namespace=c.namespace, pod=pod,
+                                       label_team=TEAMS[c.namespace]): [(t, 1.0) for t in grid]
+                               for c in CLAIMS for pod in c.pods if c.namespace in TEAMS})
     out.append("# EOF")
     return "\n".join(out) + "\n"
 
@@ -279,6 +284,23 @@ def test_a_price_file_prices_each_model_and_a_mig_device_pays_its_share(
         share = sum(d.share for d in claim.devices)
         assert got[(claim.namespace, claim.name)]["cost"] == pytest.approx(
             held * price, abs=share * STEP / HOUR * price + 1e-5), claim.name
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_group_by_a_pod_label_sums_the_claims_of_each_value(week: tuple[PromServer, int]) -> None:
+    server, t0 = week
+    doc = report(server.url, *_window(t0), "--group-by", "label:team")
+    assert doc["groups"]["label"] == "label_team"  # type: ignore[index]
+    got = {g["value"]: g for g in doc["groups"]["values"]}  # type: ignore[index]
+    assert set(got) == {"platform", "serving", ""}, "the batch pods carry no team label"
+    for team in ("platform", "serving", ""):
+        mine = [c for c in CLAIMS if TEAMS.get(c.namespace, "") == team]
+        held = sum(expected(c)[0] for c in mine)
+        slack = sum(sum(d.share for d in c.devices) for c in mine) * STEP / HOUR + 1e-5
+        assert got[team]["gpu_hours_held"] == pytest.approx(held, abs=slack), team
+    claims = {(c["namespace"], c["claim"]): c["label_team"] for c in doc["claims"]}  # type: ignore[attr-defined]
+    assert claims[("research", "notebook")] == "platform" and claims[("batch", "job-1")] == ""
 
 
 # --- periodic load: every sample counts, not the one at the evaluation's instant ---------------
