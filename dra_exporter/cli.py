@@ -537,6 +537,9 @@ def healthcheck(listen: str, web_config: str | None) -> None:
 @_opt("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle claims to list.")
 @_opt("--raw", is_flag=True, default=False,
       help="Compute from the raw series even where the recording rules run (slower).")
+@_opt("--group-by", "grouping", default="namespace", show_default=True, metavar="namespace|claim|label:KEY",
+      help="Totals per namespace, per claim only, or per value of a pod label (label:team: from the pods' "
+           "label_team on dra_claim_consumer_info, else kube-state-metrics' kube_pod_labels).")
 @_opt("--bearer-token-file", default=None, metavar="FILE", type=FileOption(),
       help="Send this file's token as a bearer token.")
 @_opt("--basic-auth-user", default=None, metavar="USER", help="Basic auth user (with --basic-auth-password-file).")
@@ -547,8 +550,8 @@ def healthcheck(listen: str, web_config: str | None) -> None:
 @_user_errors
 def report(prometheus: str, since: str | None, start: str | None, end: str | None, step: str | None, fmt: str,
            price_per_gpu_hour: float | None, price_file: str | None, idle_below: float, top: int, raw: bool,
-           bearer_token_file: str | None, basic_auth_user: str | None, basic_auth_password_file: str | None,
-           ca_file: str | None, timeout: float) -> None:
+           grouping: str, bearer_token_file: str | None, basic_auth_user: str | None,
+           basic_auth_password_file: str | None, ca_file: str | None, timeout: float) -> None:
     """GPU-hours held and busy per namespace and claim, idle claims and cost, from Prometheus."""
     import time
 
@@ -563,6 +566,7 @@ def report(prometheus: str, since: str | None, start: str | None, end: str | Non
         raise click.UsageError("--basic-auth-user and --basic-auth-password-file go together")
     if bearer_token_file and basic_auth_user:
         raise click.UsageError("--bearer-token-file and basic auth both authenticate: give one")
+    group = showback.group_by(grouping)
     until = showback.parse_time(end) if end else time.time()
     begin = showback.parse_time(start) if start else until - showback.parse_duration(since or "7d")
     resolution = showback.parse_duration(step) if step else showback.default_step(until - begin)
@@ -576,7 +580,7 @@ def report(prometheus: str, since: str | None, start: str | None, end: str | Non
         ca_file=ca_file, timeout=timeout))
     try:
         result = edge.run(client, start=begin, end=until, step=resolution, prices=prices, idle_below=idle_below,
-                          top=top, use_rules=not raw,
+                          top=top, use_rules=not raw, grouping=group,
                           warn=lambda note: click.echo(f"dra-exporter: note: {note}", err=True))
     except showback.NothingToReport as exc:
         click.echo(f"dra-exporter: nothing to report: {exc}", err=True)

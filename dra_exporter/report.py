@@ -296,6 +296,7 @@ def run(
     top: int,
     use_rules: bool = True,
     warn: Callable[[str], None] | None = None,
+    grouping: str = "namespace",
 ) -> Report:
     """Ask the server for the window's figures and build the report; ``warn`` gets one-line notes."""
     if end <= start:
@@ -328,7 +329,9 @@ def run(
         measured=client.range(q.measured, start, last, step),
         devices=client.instant(q.devices, last),
         pods=client.instant(q.pods, last),
-        prices=prices, idle_below=idle_below, top=top,
+        prices=prices, idle_below=idle_below, top=top, grouping=grouping,
+        claim_labels=client.instant(showback.claim_labels_query(grouping, end - start), end)
+        if grouping.startswith("label_") else (),
     )
     for note in client.notes():
         if warn is not None:

@@ -216,6 +216,36 @@ def queries(*, recorded: bool, step: float = 60.0) -> Queries:
     return Queries(held, busy, measured, devices)
 
 
+# --- grouping by a pod label -------------------------------------------------------------------
+
+_LABEL_NAME = re.compile(r"[A-Za-z0-9_./-]+")
+
+
+def group_by(text: str) -> str:
+    """``namespace``, ``claim`` or ``label:<key>`` (a pod label) checked; the pod label's key as its
+    Prometheus label ``label_<key>`` (kube-state-metrics' spelling: other characters become ``_``)."""
+    if text in ("namespace", "claim"):
+        return text
+    kind, _, key = text.partition(":")
+    if kind != "label" or not _LABEL_NAME.fullmatch(key):
+        raise ShowbackError(f"--group-by {text!r}: give namespace, claim or label:<pod label key> (label:team)")
+    return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", key)
+
+
+def claim_labels_query(label: str, window: float) -> str:
+    """Each claim's value of the pod label ``label`` (``label_team``) over the window: from its
+    consumer info where the exporter puts it there, else from kube-state-metrics' ``kube_pod_labels``
+    of its pods (``--metric-labels-allowlist=pods=[team]``)."""
+    w = f"[{round(window)}s]"
+    consumers = f"last_over_time({cat.CLAIM_CONSUMER_INFO.name}{w})"
+    pod_label = (f"topk by (namespace, pod) (1, group by (namespace, pod, {label}) "
+                 f'(last_over_time(kube_pod_labels{{{label}!=""}}{w})))')
+    return (f"group by (namespace, claim, {label}) (\n"
+            f'  last_over_time({cat.CLAIM_CONSUMER_INFO.name}{{{label}!=""}}{w})\n  or\n'
+            f"  group by (namespace, claim, pod) ({consumers})\n"
+            f"  * on (namespace, pod) group_left ({label}) {pod_label}\n)")
+
+
 # --- durations and windows --------------------------------------------------------------------
 
 _UNITS: Final = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
@@ -341,6 +371,15 @@ class Report:
     total: Usage
     priced: bool
     idle_below: float = IDLE_BELOW
+    grouping: str = "namespace"
+    """``namespace``, ``claim`` (the claims alone) or ``label_<key>`` (by a pod label): ``group_by``."""
+    groups: tuple[Usage, ...] = ()
+    """Per value of ``group_label`` (in ``Usage.namespace``; ``""``: no pod of the claim has it)."""
+    claim_groups: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+    @property
+    def group_label(self) -> str:
+        return self.grouping if self.grouping.startswith("label_") else ""
 
 
 def _hours(points: Iterable[tuple[float, float]], step: float) -> float:
@@ -373,6 +412,8 @@ def build(
     prices: Prices | None = None,
     idle_below: float = IDLE_BELOW,
     top: int = 10,
+    grouping: str = "namespace",
+    claim_labels: Sequence[Series] = (),
 ) -> Report:
     """Turn the query results at ``start, start + step, …, end - step`` into the report.
 
@@ -419,6 +460,17 @@ def build(
     namespaces = sorted((usage(ns, "", ks) for ns, ks in by_ns.items()),
                         key=lambda u: (-u.held_hours, u.namespace))
     total = usage("", "", list(held_hours))
+    # A claim whose pods carry several values of the label counts for each of them, joined ("a,b").
+    values: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for c in claim_labels:
+        values[key(c)].add(c.labels.get(grouping, ""))
+    by_label = grouping.startswith("label_")
+    claim_groups = {k: ",".join(sorted(values[k] - {""})) for k in held_hours} if by_label else {}
+    by_group: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for k, value in claim_groups.items():
+        by_group[value].append(k)
+    groups = sorted((usage(value, "", ks) for value, ks in by_group.items()),
+                    key=lambda u: (-u.held_hours, u.namespace))
 
     devices_of: dict[tuple[str, str], list[Series]] = defaultdict(list)
     for d in devices:
@@ -438,7 +490,7 @@ def build(
                               start if before else since, before))
     idle.sort(key=lambda c: (c.idle_since, c.namespace, c.claim))
     return Report(start, end, step, source, tuple(namespaces), tuple(claims), tuple(idle[:top]), total,
-                  prices is not None, idle_below)
+                  prices is not None, idle_below, grouping, tuple(groups), claim_groups)
 
 
 def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], measured: Mapping[float, float],
@@ -493,7 +545,12 @@ def render_json(r: Report) -> str:
         "source": r.source,
         "total": _usage_dict(r.total, r.priced),
         "namespaces": [{"namespace": u.namespace, **_usage_dict(u, r.priced)} for u in r.namespaces],
-        "claims": [{"namespace": u.namespace, "claim": u.claim, **_usage_dict(u, r.priced)} for u in r.claims],
+        **({"groups": {"label": r.group_label,
+                       "values": [{"value": u.namespace, **_usage_dict(u, r.priced)} for u in r.groups]}}
+           if r.group_label else {}),
+        "claims": [{"namespace": u.namespace, "claim": u.claim,
+                    **({r.group_label: r.claim_groups.get((u.namespace, u.claim), "")} if r.group_label else {}),
+                    **_usage_dict(u, r.priced)} for u in r.claims],
         "idle_claims": [
             {"namespace": c.namespace, "claim": c.claim, "pods": list(c.pods), "devices": c.devices,
              "gpu_equivalents": round(c.gpu_equivalents, 6), "idle_since": iso(c.idle_since),
@@ -509,13 +566,16 @@ def render_csv(r: Report) -> str:
     idle = {(c.namespace, c.claim): c for c in r.idle}
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["namespace", "claim", "gpu_hours_held", "gpu_hours_busy", "idle_share",
+    writer.writerow(["namespace", "claim", *([r.group_label] if r.group_label else []), "gpu_hours_held",
+                     "gpu_hours_busy", "idle_share",
                      "gpu_hours_without_busy_signal", *(["cost"] if r.priced else []), "idle_since", "pods",
                      "devices"])
     for u in r.claims:
         c = idle.get((u.namespace, u.claim))
         share = u.idle_share
-        writer.writerow([u.namespace, u.claim, f"{u.held_hours:.6f}",
+        writer.writerow([u.namespace, u.claim,
+                         *([r.claim_groups.get((u.namespace, u.claim), "")] if r.group_label else []),
+                         f"{u.held_hours:.6f}",
                          f"{u.busy_hours:.6f}" if u.busy_known else UNKNOWN,
                          f"{share:.6f}" if share is not None else UNKNOWN, f"{u.unmeasured_hours:.6f}",
                          *([f"{u.cost or 0.0:.6f}"] if r.priced else []),
@@ -549,10 +609,20 @@ def render_table(r: Report) -> str:
     title = (f"GPU showback {iso(r.start)} → {iso(r.end)} ({_span(r.end - r.start)}, step "
              f"{_span(r.step)}, from {r.source})")
     lines = [title, ""]
-    lines += _table(["NAMESPACE", *numbers], [[u.namespace, *cells(u)] for u in r.namespaces]
-                    + [["(all)", *cells(r.total)]], len(numbers))
-    lines.append("")
-    lines += _table(["NAMESPACE", "CLAIM", *numbers], [[u.namespace, u.claim, *cells(u)] for u in r.claims],
+    label = r.group_label
+    if label:  # --group-by label:<key>: its values instead of the namespaces
+        lines += _table([label.removeprefix("label_").upper(), *numbers],
+                        [[u.namespace or "(none)", *cells(u)] for u in r.groups] + [["(all)", *cells(r.total)]],
+                        len(numbers))
+        lines.append("")
+    elif r.grouping == "namespace":
+        lines += _table(["NAMESPACE", *numbers], [[u.namespace, *cells(u)] for u in r.namespaces]
+                        + [["(all)", *cells(r.total)]], len(numbers))
+        lines.append("")
+    lines += _table(["NAMESPACE", "CLAIM", *([label.removeprefix("label_").upper()] if label else []), *numbers],
+                    [[u.namespace, u.claim, *([r.claim_groups.get((u.namespace, u.claim)) or "-"] if label else []),
+                      *cells(u)] for u in r.claims]
+                    + ([["(all)", "", *([""] if label else []), *cells(r.total)]] if r.grouping == "claim" else []),
                     len(numbers))
     lines.append("")
     if unmeasured:

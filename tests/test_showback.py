@@ -204,6 +204,47 @@ def test_a_claim_without_busy_signal_is_unknown_not_idle() -> None:
     assert still.idle == ()
 
 
+@pytest.mark.parametrize("text, label", [("namespace", "namespace"), ("claim", "claim"),
+                                         ("label:team", "label_team"), ("label:cost-center", "label_cost_center"),
+                                         ("label:app.kubernetes.io/name", "label_app_kubernetes_io_name")])
+def test_group_by_takes_namespace_claim_or_a_pod_label(text: str, label: str) -> None:
+    assert showback.group_by(text) == label
+
+
+@pytest.mark.parametrize("text", ["team", "label:", "pod", "label:a b"])
+def test_a_bad_group_by_is_a_clear_error(text: str) -> None:
+    with pytest.raises(ShowbackError, match="--group-by"):
+        showback.group_by(text)
+
+
+def test_grouped_by_a_pod_label_each_value_sums_its_claims() -> None:
+    held = [series([1.0] * 60, namespace="ml", claim="a", model="m"),
+            series([2.0] * 60, namespace="ml", claim="b", model="m"),
+            series([1.0] * 60, namespace="web", claim="c", model="m"),
+            series([1.0] * 60, namespace="batch", claim="d", model="m")]
+    busy = [series([0.5] * 60, namespace=h.labels["namespace"], claim=h.labels["claim"]) for h in held]
+    labels = [Series({"namespace": ns, "claim": claim, "label_team": team}, ((T0 + 3540, 1.0),))
+              for ns, claim, team in (("ml", "a", "platform"), ("ml", "b", "platform"), ("web", "c", "serving"))]
+    r = showback.build(start=T0, end=T0 + 3600, step=STEP, source="t", held=held, busy=busy,
+                       grouping="label_team", claim_labels=labels)
+    assert [(u.namespace, u.held_hours) for u in r.groups] == [("platform", 3.0), ("", 1.0), ("serving", 1.0)]
+    table = showback.render_table(r)
+    assert re.search(r"^TEAM\s+GPU-H HELD", table, re.MULTILINE) and "NAMESPACE  GPU-H" not in table, table
+    assert re.search(r"^\(none\)\s+1\.00", table, re.MULTILINE), "claims whose pods lack the label"
+    assert re.search(r"^ml\s+b\s+platform\s+2\.00", table, re.MULTILINE), table
+    doc = json.loads(showback.render_json(r))
+    assert doc["groups"]["label"] == "label_team"
+    assert {g["value"]: g["gpu_hours_held"] for g in doc["groups"]["values"]} == {"platform": 3.0, "serving": 1.0,
+                                                                                 "": 1.0}
+    assert {c["claim"]: c["label_team"] for c in doc["claims"]} == {"a": "platform", "b": "platform",
+                                                                     "c": "serving", "d": ""}
+    rows = list(__import__("csv").DictReader(showback.render_csv(r).splitlines()))
+    assert {row["claim"]: row["label_team"] for row in rows}["c"] == "serving"
+    by_claim = showback.render_table(showback.build(start=T0, end=T0 + 3600, step=STEP, source="t", held=held,
+                                                    busy=busy, grouping="claim"))
+    assert "NAMESPACE  GPU-H" not in by_claim and re.search(r"^\(all\)\s+5\.00", by_claim, re.MULTILINE)
+
+
 # --- the price file ---------------------------------------------------------------------------
 
 

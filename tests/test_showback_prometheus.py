@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +100,7 @@ CLAIMS = (
     Claim("batch", "job-1", (B1_1,), ("job-1",), (10, 12), ((10, 12, 1.0),)),
     Claim("batch", "job-2", (B1_1,), ("job-2",), (30, 33), ((30, 33, 1.0),)),
 )
+TEAMS = {"ml": "platform", "inference": "serving", "research": "platform"}
 UNCLAIMED_UTIL = 0.3  # GPU-b2 and the free MIG device are busy without a claim: never counted
 
 
@@ -148,6 +149,10 @@ def week_openmetrics(t0: int) -> str:
     family("dra_gpu_utilization_ratio", util)
     family("dra_gpu_sm_active_ratio", sm)
     family("dra_claim_consumer_info", consumers)
+    # kube-state-metrics' pod labels (--metric-labels-allowlist=pods=[team]): the batch pods have none.
+    family("kube_pod_labels", {_labels(job="kube-state-metrics", namespace=c.namespace, pod=pod,
+                                       label_team=TEAMS[c.namespace]): [(t, 1.0) for t in grid]
+                               for c in CLAIMS for pod in c.pods if c.namespace in TEAMS})
     out.append("# EOF")
     return "\n".join(out) + "\n"
 
@@ -172,9 +177,11 @@ def _rule_levels(path: Path) -> list[list[dict[str, object]]]:
     return [[r for r in rules if level[r["record"]] == n] for n in range(max(level.values()) + 1)]
 
 
-def backfill(work: Path, openmetrics: str, start: int, end: int, interval: int) -> PromServer:
+def backfill(work: Path, openmetrics: str, start: int, end: int, interval: int,
+             extra_args: Sequence[str] = ()) -> PromServer:
     """A Prometheus over ``openmetrics`` with the recording rules backfilled every ``interval``
-    seconds over [start, end]; the caller stops it."""
+    seconds over [start, end]; the caller stops it. ``extra_args`` go to every Prometheus started
+    (a retention for data older than the default 15 days)."""
     promtool = require_tool("promtool", "apt-get install -y prometheus")
     binary = require_tool("prometheus", "apt-get install -y prometheus")
     tsdb = work / "tsdb"
@@ -184,7 +191,7 @@ def backfill(work: Path, openmetrics: str, start: int, end: int, interval: int) 
                    check=True, capture_output=True, timeout=300)
     levels = _rule_levels(RECORDING_RULES)
     for n in range(len(levels)):
-        server = start_prometheus(binary, work / f"prom-{n}", [], "5m", tsdb=tsdb)
+        server = start_prometheus(binary, work / f"prom-{n}", [], "5m", tsdb=tsdb, extra_args=extra_args)
         # Same group name and file each pass: Prometheus offsets a group's evaluations by a hash of
         # both, and levels evaluated at different offsets would each lag the one before.
         group = [{"name": "showback", "rules": levels[n]}]
@@ -199,7 +206,7 @@ def backfill(work: Path, openmetrics: str, start: int, end: int, interval: int) 
             server.stop()
         for block in out.iterdir():
             shutil.move(str(block), tsdb / block.name)
-    return start_prometheus(binary, work / f"prom-{len(levels)}", [], "5m", tsdb=tsdb)
+    return start_prometheus(binary, work / f"prom-{len(levels)}", [], "5m", tsdb=tsdb, extra_args=extra_args)
 
 
 @pytest.fixture(scope="module")
@@ -277,6 +284,23 @@ def test_a_price_file_prices_each_model_and_a_mig_device_pays_its_share(
         share = sum(d.share for d in claim.devices)
         assert got[(claim.namespace, claim.name)]["cost"] == pytest.approx(
             held * price, abs=share * STEP / HOUR * price + 1e-5), claim.name
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_group_by_a_pod_label_sums_the_claims_of_each_value(week: tuple[PromServer, int]) -> None:
+    server, t0 = week
+    doc = report(server.url, *_window(t0), "--group-by", "label:team")
+    assert doc["groups"]["label"] == "label_team"  # type: ignore[index]
+    got = {g["value"]: g for g in doc["groups"]["values"]}  # type: ignore[index]
+    assert set(got) == {"platform", "serving", ""}, "the batch pods carry no team label"
+    for team in ("platform", "serving", ""):
+        mine = [c for c in CLAIMS if TEAMS.get(c.namespace, "") == team]
+        held = sum(expected(c)[0] for c in mine)
+        slack = sum(sum(d.share for d in c.devices) for c in mine) * STEP / HOUR + 1e-5
+        assert got[team]["gpu_hours_held"] == pytest.approx(held, abs=slack), team
+    claims = {(c["namespace"], c["claim"]): c["label_team"] for c in doc["claims"]}  # type: ignore[attr-defined]
+    assert claims[("research", "notebook")] == "platform" and claims[("batch", "job-1")] == ""
 
 
 # --- periodic load: every sample counts, not the one at the evaluation's instant ---------------
