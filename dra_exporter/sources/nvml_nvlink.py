@@ -42,7 +42,7 @@ from typing import Any, Final
 from .. import catalog as cat
 from ..model import Labels, Reading
 from .nvml_calls import Getter, Getters
-from .nvml_fields import Answers, FieldValues
+from .nvml_fields import WORD, Answers, FieldValues
 
 #: Per-link field values (scopeId = link): NVML constant -> (family, labels, scale, counter).
 _SCOPED: Final = (
@@ -239,7 +239,7 @@ class LinkReader:
         bytes_moved = False
         for group in state.groups:
             start, end = offset + group.start, offset + group.end
-            if old is not None and new[8 * start:8 * end] == old[8 * start:8 * end] and (
+            if old is not None and new[WORD * start:WORD * end] == old[WORD * start:WORD * end] and (
                     heads_same or answers.same(last, start, end)):
                 continue
             first = group.entries[0]
