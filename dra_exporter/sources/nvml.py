@@ -12,7 +12,9 @@ Contract (DESIGN §1, §6):
   readings, ``error`` set); it is read again next cycle and recovers by itself. NOT_SUPPORTED
   is remembered per (device, family) and never asked again. All field-value families come
   from one ``nvmlDeviceGetFieldValues`` call per device per cycle (``nvml_fields``: the request
-  built once per device, the answers unpacked from the array's bytes).
+  built once per device, the answers read from the array's bytes). The one-number getters (power,
+  clocks, temperature, ...) are called through pynvml's loaded library without its wrappers
+  (``nvml_calls``). A family whose raw answer is the device's last one gives its last readings.
 - Processes are read from whole GPUs outside MIG mode and from MIG devices, never from a
   MIG-enabled parent (which would count every process twice).
 - XIDs are counted on a background thread (``nvml_events``); GPM comes from ``nvml_gpm``; NVLink

@@ -40,7 +40,7 @@ _VALUE_MEMBERS: Final = (
     ("NVML_VALUE_TYPE_SIGNED_INT", "siVal"),
     ("NVML_VALUE_TYPE_UNSIGNED_SHORT", "usVal"),
 )
-_WORD: Final = 8
+WORD: Final = 8
 """Bytes per entry in each of ``Answers``' strings: the type and return (two 32-bit words), the value."""
 _HEAD: Final = struct.Struct("=II")
 
@@ -58,23 +58,23 @@ class Answers:
         self._views: dict[str, memoryview[Any]] = {}
 
     def __len__(self) -> int:
-        return len(self.heads) // _WORD
+        return len(self.heads) // WORD
 
     def same(self, last: Answers | None, start: int, end: int) -> bool:
         """Entries ``start:end`` answered as in ``last``."""
         if last is None or len(last.heads) != len(self.heads):
             return False
-        a, b = start * _WORD, end * _WORD
+        a, b = start * WORD, end * WORD
         return self.values[a:b] == last.values[a:b] and self.heads[a:b] == last.heads[a:b]
 
     def heads_same(self, last: Answers | None, start: int, end: int) -> bool:
         """Entries ``start:end`` answered with the types and returns of ``last`` (values aside)."""
         return last is not None and len(last.heads) == len(self.heads) and \
-            self.heads[start * _WORD:end * _WORD] == last.heads[start * _WORD:end * _WORD]
+            self.heads[start * WORD:end * WORD] == last.heads[start * WORD:end * WORD]
 
     def head(self, index: int) -> tuple[int, int]:
         """``(valueType, nvmlReturn)`` of one entry."""
-        return _HEAD.unpack_from(self.heads, index * _WORD)
+        return _HEAD.unpack_from(self.heads, index * WORD)
 
     def view(self, code: str) -> memoryview[Any]:
         """``values`` as numbers of one native ``struct`` code (made once per call and code)."""
@@ -112,10 +112,10 @@ class FieldValues:
         self._struct_type = struct_type
         vt, ret, val = (getattr(struct_type, name).offset for name in ("valueType", "nvmlReturn", "value"))
         size = ctypes.sizeof(struct_type)
-        if not (ret == vt + 4 and vt % _WORD == 0 and val % _WORD == 0 and size % _WORD == 0
-                and struct_type.value.size == _WORD):
+        if not (ret == vt + 4 and vt % WORD == 0 and val % WORD == 0 and size % WORD == 0
+                and struct_type.value.size == WORD):
             raise ValueError(f"unexpected layout of c_nvmlFieldValue_t: {(vt, ret, val)}, size {size}")
-        self._head_word, self._value_word, self._stride = vt // _WORD, val // _WORD, size // _WORD
+        self._head_word, self._value_word, self._stride = vt // WORD, val // WORD, size // WORD
         members = dict(dict(struct_type._fields_)["value"]._fields_)
         self.codes: dict[int, str] = {int(getattr(nvml, const)): _native_code(members[member])
                                       for const, member in _VALUE_MEMBERS if hasattr(nvml, const) and member in members}
@@ -160,7 +160,7 @@ class FieldValues:
     def number(self, answers: Answers, index: int) -> float | None:
         """The value of a SUCCESS answer as a number; None for a value type this binding does not know."""
         code = self.codes.get(answers.head(index)[0])
-        return None if code is None else answers.view(code)[index * _WORD // struct.calcsize(code)]
+        return None if code is None else answers.view(code)[index * WORD // struct.calcsize(code)]
 
     def uniform(self, answers: Answers, start: int, end: int) -> tuple[int, list[Any]] | None:
         """``(valueType, values)`` of entries ``start:end`` when every one is a SUCCESS of one known type
@@ -173,9 +173,9 @@ class FieldValues:
         if ok is None:
             ok = self._ok[value_type] = _HEAD.pack(value_type, self._success)
         count = end - start
-        if answers.heads[start * _WORD:end * _WORD] != ok * count:
+        if answers.heads[start * WORD:end * WORD] != ok * count:
             return None
-        step = _WORD // struct.calcsize(code)  # a narrower member is the union's first bytes, on any byte order
+        step = WORD // struct.calcsize(code)  # a narrower member is the union's first bytes, on any byte order
         return value_type, answers.view(code)[start * step:end * step:step].tolist()
 
 
@@ -183,6 +183,6 @@ def _native_code(ctype: Any) -> str:
     """A ctypes number type's ``struct`` code in native sizes (C's ``unsigned long``: 8 bytes on 64-bit
     Linux, where the standard ``=L`` reads 4), checked against its ctypes size."""
     code = str(ctype._type_)
-    if struct.calcsize(code) != ctypes.sizeof(ctype) or _WORD % struct.calcsize(code):
+    if struct.calcsize(code) != ctypes.sizeof(ctype) or WORD % struct.calcsize(code):
         raise ValueError(f"unexpected c_nvmlValue_t member {ctype.__name__}")
     return code

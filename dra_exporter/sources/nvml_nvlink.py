@@ -41,7 +41,8 @@ from typing import Any, Final
 
 from .. import catalog as cat
 from ..model import Labels, Reading
-from .nvml_fields import Answers, FieldValues
+from .nvml_calls import Getter, Getters
+from .nvml_fields import WORD, Answers, FieldValues
 
 #: Per-link field values (scopeId = link): NVML constant -> (family, labels, scale, counter).
 _SCOPED: Final = (
@@ -183,6 +184,9 @@ class LinkReader:
 
     def __init__(self, nvml: Any, fields: FieldValues, uint_type: int | None) -> None:
         self._nvml = nvml
+        self._getters = Getters(nvml)
+        self._state_getters: dict[int, Getter] = {}
+        """Link -> its ``nvmlDeviceGetNvLinkState`` call, for links whose state field NVML refuses."""
         self._fields = fields
         self._uint = uint_type
         self._unsupported = frozenset(int(getattr(nvml, c)) for c in ("NVML_ERROR_NOT_SUPPORTED",
@@ -235,7 +239,7 @@ class LinkReader:
         bytes_moved = False
         for group in state.groups:
             start, end = offset + group.start, offset + group.end
-            if old is not None and new[8 * start:8 * end] == old[8 * start:8 * end] and (
+            if old is not None and new[WORD * start:WORD * end] == old[WORD * start:WORD * end] and (
                     heads_same or answers.same(last, start, end)):
                 continue
             first = group.entries[0]
@@ -359,8 +363,13 @@ class LinkReader:
 
     def _state_by_call(self, handle: Any, link: int) -> bool | None:
         nvml = self._nvml
+        getter = self._state_getters.get(link)
+        if getter is None:
+            # nvmlDeviceGetNvLinkState(device, link, nvmlEnableState_t *isActive): every cycle, per link.
+            getter = self._state_getters[link] = (self._getters.make("nvmlDeviceGetNvLinkState", link)
+                                                  or nvml.nvmlDeviceGetNvLinkState)
         try:
-            return bool(nvml.nvmlDeviceGetNvLinkState(handle, link) == nvml.NVML_FEATURE_ENABLED)
+            return bool(getter(handle, link) == nvml.NVML_FEATURE_ENABLED)
         except nvml.NVMLError as err:
             if err.value in self._unsupported:
                 return None
