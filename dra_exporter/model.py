@@ -588,6 +588,8 @@ class PodInfo:
     """Names of every ResourceClaim object the pod references, sorted."""
     containers: tuple[ContainerInfo, ...] = ()
     """Regular and init containers (sidecars hold claims too), by name."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """(key, value) of the pod's labels that ``--pod-labels`` allowlists, by key; no others are kept."""
 
     @property
     def terminal(self) -> bool:
@@ -787,6 +789,9 @@ class Frame:
     device_vendors: tuple[tuple[str, str], ...] = ()
     """(uuid, vendor) of each device the device sources read (their snapshots' ``vendor``): OTLP's
     ``hw.vendor``. Not a series: the Prometheus exposition does not show it."""
+    pod_label_attributes: tuple[tuple[str, str], ...] = ()
+    """(Prometheus label, OTel attribute) of the allowlisted pod labels the frame's pod-label
+    families carry (``catalog.PodLabels.attributes``): the key a sanitized ``label_*`` came from."""
 
     def family(self, name: str) -> Family | None:
         for fam in self.families:
