@@ -256,7 +256,7 @@ class MetricSpec:
         if not self.pod_labels:
             raise LabelError(f"{self.name} carries no pod labels; got {[k for k, _ in pod_labels]}")
         for name, _ in pod_labels:
-            if not name.startswith(POD_LABEL_PREFIX) or _NOT_IN_A_LABEL_NAME.search(name) or name in self.labels:
+            if name == POD_LABEL_PREFIX or not name.startswith(POD_LABEL_PREFIX) or _NOT_IN_A_LABEL_NAME.search(name):
                 raise LabelError(f"{self.name}: {name!r} is not a pod label's Prometheus label")
         return labels + pod_labels
 
