@@ -388,6 +388,26 @@ def test_otlp_and_web_config_options_reach_the_exporter_through_its_own_variable
     assert {name for name in variables if name.startswith("DRA_EXPORTER_")} - pending <= flags
 
 
+def test_exported_pod_labels_reach_serve_as_its_pod_labels_and_none_by_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from dra_exporter import cli, runtime
+
+    assert "DRA_EXPORTER_POD_LABELS" not in env(render_chart()), "no allowlist, no variable"
+    variables = env(render_chart({"exportedPodLabels": ["team", "app.kubernetes.io/name"]}))
+    assert variables["DRA_EXPORTER_POD_LABELS"] == "team,app.kubernetes.io/name"
+    seen: list[Any] = []
+    monkeypatch.setattr(runtime, "serve", lambda settings, **_: seen.append(settings))
+    # The value the chart renders is one serve reads.
+    result = CliRunner().invoke(cli.main, ["serve"], env={"DRA_EXPORTER_POD_LABELS": variables[
+        "DRA_EXPORTER_POD_LABELS"]})
+    assert result.exit_code == 0, result.output
+    assert seen[0].pod_labels.names == ("label_app_kubernetes_io_name", "label_team")
+    with pytest.raises(helm().HelmError, match="exportedPodLabels"):
+        render_chart({"exportedPodLabels": ["a team"]})
+
+
 def test_basic_auth_keeps_http_probes_that_see_a_wedged_cycle() -> None:
     # The probe paths are exempt from basic auth, so the kubelet's HTTP probes still work, and only
     # they see /readyz and /healthz fail when the cycle is wedged.
