@@ -124,7 +124,8 @@ def test_pod_labels_follow_a_familys_own_and_only_where_it_declares_them() -> No
     assert allow.names == ("label_cost_center", "label_team")
     own = cat.CLAIM_CONSUMER_INFO.series(namespace="ns", claim="c", pod="p", pod_uid="u", container="x")
     pairs = allow.pairs({"team": "ml", "other": "dropped"})
-    assert cat.CLAIM_CONSUMER_INFO.with_pod_labels(own, pairs) == own + (("label_cost_center", ""), ("label_team", "ml"))
+    assert cat.CLAIM_CONSUMER_INFO.with_pod_labels(own, pairs) == own + (("label_cost_center", ""),
+                                                                          ("label_team", "ml"))
     assert cat.CLAIM_CONSUMER_INFO.with_pod_labels(own, ()) == own
     with pytest.raises(cat.LabelError, match="carries no pod labels"):
         cat.SOURCE_UP.with_pod_labels(cat.SOURCE_UP.series(source="nvml"), pairs)

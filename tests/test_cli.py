@@ -124,7 +124,8 @@ def test_pod_labels_come_from_the_flag_or_its_variable_and_default_to_none(captu
 def test_snapshot_with_pod_labels_puts_the_simulated_pods_labels_on_consumer_info() -> None:
     result = invoke("snapshot", "--simulate", "--format", "json", "--pod-labels", "team")
     assert result.exit_code == 0, result.output
-    consumers = {s["labels"]["pod"]: s["labels"] for s in json.loads(result.output)["metrics"]["dra_claim_consumer_info"]}
+    metrics = json.loads(result.output)["metrics"]
+    consumers = {s["labels"]["pod"]: s["labels"] for s in metrics["dra_claim_consumer_info"]}
     assert consumers["llama-train-0"]["label_team"] == "platform"
     assert consumers["tokenize-job-7"]["label_team"] == "", "demo's batch pod has no team label"
     assert all("label_cost_center" not in c for c in consumers.values()), "only what is allowlisted"

@@ -653,8 +653,8 @@ def test_allowlisted_pod_labels_join_consumer_info_and_a_pod_without_one_gets_em
     labelled = replace(pod_info("ml", "train", ctr_info("main", ("g", ""))),
                        labels=(("app.kubernetes.io/name", "llama"), ("team", "platform")))
     bare = pod_info("ml", "probe", ctr_info("main", ("h", "")))
-    view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0")), claim_info("ml", "h", result("gpu", "gpu-1"))),
-                   pods=(labelled, bare))
+    view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0")),
+                           claim_info("ml", "h", result("gpu", "gpu-1"))), pods=(labelled, bare))
     kubelet = [pod("ml", "train", ctr("main", claim("ml", "g", "gpu-0"))),
                pod("ml", "probe", ctr("main", claim("ml", "h", "gpu-1"))),
                pod("ml", "unseen", ctr("main", claim("ml", "u", "gpu-2")))]  # not (yet) in the API server's view

@@ -372,3 +372,34 @@ def test_report_since_1m_on_the_simulated_node_gives_devices_times_share_times_t
             assert got[key]["gpu_hours_held"] == pytest.approx(share * 60 / HOUR, abs=share / HOUR + 1e-5), key
             assert 0 < got[key]["gpu_hours_busy"] < got[key]["gpu_hours_held"], key
     assert doc["source"] == "recording rules" and raw["source"] == "raw series"
+
+
+DEMO_TEAMS = {"ml-training": "platform", "inference": "serving", "research": "research", "batch": ""}
+"""demo.yaml's pods' ``team`` label, by namespace (the batch pod has none)."""
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+@pytest.mark.xfail(not hasattr(__import__("dra_exporter.showback").showback, "group_by"), strict=True,
+                   reason="report --group-by comes with issue 24's report side, on the integration branch")
+def test_report_groups_by_the_team_label_the_exporter_itself_puts_on_consumer_info(tmp_path: Path) -> None:
+    binary = require_tool("prometheus", "apt-get install -y prometheus")
+    with running_exporter("demo", free_port(), env={"DRA_EXPORTER_POD_LABELS": "team"}) as port:
+        server = start_prometheus(binary, tmp_path / "prom", [f"127.0.0.1:{port}"], "1s",
+                                  rule_files=[recording_rules_every("1s", tmp_path)])
+        try:
+            server.wait_for('dra_claim_consumer_info{label_team="platform"}', timeout=60)
+            server.wait_for('namespace_claim:dra_gpus_held:sum{claim="llama-train-gpus"}', timeout=60)
+            time.sleep(33)  # half a minute of recorded figures, and a little more for the first step's lookback
+            doc = report(server.url, "--since", "30s", "--end", f"{time.time():.3f}", "--step", "1s",
+                         "--group-by", "label:team")
+        finally:
+            server.stop()
+    assert doc["groups"]["label"] == "label_team"  # type: ignore[index]
+    got = {g["value"]: g["gpu_hours_held"] for g in doc["groups"]["values"]}  # type: ignore[index]
+    assert set(got) == set(DEMO_TEAMS.values()), "no kube-state-metrics here: the labels are the exporter's"
+    for team in got:
+        share = sum(s for (ns, _), s in DEMO.items() if DEMO_TEAMS[ns] == team)
+        assert got[team] == pytest.approx(share * 30 / HOUR, abs=share / HOUR + 1e-5), team
+    teams = {(c["namespace"], c["claim"]): c["label_team"] for c in doc["claims"]}  # type: ignore[attr-defined]
+    assert teams == {key: DEMO_TEAMS[key[0]] for key in DEMO}
