@@ -83,25 +83,6 @@ POD_LABEL_ATTRIBUTE: Final = "k8s.pod.label."
 _NOT_IN_A_LABEL_NAME: Final = re.compile(r"[^a-zA-Z0-9_]")
 
 
-#: A Kubernetes label key: an optional DNS-subdomain prefix and ``/``, then a name of at most 63
-#: characters, alphanumeric at both ends, ``-``, ``_`` and ``.`` inside (the API server's rule);
-#: a value is such a name or empty.
-_LABEL_KEY: Final = re.compile(r"(?:(?=[a-z0-9.-]{1,253}/)[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
-                               r"(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*/)?"
-                               r"(?=.{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
-_LABEL_VALUE: Final = re.compile(r"(?:(?=.{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
-
-
-def is_label_key(text: str) -> bool:
-    """Whether the API server accepts ``text`` as a label key (``team``, ``app.kubernetes.io/name``)."""
-    return bool(_LABEL_KEY.fullmatch(text))
-
-
-def is_label_value(text: str) -> bool:
-    """Whether the API server accepts ``text`` as a label value."""
-    return bool(_LABEL_VALUE.fullmatch(text))
-
-
 def pod_label_name(key: str) -> str:
     """The Prometheus label of the Kubernetes label ``key``, spelt as kube-state-metrics spells it
     (every character outside ``[a-zA-Z0-9_]`` becomes ``_``): ``app.kubernetes.io/name`` →

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .catalog import PodLabels, is_label_key
+from .catalog import PodLabels
+from .model import is_label_key
 from .sources import registry
 
 if TYPE_CHECKING:

@@ -388,8 +388,8 @@ def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Reso
                     uuid=resolver.resolve(r.driver, r.pool, r.device) or "",
                     admin_access="true" if r.admin_access else "false")
     for pod in pods:
-        known = view.pods.get((pod.namespace, pod.name))
-        pod_labels = allowed.pairs(dict(known.labels) if known else {}) if allowed else ()
+        seen = view.pods.get((pod.namespace, pod.name))
+        pod_labels = allowed.pairs(dict(seen.labels) if seen else {}) if allowed else ()
         for container in pod.containers:
             for claim in container.claims:
                 info = view.claim(claim.namespace, claim.name)

@@ -7,6 +7,7 @@ OpenTelemetry; metric names are catalogue keys (see ``catalog``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -555,6 +556,25 @@ class DeviceHealth:
     message: str = ""
     """Why (1.36+ ``message``), one line, at most ``kubeapi_normalize.HEALTH_MESSAGE_CHARS``;
     logged by the source, never a label (free text: one series per wording)."""
+
+
+#: A Kubernetes label key: an optional DNS-subdomain prefix and ``/``, then a name of at most 63
+#: characters, alphanumeric at both ends, ``-``, ``_`` and ``.`` inside (the API server's rule);
+#: a value is such a name or empty.
+_LABEL_KEY: Final = re.compile(r"(?:(?=[a-z0-9.-]{1,253}/)[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
+                               r"(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*/)?"
+                               r"(?=.{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_VALUE: Final = re.compile(r"(?:(?=.{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def is_label_key(text: str) -> bool:
+    """Whether the API server accepts ``text`` as a label key (``team``, ``app.kubernetes.io/name``)."""
+    return bool(_LABEL_KEY.fullmatch(text))
+
+
+def is_label_value(text: str) -> bool:
+    """Whether the API server accepts ``text`` as a label value."""
+    return bool(_LABEL_VALUE.fullmatch(text))
 
 
 def bare_container_id(status_id: str) -> str:

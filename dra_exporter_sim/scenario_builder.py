@@ -30,7 +30,6 @@ from typing import Any, Final
 
 from dra_exporter import model, strict_yaml
 from dra_exporter.boundedio import FileTooLargeError, read_text
-from dra_exporter.catalog import is_label_key, is_label_value
 from dra_exporter.resolve import (
     NVIDIA_DRIVER,
     NvidiaNameResolver,
@@ -684,9 +683,9 @@ class _Builder:
             raise cur.error(f"expected a mapping of label keys to values, got {_kind(cur.value)}")
         labels = []
         for key, value in cur.value.items():
-            if not isinstance(key, str) or not is_label_key(key):
+            if not isinstance(key, str) or not model.is_label_key(key):
                 raise cur.error(f"{str(key)[:80]!r} is not a Kubernetes label key")
-            if not isinstance(value, str) or not is_label_value(value):
+            if not isinstance(value, str) or not model.is_label_value(value):
                 raise cur.key(key).error("expected a label value: up to 63 letters, digits, '-', '_' and '.', "
                                          f"alphanumeric at both ends, got {_kind(value)}")
             labels.append((key, value))
