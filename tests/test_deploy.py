@@ -303,6 +303,17 @@ def test_monitoring_objects_are_off_by_default_and_match_dashboards_and_rules_wh
     assert 'up{job="dra-exporter"}' in RULES.read_text()
 
 
+def test_with_exported_pod_labels_the_charts_recording_rules_are_those_for_them() -> None:
+    from dra_exporter import catalog, showback
+
+    keys = ["team", "app.kubernetes.io/name"]
+    kinds = by_kind(render_chart({**EVERYTHING_ON, "exportedPodLabels": keys}))
+    groups = [*yaml.safe_load(RULES.read_text())["groups"],
+              *yaml.safe_load(showback.rules_yaml(catalog.PodLabels(tuple(keys))))["groups"]]
+    assert kinds["PrometheusRule"]["spec"] == {"groups": groups}
+    assert "label_app_kubernetes_io_name" in json.dumps(groups), "the rules name the labels they drop"
+
+
 def test_user_relabelings_are_appended_to_the_charts_own_on_service_and_pod_monitors() -> None:
     mine = [{"sourceLabels": ["__meta_kubernetes_pod_label_team"], "targetLabel": "team"}]
     drop = [{"sourceLabels": ["__name__"], "regex": "dra_gpu_clock_hertz", "action": "drop"}]

@@ -403,3 +403,36 @@ def test_report_groups_by_the_team_label_the_exporter_itself_puts_on_consumer_in
         assert got[team] == pytest.approx(share * 30 / HOUR, abs=share / HOUR + 1e-5), team
     teams = {(c["namespace"], c["claim"]): c["label_team"] for c in doc["claims"]}  # type: ignore[attr-defined]
     assert teams == {key: DEMO_TEAMS[key[0]] for key in DEMO}
+
+
+# --- consumer info with the exporter's --pod-labels ----------------------------------------------------
+
+
+def _split_test(rules: str, directory: Path, promtool: str) -> subprocess.CompletedProcess[str]:
+    """recording-rules.test.yaml's first case, its pods labelled by team (the shared notebook's two
+    pods by two teams), asking only for the per-pod split."""
+    case = yaml.safe_load((RECORDING_RULES.parent / "recording-rules.test.yaml").read_text())["tests"][0]
+    teams = {"alice": "nlp", "bob": "vision", "train-0": "platform"}
+    for s in case["input_series"]:
+        if s["series"].startswith("dra_claim_consumer_info{"):
+            pod = re.search(r'pod="([^"]+)"', s["series"])[1]  # type: ignore[index]
+            s["series"] = s["series"].replace("{", f'{{label_team="{teams[pod]}", ', 1)
+    case["promql_expr_test"] = [t for t in case["promql_expr_test"]
+                                if t["expr"] == "namespace_claim_pod:dra_gpus_held:split"]
+    (directory / "rules.yaml").write_text(rules)
+    (directory / "test.yaml").write_text(yaml.safe_dump(
+        {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [case]}))
+    return subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=directory, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+@pytest.mark.prometheus
+def test_the_per_pod_split_drops_the_pod_labels_the_exporter_was_told_to_export(promtool: str,
+                                                                                 tmp_path: Path) -> None:
+    from dra_exporter import catalog, showback
+
+    labelled = _split_test(showback.rules_yaml(catalog.PodLabels(("team",))), tmp_path, promtool)
+    assert labelled.returncode == 0, labelled.stdout + labelled.stderr
+    # The default rules cannot match label_team: the split would have no series at all.
+    plain = _split_test(showback.rules_yaml(), tmp_path, promtool)
+    assert plain.returncode != 0 and "namespace_claim_pod:dra_gpus_held:split" in plain.stdout + plain.stderr
