@@ -131,6 +131,17 @@ def test_snapshot_with_pod_labels_puts_the_simulated_pods_labels_on_consumer_inf
     assert all("label_cost_center" not in c for c in consumers.values()), "only what is allowlisted"
 
 
+def test_pod_labels_leave_the_dcgm_names_as_they_are() -> None:
+    from dra_exporter import catalog
+
+    result = invoke("snapshot", "--simulate", "--format", "json", "--naming", "dcgm", "--pod-labels", "team")
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output)["metrics"]
+    assert {tuple(s["labels"]) for s in metrics["DCGM_FI_DEV_GPU_UTIL"]} == {catalog.DCGM_LABELS}
+    assert {s["labels"]["label_team"] for s in metrics["dra_claim_consumer_info"]} == {"platform", "serving",
+                                                                                       "research", ""}
+
+
 def test_otlp_flags_and_standard_environment(captured: list[Settings], monkeypatch: pytest.MonkeyPatch) -> None:
     assert invoke("serve", "--otlp-endpoint", "http://collector:4318", "--otlp-protocol", "http/protobuf",
                   "--otlp-header", "x-api-key=s3cret", "--otlp-header", "x-tenant=a", "--otlp-interval", "5",
