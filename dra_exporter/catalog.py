@@ -7,7 +7,8 @@ stability. Everything else is derived from these constants:
 
 - the join fills a family's labels by name through the spec (``series``, ``extra``,
   ``device_series``), which refuses a missing or an unknown label, so a frame's label sets are
-  the catalogue's, in its order;
+  the catalogue's, in its order; a ``pod_labels`` family may add, after its own, the pod labels
+  an operator allowlists (``PodLabels``: ``--pod-labels``), and nothing else;
 - the sources name the family of each NVML reading by its spec constant;
 - the Prometheus renderer takes HELP and TYPE from here, the OTLP mapping its instruments and
   attributes, ``naming`` the dcgm-exporter families, the README its tables.
@@ -21,7 +22,8 @@ Stability (kube-state-metrics' levels): ``stable`` families are the metric contr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Final, Literal
 
@@ -72,6 +74,52 @@ def attribute_name(label: str) -> str:
 
 class LabelError(ValueError):
     """A series built with a label its family does not declare, or without one it does."""
+
+
+#: A Kubernetes label's Prometheus label starts with this (kube-state-metrics' ``label_<key>``).
+POD_LABEL_PREFIX: Final = "label_"
+#: OTel's attribute for a pod label, followed by the label's own key (semantic conventions, k8s).
+POD_LABEL_ATTRIBUTE: Final = "k8s.pod.label."
+_NOT_IN_A_LABEL_NAME: Final = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def pod_label_name(key: str) -> str:
+    """The Prometheus label of the Kubernetes label ``key``, spelt as kube-state-metrics spells it
+    (every character outside ``[a-zA-Z0-9_]`` becomes ``_``): ``app.kubernetes.io/name`` →
+    ``label_app_kubernetes_io_name``, so the same PromQL reads either exporter's."""
+    return POD_LABEL_PREFIX + _NOT_IN_A_LABEL_NAME.sub("_", key)
+
+
+@dataclass(frozen=True, slots=True)
+class PodLabels:
+    """The pod labels an operator allowlists (``--pod-labels``): each Kubernetes label key with
+    its Prometheus label (``pod_label_name``), ordered by that label. Empty: none, and every
+    ``pod_labels`` family has its declared labels alone, as without the option."""
+
+    keys: tuple[str, ...] = ()
+    names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, str] = {}
+        for key in self.keys:
+            other = by_name.setdefault(pod_label_name(key), key)
+            if other != key:
+                raise ValueError(f"pod labels {other!r} and {key!r} are both the Prometheus label "
+                                 f"{pod_label_name(key)!r}: allowlist one of them")
+        ordered = sorted(by_name.items())
+        object.__setattr__(self, "keys", tuple(k for _, k in ordered))
+        object.__setattr__(self, "names", tuple(n for n, _ in ordered))
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def pairs(self, labels: Mapping[str, str]) -> Labels:
+        """The allowlisted labels' pairs for a pod with ``labels``: ``""`` for a label it lacks."""
+        return tuple([(name, labels.get(key, "")) for name, key in zip(self.names, self.keys, strict=True)])
+
+    def attributes(self) -> tuple[tuple[str, str], ...]:
+        """(Prometheus label, OTel attribute) of each: ``label_team`` → ``k8s.pod.label.team``."""
+        return tuple((name, POD_LABEL_ATTRIBUTE + key) for name, key in zip(self.names, self.keys, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +191,9 @@ class MetricSpec:
     """None when the family is not pushed over OTLP."""
     dcgm: tuple[DcgmForm, ...] = ()
     stability: Stability = "experimental"
+    pod_labels: bool = False
+    """The family names a pod (its consumer info): it carries, after ``labels``, the allowlisted
+    pod labels (``PodLabels``, ``with_pod_labels``); with none allowlisted, ``labels`` alone."""
     gpu_identity: bool = False
     """A whole GPU's family whose series start with ``GPU_ID_LABELS`` alone, not with the device's
     attribution (NVLink link and fabric identity: who holds the GPU does not change them). NVML
@@ -177,6 +228,18 @@ class MetricSpec:
             except KeyError:
                 pass
         raise self._mismatch(values)
+
+    def with_pod_labels(self, labels: Labels, pod_labels: Labels) -> Labels:
+        """``labels`` (this family's, from ``series``) followed by ``pod_labels`` (``PodLabels.pairs``);
+        ``LabelError`` where the family carries no pod labels or a name is not a pod label's."""
+        if not pod_labels:
+            return labels
+        if not self.pod_labels:
+            raise LabelError(f"{self.name} carries no pod labels; got {[k for k, _ in pod_labels]}")
+        for name, _ in pod_labels:
+            if name == POD_LABEL_PREFIX or not name.startswith(POD_LABEL_PREFIX) or _NOT_IN_A_LABEL_NAME.search(name):
+                raise LabelError(f"{self.name}: {name!r} is not a pod label's Prometheus label")
+        return labels + pod_labels
 
     def extra(self, /, **values: str) -> Labels:
         """A device family's own labels (those after ``DEVICE_LABELS``: ``clock``, ``direction``),
@@ -532,7 +595,7 @@ CLAIM_CONSUMER_INFO: Final = MetricSpec(
     "dra_claim_consumer_info", "gauge",
     "A pod (and container) that uses a ResourceClaim on this node; value is always 1.",
     ("namespace", "claim", "pod", "pod_uid", "container"), otlp=OtlpForm("dra.claim.consumer", "1"),
-    stability=_STABLE)
+    stability=_STABLE, pod_labels=True)
 # An info family: no OTLP form (its ``type`` label would become ``error.type``).
 CLAIM_DEVICE_CONDITION: Final = MetricSpec(
     "dra_claim_device_condition", "gauge",
@@ -838,7 +901,8 @@ def markdown_table() -> str:
     rows = ["| metric | type | unit | labels | OTLP name | stability | help |", "|---|---|---|---|---|---|---|"]
     for s in CATALOG:
         otel = f"`{s.otlp.name}` ({s.otlp.unit})" if s.otlp else ""
-        rows.append(f"| `{s.name}` | {s.kind} | {s.unit} | {', '.join(s.labels)} | {otel} | {s.stability} "
+        labels = ", ".join(s.labels) + (f", {POD_LABEL_PREFIX}* (`--pod-labels`)" if s.pod_labels else "")
+        rows.append(f"| `{s.name}` | {s.kind} | {s.unit} | {labels} | {otel} | {s.stability} "
                     f"| {s.help} |")
     return "\n".join(rows)
 

@@ -31,6 +31,7 @@ from .config import (
     ConfigError,
     Settings,
     check_stall_timeout,
+    parse_pod_labels,
     parse_self_pod,
 )
 from .demo import DEFAULT_BASE_PORT
@@ -253,6 +254,11 @@ naming_option = _opt(
     "--naming", type=click.Choice(["native", "dcgm", "both"]), default="native", show_default=True,
     help="Metric names on /metrics: native, dcgm (dcgm-exporter's names, units and labels, for existing "
          "dashboards and alerts) or both side by side. OTLP keeps the semantic names.")
+pod_labels_option = _opt(
+    "--pod-labels", default=None, metavar="KEY,…",
+    help="Pod labels to put on dra_claim_consumer_info, comma-separated (team,cost-center), each as "
+         "label_<key> with other characters than letters, digits and _ as _ (kube-state-metrics' spelling; "
+         "\"\" where a pod lacks it): report --group-by label:<key> groups by them [default: none].")
 log_level_option = _opt("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
                         default="info", show_default=True)
 
@@ -313,6 +319,7 @@ def _settings(kw: dict[str, Any], *, publishing: bool = False) -> Settings:
             procfs=kw.pop("procfs"),
             claim_refresh=kw.pop("claim_refresh"),
             self_pod=parse_self_pod(kw.pop("pod_namespace"), kw.pop("pod_name")),
+            pod_labels=parse_pod_labels(kw.pop("pod_labels", None)),
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
@@ -419,6 +426,7 @@ def _otlp_settings(kw: dict[str, Any]) -> OtlpSettings | None:
 @naming_option
 @publishing_options(NODE_OPTIONS)
 @node_options
+@pod_labels_option
 @_user_errors
 def serve(naming: str, log_level: str, **kw: Any) -> None:
     """Collect every interval; serve the latest frame on /metrics and/or push it over OTLP."""
@@ -436,6 +444,7 @@ def serve(naming: str, log_level: str, **kw: Any) -> None:
       show_default=True, help="Output format.")
 @naming_option
 @node_options
+@pod_labels_option
 @_user_errors
 def snapshot(fmt: str, naming: str, log_level: str, **kw: Any) -> None:
     """Run one collection cycle (two samples, for rates) and print it."""

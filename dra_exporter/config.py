@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .catalog import PodLabels
+from .model import is_label_key
 from .sources import registry
 
 if TYPE_CHECKING:
@@ -50,6 +52,23 @@ def check_stall_timeout(stall_timeout: float, interval: float) -> float:
         raise ConfigError(f"--stall-timeout must be a number of seconds of at least twice --interval "
                           f"({2 * interval:g} s), got {stall_timeout:g}: a cycle takes up to one interval")
     return stall_timeout
+
+
+def parse_pod_labels(text: str | None) -> PodLabels:
+    """``--pod-labels team,cost-center``: the pod label keys to export, each a Kubernetes label key."""
+    keys = [k.strip() for k in (text or "").split(",")]
+    if keys == [""]:
+        return PodLabels()
+    for key in keys:
+        if not is_label_key(key):
+            shown = key if len(key) <= 80 else key[:80] + "…"
+            raise ConfigError(f"--pod-labels: {shown!r} is not a Kubernetes label key (a name of up to 63 "
+                              f"letters, digits, '-', '_' and '.', optionally after a DNS prefix and '/'); "
+                              f"give keys separated by commas, e.g. team,cost-center")
+    try:
+        return PodLabels(tuple(dict.fromkeys(keys)))
+    except ValueError as exc:
+        raise ConfigError(f"--pod-labels: {exc}") from None
 
 
 def parse_self_pod(namespace: str | None, name: str | None) -> tuple[str, str] | None:
@@ -114,6 +133,8 @@ class Settings(ShellSettings):
     """Pod-resources socket; None means the default (or the simulated kubelet under --simulate)."""
     self_pod: tuple[str, str] | None = None
     """(namespace, name) of the exporter's own pod; its claims are monitoring claims."""
+    pod_labels: PodLabels = PodLabels()
+    """The pod labels ``dra_claim_consumer_info`` carries as ``label_<key>`` (``--pod-labels``); none by default."""
     naming: str = "native"
     """Metric names on the Prometheus endpoint: ``native``, ``dcgm`` (dcgm-exporter's names, units and
     labels) or ``both``; see ``dra_exporter.naming``. OTLP always uses the semantic names."""

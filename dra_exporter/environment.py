@@ -115,7 +115,8 @@ def _node(settings: Settings, sim_time: float | None, env: Environment) -> None:
     env.context = SourceContext(node_name=node_name, nvml=nvml, kubelet_socket=kubelet_socket,
                                 claim_refresh=settings.claim_refresh, max_objects=settings.max_objects,
                                 procfs=procfs, wall_clock=wall_clock, monotonic=monotonic,
-                                simulated_apiserver=env.simulated_apiserver, **access)
+                                simulated_apiserver=env.simulated_apiserver, pod_labels=settings.pod_labels.keys,
+                                **access)
 
 
 def cluster(settings: ClusterSettings) -> Environment:

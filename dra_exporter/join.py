@@ -87,6 +87,9 @@ class JoinInput:
     """The API server's view of this node; None without API access (node-local join only)."""
     owners: ProcessOwnersSnapshot | None = None
     """Which pod and container each GPU process runs in; None when /proc is not read."""
+    pod_labels: cat.PodLabels = cat.PodLabels()
+    """The pod labels consumer info carries (``--pod-labels``), from the API server's pods (``""``
+    for a pod it does not know or that lacks one); none: the family's declared labels alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +123,15 @@ class _Builder:
         """A sample whose label set was built beforehand (checked against ``spec`` here)."""
         self.samples[spec.name].append(Sample(spec.check(labels), float(value)))
 
+    def add_with_pod_labels(self, spec: cat.MetricSpec, value: float, pod_labels: Labels, /, **labels: str) -> None:
+        """``add``, with the allowlisted pod labels after the family's own (``with_pod_labels``)."""
+        self.samples[spec.name].append(Sample(spec.with_pod_labels(spec.series(**labels), pod_labels), float(value)))
+
     def add_device(self, spec: cat.MetricSpec, device: Labels, extra: Labels, value: float) -> None:
         self.samples[spec.name].append(Sample(spec.device_series(device, extra), float(value)))
 
-    def frame(self, timestamp: float, device_vendors: tuple[tuple[str, str], ...] = ()) -> Frame:
+    def frame(self, timestamp: float, device_vendors: tuple[tuple[str, str], ...],
+              pod_labels: cat.PodLabels) -> Frame:
         families = []
         for spec in cat.CATALOG:
             found = self.samples.get(spec.name)
@@ -131,7 +139,7 @@ class _Builder:
                 # One sample per label set: a duplicate would make the exposition invalid.
                 unique = {s.labels: s for s in found}
                 families.append(Family(spec.name, tuple(sorted(unique.values(), key=lambda s: s.labels))))
-        return Frame(tuple(families), timestamp, device_vendors)
+        return Frame(tuple(families), timestamp, device_vendors, pod_labels.attributes())
 
 
 class _View:
@@ -200,7 +208,7 @@ def join(inp: JoinInput) -> Frame:
     pods = _with_cluster_pods(inp.pods, view)
 
     consumers = _device_consumers(pods, devices, resolver, view)
-    _claim_families(out, pods, resolver, view)
+    _claim_families(out, pods, resolver, view, inp.pod_labels)
     if cluster:
         _cluster_families(out, cluster, resolver)
         _health_families(out, cluster, pods, view)
@@ -215,7 +223,7 @@ def join(inp: JoinInput) -> Frame:
     _self_families(out, inp)
     vendors = tuple((s.device.uuid, snapshot.vendor) for snapshot in inp.devices if snapshot.vendor
                     for s in snapshot.devices)
-    return out.frame(inp.timestamp, vendors)
+    return out.frame(inp.timestamp, vendors, inp.pod_labels)
 
 
 # --- the cluster fallback for attribution ---------------------------------------------------------
@@ -368,9 +376,11 @@ def _device_families(out: _Builder, sample: DeviceSample, attribution: dict[str,
         samples[reading.metric].append(Sample(labels, reading.value))
 
 
-def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Resolver, view: _View) -> None:
+def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Resolver, view: _View,
+                    allowed: cat.PodLabels) -> None:
     """Allocation and consumer info. Claims the API server knows come from their allocation
-    results (real request names, admin access, UID); the others from the kubelet's view."""
+    results (real request names, admin access, UID); the others from the kubelet's view. Consumer
+    info carries the pod's allowlisted labels."""
     for known in view.claims.values():
         for r in known.results:
             out.add(cat.CLAIM_ALLOCATION_INFO, 1, namespace=known.namespace, claim=known.name, claim_uid=known.uid,
@@ -378,6 +388,8 @@ def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Reso
                     uuid=resolver.resolve(r.driver, r.pool, r.device) or "",
                     admin_access="true" if r.admin_access else "false")
     for pod in pods:
+        seen = view.pods.get((pod.namespace, pod.name))
+        pod_labels = allowed.pairs(dict(seen.labels) if seen else {}) if allowed else ()
         for container in pod.containers:
             for claim in container.claims:
                 info = view.claim(claim.namespace, claim.name)
@@ -389,8 +401,10 @@ def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Reso
                                 device=dev.device, uuid=resolver.resolve(dev.driver, dev.pool, dev.device) or "",
                                 admin_access="true" if monitoring else "false")
                 if not monitoring:
-                    out.add(cat.CLAIM_CONSUMER_INFO, 1, namespace=claim.namespace, claim=claim.name, pod=pod.name,
-                            pod_uid=view.pod_uid(pod.namespace, pod.name, info), container=container.name)
+                    out.add_with_pod_labels(cat.CLAIM_CONSUMER_INFO, 1, pod_labels, namespace=claim.namespace,
+                                            claim=claim.name, pod=pod.name,
+                                            pod_uid=view.pod_uid(pod.namespace, pod.name, info),
+                                            container=container.name)
 
 
 def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolver) -> None:

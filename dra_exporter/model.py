@@ -7,6 +7,7 @@ OpenTelemetry; metric names are catalogue keys (see ``catalog``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -557,6 +558,25 @@ class DeviceHealth:
     logged by the source, never a label (free text: one series per wording)."""
 
 
+#: A Kubernetes label key: an optional DNS-subdomain prefix and ``/``, then a name of at most 63
+#: characters, alphanumeric at both ends, ``-``, ``_`` and ``.`` inside (the API server's rule);
+#: a value is such a name or empty.
+_LABEL_KEY: Final = re.compile(r"(?:(?=[a-z0-9.-]{1,253}/)[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
+                               r"(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*/)?"
+                               r"(?=.{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_VALUE: Final = re.compile(r"(?:(?=.{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def is_label_key(text: str) -> bool:
+    """Whether the API server accepts ``text`` as a label key (``team``, ``app.kubernetes.io/name``)."""
+    return bool(_LABEL_KEY.fullmatch(text))
+
+
+def is_label_value(text: str) -> bool:
+    """Whether the API server accepts ``text`` as a label value."""
+    return bool(_LABEL_VALUE.fullmatch(text))
+
+
 def bare_container_id(status_id: str) -> str:
     """A pod status's container id without its runtime's scheme (``containerd://abc…`` → ``abc…``):
     how a process's cgroup names its container (``ProcessOwner.container_id``)."""
@@ -588,6 +608,8 @@ class PodInfo:
     """Names of every ResourceClaim object the pod references, sorted."""
     containers: tuple[ContainerInfo, ...] = ()
     """Regular and init containers (sidecars hold claims too), by name."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """(key, value) of the pod's labels that ``--pod-labels`` allowlists, by key; no others are kept."""
 
     @property
     def terminal(self) -> bool:
@@ -787,6 +809,9 @@ class Frame:
     device_vendors: tuple[tuple[str, str], ...] = ()
     """(uuid, vendor) of each device the device sources read (their snapshots' ``vendor``): OTLP's
     ``hw.vendor``. Not a series: the Prometheus exposition does not show it."""
+    pod_label_attributes: tuple[tuple[str, str], ...] = ()
+    """(Prometheus label, OTel attribute) of the allowlisted pod labels the frame's pod-label
+    families carry (``catalog.PodLabels.attributes``): the key a sanitized ``label_*`` came from."""
 
     def family(self, name: str) -> Family | None:
         for fam in self.families:

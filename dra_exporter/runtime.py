@@ -97,7 +97,7 @@ class NodeProgram(Program[Settings]):
         return environment.node(settings, sim_time=sim_time)
 
     def core(self, settings: Settings, env: Environment) -> Core:
-        return JoinCore(env.self_pod)
+        return JoinCore(env.self_pod, settings.pod_labels)
 
     def enabled(self, settings: Settings) -> frozenset[str]:
         return settings.sources
@@ -124,10 +124,12 @@ class JoinCore:
     """The node agent's core: ``join`` of the latest snapshots."""
 
     self_pod: tuple[str, str] | None = None
+    pod_labels: cat.PodLabels = cat.PodLabels()
 
     def __call__(self, snapshots: Snapshots, health: tuple[SourceHealth, ...], timestamp: float) -> Frame:
         return join(JoinInput(devices=snapshots.devices, pods=snapshots.pods, cluster=snapshots.cluster,
                               owners=snapshots.owners, health=health, self_pod=self.self_pod,
+                              pod_labels=self.pod_labels,
                               version=__version__, python_version=platform.python_version(), timestamp=timestamp))
 
 

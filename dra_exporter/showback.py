@@ -101,7 +101,8 @@ def _busy_device_expr(window: str) -> str:
             f"* on (instance, uuid) group_left (model) {SHARE}")
 
 
-_PODS = f"group without (instance, job, container, pod_uid) ({cat.CLAIM_CONSUMER_INFO.name})"
+_POD_DETAIL: Final = ("instance", "job", "container", "pod_uid")
+_PODS = f"group {_without(_POD_DETAIL)} ({cat.CLAIM_CONSUMER_INFO.name})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,15 +163,28 @@ RULES_FILE_HEADER: Final = """\
 """
 
 
-def rules_yaml() -> str:
-    """The text of ``deploy/recording-rules.yaml``."""
+_NO_POD_LABELS: Final = cat.PodLabels()
+
+
+def with_pod_labels(expr: str, pod_labels: cat.PodLabels) -> str:
+    """``expr`` for exporters run with ``--pod-labels``: consumer info then carries the pods'
+    ``label_*`` labels, which differ between the pods of one claim and are on no other series, so
+    the per-pod split drops them too (PromQL cannot drop labels by a pattern: they are named)."""
+    if not pod_labels:
+        return expr
+    return expr.replace(_PODS, f"group {_without(_POD_DETAIL + pod_labels.names)} ({cat.CLAIM_CONSUMER_INFO.name})")
+
+
+def rules_yaml(pod_labels: cat.PodLabels = _NO_POD_LABELS) -> str:
+    """The text of ``deploy/recording-rules.yaml``; for exporters run with ``--pod-labels``, the rules
+    that drop those labels (``python -m dra_exporter.showback --pod-labels team``)."""
     lines = [RULES_FILE_HEADER.rstrip("\n"), "groups:", f"  - name: {RULE_GROUP}",
              f"    interval: {RULE_INTERVAL}", "    rules:"]
     for rule in RULES:
         lines.append(f"      # {rule.why}")
         lines.append(f"      - record: {rule.record}")
         lines.append("        expr: |")
-        lines.extend(f"          {line}" for line in rule.expr.splitlines())
+        lines.extend(f"          {line}" for line in with_pod_labels(rule.expr, pod_labels).splitlines())
     return "\n".join(lines) + "\n"
 
 
@@ -641,5 +655,16 @@ def render_table(r: Report) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    print(rules_yaml(), end="")
+if __name__ == "__main__":  # python -m dra_exporter.showback [--pod-labels team,cost-center]
+    import sys
+
+    from .model import is_label_key
+
+    args = sys.argv[1:]
+    keys = args[1].split(",") if args[:1] == ["--pod-labels"] and len(args) == 2 else []
+    if args and not (keys and all(map(is_label_key, keys))):
+        sys.exit("usage: python -m dra_exporter.showback [--pod-labels KEY,…] (Kubernetes label keys)")
+    try:
+        print(rules_yaml(cat.PodLabels(tuple(keys))), end="")
+    except ValueError as exc:
+        sys.exit(f"--pod-labels: {exc}")

@@ -848,7 +848,8 @@ def pod(scenario: Scenario, p: Pod) -> JSON:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": object_metadata(scenario.seed, "Pod", p.name, p.namespace, p.uid, p.start),
+        "metadata": object_metadata(scenario.seed, "Pod", p.name, p.namespace, p.uid, p.start,
+                                    labels=dict(p.labels)),
         "spec": spec,
         "status": status,
     }

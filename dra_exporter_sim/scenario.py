@@ -244,6 +244,8 @@ class Pod:
     start: float
     end: float | None
     containers: tuple[Container, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+    """The pod's metadata labels (key, value), by key."""
 
     def alive_at(self, t: float) -> bool:
         return self.start <= t and (self.end is None or t < self.end)

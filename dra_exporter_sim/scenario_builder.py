@@ -648,7 +648,7 @@ class _Builder:
         seen: set[tuple[str, str]] = set()
         uids: set[str] = set()
         for _, p in cur.items():
-            p.mapping(("namespace", "name", "containers"), ("uid", "start", "end"))
+            p.mapping(("namespace", "name", "containers"), ("uid", "start", "end", "labels"))
             ns = p.key("namespace").name("namespace")
             name = p.key("name").name("pod name")
             if (ns, name) in seen:
@@ -671,9 +671,25 @@ class _Builder:
                     raise c.key("name").error(
                         f"container {container.name!r} is defined twice in pod {ns}/{name}")
                 containers.append(container)
-            pods.append(Pod(ns, name, uid, start, end, tuple(containers)))
+            pods.append(Pod(ns, name, uid, start, end, tuple(containers), self._labels(p.key("labels"))))
         self._check_memory(pods)
         return tuple(pods)
+
+    def _labels(self, cur: Cursor) -> tuple[tuple[str, str], ...]:
+        """A pod's ``labels: {team: ml}``: keys and values as the API server would admit them."""
+        if not cur.present:
+            return ()
+        if not isinstance(cur.value, dict):
+            raise cur.error(f"expected a mapping of label keys to values, got {_kind(cur.value)}")
+        labels = []
+        for key, value in cur.value.items():
+            if not isinstance(key, str) or not model.is_label_key(key):
+                raise cur.error(f"{str(key)[:80]!r} is not a Kubernetes label key")
+            if not isinstance(value, str) or not model.is_label_value(value):
+                raise cur.key(key).error("expected a label value: up to 63 letters, digits, '-', '_' and '.', "
+                                         f"alphanumeric at both ends, got {_kind(value)}")
+            labels.append((key, value))
+        return tuple(sorted(labels))
 
     def _check_templates(self, cur: Cursor, claims: tuple[Claim, ...], pods: tuple[Pod, ...]) -> None:
         # A claim generated from a template belongs to exactly one pod; and a pod's claims must

@@ -112,6 +112,34 @@ def test_series_refuses_a_missing_or_an_unknown_label() -> None:
         cat.SOURCE_UP.series(src="nvml")
 
 
+@pytest.mark.parametrize("key, name", [("team", "label_team"), ("cost-center", "label_cost_center"),
+                                       ("app.kubernetes.io/name", "label_app_kubernetes_io_name"),
+                                       ("Team_1", "label_Team_1")])
+def test_a_pod_label_is_named_as_kube_state_metrics_names_it(key: str, name: str) -> None:
+    assert cat.pod_label_name(key) == name
+
+
+def test_pod_labels_follow_a_familys_own_and_only_where_it_declares_them() -> None:
+    allow = cat.PodLabels(("team", "cost-center"))
+    assert allow.names == ("label_cost_center", "label_team")
+    own = cat.CLAIM_CONSUMER_INFO.series(namespace="ns", claim="c", pod="p", pod_uid="u", container="x")
+    pairs = allow.pairs({"team": "ml", "other": "dropped"})
+    assert cat.CLAIM_CONSUMER_INFO.with_pod_labels(own, pairs) == own + (("label_cost_center", ""),
+                                                                          ("label_team", "ml"))
+    assert cat.CLAIM_CONSUMER_INFO.with_pod_labels(own, ()) == own
+    with pytest.raises(cat.LabelError, match="carries no pod labels"):
+        cat.SOURCE_UP.with_pod_labels(cat.SOURCE_UP.series(source="nvml"), pairs)
+    for bad in ("team", "label_a.b", "label_"):
+        with pytest.raises(cat.LabelError, match="not a pod label"):
+            cat.CLAIM_CONSUMER_INFO.with_pod_labels(own, ((bad, "x"),))
+    assert [s.name for s in cat.CATALOG if s.pod_labels] == [cat.CLAIM_CONSUMER_INFO.name]
+
+
+def test_two_pod_labels_of_one_prometheus_name_are_refused() -> None:
+    with pytest.raises(ValueError, match="'a.b' and 'a_b' are both the Prometheus label 'label_a_b'"):
+        cat.PodLabels(("a.b", "a_b"))
+
+
 def test_a_device_familys_own_labels_are_checked() -> None:
     device = cat.device_labels(uuid="GPU-0", gpu="0", profile="", parent_uuid="", namespace="", pod="",
                                pod_uid="", container="", claim="", request="")

@@ -98,6 +98,10 @@ def test_every_source_but_nvml_has_a_switch_from_the_registry(captured: list[Set
     (["cluster", "--once", "--otlp-endpoint", "http://c:4317"], "--once"),
     (["cluster", "--no-prometheus", "--otlp-endpoint", "http://c:4317", "--web-config", __file__],
      "turns off"),
+    (["serve", "--pod-labels", "team,cost center"], "'cost center' is not a Kubernetes label key"),
+    (["serve", "--pod-labels", "team,"], "'' is not a Kubernetes label key"),
+    (["snapshot", "--pod-labels", "-team"], "not a Kubernetes label key"),
+    (["serve", "--pod-labels", "a.b,a_b"], "both the Prometheus label 'label_a_b'"),
 ])
 def test_bad_flags_exit_2_with_a_clear_line(args: list[str], needle: str, captured: list[Settings]) -> None:
     result = CliRunner().invoke(cli.main, args)
@@ -105,6 +109,37 @@ def test_bad_flags_exit_2_with_a_clear_line(args: list[str], needle: str, captur
     assert needle in result.output
     assert "Traceback" not in result.output
     assert not captured
+
+
+def test_pod_labels_come_from_the_flag_or_its_variable_and_default_to_none(captured: list[Settings]) -> None:
+    assert invoke("serve", "--pod-labels", "team,cost-center,team").exit_code == 0
+    assert invoke("serve", env={"DRA_EXPORTER_POD_LABELS": "app.kubernetes.io/name"}).exit_code == 0
+    assert invoke("serve").exit_code == 0
+    flag, env, default = (s.pod_labels for s in captured)
+    assert (flag.keys, flag.names) == (("cost-center", "team"), ("label_cost_center", "label_team"))
+    assert env.names == ("label_app_kubernetes_io_name",)
+    assert not default and default.keys == ()
+
+
+def test_snapshot_with_pod_labels_puts_the_simulated_pods_labels_on_consumer_info() -> None:
+    result = invoke("snapshot", "--simulate", "--format", "json", "--pod-labels", "team")
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output)["metrics"]
+    consumers = {s["labels"]["pod"]: s["labels"] for s in metrics["dra_claim_consumer_info"]}
+    assert consumers["llama-train-0"]["label_team"] == "platform"
+    assert consumers["tokenize-job-7"]["label_team"] == "", "demo's batch pod has no team label"
+    assert all("label_cost_center" not in c for c in consumers.values()), "only what is allowlisted"
+
+
+def test_pod_labels_leave_the_dcgm_names_as_they_are() -> None:
+    from dra_exporter import catalog
+
+    result = invoke("snapshot", "--simulate", "--format", "json", "--naming", "dcgm", "--pod-labels", "team")
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output)["metrics"]
+    assert {tuple(s["labels"]) for s in metrics["DCGM_FI_DEV_GPU_UTIL"]} == {catalog.DCGM_LABELS}
+    assert {s["labels"]["label_team"] for s in metrics["dra_claim_consumer_info"]} == {"platform", "serving",
+                                                                                       "research", ""}
 
 
 def test_otlp_flags_and_standard_environment(captured: list[Settings], monkeypatch: pytest.MonkeyPatch) -> None:

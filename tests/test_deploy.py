@@ -303,6 +303,17 @@ def test_monitoring_objects_are_off_by_default_and_match_dashboards_and_rules_wh
     assert 'up{job="dra-exporter"}' in RULES.read_text()
 
 
+def test_with_exported_pod_labels_the_charts_recording_rules_are_those_for_them() -> None:
+    from dra_exporter import catalog, showback
+
+    keys = ["team", "app.kubernetes.io/name"]
+    kinds = by_kind(render_chart({**EVERYTHING_ON, "exportedPodLabels": keys}))
+    groups = [*yaml.safe_load(RULES.read_text())["groups"],
+              *yaml.safe_load(showback.rules_yaml(catalog.PodLabels(tuple(keys))))["groups"]]
+    assert kinds["PrometheusRule"]["spec"] == {"groups": groups}
+    assert "label_app_kubernetes_io_name" in json.dumps(groups), "the rules name the labels they drop"
+
+
 def test_user_relabelings_are_appended_to_the_charts_own_on_service_and_pod_monitors() -> None:
     mine = [{"sourceLabels": ["__meta_kubernetes_pod_label_team"], "targetLabel": "team"}]
     drop = [{"sourceLabels": ["__name__"], "regex": "dra_gpu_clock_hertz", "action": "drop"}]
@@ -386,6 +397,26 @@ def test_otlp_and_web_config_options_reach_the_exporter_through_its_own_variable
     flags = {p.envvar for p in serve.params if isinstance(getattr(p, "envvar", None), str)}
     pending = {"DRA_EXPORTER_WEB_CONFIG"} - flags
     assert {name for name in variables if name.startswith("DRA_EXPORTER_")} - pending <= flags
+
+
+def test_exported_pod_labels_reach_serve_as_its_pod_labels_and_none_by_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from dra_exporter import cli, runtime
+
+    assert "DRA_EXPORTER_POD_LABELS" not in env(render_chart()), "no allowlist, no variable"
+    variables = env(render_chart({"exportedPodLabels": ["team", "app.kubernetes.io/name"]}))
+    assert variables["DRA_EXPORTER_POD_LABELS"] == "team,app.kubernetes.io/name"
+    seen: list[Any] = []
+    monkeypatch.setattr(runtime, "serve", lambda settings, **_: seen.append(settings))
+    # The value the chart renders is one serve reads.
+    result = CliRunner().invoke(cli.main, ["serve"], env={"DRA_EXPORTER_POD_LABELS": variables[
+        "DRA_EXPORTER_POD_LABELS"]})
+    assert result.exit_code == 0, result.output
+    assert seen[0].pod_labels.names == ("label_app_kubernetes_io_name", "label_team")
+    with pytest.raises(helm().HelmError, match="exportedPodLabels"):
+        render_chart({"exportedPodLabels": ["a team"]})
 
 
 def test_basic_auth_keeps_http_probes_that_see_a_wedged_cycle() -> None:

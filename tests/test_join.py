@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dra_exporter import catalog as cat
@@ -642,3 +644,44 @@ def test_every_readable_device_counts_its_processes_whether_or_not_their_pods_ar
                         processes)
     counts = {dict(lbl)["uuid"]: v for lbl, v in series(join(JoinInput((nvml,), None)), cat.GPU_PROCESSES.name).items()}
     assert counts == {"GPU-0": 1, "GPU-1": 0, mig_dev.uuid: 2}  # a device NVML cannot read has none
+
+
+# --- allowlisted pod labels on consumer info (--pod-labels) --------------------------------------
+
+
+def test_allowlisted_pod_labels_join_consumer_info_and_a_pod_without_one_gets_empty() -> None:
+    labelled = replace(pod_info("ml", "train", ctr_info("main", ("g", ""))),
+                       labels=(("app.kubernetes.io/name", "llama"), ("team", "platform")))
+    bare = pod_info("ml", "probe", ctr_info("main", ("h", "")))
+    view = cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0")),
+                           claim_info("ml", "h", result("gpu", "gpu-1"))), pods=(labelled, bare))
+    kubelet = [pod("ml", "train", ctr("main", claim("ml", "g", "gpu-0"))),
+               pod("ml", "probe", ctr("main", claim("ml", "h", "gpu-1"))),
+               pod("ml", "unseen", ctr("main", claim("ml", "u", "gpu-2")))]  # not (yet) in the API server's view
+    allow = cat.PodLabels(("team", "app.kubernetes.io/name", "cost-center"))
+    frame = run([sample(gpu(0)), sample(gpu(1)), sample(gpu(2))], kubelet, cluster=view, pod_labels=allow)
+    got = {dict(lbl)["pod"]: lbl for lbl in series(frame, cat.CLAIM_CONSUMER_INFO.name)}
+    # The family's own labels first, in its order, then the pod labels by their Prometheus names.
+    extra = ("label_app_kubernetes_io_name", "label_cost_center", "label_team")
+    for lbl in got.values():
+        assert tuple(k for k, _ in lbl) == cat.CLAIM_CONSUMER_INFO.labels + extra
+    assert dict(got["train"])["label_team"] == "platform"
+    assert dict(got["train"])["label_app_kubernetes_io_name"] == "llama"
+    assert dict(got["train"])["label_cost_center"] == "", "a label the pod lacks is empty, not left out"
+    assert {dict(got[p])["label_team"] for p in ("probe", "unseen")} == {""}
+    assert frame.pod_label_attributes == (("label_app_kubernetes_io_name", "k8s.pod.label.app.kubernetes.io/name"),
+                                          ("label_cost_center", "k8s.pod.label.cost-center"),
+                                          ("label_team", "k8s.pod.label.team"))
+    # Only consumer info carries them: every other family keeps the catalogue's label set.
+    for fam in frame.families:
+        if fam.name != cat.CLAIM_CONSUMER_INFO.name:
+            assert all(tuple(k for k, _ in s.labels) == cat.spec(fam.name).labels for s in fam.samples), fam.name
+
+
+def test_without_an_allowlist_consumer_info_has_its_declared_labels_alone() -> None:
+    labelled = replace(pod_info("ml", "train", ctr_info("main", ("g", ""))), labels=(("team", "platform"),))
+    frame = run([sample(gpu(0))], [pod("ml", "train", ctr("main", claim("ml", "g", "gpu-0")))],
+                cluster=cluster(claims=(claim_info("ml", "g", result("gpu", "gpu-0")),), pods=(labelled,)))
+    (consumer,) = series(frame, cat.CLAIM_CONSUMER_INFO.name)
+    assert tuple(k for k, _ in consumer) == cat.CLAIM_CONSUMER_INFO.labels
+    assert frame.pod_label_attributes == ()

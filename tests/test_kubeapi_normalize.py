@@ -419,3 +419,12 @@ def test_allocation_tolerations_consumed_capacity_share_and_device_status_identi
     gpu_status, nic = info.devices
     assert (gpu_status.uuid, gpu_status.network) == ("MIG-1234", None)
     assert (nic.uuid, nic.network) == ("", model.NetworkDeviceData("net1", "aa:bb", ("10.0.0.2/24",)))
+
+
+def test_a_pod_keeps_only_the_allowlisted_labels_and_each_value_bounded() -> None:
+    raw = {"metadata": {"namespace": "ml", "name": "p", "uid": "u",
+                        "labels": {"team": "platform", "secret-ish": "x", "cost-center": "c" * 5000, "n": 7}}}
+    assert pod_from_dict(raw).labels == (), "nothing is kept without an allowlist"
+    kept = pod_from_dict(raw, ("team", "cost-center", "n", "absent")).labels
+    assert kept == (("cost-center", "c" * 63), ("team", "platform")), "a non-string value reads as absent"
+    assert pod_from_dict({"metadata": {"labels": ["team"]}}, ("team",)).labels == ()

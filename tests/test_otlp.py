@@ -600,3 +600,17 @@ def test_unreadable_tls_file_is_a_clear_error(tmp_path: Path) -> None:
         otlp.build_exporter(settings)
     with pytest.raises(OtlpConfigError, match="cannot read OTLP TLS file"):
         otlp.build_exporter(replace(settings, protocol="http/protobuf"))
+
+
+def test_allowlisted_pod_labels_are_pushed_as_k8s_pod_label_attributes_with_their_keys() -> None:
+    allow = catalog.PodLabels(("team", "app.kubernetes.io/name"))
+    spec = catalog.CLAIM_CONSUMER_INFO
+    own = spec.series(namespace="serve", claim="mig-small", pod="infer-0", pod_uid="u", container="server")
+    sample = model.Sample(spec.with_pod_labels(own, allow.pairs({"team": "serving"})), 1.0)
+    frame = model.Frame((model.Family(spec.name, (sample,)),), T0, pod_label_attributes=allow.attributes())
+    (instrument,) = [i for i in otlp_mapping.instruments() if spec in i.families]
+    ((attrs, value),) = otlp_mapping.observations(frame, instrument)
+    got = dict(attrs)
+    assert got["k8s.pod.label.team"] == "serving" and got["k8s.pod.name"] == "infer-0" and value == 1.0
+    assert "k8s.pod.label.app.kubernetes.io/name" not in got, "an empty value is omitted, as for every attribute"
+    assert not [k for k in got if "label_" in k], "the sanitized Prometheus name never reaches OTLP"

@@ -137,6 +137,11 @@ MALFORMED = [
     ("bad-plugin-resource", "pods[0].containers[0].plugin_devices", [{"resource": "amd.com/gpu", "ids": ["0"]}],
      "pods[0].containers[0].plugin_devices[0].resource: 'amd.com/gpu' is not nvidia.com/gpu"),
     ("bad-pod-name", "pods[0].name", "Trainer_1", "pods[0].name: 'Trainer_1' is not a valid pod name (lowercase"),
+    ("pod-labels-not-a-mapping", "pods[0].labels", ["team"], "pods[0].labels: expected a mapping of label keys"),
+    ("bad-pod-label-key", "pods[0].labels", {"a team": "ml"}, "pods[0].labels: 'a team' is not a Kubernetes label key"),
+    ("bad-pod-label-value", "pods[0].labels", {"team": "machine learning"},
+     "pods[0].labels.team: expected a label value"),
+    ("pod-label-value-not-text", "pods[0].labels", {"team": 7}, "pods[0].labels.team: expected a label value"),
 ]
 
 
@@ -245,6 +250,18 @@ def test_curve_noise_is_deterministic_and_bounded() -> None:
 
 def _pods(snapshot: model.PodResourcesSnapshot) -> dict[tuple[str, str], model.PodAllocation]:
     return {(p.namespace, p.name): p for p in snapshot.pods}
+
+
+def test_scenario_pods_carry_labels_and_the_simulated_api_server_serves_them(tmp_path: Path) -> None:
+    from dra_exporter_sim.k8s_objects import pod
+
+    doc = copy.deepcopy(BASE)
+    doc["pods"][0]["labels"] = {"team": "platform", "app.kubernetes.io/name": "trainer"}
+    scenario = load_scenario(write(tmp_path, doc))
+    trainer, job = scenario.pods
+    assert trainer.labels == (("app.kubernetes.io/name", "trainer"), ("team", "platform")) and job.labels == ()
+    assert pod(scenario, trainer)["metadata"]["labels"] == {"team": "platform", "app.kubernetes.io/name": "trainer"}
+    assert "labels" not in pod(scenario, job)["metadata"], "a pod without labels has none, as the API server shows it"
 
 
 def test_pod_allocations_follow_pod_lifetimes() -> None:

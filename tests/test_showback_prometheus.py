@@ -396,3 +396,67 @@ def test_report_since_1m_on_the_simulated_node_gives_devices_times_share_times_t
             assert got[key]["gpu_hours_held"] == pytest.approx(share * 60 / HOUR, abs=share / HOUR + 1e-5), key
             assert 0 < got[key]["gpu_hours_busy"] < got[key]["gpu_hours_held"], key
     assert doc["source"] == "recording rules" and raw["source"] == "raw series"
+
+
+DEMO_TEAMS = {"ml-training": "platform", "inference": "serving", "research": "research", "batch": ""}
+"""demo.yaml's pods' ``team`` label, by namespace (the batch pod has none)."""
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+@pytest.mark.xfail(not hasattr(__import__("dra_exporter.showback").showback, "group_by"), strict=True,
+                   reason="report --group-by comes with issue 24's report side, on the integration branch")
+def test_report_groups_by_the_team_label_the_exporter_itself_puts_on_consumer_info(tmp_path: Path) -> None:
+    binary = require_tool("prometheus", "apt-get install -y prometheus")
+    with running_exporter("demo", free_port(), env={"DRA_EXPORTER_POD_LABELS": "team"}) as port:
+        server = start_prometheus(binary, tmp_path / "prom", [f"127.0.0.1:{port}"], "1s",
+                                  rule_files=[recording_rules_every("1s", tmp_path)])
+        try:
+            server.wait_for('dra_claim_consumer_info{label_team="platform"}', timeout=60)
+            server.wait_for('namespace_claim:dra_gpus_held:sum{claim="llama-train-gpus"}', timeout=60)
+            time.sleep(33)  # half a minute of recorded figures, and a little more for the first step's lookback
+            doc = report(server.url, "--since", "30s", "--end", f"{time.time():.3f}", "--step", "1s",
+                         "--group-by", "label:team")
+        finally:
+            server.stop()
+    assert doc["groups"]["label"] == "label_team"  # type: ignore[index]
+    got = {g["value"]: g["gpu_hours_held"] for g in doc["groups"]["values"]}  # type: ignore[index]
+    assert set(got) == set(DEMO_TEAMS.values()), "no kube-state-metrics here: the labels are the exporter's"
+    for team in got:
+        share = sum(s for (ns, _), s in DEMO.items() if DEMO_TEAMS[ns] == team)
+        assert got[team] == pytest.approx(share * 30 / HOUR, abs=share / HOUR + 1e-5), team
+    teams = {(c["namespace"], c["claim"]): c["label_team"] for c in doc["claims"]}  # type: ignore[attr-defined]
+    assert teams == {key: DEMO_TEAMS[key[0]] for key in DEMO}
+
+
+# --- consumer info with the exporter's --pod-labels ----------------------------------------------------
+
+
+def _split_test(rules: str, directory: Path, promtool: str) -> subprocess.CompletedProcess[str]:
+    """recording-rules.test.yaml's first case, its pods labelled by team (the shared notebook's two
+    pods by two teams), asking only for the per-pod split."""
+    case = yaml.safe_load((RECORDING_RULES.parent / "recording-rules.test.yaml").read_text())["tests"][0]
+    teams = {"alice": "nlp", "bob": "vision", "train-0": "platform"}
+    for s in case["input_series"]:
+        if s["series"].startswith("dra_claim_consumer_info{"):
+            pod = re.search(r'pod="([^"]+)"', s["series"])[1]  # type: ignore[index]
+            s["series"] = s["series"].replace("{", f'{{label_team="{teams[pod]}", ', 1)
+    case["promql_expr_test"] = [t for t in case["promql_expr_test"]
+                                if t["expr"] == "namespace_claim_pod:dra_gpus_held:split"]
+    (directory / "rules.yaml").write_text(rules)
+    (directory / "test.yaml").write_text(yaml.safe_dump(
+        {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [case]}))
+    return subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=directory, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+@pytest.mark.prometheus
+def test_the_per_pod_split_drops_the_pod_labels_the_exporter_was_told_to_export(promtool: str,
+                                                                                 tmp_path: Path) -> None:
+    from dra_exporter import catalog, showback
+
+    labelled = _split_test(showback.rules_yaml(catalog.PodLabels(("team",))), tmp_path, promtool)
+    assert labelled.returncode == 0, labelled.stdout + labelled.stderr
+    # The default rules cannot match label_team: the split would have no series at all.
+    plain = _split_test(showback.rules_yaml(), tmp_path, promtool)
+    assert plain.returncode != 0 and "namespace_claim_pod:dra_gpus_held:split" in plain.stdout + plain.stderr

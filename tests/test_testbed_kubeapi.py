@@ -206,3 +206,28 @@ def test_slices_that_name_no_node_are_read_and_kept_when_they_cover_this_node(no
     finally:
         for sl in slices:
             kube.delete(f"/apis/{RESOURCE}/resourceslices/{sl['metadata']['name']}")
+
+
+def test_allowlisted_pod_labels_are_kept_and_follow_a_relabel_by_the_watch(node: Node, kube: ControlPlane) -> None:
+    path = f"/api/v1/namespaces/{node.ns}/pods/train-0"
+
+    def relabel(labels: dict[str, str | None]) -> None:
+        status, body = kube.request("PATCH", path, {"metadata": {"labels": labels}},
+                                    content_type="application/merge-patch+json")
+        assert status == 200, body
+
+    def labels_of(src: KubeApiSource) -> tuple[tuple[str, str], ...]:
+        (pod,) = [p for p in src.collect().pods if p.name == "train-0"]
+        return pod.labels
+
+    relabel({"team": "platform", "cost-center": "cc-7", "app.kubernetes.io/name": "trainer"})
+    try:
+        with source(node, pod_labels=("team", "app.kubernetes.io/name")) as src:
+            assert labels_of(src) == (("app.kubernetes.io/name", "trainer"), ("team", "platform")), \
+                "only the allowlisted labels"
+            relabel({"team": "research"})
+            eventually(lambda: labels_of(src) == (("app.kubernetes.io/name", "trainer"), ("team", "research")))
+        with source(node) as src:
+            assert labels_of(src) == (), "none without an allowlist"
+    finally:
+        relabel({"team": None, "cost-center": None, "app.kubernetes.io/name": None})

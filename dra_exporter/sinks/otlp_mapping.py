@@ -7,7 +7,8 @@ counters become monotonic sums, and the families the semantic conventions model 
 UpDownCounters (memory usage/limit, ``hw.status``) become non-monotonic sums.
 
 Attributes follow the catalogue's ``OTEL_ATTRIBUTES`` (``uuid`` -> ``hw.id``; any other label
-``x`` becomes ``dra.x``) unless a family's ``OtlpForm.attributes`` say otherwise. Empty values
+``x`` becomes ``dra.x``) unless a family's ``OtlpForm.attributes`` say otherwise; an allowlisted pod
+label (``label_team``) becomes ``k8s.pod.label.<its key>`` (``Frame.pod_label_attributes``). Empty values
 are omitted. Device series also carry ``hw.type=gpu``, ``hw.vendor`` (the vendor of the device
 source that read that UUID: ``Frame.device_vendors``) and ``hw.model`` (from the same frame's GPU
 info series of that UUID).
@@ -96,10 +97,11 @@ def device_attributes(frame: model.Frame) -> dict[str, dict[str, str]]:
 
 
 def _attributes(labels: model.Labels, form: catalog.OtlpForm, device: bool,
-                devices: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+                devices: Mapping[str, Mapping[str, str]], pod_labels: Mapping[str, str]) -> dict[str, str]:
     spelling = catalog.OTEL_VALUES
     naming = form.attribute if form.attributes else catalog.attribute_name
-    attrs = {naming(name): valid_text(spelling.get(name, {}).get(value, value)) for name, value in labels if value}
+    attrs = {pod_labels.get(name) or naming(name): valid_text(spelling.get(name, {}).get(value, value))
+             for name, value in labels if value}
     if device:
         attrs["hw.type"] = "gpu"
         attrs.update(devices.get(dict(labels).get("uuid", ""), {}))
@@ -116,8 +118,9 @@ def observations(frame: model.Frame, instrument: Instrument,
         form = spec.otlp
         if family is None or form is None:
             continue
+        pod_labels = dict(frame.pod_label_attributes) if spec.pod_labels else {}
         for sample in family.samples:
-            attrs = _attributes(sample.labels, form, spec.is_device, devices)
+            attrs = _attributes(sample.labels, form, spec.is_device, devices, pod_labels)
             value = sample.value * form.scale
             if form.stateset is None:
                 yield tuple(sorted(attrs.items())), value

@@ -292,7 +292,7 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
                  claim_hints: Callable[[], Iterable[tuple[str, str]]] = tuple,
                  claim_refresh: float = 300.0, timeouts: Timeouts = Timeouts(), max_objects: int | None = None,
                  monotonic: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None,
-                 simulated: bool = False) -> None:
+                 simulated: bool = False, pod_labels: tuple[str, ...] = ()) -> None:
         if not node_name:
             raise ValueError("kubeapi: a node name is needed for the spec.nodeName field selectors")
         super().__init__(client_factory=client_factory, kubeconfig=kubeconfig, timeouts=timeouts,
@@ -303,6 +303,8 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         self._monotonic = monotonic
         self._simulated = simulated
         """The API server is ``--simulate``'s: say what the simulated cluster has, not what it lacks."""
+        self._pod_labels = pod_labels
+        """The pod label keys kept on each pod (``--pod-labels``); its other labels are dropped on arrival."""
         self._slices: Reflector[model.ResourceSliceInfo] | None = None
         self._nodeless_slices: Reflector[model.ResourceSliceInfo] | None = None
         self._pods: Reflector[model.PodInfo] | None = None
@@ -371,9 +373,10 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
             nodeless = self._reflector("resourceslices-nodeless", client, http.slices_path(version), "spec.nodeName=",
                                   lambda obj: slice_from_dict(obj, version), self._timeouts, self.requests,
                                   on_update=self._bump)
+            keep = self._pod_labels
             pods = self._reflector("pods", client, http.PODS_PATH, selector,
-                              pod_from_dict, self._timeouts, self.requests, changed=self._pod_changed,
-                              on_update=self._bump)
+                              lambda obj: pod_from_dict(obj, keep), self._timeouts, self.requests,
+                              changed=self._pod_changed, on_update=self._bump)
             # The first lists happen here, so the first frame already has the cluster view.
             slices.list_once()
             nodeless.list_once()

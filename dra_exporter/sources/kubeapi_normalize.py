@@ -37,6 +37,9 @@ _CLAIM_STATUS_PREFIX: Final = "claim:"
 #: ``allocatedResourcesStatus[].resources[].message`` is kept up to this many characters (the API
 #: allows 1024): enough for a driver's reason, and a hostile pod status costs no memory.
 HEALTH_MESSAGE_CHARS: Final = 256
+#: A pod label value is kept up to this many characters: Kubernetes' own limit, so a real API
+#: server's value is never cut, and a hostile one costs no more memory than a valid one.
+POD_LABEL_VALUE_CHARS: Final = 63
 #: Opaque configs per claim (the API allows 32) and top-level fields kept per config.
 MAX_CONFIGS: Final = 32
 MAX_CONFIG_FIELDS: Final = 32
@@ -411,9 +414,10 @@ def node_labels(obj: Mapping[str, Any]) -> dict[str, str]:
 # --- Pod ---------------------------------------------------------------------------------------------
 
 
-def pod_from_dict(obj: Mapping[str, Any]) -> model.PodInfo:
-    """One core/v1 Pod: its UID, the claim objects it references, and per container the claim
-    requests it uses, its container ID and the health of its DRA devices."""
+def pod_from_dict(obj: Mapping[str, Any], keep_labels: Iterable[str] = ()) -> model.PodInfo:
+    """One core/v1 Pod: its UID, the claim objects it references, per container the claim requests
+    it uses, its container ID and the health of its DRA devices; of its labels only those named in
+    ``keep_labels`` (``--pod-labels``), each value at most ``POD_LABEL_VALUE_CHARS`` long."""
     meta, spec, status = _map(obj, "metadata"), _map(obj, "spec"), _map(obj, "status")
     names = claim_object_names(spec, status)
     extended = _map(status, "extendedResourceClaimStatus")
@@ -440,7 +444,13 @@ def pod_from_dict(obj: Mapping[str, Any]) -> model.PodInfo:
     return model.PodInfo(
         namespace=_str(meta, "namespace"), name=_str(meta, "name"), uid=_str(meta, "uid"),
         phase=_str(status, "phase"), claims=tuple(sorted(claims)),
-        containers=tuple(sorted(containers, key=lambda c: c.name)))
+        containers=tuple(sorted(containers, key=lambda c: c.name)),
+        labels=_kept_labels(_map(meta, "labels"), keep_labels))
+
+
+def _kept_labels(labels: Mapping[str, Any], keep: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((key, value[:POD_LABEL_VALUE_CHARS]) for key in keep
+                        if isinstance(value := labels.get(key), str)))
 
 
 def cluster_pod_from_dict(obj: Mapping[str, Any]) -> model.ClusterPod:

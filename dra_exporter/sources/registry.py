@@ -57,6 +57,8 @@ class SourceContext:
     simulated_apiserver: bool = False
     """The API server is ``--simulate``'s: what it lacks is what the scenario has, not a problem."""
     procfs: str = "/proc"
+    pod_labels: tuple[str, ...] = ()
+    """The pod label keys the API server source keeps on each pod (``--pod-labels``)."""
     wall_clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     latest: Callable[[], Snapshots] = Snapshots
@@ -178,7 +180,7 @@ def _kubeapi(ctx: SourceContext) -> Source[ClusterSnapshot]:
 
     return KubeApiSource(ctx.node_name, kubeconfig=ctx.kubeconfig, client_factory=ctx.kube_client,
                          claim_hints=claim_hints, claim_refresh=ctx.claim_refresh, max_objects=ctx.max_objects,
-                         simulated=ctx.simulated_apiserver)
+                         simulated=ctx.simulated_apiserver, pod_labels=ctx.pod_labels)
 
 
 def _procs(ctx: SourceContext) -> Source[ProcessOwnersSnapshot]:
