@@ -243,7 +243,7 @@ def group_by(text: str) -> str:
     kind, _, key = text.partition(":")
     if kind != "label" or not _LABEL_NAME.fullmatch(key):
         raise ShowbackError(f"--group-by {text!r}: give namespace, claim or label:<pod label key> (label:team)")
-    return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", key)
+    return cat.pod_label_name(key)
 
 
 def claim_labels_query(label: str, window: float) -> str:
