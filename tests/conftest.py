@@ -12,6 +12,7 @@ fails under ``CI=true``: CI must never pass by skipping.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -19,6 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# Run outside the project's venv (a bare `pytest`, another Python), every test module fails to import:
+# say so once, with the command that makes the environment (the README's).
+_NEEDED = ("dra_exporter", "dra_exporter_sim", "kubernetes", "prometheus_client", "pynvml", "hypothesis")
+if _missing := [name for name in _NEEDED if importlib.util.find_spec(name) is None]:
+    pytest.exit(f"this Python ({sys.executable}) lacks {', '.join(_missing)}: run the tests in the project's venv: "
+                "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q",
+                returncode=2)
 
 # Tests import helpers as top-level modules (``import promharness``) whatever pytest's
 # rootdir/import mode is.

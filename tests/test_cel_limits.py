@@ -206,3 +206,21 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[-1][:1] not in ("Z", "X")
     except FileNotFoundError:
         return False
+
+
+def test_ever_new_expressions_do_not_grow_either_engine_without_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dra_exporter.cluster import cel_worker, selectors
+
+    monkeypatch.setattr(selectors, "MAX_PROGRAMS", 5)
+    monkeypatch.setattr(cel_worker, "MAX_PROGRAMS", 5)
+    in_process, worker = InProcessEngine(), CelWorker(time_limit=5)
+    try:
+        view = device_view(EXAMPLE, DEVICE)
+        for i in range(12):  # classes that change again and again
+            expressions = (f"{i} >= 0",)
+            assert in_process.evaluate("churn", expressions, view) is True
+            assert worker.evaluate("churn", expressions, view) is True
+            assert len(in_process._programs) <= 5 and len(worker._ids) <= 5
+        assert worker.restarts >= 2, "a fresh worker drops what the old one compiled"
+    finally:
+        worker.close()

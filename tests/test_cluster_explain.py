@@ -159,3 +159,21 @@ def test_the_examples_in_the_operating_docs_are_what_explain_prints() -> None:
         shown = text[start:text.index("```", start)]
         claim = next(c for c in state.claims if not c.allocated)
         assert shown == render_text(explain(state, [(claim.namespace, claim.name)])), name
+
+
+def test_pending_reasons_ask_a_few_claim_shapes_a_frame_until_every_one_has_an_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dra_exporter import catalog as cat
+    from dra_exporter.cluster import explain as why
+    from dra_exporter.cluster.capacity import Capacity
+
+    monkeypatch.setattr(why, "MAX_SHAPES_PER_FRAME", 2)
+    names = [f"c{n}" for n in range(5)]
+    asks = [claim_obj(name, [request("gpu", EXAMPLE, n + 2)]) for n, name in enumerate(names)]
+    state = _waiting(cluster_state(EXAMPLE_GPU, example_gpus("node-a", 1), *asks), *names)  # 2 … 6 GPUs of 1
+    capacity = Capacity()
+    answered = []
+    for t in range(4):  # the same state each frame
+        frame = capacity.frame(state, 1_000.0 + t)
+        answered.append(len(frame.family(cat.CLUSTER_CLAIM_PENDING_REASON.name).samples))
+    assert answered == [2, 4, 5, 5]

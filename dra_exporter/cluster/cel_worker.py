@@ -33,7 +33,7 @@ import time
 import weakref
 from typing import IO, Any, Final
 
-from .selectors import Verdict, compile_programs, run_programs
+from .selectors import MAX_PROGRAMS, Verdict, compile_programs, run_programs
 
 #: Wall time one evaluation (or compilation) may take, in seconds.
 DEFAULT_TIME_LIMIT: Final = 1.0
@@ -97,6 +97,9 @@ class CelWorker:
 
     def _ask(self, op: str, expressions: tuple[str, ...], view: dict[str, Any] | None) -> Verdict:
         with self._lock:
+            if expressions not in self._ids and len(self._ids) >= MAX_PROGRAMS:
+                self._ids.clear()  # and a fresh worker, so that neither side keeps them all
+                self._stop()
             ident = self._ids.setdefault(expressions, len(self._ids))
             process = self._slot.process
             try:

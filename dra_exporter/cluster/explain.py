@@ -214,7 +214,8 @@ class PendingReasons:
     """The first blocking (request, reason) of each pending claim, asked of the allocator once per
     *shape* (what a claim asks: its requests and constraints; claims made from one template share
     it), kept ``REASON_REFRESH`` seconds of ``now``, at most ``MAX_SHAPES_PER_FRAME`` shapes asked
-    per frame (the others keep their last reason or have none yet: ``complete`` says so)."""
+    per frame (the others keep their last reason; ``complete`` is False while a shape has no answer
+    yet, so that the next frame asks again even when nothing changed)."""
 
     def __init__(self) -> None:
         self._known: dict[object, tuple[tuple[str, str] | None, float]] = {}
@@ -234,8 +235,8 @@ class PendingReasons:
                 if asked < MAX_SHAPES_PER_FRAME:
                     asked += 1
                     known = (first_blocking(allocator.allocate(claim)), now)
-                else:
-                    self.complete = False
+                elif known is None:
+                    self.complete = False  # no answer yet: the next frame asks again; a stale one waits for a change
             if known is not None:
                 fresh[shape] = known
         self._known = fresh

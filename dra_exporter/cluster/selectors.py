@@ -15,7 +15,8 @@ library's functions are registered by hand below: ``semver()``, ``isSemver()``, 
 and versions plain strings (the library passes only its own value types): ``compareTo`` and friends
 compare numbers as numbers and strings as semantic versions. What this does not do that the API
 server does: type-check at admission (a string attribute compared with ``isGreaterThan`` is compared
-as a version here, not rejected), the cost limit, and ``device.allowMultipleAllocations`` is false.
+as a version here, not rejected), a static cost estimate (a time limit stands in: below), and
+``device.allowMultipleAllocations`` is false.
 
 Cost: a device's result depends only on the attributes and capacities the expression names. When
 every ``device.attributes[...]``/``device.capacity[...]`` use is a literal ``['domain'].name`` (the
@@ -55,6 +56,9 @@ MAX_MEMO: Final = 250_000
 #: ``resource.k8s.io`` ``CELSelectorExpressionMaxLength``: the API server refuses longer selectors.
 MAX_EXPRESSION_BYTES: Final = 10 * 1024
 _UNKNOWN_FUNCTION: Final = "Undefined variable or function"
+#: Compiled expression sets an engine keeps; past it they are dropped and compiled again when asked
+#: (classes change rarely: a bound against churn, not a cache size that matters).
+MAX_PROGRAMS: Final = 1_000
 #: What the library's errors must never swallow (its Rust panics derive from BaseException too).
 _FATAL: Final = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
@@ -227,6 +231,8 @@ class InProcessEngine:
     def _compiled(self, expressions: tuple[str, ...]) -> list[Any] | str:
         found = self._programs.get(expressions)
         if found is None:
+            if len(self._programs) >= MAX_PROGRAMS:
+                self._programs.clear()
             found = self._programs[expressions] = compile_programs(expressions)
         return found
 
