@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
+from itertools import zip_longest
 from typing import Final, Literal
 
 from .model import Labels
@@ -190,6 +191,11 @@ class MetricSpec:
     otlp: OtlpForm | None = None
     """None when the family is not pushed over OTLP."""
     dcgm: tuple[DcgmForm, ...] = ()
+    """Its dcgm-exporter 4.8 forms (DCGM 4.6's field names: ``--naming dcgm``)."""
+    dcgm_410: tuple[DcgmForm, ...] | None = None
+    """Its forms under ``--naming dcgm-4.10`` (DCGM 4.7/4.8's names and base units, dcgm-exporter
+    4.9/4.10), position by position the renamed ``dcgm`` form (``DCGM_RENAMES``); None: the
+    ``dcgm`` forms, whose names DCGM 4.7/4.8 kept."""
     stability: Stability = "experimental"
     pod_labels: bool = False
     """The family names a pod (its consumer info): it carries, after ``labels``, the allowlisted
@@ -321,44 +327,58 @@ GPU_UTILIZATION: Final = MetricSpec(
     "Fraction of the last sample period during which a kernel ran on the GPU.", unit="ratio",
     otlp=OtlpForm("hw.gpu.utilization", "1", constant=(("hw.gpu.task", "general"),)),
     dcgm=(DcgmForm("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", 100.0, unit="%"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_GPU_UTIL_RATIO", "gauge", "GPU utilization (ratio 0-1).", unit="ratio"),),
     stability=_STABLE)
 GPU_MEMORY_UTILIZATION: Final = MetricSpec(
     "dra_gpu_memory_utilization_ratio", "gauge",
     "Fraction of the last sample period during which device memory was read or written.", unit="ratio",
     otlp=OtlpForm("hw.gpu.memory.activity", "1"),
     dcgm=(DcgmForm("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", 100.0, unit="%"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_MEMORY_UTIL_RATIO", "gauge", "Memory utilization (ratio 0-1).", unit="ratio"),),
     stability=_STABLE)
 GPU_ENCODER_UTILIZATION: Final = MetricSpec(
     "dra_gpu_encoder_utilization_ratio", "gauge", "Fraction of time the video encoder was busy.", unit="ratio",
     otlp=OtlpForm("hw.gpu.utilization", "1", constant=(("hw.gpu.task", "encoder"),)),
-    dcgm=(DcgmForm("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", 100.0, unit="%"),))
+    dcgm=(DcgmForm("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", 100.0, unit="%"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_ENC_UTIL_RATIO", "gauge", "Encoder utilization (ratio 0-1).", unit="ratio"),))
 GPU_DECODER_UTILIZATION: Final = MetricSpec(
     "dra_gpu_decoder_utilization_ratio", "gauge", "Fraction of time the video decoder was busy.", unit="ratio",
     otlp=OtlpForm("hw.gpu.utilization", "1", constant=(("hw.gpu.task", "decoder"),)),
-    dcgm=(DcgmForm("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", 100.0, unit="%"),))
+    dcgm=(DcgmForm("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", 100.0, unit="%"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_DEC_UTIL_RATIO", "gauge", "Decoder utilization (ratio 0-1).", unit="ratio"),))
 GPU_MEMORY_USED: Final = MetricSpec(
     "dra_gpu_memory_used_bytes", "gauge", "Device memory in use, in bytes.", unit="bytes",
     otlp=OtlpForm("hw.gpu.memory.usage", "By", updown=True),
     dcgm=(DcgmForm("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", _MIB, unit="MiB"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_FB_USED_BYTES", "gauge", "Framebuffer memory used (in bytes).", unit="bytes"),),
     stability=_STABLE)
 GPU_MEMORY_FREE: Final = MetricSpec(
     "dra_gpu_memory_free_bytes", "gauge", "Device memory free, in bytes.", unit="bytes",
     otlp=OtlpForm("hw.gpu.memory.free", "By", updown=True),
     dcgm=(DcgmForm("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", _MIB, unit="MiB"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_FB_FREE_BYTES", "gauge", "Framebuffer memory free (in bytes).", unit="bytes"),),
     stability=_STABLE)
 GPU_MEMORY_TOTAL: Final = MetricSpec(
     "dra_gpu_memory_total_bytes", "gauge", "Device memory size, in bytes.", unit="bytes",
-    otlp=OtlpForm("hw.gpu.memory.limit", "By", updown=True), stability=_STABLE)
+    otlp=OtlpForm("hw.gpu.memory.limit", "By", updown=True),
+    # dcgm-exporter 4.9 collects it by default; 4.8 had no default counter for it.
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_FB_CAPACITY_BYTES", "gauge", "Framebuffer memory capacity (in bytes).",
+                       unit="bytes"),),
+    stability=_STABLE)
 GPU_MEMORY_RESERVED: Final = MetricSpec(
     "dra_gpu_memory_reserved_bytes", "gauge", "Device memory reserved by the driver and firmware, in bytes.",
     unit="bytes", otlp=OtlpForm("hw.gpu.memory.reserved", "By", updown=True),
     dcgm=(DcgmForm("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", _MIB,
                    unit="MiB"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_FB_RESERVED_BYTES", "gauge", "Framebuffer memory reserved (in bytes).",
+                       unit="bytes"),),
     stability=_STABLE)
 GPU_POWER: Final = MetricSpec(
     "dra_gpu_power_watts", "gauge", "Power draw of the whole board, in watts.", unit="watts",
     otlp=OtlpForm("hw.power", "W"),
-    dcgm=(DcgmForm("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", unit="W"),), stability=_STABLE)
+    dcgm=(DcgmForm("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", unit="W"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_BOARD_POWER_WATTS", "gauge", "Power draw of the board (in W).", unit="W"),),
+    stability=_STABLE)
 GPU_POWER_LIMIT: Final = MetricSpec(
     "dra_gpu_power_limit_watts", "gauge", "Enforced power limit, in watts.", unit="watts",
     otlp=OtlpForm("hw.power.limit", "W"), stability=_STABLE)
@@ -367,15 +387,20 @@ GPU_ENERGY: Final = MetricSpec(
     unit="joules", otlp=OtlpForm("hw.energy", "J"),
     dcgm=(DcgmForm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
                    "Total energy consumption since boot (in mJ).", 1e3, unit="mJ"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", "counter",
+                       "Total energy consumption since the driver was loaded (in J).", unit="J"),),
     stability=_STABLE)
 GPU_TEMPERATURE: Final = MetricSpec(
     "dra_gpu_temperature_celsius", "gauge", "GPU die temperature, in degrees Celsius.", unit="celsius",
     otlp=OtlpForm("hw.temperature", "Cel", constant=(("hw.sensor_location", "gpu"),)),
-    dcgm=(DcgmForm("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", unit="C"),), stability=_STABLE)
+    dcgm=(DcgmForm("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", unit="C"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_GPU_TEMP_CELSIUS", "gauge", "GPU temperature (in C).", unit="C"),),
+    stability=_STABLE)
 GPU_MEMORY_TEMPERATURE: Final = MetricSpec(
     "dra_gpu_memory_temperature_celsius", "gauge", "HBM temperature, in degrees Celsius.", unit="celsius",
     otlp=OtlpForm("hw.temperature", "Cel", constant=(("hw.sensor_location", "memory"),)),
     dcgm=(DcgmForm("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", unit="C"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", "gauge", "Memory temperature (in C).", unit="C"),),
     stability=_STABLE)
 GPU_CLOCK: Final = MetricSpec(
     "dra_gpu_clock_hertz", "gauge", "Current clock frequency, in hertz.", DEVICE_LABELS + ("clock",),
@@ -384,6 +409,10 @@ GPU_CLOCK: Final = MetricSpec(
                    unit="MHz"),
           DcgmForm("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", 1e-6,
                    (("clock", "memory"),), unit="MHz")),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_SM_CLOCK_HERTZ", "gauge", "SM clock frequency (in Hz).", select=(("clock", "sm"),),
+                       unit="Hz"),
+              DcgmForm("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", "gauge", "Memory clock frequency (in Hz).",
+                       select=(("clock", "memory"),), unit="Hz")),
     stability=_STABLE)
 GPU_CLOCK_EVENT: Final = MetricSpec(
     "dra_gpu_clock_event_active", "gauge", "Whether a clock event reason (throttling) is active now (1) or not (0).",
@@ -395,6 +424,7 @@ GPU_PCIE_REPLAYS: Final = MetricSpec(
     "dra_gpu_pcie_replays_total", "counter", "PCIe replays since the driver was loaded.",
     otlp=OtlpForm("hw.gpu.pcie.replays", "{replay}"),
     dcgm=(DcgmForm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "counter", "Total number of PCIe retries."),),
     stability=_STABLE)
 GPU_ECC_ERRORS: Final = MetricSpec(
     "dra_gpu_ecc_errors_total", "counter", "ECC errors since the driver was loaded (volatile counters).",
@@ -406,6 +436,10 @@ GPU_REMAPPED_ROWS: Final = MetricSpec(
                    "Number of remapped rows for uncorrectable errors", select=(("type", "uncorrectable"),)),
           DcgmForm("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
                    "Number of remapped rows for correctable errors", select=(("type", "correctable"),))),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", "counter",
+                       "Number of remapped rows for uncorrectable errors", select=(("type", "uncorrectable"),)),
+              DcgmForm("DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", "counter",
+                       "Number of remapped rows for correctable errors", select=(("type", "correctable"),))),
     stability=_STABLE)
 GPU_ROW_REMAP_PENDING: Final = MetricSpec(
     "dra_gpu_row_remap_pending", "gauge", "Whether a row remap waits for the next GPU reset (1) or not (0).",
@@ -414,14 +448,19 @@ GPU_ROW_REMAP_FAILURE: Final = MetricSpec(
     "dra_gpu_row_remap_failure", "gauge", "Whether a row remap has failed (1) or not (0).",
     otlp=OtlpForm("hw.gpu.memory.row_remap.failed", "1"),
     dcgm=(DcgmForm("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
-                   unit="0/1"),))
+                   unit="0/1"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_ROW_REMAP_FAILED", "gauge", "Whether remapping of rows has failed",
+                       unit="0/1"),))
 #: Built by ``naming`` from the XID counters rather than converted sample by sample.
 DCGM_XID_ERRORS: Final = DcgmForm("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
                                   unit="XID code")
+#: Its DCGM 4.7 name (dcgm-exporter 4.9 on), built the same way.
+DCGM_XID_ERROR: Final = DcgmForm("DCGM_FI_DEV_XID_ERROR", "gauge", "Value of the last XID error encountered.",
+                                 unit="XID code")
 GPU_XID_ERRORS: Final = MetricSpec(
     "dra_gpu_xid_errors_total", "counter", "XID errors seen by this exporter since it started, by XID code.",
     DEVICE_LABELS + ("xid",), otlp=OtlpForm("hw.errors", "{error}", constant=(("error.type", "xid"),)),
-    dcgm=(DCGM_XID_ERRORS,), stability=_STABLE)
+    dcgm=(DCGM_XID_ERRORS,), dcgm_410=(DCGM_XID_ERROR,), stability=_STABLE)
 GPU_LAST_XID: Final = MetricSpec(
     "dra_gpu_last_xid_timestamp_seconds", "gauge", "Unix time of the last XID error seen on this device.",
     unit="seconds", otlp=OtlpForm("hw.gpu.xid.last_time", "s"), stability=_STABLE)
@@ -430,18 +469,24 @@ GPU_SM_ACTIVE: Final = MetricSpec(
     unit="ratio", otlp=OtlpForm("hw.gpu.sm.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.",
                    unit="ratio"),),
+    dcgm_410=(DcgmForm("DCGM_FI_PROF_SM_UTIL_RATIO", "gauge",
+                       "The ratio of cycles an SM has at least 1 warp assigned.", unit="ratio"),),
     stability=_STABLE)
 GPU_SM_OCCUPANCY: Final = MetricSpec(
     "dra_gpu_sm_occupancy_ratio", "gauge", "GPM: resident warps as a fraction of the SM maximum.",
     unit="ratio", otlp=OtlpForm("hw.gpu.sm.occupancy", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "The ratio of number of warps resident on an SM.",
                    unit="ratio"),),
+    dcgm_410=(DcgmForm("DCGM_FI_PROF_SM_OCCUPANCY_RATIO", "gauge",
+                       "The ratio of number of warps resident on an SM.", unit="ratio"),),
     stability=_STABLE)
 GPU_TENSOR_ACTIVE: Final = MetricSpec(
     "dra_gpu_tensor_active_ratio", "gauge", "GPM: fraction of cycles any tensor pipe was active.",
     unit="ratio", otlp=OtlpForm("hw.gpu.tensor.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
                    unit="ratio"),),
+    dcgm_410=(DcgmForm("DCGM_FI_PROF_TENSOR_UTIL_RATIO", "gauge",
+                       "Ratio of cycles the tensor (HMMA) pipe is active.", unit="ratio"),),
     stability=_STABLE)
 GPU_DRAM_ACTIVE: Final = MetricSpec(
     "dra_gpu_dram_active_ratio", "gauge", "GPM: fraction of peak DRAM bandwidth used.",
@@ -449,24 +494,33 @@ GPU_DRAM_ACTIVE: Final = MetricSpec(
     dcgm=(DcgmForm("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
                    "Ratio of cycles the device memory interface is active sending or receiving data.",
                    unit="ratio"),),
+    dcgm_410=(DcgmForm("DCGM_FI_PROF_DRAM_UTIL_RATIO", "gauge",
+                       "Ratio of cycles the device memory interface is active sending or receiving data.",
+                       unit="ratio"),),
     stability=_STABLE)
 GPU_FP64_ACTIVE: Final = MetricSpec(
     "dra_gpu_fp64_active_ratio", "gauge", "GPM: fraction of cycles the FP64 pipe was active.",
     unit="ratio", otlp=OtlpForm("hw.gpu.fp64.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "gauge", "Ratio of cycles the fp64 pipes are active.",
                    unit="ratio"),),
+    dcgm_410=(DcgmForm("DCGM_FI_PROF_FP64_UTIL_RATIO", "gauge",
+                       "Ratio of cycles the fp64 pipes are active.", unit="ratio"),),
     stability=_STABLE)
 GPU_FP32_ACTIVE: Final = MetricSpec(
     "dra_gpu_fp32_active_ratio", "gauge", "GPM: fraction of cycles the FP32 pipe was active.",
     unit="ratio", otlp=OtlpForm("hw.gpu.fp32.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "gauge", "Ratio of cycles the fp32 pipes are active.",
                    unit="ratio"),),
+    dcgm_410=(DcgmForm("DCGM_FI_PROF_FP32_UTIL_RATIO", "gauge",
+                       "Ratio of cycles the fp32 pipes are active.", unit="ratio"),),
     stability=_STABLE)
 GPU_FP16_ACTIVE: Final = MetricSpec(
     "dra_gpu_fp16_active_ratio", "gauge", "GPM: fraction of cycles the FP16 pipe was active.",
     unit="ratio", otlp=OtlpForm("hw.gpu.fp16.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "gauge", "Ratio of cycles the fp16 pipes are active.",
                    unit="ratio"),),
+    dcgm_410=(DcgmForm("DCGM_FI_PROF_FP16_UTIL_RATIO", "gauge",
+                       "Ratio of cycles the fp16 pipes are active.", unit="ratio"),),
     stability=_STABLE)
 GPU_NVLINK_BYTES: Final = MetricSpec(
     "dra_gpu_nvlink_bytes_total", "counter",
@@ -476,6 +530,7 @@ GPU_NVLINK_BYTES: Final = MetricSpec(
     dcgm=(DcgmForm("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
                    "Total number of NVLink bandwidth counters for all lanes.", sum_over="direction",
                    unit="bytes, rx + tx"),),
+    dcgm_410=(),
     stability=_STABLE)
 
 # NVLink per link and the NVLink fabric: whole GPUs only (MIG devices own no links). Where NVML has
@@ -501,19 +556,20 @@ GPU_NVLINK_LINK_BYTES: Final = MetricSpec(
     "Data bytes (payload, without protocol overhead) moved over one NVLink since the driver was loaded.",
     DEVICE_LABELS + ("link", "direction"), unit="bytes", otlp=OtlpForm("dra.gpu.nvlink.link.io", "By"))
 #: dcgm-exporter ships these commented out in default-counters.csv: sums over the links, so the
-#: per-link family stays beside them.
-_NVLINK_ERROR_TOTALS: Final = tuple(
-    DcgmForm(f"DCGM_FI_DEV_NVLINK_{kind.upper()}_ERROR_COUNT_TOTAL", "counter",
+#: per-link family stays beside them. DCGM 4.7 dropped ``_COUNT`` from their names.
+_NVLINK_ERROR_KINDS: Final = (("crc_flit", "flow-control CRC"), ("crc_data", "data CRC"), ("replay", "retries"),
+                              ("recovery", "recovery"))
+_NVLINK_ERROR_TOTALS, _NVLINK_ERROR_TOTALS_410 = (tuple(
+    DcgmForm(f"DCGM_FI_DEV_NVLINK_{kind.upper()}_ERROR{count}_TOTAL", "counter",
              f"Total number of NVLink {what} errors.", select=(("type", kind),), sum_over="link", replaces=False)
-    for kind, what in (("crc_flit", "flow-control CRC"), ("crc_data", "data CRC"), ("replay", "retries"),
-                       ("recovery", "recovery")))
+    for kind, what in _NVLINK_ERROR_KINDS) for count in ("_COUNT", ""))
 GPU_NVLINK_LINK_ERRORS: Final = MetricSpec(
     "dra_gpu_nvlink_link_errors_total", "counter",
     "NVLink errors of one link since the driver was loaded, by type: crc_flit, crc_data, replay, "
     "recovery, ecc_data up to Hopper; malformed_packet, buffer_overrun, rcv, rcv_remote, rcv_general, "
     "local_link_integrity, xmit_discards, effective, symbol on Blackwell (NVLink5).",
     DEVICE_LABELS + ("link", "type"), otlp=OtlpForm("dra.gpu.nvlink.link.errors", "{error}"),
-    dcgm=_NVLINK_ERROR_TOTALS)
+    dcgm=_NVLINK_ERROR_TOTALS, dcgm_410=_NVLINK_ERROR_TOTALS_410)
 GPU_NVLINK_LINK_RECOVERIES: Final = MetricSpec(
     "dra_gpu_nvlink_link_recovery_events_total", "counter",
     "Link recovery events of one NVLink since the driver was loaded, successful or failed (Blackwell).",
@@ -859,15 +915,23 @@ DCGM_LABELS: Final = (
     "dra_driver_name", "dra_pool_name", "dra_device_name", "dra_mig_profile", "dra_mig_device_uuid",
 )
 
+#: The same under ``--naming dcgm-4.10``: dcgm-exporter 4.9 took DCGM 4.7's ``hostname`` (4.8.3 already
+#: had it) and renamed the driver label to DCGM 4.7's field name.
+DCGM_LABELS_410: Final = tuple({"Hostname": "hostname", "DCGM_FI_DRIVER_VERSION": "DCGM_FI_SYSTEM_DRIVER_VERSION"}
+                               .get(label, label) for label in DCGM_LABELS)
+
 #: Every DCGM family with the native family it is computed from (one DCGM series per native series).
 DCGM_CATALOG: Final[tuple[tuple[MetricSpec, DcgmForm], ...]] = tuple(
     (spec, form) for spec in CATALOG for form in spec.dcgm)
+#: The same for ``--naming dcgm-4.10``.
+DCGM_CATALOG_410: Final[tuple[tuple[MetricSpec, DcgmForm], ...]] = tuple(
+    (spec, form) for spec in CATALOG for form in (spec.dcgm if spec.dcgm_410 is None else spec.dcgm_410))
 #: Native families that ``--naming dcgm`` keeps beside their DCGM counterpart because the shipped
 #: alert rules (deploy/prometheus-rules.yaml) or dashboards (dashboards/) read them: alerting and
 #: every panel work under every naming. tests/test_alerts.py and tests/test_dashboards.py keep
 #: this list equal to what the rules and dashboards use.
 DCGM_KEPT_FOR_KIT: Final[frozenset[str]] = frozenset(spec.name for spec in (
-    GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER, GPU_ENERGY, GPU_TEMPERATURE, GPU_MEMORY_TEMPERATURE,
+    GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_POWER, GPU_ENERGY, GPU_TEMPERATURE, GPU_MEMORY_TEMPERATURE,
     GPU_CLOCK, GPU_PCIE_REPLAYS, GPU_REMAPPED_ROWS, GPU_ROW_REMAP_FAILURE, GPU_XID_ERRORS, GPU_SM_ACTIVE,
     GPU_TENSOR_ACTIVE, GPU_DRAM_ACTIVE, GPU_NVLINK_BYTES,
 ))
@@ -880,15 +944,51 @@ DCGM_LEFT_OUT: Final[tuple[tuple[str, str], ...]] = (
                                                 f"{GPU_PCIE_BYTES.name}{{direction}} stays, use rate() on it")),
     ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU only; not read"),
 )
+#: The same for ``--naming dcgm-4.10``.
+DCGM_LEFT_OUT_410: Final[tuple[tuple[str, str], ...]] = (
+    ("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", ("no native source: NVML's GPU utilisation samples kernels, GPM's SM "
+                                           "activity is not the graphics engine; use DCGM_FI_DEV_GPU_UTIL_RATIO or "
+                                           "DCGM_FI_PROF_SM_UTIL_RATIO")),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND / _RX_BYTES_PER_SECOND",
+     f"DCGM's are gauge rates; the native counter {GPU_PCIE_BYTES.name}{{direction}} stays, use rate() on it"),
+    ("DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND",
+     f"DCGM 4.7's is a gauge rate; the native counter {GPU_NVLINK_BYTES.name}{{direction}} stays, use rate() "
+     f"on it"),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU only; not read"),
+)
 
 
-def _exposed(d: DcgmForm) -> MetricSpec:
-    # Labels: DCGM_LABELS; the XID family has no other. Exposed as a gauge (see DcgmForm.dcgm_kind).
-    return MetricSpec(d.name, "gauge", d.help if d.help.endswith(".") else d.help + ".", DCGM_LABELS)
+@dataclass(frozen=True, slots=True)
+class DcgmNaming:
+    """One ``--naming`` that publishes dcgm-exporter's families: its label set and its forms."""
+
+    name: str
+    release: str
+    """The dcgm-exporter releases whose names it follows."""
+    labels: tuple[str, ...]
+    forms: tuple[tuple[MetricSpec, DcgmForm], ...]
+    left_out: tuple[tuple[str, str], ...]
+    xid: DcgmForm
+    """Its last-XID gauge, built from the XID counters rather than converted sample by sample."""
 
 
+DCGM_NAMINGS: Final[dict[str, DcgmNaming]] = {n.name: n for n in (
+    DcgmNaming("dcgm", "4.6 to 4.8 (DCGM 4.6 and earlier)", DCGM_LABELS, DCGM_CATALOG, DCGM_LEFT_OUT,
+               DCGM_XID_ERRORS),
+    DcgmNaming("dcgm-4.10", "4.9 and 4.10 (DCGM 4.7 and 4.8)", DCGM_LABELS_410, DCGM_CATALOG_410,
+               DCGM_LEFT_OUT_410, DCGM_XID_ERROR),
+)}
+
+
+def _exposed(d: DcgmForm, labels: tuple[str, ...]) -> MetricSpec:
+    # Labels: the naming's; the XID family has no other. Exposed as a gauge (see DcgmForm.dcgm_kind).
+    return MetricSpec(d.name, "gauge", d.help if d.help.endswith(".") else d.help + ".", labels)
+
+
+#: A DCGM name both namings publish (the fabric fields, which DCGM 4.7 kept) is listed with the
+#: ``dcgm`` labels; its help and type are the same under both.
 BY_NAME: Final[dict[str, MetricSpec]] = {spec.name: spec for spec in CATALOG} | {
-    d.name: _exposed(d) for _, d in DCGM_CATALOG}
+    d.name: _exposed(d, n.labels) for n in reversed(DCGM_NAMINGS.values()) for _, d in n.forms}
 
 
 def spec(name: str) -> MetricSpec:
@@ -907,22 +1007,48 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-def dcgm_markdown_table() -> str:
-    """The README's ``--naming dcgm`` table: each DCGM family, its unit and native source."""
+def dcgm_markdown_table(naming: str = "dcgm") -> str:
+    """The README's table of a DCGM naming: each DCGM family, its unit and native source."""
     rows = ["| dcgm-exporter name | DCGM type | unit | from | help |", "|---|---|---|---|---|"]
-    for source, d in DCGM_CATALOG:
+    for source, d in DCGM_NAMINGS[naming].forms:
         origin = f"`{source.name}`" + "".join(f" {{{k}=\"{v}\"}}" for k, v in d.select)
         if d.scale != 1.0:
             origin += f" × {d.scale:g}"
         if d.sum_over:
             origin += f", summed over `{d.sum_over}`"
         rows.append(f"| `{d.name}` | {d.dcgm_kind} | {d.unit} | {origin} | {d.help} |")
-    for name, why in DCGM_LEFT_OUT:
+    for name, why in DCGM_NAMINGS[naming].left_out:
         rows.append(f"| `{name}` | — | — | *not emitted* | {why} |")
     return "\n".join(rows)
 
 
-if __name__ == "__main__":  # python -m dra_exporter.catalog [dcgm] > table.md
+def dcgm_renames() -> tuple[tuple[MetricSpec, DcgmForm | None, DcgmForm | None], ...]:
+    """(native source, ``dcgm`` form, ``dcgm-4.10`` form) of every form either naming has; None
+    where one naming has no form for it. A family's ``dcgm_410`` pairs position by position."""
+    out: list[tuple[MetricSpec, DcgmForm | None, DcgmForm | None]] = []
+    for spec in CATALOG:
+        new = spec.dcgm if spec.dcgm_410 is None else spec.dcgm_410
+        out.extend((spec, *pair) for pair in zip_longest(spec.dcgm, new))
+    return tuple(out)
+
+
+def dcgm_rename_markdown_table() -> str:
+    """The README's table of what ``dcgm-4.10`` names and scales differently from ``dcgm``."""
+    def cell(form: DcgmForm | None) -> str:
+        return f"`{form.name}` ({form.unit or 'count'})" if form else "—"
+
+    rows = ["| `dcgm` (dcgm-exporter 4.8) | `dcgm-4.10` (dcgm-exporter 4.9, 4.10) | from |", "|---|---|---|"]
+    rows += [f"| label `{old}` | label `{new}` | |"
+             for old, new in zip(DCGM_LABELS, DCGM_LABELS_410, strict=True) if old != new]
+    for source, old, new in dcgm_renames():
+        if old != new:
+            rows.append(f"| {cell(old)} | {cell(new)} | `{source.name}` |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m dra_exporter.catalog [dcgm | dcgm-4.10 | dcgm-renames] > table.md
     import sys
 
-    print(dcgm_markdown_table() if sys.argv[1:] == ["dcgm"] else markdown_table())
+    arg = sys.argv[1:]
+    print(dcgm_rename_markdown_table() if arg == ["dcgm-renames"] else
+          dcgm_markdown_table(arg[0]) if arg and arg[0] in DCGM_NAMINGS else markdown_table())

@@ -35,6 +35,7 @@ from .config import (
     parse_self_pod,
 )
 from .demo import DEFAULT_BASE_PORT
+from .naming import NAMINGS
 from .sources import registry
 
 if TYPE_CHECKING:
@@ -251,9 +252,10 @@ pod_options = [
     _opt("--pod-name", default=None, help="Name of the exporter's own pod; its claims count as monitoring."),
 ]
 naming_option = _opt(
-    "--naming", type=click.Choice(["native", "dcgm", "both"]), default="native", show_default=True,
-    help="Metric names on /metrics: native, dcgm (dcgm-exporter's names, units and labels, for existing "
-         "dashboards and alerts) or both side by side. OTLP keeps the semantic names.")
+    "--naming", type=click.Choice(NAMINGS), default="native", show_default=True,
+    help="Metric names on /metrics: native, dcgm (dcgm-exporter 4.6-4.8's names, units and labels, for existing "
+         "dashboards and alerts), dcgm-4.10 (dcgm-exporter 4.9 and 4.10's: DCGM 4.7's names, base units) or both "
+         "(native and dcgm side by side). OTLP keeps the semantic names.")
 pod_labels_option = _opt(
     "--pod-labels", default=None, metavar="KEY,…",
     help="Pod labels to put on dra_claim_consumer_info, comma-separated (team,cost-center), each as "

@@ -136,8 +136,9 @@ class Settings(ShellSettings):
     pod_labels: PodLabels = PodLabels()
     """The pod labels ``dra_claim_consumer_info`` carries as ``label_<key>`` (``--pod-labels``); none by default."""
     naming: str = "native"
-    """Metric names on the Prometheus endpoint: ``native``, ``dcgm`` (dcgm-exporter's names, units and
-    labels) or ``both``; see ``dra_exporter.naming``. OTLP always uses the semantic names."""
+    """Metric names on the Prometheus endpoint: ``native``, ``dcgm`` (dcgm-exporter 4.8's names, units and
+    labels), ``dcgm-4.10`` (4.9/4.10's) or ``both``; see ``dra_exporter.naming``. OTLP always uses the
+    semantic names."""
 
     @property
     def kubeapi(self) -> bool:

@@ -1,14 +1,17 @@
-"""``--naming dcgm|native|both``: dcgm-exporter's names, units and labels, computed from a native frame.
+"""``--naming native|dcgm|dcgm-4.10|both``: dcgm-exporter's names, units and labels, computed from a native frame.
 
 Contract (pure: Frame in, Frame out, no I/O):
 
 - ``native`` returns the frame unchanged.
-- ``dcgm`` adds one DCGM family per DCGM form of the catalogue (``catalog.DCGM_CATALOG``) and drops
-  the native families they are computed from except those the shipped alerts and dashboards read
-  (``catalog.DCGM_KEPT_FOR_KIT``: they must keep working under every naming); every other native
-  family — DRA claims and devices, per-container shares, ECC, throttling, PCIe bytes, self-metrics,
-  ``dra_gpu_info``/``dra_gpu_up`` — stays under its native name, so nothing the exporter knows is lost.
-- ``both`` adds the DCGM families beside all native ones.
+- ``dcgm`` adds one DCGM family per DCGM form of the catalogue (``catalog.DCGM_CATALOG``: dcgm-exporter
+  4.8's names) and drops the native families they are computed from except those the shipped alerts
+  and dashboards read (``catalog.DCGM_KEPT_FOR_KIT``: they must keep working under every naming);
+  every other native family — DRA claims and devices, per-container shares, ECC, throttling, PCIe
+  bytes, self-metrics, ``dra_gpu_info``/``dra_gpu_up`` — stays under its native name, so nothing the
+  exporter knows is lost.
+- ``dcgm-4.10`` does the same with dcgm-exporter 4.9/4.10's names, units and labels (DCGM 4.7/4.8's
+  field names, base units: ``catalog.DCGM_CATALOG_410``, ``catalog.DCGM_LABELS_410``).
+- ``both`` adds the ``dcgm`` families beside all native ones.
 
 Each native device series gives one DCGM series (no values copied): a MIG device's series carries
 its parent's ``gpu``/``UUID`` and ``GPU_I_PROFILE``/``GPU_I_ID`` as dcgm-exporter's do; board-level
@@ -39,11 +42,12 @@ from typing import Final
 from . import catalog as cat
 from .model import Family, Frame, Labels, Sample
 
-NAMINGS: Final[tuple[str, ...]] = ("native", "dcgm", "both")
+NAMINGS: Final[tuple[str, ...]] = ("native", *cat.DCGM_NAMINGS, "both")
 
-#: Native families the ``dcgm`` naming replaces by their DCGM counterpart.
-REPLACED: Final[frozenset[str]] = frozenset(
-    source.name for source, form in cat.DCGM_CATALOG if form.replaces) - cat.DCGM_KEPT_FOR_KIT
+#: Per DCGM naming, the native families it replaces by their DCGM counterpart.
+REPLACED: Final[dict[str, frozenset[str]]] = {
+    n.name: frozenset(source.name for source, form in n.forms if form.replaces) - cat.DCGM_KEPT_FOR_KIT
+    for n in cat.DCGM_NAMINGS.values()}
 
 
 @dataclass
@@ -73,17 +77,20 @@ def apply(frame: Frame, naming: str, *, hostname: str, xid: XidMemory | None = N
         return frame
     if naming not in NAMINGS:
         raise ValueError(f"unknown naming {naming!r}; expected one of {', '.join(NAMINGS)}")
-    dcgm = dcgm_families(frame, hostname=hostname, xid=xid)
-    kept = frame.families if naming == "both" else tuple(f for f in frame.families if f.name not in REPLACED)
+    dcgm_naming = cat.DCGM_NAMINGS["dcgm" if naming == "both" else naming]
+    dcgm = dcgm_families(frame, hostname=hostname, xid=xid, naming=dcgm_naming)
+    kept = frame.families if naming == "both" else tuple(
+        f for f in frame.families if f.name not in REPLACED[naming])
     return replace(frame, families=tuple(sorted(kept + dcgm, key=lambda f: f.name)))
 
 
-def dcgm_families(frame: Frame, *, hostname: str, xid: XidMemory | None = None) -> tuple[Family, ...]:
-    """The DCGM families of ``frame`` (only those with samples)."""
-    labeller = _Labeller.of(frame, hostname)
+def dcgm_families(frame: Frame, *, hostname: str, xid: XidMemory | None = None,
+                  naming: cat.DcgmNaming = cat.DCGM_NAMINGS["dcgm"]) -> tuple[Family, ...]:
+    """The DCGM families of ``frame`` under ``naming`` (only those with samples)."""
+    labeller = _Labeller.of(frame, hostname, naming.labels)
     out: list[Family] = []
-    for source, form in cat.DCGM_CATALOG:
-        if form is cat.DCGM_XID_ERRORS:
+    for source, form in naming.forms:
+        if form is naming.xid:
             samples = _xid_samples(frame, labeller, xid or XidMemory())
         elif form in _FABRIC:
             samples = _fabric_samples(frame, source, form, labeller)
@@ -162,14 +169,16 @@ class _Labeller:
     """Builds DCGM label sets from a native series' labels, with the frame's identity and allocations."""
 
     hostname: str
+    names: tuple[str, ...]
+    """The naming's label set, in its order."""
     identity: Mapping[str, Mapping[str, str]]
     """uuid → its ``dra_gpu_info`` labels."""
     allocations: Mapping[tuple[str, str, str], tuple[str, str, str]]
     """(namespace, claim, uuid) → (driver, pool, device) from ``dra_claim_allocation_info``."""
 
     @classmethod
-    def of(cls, frame: Frame, hostname: str) -> _Labeller:
-        return cls(hostname, _identity(frame), _allocations(frame))
+    def of(cls, frame: Frame, hostname: str, names: tuple[str, ...]) -> _Labeller:
+        return cls(hostname, names, _identity(frame), _allocations(frame))
 
     def labels(self, native: Mapping[str, str]) -> Labels:
         uuid = native.get("uuid", "")
@@ -180,6 +189,7 @@ class _Labeller:
         mig = bool(parent_uuid)
         namespace, claim = native.get("namespace", ""), native.get("claim", "")
         driver, pool, device = self.allocations.get((namespace, claim, uuid), ("", "", "")) if claim else ("",) * 3
+        driver_version = info.get("driver_version", "") or parent.get("driver_version", "")
         values = {
             "gpu": gpu,
             "UUID": parent_uuid or uuid,
@@ -189,7 +199,9 @@ class _Labeller:
             "device": f"nvidia{parent.get('minor') or info.get('minor') or gpu}" if gpu else "",
             "modelName": parent.get("model", "") or info.get("model", ""),
             "Hostname": self.hostname,
-            "DCGM_FI_DRIVER_VERSION": info.get("driver_version", "") or parent.get("driver_version", ""),
+            "hostname": self.hostname,
+            "DCGM_FI_DRIVER_VERSION": driver_version,
+            "DCGM_FI_SYSTEM_DRIVER_VERSION": driver_version,
             "GPU_I_PROFILE": native.get("profile", "") if mig else "",
             "GPU_I_ID": info.get("gpu_instance_id", "") if mig else "",
             "pod": native.get("pod", ""),
@@ -203,7 +215,7 @@ class _Labeller:
             "dra_mig_profile": native.get("profile", "") if mig and claim else "",
             "dra_mig_device_uuid": uuid if mig and claim else "",
         }
-        return tuple((name, values[name]) for name in cat.DCGM_LABELS)
+        return tuple((name, values[name]) for name in self.names)
 
 
 def _identity(frame: Frame) -> dict[str, dict[str, str]]:

@@ -92,10 +92,10 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[..., PromServer]]:
         server.stop()
 
 
-@pytest.fixture(scope="session", params=["native", "dcgm"])
+@pytest.fixture(scope="session", params=["native", "dcgm", "dcgm-4.10"])
 def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
     """The fault scenario scraped by Prometheus, from an exporter set up as the chart with
-    ``naming`` native or dcgm sets it up: every alert and every panel must work under both."""
+    each ``naming`` but ``both`` sets it up: every alert and every panel must work under each."""
     from dra_exporter import catalog as cat
     from dra_exporter import showback
 

@@ -105,9 +105,13 @@ def test_critical_and_other_xids_split_the_codes_between_two_alerts() -> None:
 # --- live: the expressions against what the exporter publishes ------------------------------
 
 
-def test_dcgm_naming_keeps_every_native_family_the_rules_and_dashboards_read() -> None:
-    assert not kit_native_families() & naming.REPLACED, "alerts or panels would go dark under --naming dcgm"
-    sources = {source.name for source, form in cat.DCGM_CATALOG if form.replaces}
+@pytest.mark.parametrize("dcgm", list(cat.DCGM_NAMINGS))
+def test_dcgm_naming_keeps_every_native_family_the_rules_and_dashboards_read(dcgm: str) -> None:
+    assert not kit_native_families() & naming.REPLACED[dcgm], f"alerts or panels would go dark under --naming {dcgm}"
+
+
+def test_the_kept_families_are_only_what_the_kit_reads() -> None:
+    sources = {source.name for n in cat.DCGM_NAMINGS.values() for source, form in n.forms if form.replaces}
     assert cat.DCGM_KEPT_FOR_KIT == kit_native_families() & sources, "keep only what the kit reads"
 
 

@@ -181,9 +181,10 @@ def test_families_sharing_an_otlp_name_are_told_apart_by_constant_attributes() -
         assert len(set(constants)) == len(constants), instrument.name
 
 
-def test_every_dcgm_form_converts_a_native_family_it_is_declared_on() -> None:
-    for source, form in cat.DCGM_CATALOG:
-        assert form in source.dcgm
+@pytest.mark.parametrize("naming", list(cat.DCGM_NAMINGS))
+def test_every_dcgm_form_converts_a_native_family_it_is_declared_on(naming: str) -> None:
+    for source, form in cat.DCGM_NAMINGS[naming].forms:
+        assert form in (source.dcgm if naming == "dcgm" or source.dcgm_410 is None else source.dcgm_410)
         for label, _ in form.select:
             assert label in source.labels, form.name
         assert not form.sum_over or form.sum_over in source.labels, form.name

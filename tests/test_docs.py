@@ -5,7 +5,15 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from dra_exporter.catalog import CATALOG, DCGM_CATALOG, dcgm_markdown_table, markdown_table
+import pytest
+
+from dra_exporter.catalog import (
+    CATALOG,
+    DCGM_NAMINGS,
+    dcgm_markdown_table,
+    dcgm_rename_markdown_table,
+    markdown_table,
+)
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -27,15 +35,25 @@ def test_every_catalogue_name_is_unique_and_counters_end_in_total() -> None:
         assert s.help.endswith("."), s.name
 
 
-def test_readme_dcgm_table_matches_the_catalogue() -> None:
+def _block(name: str) -> str:
     text = README.read_text()
-    start, end = text.index("<!-- dcgm:start -->\n"), text.index("<!-- dcgm:end -->")
-    table = text[start + len("<!-- dcgm:start -->\n"):end].strip()
-    assert table == dcgm_markdown_table(), "regenerate with: python -m dra_exporter.catalog dcgm"
+    start, end = text.index(f"<!-- {name}:start -->\n"), text.index(f"<!-- {name}:end -->")
+    return text[start + len(f"<!-- {name}:start -->\n"):end].strip()
 
 
-def test_dcgm_names_are_dcgms_raw_field_names() -> None:
-    for source, d in DCGM_CATALOG:
+@pytest.mark.parametrize("naming", list(DCGM_NAMINGS))
+def test_readme_dcgm_tables_match_the_catalogue(naming: str) -> None:
+    assert _block(naming) == dcgm_markdown_table(naming), f"regenerate with: python -m dra_exporter.catalog {naming}"
+
+
+def test_readme_rename_table_matches_the_catalogue() -> None:
+    assert _block("dcgm-renames") == dcgm_rename_markdown_table(), (
+        "regenerate with: python -m dra_exporter.catalog dcgm-renames")
+
+
+@pytest.mark.parametrize("naming", list(DCGM_NAMINGS))
+def test_dcgm_names_are_dcgms_raw_field_names(naming: str) -> None:
+    for source, d in DCGM_NAMINGS[naming].forms:
         assert d.name.startswith(("DCGM_FI_DEV_", "DCGM_FI_PROF_")) and d.name.isupper(), d.name
         assert not d.name.endswith("_total"), d.name
         assert source in CATALOG, source.name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -54,21 +55,22 @@ HELD = dict(namespace="ml", pod="train-0", pod_uid="u-1", container="main", clai
 SHARED_BY_TWO = dict(NOBODY, namespace="ml", claim="c2", request="gpu")
 
 
-def dcgm(fr: Frame, name: str) -> dict[str, tuple[dict[str, str], float]]:
-    """The DCGM family ``name`` of ``fr`` converted, by UUID+GPU_I_ID."""
-    family = naming.apply(fr, "dcgm", hostname="node-a").family(name)
+def dcgm(fr: Frame, name: str, naming_: str = "dcgm") -> dict[str, tuple[dict[str, str], float]]:
+    """The DCGM family ``name`` of ``fr`` converted under ``naming_``, by UUID+GPU_I_ID."""
+    family = naming.apply(fr, naming_, hostname="node-a").family(name)
     assert family is not None, name
     out = {}
     for s in family.samples:
         d = dict(s.labels)
-        assert tuple(d) == cat.DCGM_LABELS  # always the full, ordered label set
+        assert tuple(d) == cat.DCGM_NAMINGS[naming_].labels  # always the full, ordered label set
         out[d["UUID"] + "/" + d["GPU_I_ID"]] = (d, s.value)
     return out
 
 
-def test_units_are_dcgms() -> None:
-    fr = frame(
+def units_frame() -> Frame:
+    return frame(
         fam(cat.GPU_MEMORY_USED.name, dev(cat.GPU_MEMORY_USED.name, IDLE_GPU, 3 * 2**20)),
+        fam(cat.GPU_MEMORY_TOTAL.name, dev(cat.GPU_MEMORY_TOTAL.name, IDLE_GPU, 141 * 2**30)),
         fam(cat.GPU_CLOCK.name, dev(cat.GPU_CLOCK.name, IDLE_GPU, 1.98e9, clock="sm"),
             dev(cat.GPU_CLOCK.name, IDLE_GPU, 3.2e9, clock="memory"),
             dev(cat.GPU_CLOCK.name, IDLE_GPU, 1e9, clock="video")),
@@ -81,6 +83,10 @@ def test_units_are_dcgms() -> None:
         fam(cat.GPU_NVLINK_BYTES.name, dev(cat.GPU_NVLINK_BYTES.name, IDLE_GPU, 100, direction="rx"),
             dev(cat.GPU_NVLINK_BYTES.name, IDLE_GPU, 50, direction="tx")),
     )
+
+
+def test_units_are_dcgms() -> None:
+    fr = units_frame()
     key = f"{GPU}/"
     assert dcgm(fr, "DCGM_FI_DEV_FB_USED")[key][1] == 3.0  # MiB
     assert dcgm(fr, "DCGM_FI_DEV_SM_CLOCK")[key][1] == pytest.approx(1980.0)  # MHz
@@ -92,6 +98,65 @@ def test_units_are_dcgms() -> None:
     assert dcgm(fr, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS")[key][1] == 2
     assert dcgm(fr, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")[key][1] == 1
     assert dcgm(fr, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")[key][1] == 150  # rx + tx, one series
+
+
+# --- dcgm-4.10: dcgm-exporter 4.9/4.10, DCGM 4.7/4.8's names and base units ---------------------
+
+
+def test_dcgm_410_names_and_base_units() -> None:
+    fr = units_frame()
+    key = f"{GPU}/"
+
+    def value(name: str) -> float:
+        return dcgm(fr, name, "dcgm-4.10")[key][1]
+
+    assert value("DCGM_FI_DEV_FB_USED_BYTES") == 3 * 2**20  # bytes, not MiB
+    assert value("DCGM_FI_DEV_FB_CAPACITY_BYTES") == 141 * 2**30  # collected by default since 4.9
+    assert value("DCGM_FI_DEV_SM_CLOCK_HERTZ") == 1.98e9  # Hz, not MHz
+    assert value("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ") == 3.2e9
+    assert value("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL") == 12.5  # J, not mJ
+    assert value("DCGM_FI_DEV_GPU_UTIL_RATIO") == 0.25  # a ratio, not %
+    assert value("DCGM_FI_DEV_BOARD_POWER_WATTS") == 310.0
+    assert value("DCGM_FI_PROF_TENSOR_UTIL_RATIO") == 0.5
+    assert value("DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL") == 2
+    assert value("DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL") == 1
+    names = {f.name for f in naming.apply(fr, "dcgm-4.10", hostname="n").families}
+    # DCGM 4.7's NVLink throughput is a rate: no counter under its name; the native counter stays.
+    assert cat.GPU_NVLINK_BYTES.name in names and not {n for n in names if "NVLINK" in n}
+    # No 4.8 name is published under 4.10, and no 4.10 name under dcgm.
+    old = {f.name for _, f, _ in cat.dcgm_renames() if f} - {f.name for _, _, f in cat.dcgm_renames() if f}
+    new = {f.name for _, _, f in cat.dcgm_renames() if f} - {f.name for _, f, _ in cat.dcgm_renames() if f}
+    assert old and new and not names & old
+    assert not {f.name for f in naming.apply(fr, "dcgm", hostname="n").families} & new
+
+
+def test_dcgm_410_labels_are_hostname_and_the_system_driver_version() -> None:
+    fr = frame(fam(cat.GPU_MEMORY_USED.name, dev(cat.GPU_MEMORY_USED.name, IDLE_GPU, 2**20),
+                   dev(cat.GPU_MEMORY_USED.name, MIG_DEV, 2**21, HELD)))
+    series = dcgm(fr, "DCGM_FI_DEV_FB_USED_BYTES", "dcgm-4.10")
+    whole, _ = series[f"{GPU}/"]
+    assert whole == dict(whole, hostname="node-a", DCGM_FI_SYSTEM_DRIVER_VERSION="580.1", UUID=GPU, gpu="0")
+    assert "Hostname" not in whole and "DCGM_FI_DRIVER_VERSION" not in whole
+    mig, value = series[f"{GPU}/7"]
+    assert value == 2**21 and mig["dra_mig_device_uuid"] == MIG and mig["GPU_I_PROFILE"] == "1g.18gb"
+
+
+def test_dcgm_410_xid_error_is_the_last_code_and_drops_what_dcgm_drops() -> None:
+    fr = frame(fam(cat.GPU_UP.name, dev(cat.GPU_UP.name, IDLE_GPU, 1)),
+               fam(cat.GPU_XID_ERRORS.name, dev(cat.GPU_XID_ERRORS.name, IDLE_GPU, 1, xid="79")),
+               fam(cat.GPU_MEMORY_FREE.name, dev(cat.GPU_MEMORY_FREE.name, IDLE_GPU, float(1 << 30))),
+               fam(cat.GPU_POWER.name, dev(cat.GPU_POWER.name, IDLE_GPU, 300.0)))
+    out = naming.apply(fr, "dcgm-4.10", hostname="n")
+    xid = out.family(cat.DCGM_XID_ERROR.name)
+    assert xid is not None and [s.value for s in xid.samples] == [79.0]
+    names = {f.name for f in out.families}
+    assert cat.DCGM_XID_ERRORS.name not in names
+    # Memory free is replaced as under dcgm; power stays for the alerts and dashboards.
+    assert "DCGM_FI_DEV_FB_FREE_BYTES" in names and cat.GPU_MEMORY_FREE.name not in names
+    assert {"DCGM_FI_DEV_BOARD_POWER_WATTS", cat.GPU_POWER.name} <= names
+    assert naming.REPLACED["dcgm-4.10"] == naming.REPLACED["dcgm"]
+    # The dashboards read the memory size, which 4.10 publishes as DCGM_FI_DEV_FB_CAPACITY_BYTES: it stays.
+    assert cat.GPU_MEMORY_TOTAL.name in cat.DCGM_KEPT_FOR_KIT
 
 
 def test_identity_labels_and_mig_series_carry_the_parents_gpu_and_uuid() -> None:
@@ -162,7 +227,7 @@ def test_xid_errors_is_the_last_code_seen_and_zero_before_any() -> None:
     assert last(with_xids(x79=2, x13=1)) == 79.0  # a repeat of 79 (invisible in dcgm's own gauge)
 
 
-def test_renderer_finds_help_and_type_for_every_dcgm_family() -> None:
+def test_renderer_finds_help_and_type_for_every_dcgm_family() -> None:  # under --naming dcgm
     fr = frame(fam(cat.GPU_ENERGY.name, dev(cat.GPU_ENERGY.name, IDLE_GPU, 1.0)),
                fam(cat.GPU_UP.name, dev(cat.GPU_UP.name, IDLE_GPU, 1)))
     text = render(naming.apply(fr, "dcgm", hostname="n")).decode()
@@ -172,7 +237,8 @@ def test_renderer_finds_help_and_type_for_every_dcgm_family() -> None:
     assert "# HELP DCGM_FI_DEV_XID_ERRORS Value of the last XID error encountered.\n" in text
     for _, form in cat.DCGM_CATALOG:
         assert cat.spec(form.name).labels == cat.DCGM_LABELS
-    assert not {d.name for _, d in cat.DCGM_CATALOG} & {s.name for s in cat.CATALOG}  # not native families
+    for n in cat.DCGM_NAMINGS.values():
+        assert not {d.name for _, d in n.forms} & {s.name for s in cat.CATALOG}  # not native families
 
 
 # --- the simulated node --------------------------------------------------------------------
@@ -195,6 +261,11 @@ def demo_both() -> str:
     return snapshot("both")
 
 
+@pytest.fixture(scope="module")
+def demo_dcgm_410() -> str:
+    return snapshot("dcgm-4.10")
+
+
 #: dcgm-exporter's default counters with a native source (anchors.md §1a).
 DEFAULT_COUNTERS = {
     "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
@@ -210,7 +281,7 @@ DEFAULT_COUNTERS = {
 def test_snapshot_shows_dcgm_names_and_labels_for_the_demo_node(demo_dcgm: str) -> None:
     families = set(re.findall(r"^# TYPE (\S+) ", demo_dcgm, re.M))
     assert DEFAULT_COUNTERS <= families
-    assert not families & naming.REPLACED  # e.g. dra_gpu_power_watts is gone
+    assert not families & naming.REPLACED["dcgm"]  # e.g. dra_gpu_memory_free_bytes is gone
     util = [line for line in demo_dcgm.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
     assert util
     for name in ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
@@ -232,16 +303,38 @@ KNOWN_DCGM_LINT = re.compile(
     r"|DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter')$")
 
 
-@pytest.mark.parametrize("which", ["dcgm", "both"])
+@pytest.mark.parametrize("which", ["dcgm", "dcgm-4.10", "both"])
 def test_promtool_finds_only_dcgms_own_naming_lint(which: str, promtool: str, demo_dcgm: str,
-                                                    demo_both: str) -> None:
-    text = demo_dcgm if which == "dcgm" else demo_both
+                                                    demo_both: str, demo_dcgm_410: str) -> None:
+    text = {"dcgm": demo_dcgm, "dcgm-4.10": demo_dcgm_410, "both": demo_both}[which]
     clean, output = promtool_check_metrics(promtool, text.encode())
     lines = output.splitlines()
     assert lines, "promtool lints modelName; if it stopped, tighten this test"
     assert [line for line in lines if not KNOWN_DCGM_LINT.match(line)] == [], output
     # promtool exits 3 for lint warnings only (1 would be a parse error).
     assert not clean
+
+
+#: dcgm-exporter 4.9's default counters with a native source (the 4.8 ones under DCGM 4.7's names,
+#: and the memory capacity it added), and 4.10's (4.9's PCIe byte rates renamed have no native source).
+DEFAULT_COUNTERS_410 = {
+    "DCGM_FI_DEV_SM_CLOCK_HERTZ", "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS",
+    "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "DCGM_FI_DEV_BOARD_POWER_WATTS", "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL",
+    "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "DCGM_FI_DEV_GPU_UTIL_RATIO", "DCGM_FI_DEV_MEMORY_UTIL_RATIO",
+    "DCGM_FI_DEV_ENC_UTIL_RATIO", "DCGM_FI_DEV_DEC_UTIL_RATIO", "DCGM_FI_DEV_XID_ERROR", "DCGM_FI_DEV_FB_FREE_BYTES",
+    "DCGM_FI_DEV_FB_USED_BYTES", "DCGM_FI_DEV_FB_RESERVED_BYTES", "DCGM_FI_DEV_FB_CAPACITY_BYTES",
+    "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL",
+    "DCGM_FI_DEV_ROW_REMAP_FAILED", "DCGM_FI_PROF_TENSOR_UTIL_RATIO", "DCGM_FI_PROF_DRAM_UTIL_RATIO",
+}
+
+
+def test_snapshot_shows_dcgm_410_names_and_labels_for_the_demo_node(demo_dcgm_410: str) -> None:
+    families = set(re.findall(r"^# TYPE (\S+) ", demo_dcgm_410, re.M))
+    assert DEFAULT_COUNTERS_410 <= families
+    assert not families & DEFAULT_COUNTERS and not families & naming.REPLACED["dcgm-4.10"]
+    util = [line for line in demo_dcgm_410.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL_RATIO{")]
+    assert util and 'hostname="sim-node-1"' in util[0] and "DCGM_FI_SYSTEM_DRIVER_VERSION=" in util[0]
+    assert all(0.0 <= float(line.rsplit(" ", 1)[1]) <= 1.0 for line in util)  # a ratio, not %
 
 
 def test_both_is_native_plus_dcgm(demo_both: str) -> None:
@@ -273,3 +366,14 @@ def test_serve_renames_only_what_the_prometheus_sink_publishes() -> None:
     sink.publish(frame(fam(cat.GPU_MEMORY_FREE.name, dev(cat.GPU_MEMORY_FREE.name, IDLE_GPU, float(1 << 30)))))
     names = {f.name for f in published[0].families}
     assert "DCGM_FI_DEV_FB_FREE" in names and cat.GPU_MEMORY_FREE.name not in names
+
+
+def test_the_charts_naming_value_admits_exactly_the_cli_namings() -> None:
+    from pathlib import Path
+
+    schema = json.loads((Path(__file__).resolve().parents[1] / "deploy/helm/dra-exporter/values.schema.json")
+                        .read_text())
+    assert schema["properties"]["naming"]["enum"] == list(naming.NAMINGS)
+    result = CliRunner().invoke(cli.main, ["snapshot", "--simulate", "--format", "prometheus"],
+                                env={"DRA_EXPORTER_NAMING": "dcgm-4.10"}, catch_exceptions=False)
+    assert result.exit_code == 0 and "\nDCGM_FI_DEV_GPU_UTIL_RATIO{" in result.stdout
