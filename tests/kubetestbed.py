@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from childproc import die_with_parent
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -267,7 +268,7 @@ class ControlPlane:
         try:
             self.processes[name] = subprocess.Popen([str(self.bins.get(name, name)), *args], stdout=log,
                                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                    start_new_session=True)
+                                                    start_new_session=True, preexec_fn=die_with_parent)
         finally:
             log.close()
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from childproc import die_with_parent
+
 PROMETHEUS_INSTALL_HINT = "apt-get install -y prometheus"
 _READY_TIMEOUT = 60.0  # a cold start on a busy 2-core machine can take a while
 _START_ATTEMPTS = 3
@@ -167,7 +169,8 @@ def start_prometheus(binary: str, workdir: Path, targets: list[str],
             process = subprocess.Popen(
                 [binary, f"--config.file={config}", f"--storage.tsdb.path={tsdb or workdir / f'tsdb-{attempt}'}",
                  f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *extra_args],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir,
+                preexec_fn=die_with_parent)
         server = PromServer(f"http://127.0.0.1:{port}", process, log_path)
         try:
             if _wait_ready(server, _READY_TIMEOUT):
