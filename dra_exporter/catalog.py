@@ -923,7 +923,12 @@ DCGM_LABELS_410: Final = tuple({"Hostname": "hostname", "DCGM_FI_DRIVER_VERSION"
 #: Every DCGM family with the native family it is computed from (one DCGM series per native series).
 DCGM_CATALOG: Final[tuple[tuple[MetricSpec, DcgmForm], ...]] = tuple(
     (spec, form) for spec in CATALOG for form in spec.dcgm)
-#: The same for ``--naming dcgm-4.10``.
+#: The same for ``--naming dcgm-4.10``. Where the names come from: dcgm-exporter 4.9.0's release notes
+#: (23 fields renamed to DCGM 4.7's names, eleven with a base unit; the driver label; FB capacity by
+#: default) and 4.10.0's (the PCIe / NVLink profiling rates); DCGM 4.6's dcgm_fields.h, whose
+#: deprecation block maps each old name to its new one at the same field id (temperatures, power,
+#: remapping, XID, profiling ratios, NVLink error totals); the base-unit fields of DCGM 4.6/4.7 (go-dcgm's
+#: 1600-1612: clocks in Hz, energy in J; 1613-1628: utilisation ratios, framebuffer bytes).
 DCGM_CATALOG_410: Final[tuple[tuple[MetricSpec, DcgmForm], ...]] = tuple(
     (spec, form) for spec in CATALOG for form in (spec.dcgm if spec.dcgm_410 is None else spec.dcgm_410))
 #: Native families that ``--naming dcgm`` keeps beside their DCGM counterpart because the shipped
