@@ -155,7 +155,9 @@ class Variable:
     """``label_values(<selector>, <label>)``, evaluated by Grafana's Prometheus data source; for a
     ``textbox``, its default value."""
     multi: bool = True
-    kind: Literal["query", "textbox"] = "query"
+    kind: Literal["query", "textbox", "name"] = "query"
+    """``name``: a hidden query variable whose one value only names something in titles (the
+    prices' currency), never a selection: no "All"."""
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,11 @@ def _variable_json(var: Variable) -> dict[str, Any]:
     if var.kind == "textbox":
         return {"name": var.name, "label": var.label, "type": "textbox", "query": var.query,
                 "current": {"text": var.query, "value": var.query}, "options": [], "hide": 0}
+    if var.kind == "name":
+        return {"name": var.name, "label": var.label, "type": "query", "datasource": DS, "definition": var.query,
+                "query": {"query": var.query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+                "refresh": 2, "sort": 1, "multi": False, "includeAll": False, "current": {}, "options": [],
+                "hide": 2}
     return {
         "name": var.name,
         "label": var.label,
@@ -1233,18 +1240,35 @@ def showback() -> Dashboard:
     since a namespace's claims span nodes; the rules have already summed the nodes."""
     ns = rx("namespace", "$namespace")
     held_ns, busy_ns = f"{sb.HELD_NAMESPACE}{{{ns}}}", f"{sb.BUSY_NAMESPACE}{{{ns}}}"
-    held_claim, busy_claim = f"{sb.HELD_CLAIM}{{{ns}}}", f"{sb.BUSY_CLAIM}{{{ns}}}"
+    busy_claim = f"{sb.BUSY_CLAIM}{{{ns}}}"
     # Idle shares are of the GPU-hours with a busy signal: A100 and A30 MIG devices have none, and
     # unknown is not idle (they drop out of the idle panels; `report` counts them as NO SIGNAL).
     measured_ns, measured_claim = f"{sb.MEASURED_NAMESPACE}{{{ns}}}", f"{sb.MEASURED_CLAIM}{{{ns}}}"
     # Recorded every RULE_INTERVAL: the sum of a range's samples times the interval is GPU-time.
-    hours_per_sample = sb.parse_duration(sb.RULE_INTERVAL) / 3600
+    # Written as a fraction, not 0.0166667: a rounded factor would be off by 2 ppm in every figure.
+    hours_per_sample = f"{sb.parse_duration(sb.RULE_INTERVAL):g} / 3600"
 
     def hours(expr: str, by: str = "") -> str:
         grouping = f" by ({by})" if by else ""
-        return f"sum{grouping} (sum_over_time({expr}[$__range])) * {hours_per_sample:g}"
+        return f"sum{grouping} (sum_over_time({expr}[$__range])) * {hours_per_sample}"
 
-    price = Variable("price", "Price per GPU-hour", "1", kind="textbox")
+    # Cost: each device's GPU-hours times the price recorded for its GPU model (sb.PRICE, from the
+    # price file or the chart's prometheusRule.showbackPrices), else the recorded default, else the
+    # price variable. The prices are those at the end of the range: a price list, not a price history.
+    price = Variable("price", "Price per GPU-hour (unpriced models)", "1", kind="textbox")
+    money = Variable("currency", "Currency", f"label_values({sb.PRICE}, currency)", kind="name")
+    held_device = f"sum_over_time({sb.HELD_DEVICE}{{{ns}}}[$__range])"
+    priced = (f'{held_device} * on (model) group_left () max by (model) ({sb.PRICE}{{model!=""}})\n  or\n  '
+              f'{held_device} * on () group_left () max ({sb.PRICE}{{model=""}})\n  or\n  '
+              f"{held_device} * $price")
+    cost_why = ("GPU-hours held times the price of their GPU model recorded from the price file "
+                "(`dra-exporter recording-rules --price-file`, the chart's prometheusRule.showbackPrices), else "
+                "its default, else the price variable; in the prices' currency.")
+
+    def cost(by: str = "") -> str:
+        grouping = f" by ({by})" if by else ""
+        return f"sum{grouping} (\n  {priced}\n) * {hours_per_sample}"
+
     totals = Row(
         "In the dashboard's time range",
         (
@@ -1256,7 +1280,7 @@ def showback() -> Dashboard:
             stat("Idle share", f"1 - ({hours(busy_ns)}) / ({hours(measured_ns)})",
                  "Share of the held GPU-hours nobody used, of those with a busy signal (A100 and A30 MIG "
                  "devices have none: unknown, not idle).", unit="percentunit", width=6),
-            stat("Cost", f"({hours(held_ns)}) * $price", "GPU-hours held times the price variable.", width=6),
+            stat("Cost ${currency}", cost(), cost_why, width=6),
         ),
     )
     over_time = Row(
@@ -1274,9 +1298,8 @@ def showback() -> Dashboard:
                        "{{namespace}}"),),
                   "Share of each namespace's GPU-hours nobody used, of those with a busy signal (A100 and "
                   "A30 MIG devices have none).", "percentunit", width=8, max=1),
-            Panel("Cost by namespace", "bargauge",
-                  (now(f"sort_desc(({hours(held_ns, 'namespace')}) * $price)", "{{namespace}}"),),
-                  "GPU-hours held times the price variable.", width=8),
+            Panel("Cost by namespace ${currency}", "bargauge",
+                  (now(f"sort_desc({cost('namespace')})", "{{namespace}}"),), cost_why, width=8),
         ),
     )
     idle = Row(
@@ -1288,9 +1311,8 @@ def showback() -> Dashboard:
                   "Claims with the largest share of their GPU-hours unused over the range, of those with a busy "
                   "signal (a claim of A100 or A30 MIG devices only has none and is not listed). `dra-exporter report` "
                   "says since when each idle claim has been idle.", "percentunit", max=1),
-            Panel("Top claims by cost", "bargauge",
-                  (now(f"topk(10, ({hours(held_claim, 'namespace, claim')}) * $price)", BY_CLAIM),),
-                  "GPU-hours each claim held times the price variable."),
+            Panel("Top claims by cost ${currency}", "bargauge",
+                  (now(f"topk(10, {cost('namespace, claim')})", BY_CLAIM),), cost_why),
         ),
     )
     return Dashboard(
@@ -1298,7 +1320,7 @@ def showback() -> Dashboard:
         "dra-showback.json",
         "DRA GPUs / Showback",
         "GPU-hours held and busy per namespace and claim, idle claims and cost, from the recording rules.",
-        (Variable("namespace", "Namespace", f"label_values({sb.HELD_NAMESPACE}, namespace)"), price),
+        (Variable("namespace", "Namespace", f"label_values({sb.HELD_NAMESPACE}, namespace)"), price, money),
         (totals, over_time, idle),
     )
 

@@ -542,7 +542,10 @@ def healthcheck(listen: str, web_config: str | None) -> None:
 @_opt("--price-per-gpu-hour", type=FiniteFloat(min=0), default=None, metavar="PRICE",
       help="Price of one hour of a whole GPU (a MIG device pays its share); adds cost columns.")
 @_opt("--price-file", default=None, metavar="FILE", type=FileOption(yaml=True),
-      help='Prices per GPU model, YAML or JSON: {"NVIDIA H200": 4.5, "default": 3.0}.')
+      help='Prices per GPU model, YAML or JSON: {"NVIDIA H200": 4.5, "default": 3.0, "currency": "EUR"}.')
+@_opt("--currency", default=None, metavar="CODE",
+      help="ISO 4217 code the prices are in (EUR, USD), named with the cost [default: the price file's "
+           "currency, else none].")
 @_opt("--idle-below", type=FiniteFloat(min=0, max=1), default=0.01, show_default=True, metavar="RATIO",
       help="A claim is idle while its busy share of what it holds stays below this.")
 @_opt("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle claims to list.")
@@ -560,7 +563,8 @@ def healthcheck(listen: str, web_config: str | None) -> None:
       help="Seconds one query may take.")
 @_user_errors
 def report(prometheus: str, since: str | None, start: str | None, end: str | None, step: str | None, fmt: str,
-           price_per_gpu_hour: float | None, price_file: str | None, idle_below: float, top: int, raw: bool,
+           price_per_gpu_hour: float | None, price_file: str | None, currency: str | None, idle_below: float,
+           top: int, raw: bool,
            grouping: str, bearer_token_file: str | None, basic_auth_user: str | None,
            basic_auth_password_file: str | None, ca_file: str | None, timeout: float) -> None:
     """GPU-hours held and busy per namespace and claim, idle claims and cost, from Prometheus."""
@@ -583,6 +587,11 @@ def report(prometheus: str, since: str | None, start: str | None, end: str | Non
     resolution = showback.parse_duration(step) if step else showback.default_step(until - begin)
     prices = (edge.read_prices(price_file) if price_file else
               showback.Prices(default=price_per_gpu_hour) if price_per_gpu_hour is not None else None)
+    if currency is not None:
+        if prices is None:
+            raise click.UsageError("--currency names what the prices are in: give --price-per-gpu-hour or "
+                                   "--price-file too")
+        prices = prices.in_currency(currency)
     client = edge.PrometheusClient(edge.Connection(
         prometheus,
         bearer_token=edge.read_secret(bearer_token_file, "--bearer-token-file") if bearer_token_file else None,
@@ -598,6 +607,24 @@ def report(prometheus: str, since: str | None, start: str | None, end: str | Non
         sys.exit(1)  # ran, but found nothing usable
     render = {"table": showback.render_table, "csv": showback.render_csv, "json": showback.render_json}[fmt]
     click.echo(render(result), nl=fmt != "csv")
+
+
+@main.command("recording-rules")
+@pod_labels_option
+@_opt("--price-file", default=None, metavar="FILE", type=FileOption(yaml=True),
+      help="Also record these prices (report's price file) for the showback dashboard's cost panels.")
+@_opt("--currency", default=None, metavar="CODE", help="ISO 4217 code the prices are in [default: the price file's].")
+@_user_errors
+def recording_rules(pod_labels: str | None, price_file: str | None, currency: str | None) -> None:
+    """Print the showback recording rules (deploy/recording-rules.yaml) for exporters run with
+    --pod-labels, and with the prices of --price-file recorded for the dashboards."""
+    from . import report as edge
+    from . import showback
+
+    if currency is not None and not price_file:
+        raise click.UsageError("--currency names what the prices are in: give --price-file too")
+    prices = edge.read_prices(price_file).in_currency(currency) if price_file else None
+    click.echo(showback.rules_yaml(parse_pod_labels(pod_labels), prices), nl=False)
 
 
 @main.command()

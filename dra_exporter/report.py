@@ -264,22 +264,12 @@ def read_secret(path: str, what: str) -> str:
 
 
 def read_prices(path: str) -> Prices:
-    """A price file: ``{model: price per GPU-hour of a whole GPU}``, optionally ``default``; YAML or JSON."""
+    """A price file (``showback.prices_from_doc``), YAML or JSON, read bounded and strictly."""
     try:
         doc = strict_yaml.load(strict_yaml.read_text(path, MAX_PRICE_FILE_BYTES))
     except strict_yaml.YamlFileError as exc:
         raise ShowbackError(f"price file {path}: {exc}") from None
-    if not isinstance(doc, dict) or not doc:
-        raise ShowbackError(f"price file {path}: expected a mapping of GPU model to price per GPU-hour, "
-                            'e.g. {"NVIDIA H200": 4.5, "default": 3.0}')
-    prices: dict[str, float] = {}
-    for model, price in doc.items():
-        if isinstance(price, bool) or not isinstance(price, (int, float)) or not price >= 0:
-            raise ShowbackError(f"price file {path}: the price of {str(model)!r} must be a number >= 0, "
-                                f"not {price!r}")
-        prices[str(model)] = float(price)
-    default = prices.pop("default", None)
-    return Prices(prices, default)
+    return showback.prices_from_doc(doc, f"price file {path}")
 
 
 # --- the report -------------------------------------------------------------------------------

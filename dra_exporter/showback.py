@@ -56,6 +56,10 @@ HELD_NAMESPACE: Final = "namespace:dra_gpus_held:sum"
 BUSY_NAMESPACE: Final = "namespace:dra_gpus_busy:sum"
 HELD_POD: Final = "namespace_claim_pod:dra_gpus_held:split"
 BUSY_POD: Final = "namespace_claim_pod:dra_gpus_busy:weighted"
+PRICE: Final = "model:dra_gpu_hour_price:configured"
+"""A price file as series (``price_rules``): one per priced model (label ``model``), the default
+without one, each with its ``currency`` where the file names one; the dashboards' cost panels read them."""
+PRICE_GROUP: Final = "dra-exporter-showback-prices"
 
 # Aggregations say what they drop (``without``), never what they keep, so labels the operator adds
 # (``cluster`` from external labels or a global view) survive every level.
@@ -175,9 +179,10 @@ def with_pod_labels(expr: str, pod_labels: cat.PodLabels) -> str:
     return expr.replace(_PODS, f"group {_without(_POD_DETAIL + pod_labels.names)} ({cat.CLAIM_CONSUMER_INFO.name})")
 
 
-def rules_yaml(pod_labels: cat.PodLabels = _NO_POD_LABELS) -> str:
+def rules_yaml(pod_labels: cat.PodLabels = _NO_POD_LABELS, prices: Prices | None = None) -> str:
     """The text of ``deploy/recording-rules.yaml``; for exporters run with ``--pod-labels``, the rules
-    that drop those labels (``python -m dra_exporter.showback --pod-labels team``)."""
+    that drop those labels; with ``prices``, a second group that records them (``PRICE``):
+    ``dra-exporter recording-rules --pod-labels team --price-file prices.yaml``."""
     lines = [RULES_FILE_HEADER.rstrip("\n"), "groups:", f"  - name: {RULE_GROUP}",
              f"    interval: {RULE_INTERVAL}", "    rules:"]
     for rule in RULES:
@@ -185,7 +190,29 @@ def rules_yaml(pod_labels: cat.PodLabels = _NO_POD_LABELS) -> str:
         lines.append(f"      - record: {rule.record}")
         lines.append("        expr: |")
         lines.extend(f"          {line}" for line in with_pod_labels(rule.expr, pod_labels).splitlines())
+    if prices is not None:
+        lines += [f"  - name: {PRICE_GROUP}", f"    interval: {RULE_INTERVAL}", "    rules:"]
+        for labels, price in price_rules(prices):
+            lines += [f"      - record: {PRICE}", f"        expr: vector({promql_number(price)})"]
+            if labels:
+                # JSON strings are YAML strings: a model name with a colon or quote stays one value.
+                lines += ["        labels:", *(f"          {k}: {json.dumps(v)}" for k, v in labels.items())]
     return "\n".join(lines) + "\n"
+
+
+def price_rules(prices: Prices) -> list[tuple[dict[str, str], float]]:
+    """``prices`` as the labels and value of each ``PRICE`` series: the models in name order, then
+    the default (no ``model`` label: the dashboards fall back to it on ``model=""``)."""
+    money = {"currency": prices.currency} if prices.currency else {}
+    rules = [({"model": model, **money}, price) for model, price in sorted(prices.by_model.items())]
+    if prices.default is not None:
+        rules.append((money, prices.default))
+    return rules
+
+
+def promql_number(value: float) -> str:
+    """``value`` as a short PromQL literal: ``3``, ``4.5``, ``1e-07``."""
+    return repr(float(value)).removesuffix(".0")
 
 
 def inline(expr: str, window: str = RULE_INTERVAL) -> str:
@@ -318,12 +345,24 @@ class Series:
     points: tuple[tuple[float, float], ...]
 
 
+_CURRENCY = re.compile(r"[A-Z]{3}")
+
+
+def currency(text: str) -> str:
+    """``text`` checked as a currency: an ISO 4217 code (``EUR``, ``USD``), three capital letters."""
+    if not _CURRENCY.fullmatch(text):
+        raise ShowbackError(f"currency {text!r}: give an ISO 4217 code, three capital letters (EUR, USD)")
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class Prices:
     """Price of one GPU-hour of a whole GPU, per model (``dra_gpu_info``'s ``model``), or flat."""
 
     by_model: Mapping[str, float] = field(default_factory=dict)
     default: float | None = None
+    currency: str | None = None
+    """ISO 4217 code the prices are in; None: not said (the outputs name none)."""
 
     def of(self, model: str) -> float:
         price = self.by_model.get(model, self.default)
@@ -331,6 +370,45 @@ class Prices:
             known = ", ".join(sorted(self.by_model)) or "none"
             raise ShowbackError(f"no price for GPU model {model!r} (priced: {known}); add it or a 'default'")
         return price
+
+    def in_currency(self, code: str | None) -> Prices:
+        """These prices said to be in ``code`` (``report --currency``); a price file that names
+        another currency is a contradiction, not something to pick a side in."""
+        if code is None:
+            return self
+        code = currency(code)
+        if self.currency not in (None, code):
+            raise ShowbackError(f"--currency {code}: the price file says its prices are in {self.currency}")
+        return Prices(self.by_model, self.default, code)
+
+
+PRICE_FILE_KEYS: Final = ("default", "currency")
+"""The price file's keys that are not GPU models."""
+
+
+def prices_from_doc(doc: object, where: str) -> Prices:
+    """A parsed price file (YAML or JSON): ``{model: price per GPU-hour of a whole GPU}``, optionally
+    ``default`` (any other model) and ``currency`` (an ISO 4217 code). ``where`` prefixes errors."""
+    if not isinstance(doc, dict) or not doc:
+        raise ShowbackError(f"{where}: expected a mapping of GPU model to price per GPU-hour, "
+                            'e.g. {"NVIDIA H200": 4.5, "default": 3.0, "currency": "EUR"}')
+    code = doc.get("currency")
+    if code is not None and not isinstance(code, str):
+        raise ShowbackError(f"{where}: currency must be an ISO 4217 code such as EUR, not {code!r}")
+    prices: dict[str, float] = {}
+    for model, price in doc.items():
+        if model == "currency":
+            continue
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or not price >= 0 or math.isinf(price):
+            raise ShowbackError(f"{where}: the price of {str(model)!r} must be a number >= 0, not {price!r}")
+        prices[str(model)] = float(price)
+    default = prices.pop("default", None)
+    if not prices and default is None:
+        raise ShowbackError(f"{where}: it names a currency but no price")
+    try:
+        return Prices(prices, default, currency(code) if code is not None else None)
+    except ShowbackError as exc:
+        raise ShowbackError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +468,8 @@ class Report:
     groups: tuple[Usage, ...] = ()
     """Per value of ``group_label`` (in ``Usage.namespace``; ``""``: no pod of the claim has it)."""
     claim_groups: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    currency: str | None = None
+    """What the costs are in (``Prices.currency``); None where the prices do not say."""
 
     @property
     def group_label(self) -> str:
@@ -504,7 +584,8 @@ def build(
                               start if before else since, before))
     idle.sort(key=lambda c: (c.idle_since, c.namespace, c.claim))
     return Report(start, end, step, source, tuple(namespaces), tuple(claims), tuple(idle[:top]), total,
-                  prices is not None, idle_below, grouping, tuple(groups), claim_groups)
+                  prices is not None, idle_below, grouping, tuple(groups), claim_groups,
+                  prices.currency if prices is not None else None)
 
 
 def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], measured: Mapping[float, float],
@@ -557,6 +638,7 @@ def render_json(r: Report) -> str:
     doc = {
         "window": {"start": iso(r.start), "end": iso(r.end), "step_seconds": r.step},
         "source": r.source,
+        **({"currency": r.currency} if r.currency else {}),
         "total": _usage_dict(r.total, r.priced),
         "namespaces": [{"namespace": u.namespace, **_usage_dict(u, r.priced)} for u in r.namespaces],
         **({"groups": {"label": r.group_label,
@@ -582,8 +664,8 @@ def render_csv(r: Report) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["namespace", "claim", *([r.group_label] if r.group_label else []), "gpu_hours_held",
                      "gpu_hours_busy", "idle_share",
-                     "gpu_hours_without_busy_signal", *(["cost"] if r.priced else []), "idle_since", "pods",
-                     "devices"])
+                     "gpu_hours_without_busy_signal", *(["cost"] if r.priced else []),
+                     *(["currency"] if r.currency else []), "idle_since", "pods", "devices"])
     for u in r.claims:
         c = idle.get((u.namespace, u.claim))
         share = u.idle_share
@@ -592,7 +674,7 @@ def render_csv(r: Report) -> str:
                          f"{u.held_hours:.6f}",
                          f"{u.busy_hours:.6f}" if u.busy_known else UNKNOWN,
                          f"{share:.6f}" if share is not None else UNKNOWN, f"{u.unmeasured_hours:.6f}",
-                         *([f"{u.cost or 0.0:.6f}"] if r.priced else []),
+                         *([f"{u.cost or 0.0:.6f}"] if r.priced else []), *([r.currency] if r.currency else []),
                          iso(c.idle_since) if c else "", " ".join(c.pods) if c else "", c.devices if c else ""])
     return out.getvalue()
 
@@ -611,7 +693,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: int) -> 
 def render_table(r: Report) -> str:
     unmeasured = r.total.unmeasured_hours > 0
     numbers = ["GPU-H HELD", "GPU-H BUSY", "IDLE", *(["NO SIGNAL"] if unmeasured else []),
-               *(["COST"] if r.priced else [])]
+               *([f"COST ({r.currency})" if r.currency else "COST"] if r.priced else [])]
 
     def cells(u: Usage) -> list[str]:
         share = u.idle_share
@@ -655,16 +737,10 @@ def render_table(r: Report) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m dra_exporter.showback [--pod-labels team,cost-center]
+if __name__ == "__main__":  # python -m dra_exporter.showback > deploy/recording-rules.yaml
     import sys
 
-    from .model import is_label_key
-
-    args = sys.argv[1:]
-    keys = args[1].split(",") if args[:1] == ["--pod-labels"] and len(args) == 2 else []
-    if args and not (keys and all(map(is_label_key, keys))):
-        sys.exit("usage: python -m dra_exporter.showback [--pod-labels KEY,…] (Kubernetes label keys)")
-    try:
-        print(rules_yaml(cat.PodLabels(tuple(keys))), end="")
-    except ValueError as exc:
-        sys.exit(f"--pod-labels: {exc}")
+    if sys.argv[1:]:
+        sys.exit("usage: python -m dra_exporter.showback (the rules file of deploy/; for --pod-labels and "
+                 "--price-file: dra-exporter recording-rules)")
+    print(rules_yaml(), end="")

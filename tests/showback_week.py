@@ -28,6 +28,7 @@ WEEK = 168
 STEP = 300
 H100, A100, A30 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA A30"
 PRICES = {H100: 4.0, A100: 2.5, A30: 1.2}
+CURRENCY = "EUR"
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,8 @@ def reports() -> dict[str, str]:
         server = backfill(Path(work), openmetrics(), T0, T0 + WEEK * HOUR, STEP,
                           extra_args=["--storage.tsdb.retention.time=100y"])
         try:
-            (Path(work) / "prices.yaml").write_text("".join(f'"{m}": {p}\n' for m, p in PRICES.items()))
+            (Path(work) / "prices.yaml").write_text("".join(f'"{m}": {p}\n' for m, p in PRICES.items())
+                                                    + f"currency: {CURRENCY}\n")
             for marker, extra in BLOCKS.items():
                 proc = subprocess.run([sys.executable, "-m", "dra_exporter.cli", "report", "--prometheus",
                                        server.url, *ARGS, *extra], capture_output=True, text=True, timeout=600,

@@ -83,6 +83,11 @@ def variables(dash: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {v["name"]: v for v in dash["templating"]["list"]}
 
 
+def names_only(var: dict[str, Any]) -> bool:
+    """A hidden query variable that only names something in panel titles (the prices' currency)."""
+    return var["type"] == "query" and var["hide"] == 2
+
+
 def substitute(expr: str, values: dict[str, str]) -> str:
     for name, value in {**BUILTINS, **values}.items():
         expr = expr.replace(name if name.startswith("$__") else f"${name}", value)
@@ -130,8 +135,13 @@ def test_dashboard_is_importable_with_a_datasource_variable(name: str) -> None:
     for var in variables_.values():
         if var["type"] == "query":
             assert var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
-            assert var["includeAll"] and var["allValue"] == ALL
             assert re.fullmatch(r"label_values\(.+, \w+\)", var["query"]["query"]), var["query"]
+            if names_only(var):  # hidden, it names something in titles: no query may select by it
+                assert not var["includeAll"] and not var["multi"]
+                assert not any(f"${var['name']}" in tg["expr"] for _, tg in targets(dash)), var["name"]
+                assert any(f"${{{var['name']}}}" in p["title"] for p in query_panels(dash)), var["name"]
+            else:
+                assert var["includeAll"] and var["allValue"] == ALL
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS.glob("*.json")))
@@ -174,7 +184,8 @@ def test_queries_use_only_catalogue_metrics() -> None:
         for metric in set(re.findall(r"(?<![\w:])dra_[a-z0-9_]+", " ".join(queries))):
             assert metric in cat.BY_NAME, f"{name}: {metric} is not in dra_exporter/catalog.py"
         for record in set(RECORDED.findall(" ".join(queries))):
-            assert record in showback.BY_RECORD, f"{name}: {record} is not a recording rule"
+            assert record in showback.BY_RECORD or record == showback.PRICE, \
+                f"{name}: {record} is not a recording rule"
 
 
 # --- panel arithmetic, on promtool's evaluator ------------------------------------------------
@@ -196,6 +207,7 @@ def panel_expr(dash_name: str, title: str, **values: str) -> str:
 def promtool_expr_tests(promtool: str, directory: Path, series: list[dict[str, str]],
                         cases: list[dict[str, Any]], interval: str = "1m") -> None:
     """Evaluate expressions over given series with promtool (no rules): its unit-test runner."""
+    directory.mkdir(parents=True, exist_ok=True)
     (directory / "none.yaml").write_text("groups: []\n")
     tests = directory / "panels.test.yaml"
     tests.write_text(yaml.safe_dump({"rule_files": ["none.yaml"], "tests": [
@@ -259,6 +271,63 @@ def test_idle_claims_lists_only_claims_of_gpu_devices(promtool: str, tmp_path: P
     ])
 
 
+def test_the_cost_panels_price_each_model_then_the_default_then_the_price_variable(
+        promtool: str, tmp_path: Path) -> None:
+    """Each device pays the price recorded for its GPU model (``dra-exporter recording-rules
+    --price-file``), a model without one the recorded default, and without a default the price
+    variable; a MIG device its share. Half an hour of samples, read over the last hour."""
+    held, price = showback.HELD_DEVICE, showback.PRICE
+    node = 'instance="node-a", job="dra-exporter"'
+    h200, a100 = 'model="NVIDIA H200"', 'model="NVIDIA A100-SXM4-80GB"'
+    devices = [
+        {"series": f'{held}{{{node}, namespace="ml", claim="train", uuid="GPU-0", {h200}, profile=""}}',
+         "values": "_ 1x29"},  # 0.5 h × 4.5
+        {"series": f'{held}{{{node}, namespace="ml", claim="train", uuid="MIG-1", {h200}, profile="3g.71gb"}}',
+         "values": "_ 0.5x29"},  # 0.25 h × 4.5
+        {"series": f'{held}{{{node}, namespace="inf", claim="vllm", uuid="GPU-2", {a100}, profile=""}}',
+         "values": "_ 1x29"},  # 0.5 h × the default, else × $price
+    ]
+    prices = [{"series": f'{price}{{model="NVIDIA H200", currency="EUR"}}', "values": "4.5x60"}]
+    default = [{"series": f'{price}{{currency="EUR"}}', "values": "3x60"}]
+
+    def cases(inf: float, **values: str) -> list[dict[str, Any]]:
+        ml = 0.75 * 4.5
+        window = {"$__range": "1h", "price": "2", **values}
+        total = panel_expr("dra-showback.json", "Cost ${currency}", **window)
+        per_ns = panel_expr("dra-showback.json", "Cost by namespace ${currency}", **window)
+        per_claim = panel_expr("dra-showback.json", "Top claims by cost ${currency}", **window)
+        return [
+            {"expr": f"round(1000 * ({total}))", "eval_time": "60m", "exp_samples": [
+                {"labels": "{}", "value": round(1000 * (ml + inf))}]},
+            {"expr": f"round(1000 * ({per_ns}))", "eval_time": "60m", "exp_samples": [
+                {"labels": '{namespace="ml"}', "value": round(1000 * ml)},
+                {"labels": '{namespace="inf"}', "value": round(1000 * inf)}]},
+            {"expr": f"round(1000 * ({per_claim}))", "eval_time": "60m", "exp_samples": [
+                {"labels": '{namespace="ml", claim="train"}', "value": round(1000 * ml)},
+                {"labels": '{namespace="inf", claim="vllm"}', "value": round(1000 * inf)}]},
+        ]
+
+    promtool_expr_tests(promtool, tmp_path / "default", devices + prices + default, cases(0.5 * 3))
+    promtool_expr_tests(promtool, tmp_path / "variable", devices + prices, cases(0.5 * 2))
+    only_ml = panel_expr("dra-showback.json", "Cost ${currency}", **{"$__range": "1h", "namespace": "ml"})
+    promtool_expr_tests(promtool, tmp_path / "namespace", devices + prices, [
+        {"expr": f"round(1000 * ({only_ml}))", "eval_time": "60m", "exp_samples": [
+            {"labels": "{}", "value": round(1000 * 0.75 * 4.5)}]}])
+    # Without any price series every device pays the price variable: the dashboard as before prices.
+    unpriced = panel_expr("dra-showback.json", "Cost ${currency}", **{"$__range": "1h", "price": "2"})
+    promtool_expr_tests(promtool, tmp_path / "none", devices, [
+        {"expr": f"round(1000 * ({unpriced}))", "eval_time": "60m", "exp_samples": [
+            {"labels": "{}", "value": round(1000 * 1.25 * 2)}]}])
+
+
+def test_the_cost_panels_name_the_recorded_currency() -> None:
+    dash = load_dashboards()["dra-showback.json"]
+    currency = variables(dash)["currency"]
+    assert currency["query"]["query"] == f"label_values({showback.PRICE}, currency)" and names_only(currency)
+    costs = [p["title"] for p in query_panels(dash) if "cost" in p["title"].lower()]
+    assert len(costs) == 3 and all(t.endswith(" ${currency}") for t in costs), costs
+
+
 def test_the_nvlink_throughput_description_names_both_sources() -> None:
     """The counter sums NVML's per-link counters where they exist and integrates GPM only where
     they do not (catalogue help of dra_gpu_nvlink_bytes_total); the panel must not say GPM alone."""
@@ -297,7 +366,7 @@ def assert_every_panel_query_returns_data(prom: PromServer, dash: dict[str, Any]
 def assert_variables_list_values_and_every_query_accepts_a_selection(prom: PromServer, dash: dict[str, Any]) -> None:
     chosen: dict[str, str] = {v["name"]: v["query"] for v in dash["templating"]["list"] if v["type"] == "textbox"}
     for var in dash["templating"]["list"]:
-        if var["type"] != "query":
+        if var["type"] != "query" or names_only(var):  # prices are recorded only where a price file says
             continue
         match = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"]["query"])
         assert match, var["query"]

@@ -314,6 +314,26 @@ def test_with_exported_pod_labels_the_charts_recording_rules_are_those_for_them(
     assert "label_app_kubernetes_io_name" in json.dumps(groups), "the rules name the labels they drop"
 
 
+def test_the_charts_showback_prices_are_recorded_as_the_recording_rules_command_records_a_price_file() -> None:
+    from dra_exporter import showback
+
+    prices = {"NVIDIA H200": 4.5, 'odd: "model"': 2, "default": 3, "currency": "EUR"}
+    kinds = by_kind(render_chart({**EVERYTHING_ON, "prometheusRule": {"enabled": True, "showbackPrices": prices}}))
+    expected = yaml.safe_load(showback.rules_yaml(prices=showback.prices_from_doc(prices, "values")))["groups"]
+    got = kinds["PrometheusRule"]["spec"]["groups"]
+    assert got[:-1] == [*yaml.safe_load(RULES.read_text())["groups"], expected[0]], "alerts and showback as before"
+    assert got[-1] == expected[1], "the same price group as `dra-exporter recording-rules --price-file`"
+    assert [g["name"] for g in by_kind(render_chart({**EVERYTHING_ON}))["PrometheusRule"]["spec"]["groups"]] == [
+        *(g["name"] for g in yaml.safe_load(RULES.read_text())["groups"]), showback.RULE_GROUP], "none by default"
+
+
+@pytest.mark.parametrize("prices", [{"currency": "EUR"}, {"H200": -1}, {"H200": "cheap"},
+                                    {"H200": 1, "currency": "eur"}])
+def test_bad_showback_prices_are_refused_by_the_charts_schema(prices: dict[str, Any]) -> None:
+    with pytest.raises(helm().HelmError, match="showbackPrices"):
+        render_chart({"prometheusRule": {"enabled": True, "showbackPrices": prices}})
+
+
 def test_user_relabelings_are_appended_to_the_charts_own_on_service_and_pod_monitors() -> None:
     mine = [{"sourceLabels": ["__meta_kubernetes_pod_label_team"], "targetLabel": "team"}]
     drop = [{"sourceLabels": ["__name__"], "regex": "dra_gpu_clock_hertz", "action": "drop"}]

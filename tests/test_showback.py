@@ -272,6 +272,115 @@ def test_a_bad_price_file_is_a_clear_error(tmp_path: Path, text: str, needle: st
         read_prices(str(path))
 
 
+@pytest.mark.parametrize("text, needle", [
+    ("currency: eur\nH200: 1", "ISO 4217"), ("currency: 978\nH200: 1", "ISO 4217"),
+    ("currency: EUR\n", "no price"), ("H200: .inf", "number"),
+])
+def test_a_bad_currency_or_a_file_without_prices_is_a_clear_error(tmp_path: Path, text: str, needle: str) -> None:
+    from dra_exporter.report import read_prices
+
+    path = tmp_path / "prices.yaml"
+    path.write_text(text)
+    with pytest.raises(ShowbackError, match=needle):
+        read_prices(str(path))
+
+
+def test_the_price_files_currency_and_reports_currency_agree_or_it_is_an_error(tmp_path: Path) -> None:
+    from dra_exporter.report import read_prices
+
+    (tmp_path / "p.yaml").write_text('"NVIDIA H200": 4.5\ndefault: 3\ncurrency: EUR\n')
+    prices = read_prices(str(tmp_path / "p.yaml"))
+    assert prices == Prices({"NVIDIA H200": 4.5}, 3.0, "EUR"), "currency is not a GPU model"
+    assert prices.in_currency("EUR") == prices and prices.in_currency(None) == prices
+    assert Prices(default=2.0).in_currency("USD") == Prices(default=2.0, currency="USD")
+    with pytest.raises(ShowbackError, match="--currency USD: the price file says its prices are in EUR"):
+        prices.in_currency("USD")
+    with pytest.raises(ShowbackError, match="ISO 4217"):
+        Prices(default=2.0).in_currency("euro")
+
+
+def test_the_report_names_its_currency_in_every_format() -> None:
+    held = [series([1.0] * 60, namespace="ml", claim="train", model="m")]
+    r = showback.build(start=T0, end=T0 + 3600, step=STEP, source="recording rules", held=held,
+                       busy=[series([0.5] * 60, namespace="ml", claim="train")],
+                       prices=Prices(default=3.0, currency="EUR"))
+    assert json.loads(showback.render_json(r))["currency"] == "EUR"
+    (row,) = __import__("csv").DictReader(showback.render_csv(r).splitlines())
+    assert (row["cost"], row["currency"]) == ("3.000000", "EUR")
+    assert re.search(r"^NAMESPACE\s+CLAIM\s+.*COST \(EUR\)$", showback.render_table(r), re.MULTILINE)
+    plain = showback.build(start=T0, end=T0 + 3600, step=STEP, source="t", held=held, busy=[],
+                           prices=Prices(default=3.0))
+    assert "currency" not in json.loads(showback.render_json(plain)), "no currency said, none named"
+    assert "currency" not in showback.render_csv(plain).splitlines()[0]
+    assert "COST (" not in showback.render_table(plain) and "COST" in showback.render_table(plain)
+
+
+# --- the prices as recording rules (the showback dashboard's cost) ------------------------------
+
+
+PRICES = Prices({"NVIDIA H200": 4.5, 'odd: "model"': 2.0}, 3.0, "EUR")
+
+
+def test_the_price_rules_record_each_model_then_the_default_in_the_currency() -> None:
+    doc = yaml.safe_load(showback.rules_yaml(prices=PRICES))
+    assert [g["name"] for g in doc["groups"]] == [showback.RULE_GROUP, showback.PRICE_GROUP]
+    assert doc["groups"][0] == yaml.safe_load(showback.rules_yaml())["groups"][0], "the showback rules unchanged"
+    assert doc["groups"][1]["rules"] == [
+        {"record": showback.PRICE, "expr": "vector(4.5)", "labels": {"model": "NVIDIA H200", "currency": "EUR"}},
+        {"record": showback.PRICE, "expr": "vector(2)", "labels": {"model": 'odd: "model"', "currency": "EUR"}},
+        {"record": showback.PRICE, "expr": "vector(3)", "labels": {"currency": "EUR"}},
+    ]
+    bare = yaml.safe_load(showback.rules_yaml(prices=Prices({"m": 1.5})))["groups"][1]["rules"]
+    assert bare == [{"record": showback.PRICE, "expr": "vector(1.5)", "labels": {"model": "m"}}], "no currency"
+
+
+def test_promtool_evaluates_the_price_rules_to_one_series_a_price(promtool: str, tmp_path: Path) -> None:
+    (tmp_path / "rules.yaml").write_text(showback.rules_yaml(prices=PRICES))
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+                                                        "tests": [{"interval": "1m", "input_series": [],
+                                                                   "promql_expr_test": [{
+        "expr": showback.PRICE, "eval_time": "5m", "exp_samples": [
+            {"labels": f'{showback.PRICE}{{model="NVIDIA H200", currency="EUR"}}', "value": 4.5},
+            {"labels": f'{showback.PRICE}{{model="odd: \\"model\\"", currency="EUR"}}', "value": 2},
+            {"labels": f'{showback.PRICE}{{currency="EUR"}}', "value": 3}]}]}]}))
+    check = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert check.returncode == 0 and f"SUCCESS: {len(showback.RULES) + 3} rules found" in check.stdout, check.stdout
+    unit = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+
+
+def run_rules(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dra_exporter.cli", "recording-rules", *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_recording_rules_command_writes_the_rules_for_pod_labels_and_a_price_file(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text('"NVIDIA H200": 4.5\n\'odd: "model"\': 2\ndefault: 3\n')
+    done = run_rules("--pod-labels", "team", "--price-file", str(tmp_path / "p.yaml"), "--currency", "EUR")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == showback.rules_yaml(cat.PodLabels(("team",)), PRICES)
+    assert run_rules().stdout == RULES_FILE.read_text(), "without options: the rules file of deploy/"
+
+
+@pytest.mark.parametrize("text, args, needle", [
+    ("H200: 1\ncurrency: EUR\n", ["--currency", "USD"], "prices are in EUR"),
+    ("H200: cheap\n", [], "number"),
+    ("H200: 1\n", ["--currency", "eur"], "ISO 4217"),
+    (None, ["--currency", "EUR"], "give --price-file too"),
+    (None, ["--pod-labels", "a team"], "--pod-labels"),
+])
+def test_bad_recording_rules_input_exits_2_with_one_line(tmp_path: Path, text: str | None, args: list[str],
+                                                         needle: str) -> None:
+    if text is not None:
+        (tmp_path / "p.yaml").write_text(text)
+        args = ["--price-file", str(tmp_path / "p.yaml"), *args]
+    done = run_rules(*args)
+    assert done.returncode == 2 and needle in done.stderr and done.stdout == "", done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_a_huge_price_file_is_refused_after_a_bounded_read(tmp_path: Path) -> None:
     from dra_exporter.report import MAX_PRICE_FILE_BYTES, read_prices
 
@@ -409,6 +518,8 @@ def test_server_errors_are_one_line_exit_2(fake: tuple[str, Any], status: int, b
     (["--prometheus", "http://x", "--price-per-gpu-hour", "-1"], "--price-per-gpu-hour"),
     (["--prometheus", "http://x", "--price-per-gpu-hour", "1", "--price-file", __file__], "give one"),
     (["--prometheus", "http://x", "--price-file", "/nonexistent/prices.yaml"], "prices.yaml"),
+    (["--prometheus", "http://x", "--currency", "EUR"], "give --price-per-gpu-hour or --price-file too"),
+    (["--prometheus", "http://x", "--price-per-gpu-hour", "1", "--currency", "Euro"], "ISO 4217"),
     (["--prometheus", "http://x", "--basic-auth-user", "u"], "--basic-auth-password-file"),
     (["--prometheus", "http://x", "--bearer-token-file", "/nonexistent/token"], "token"),
     (["--prometheus", "https://x", "--ca-file", "/nonexistent/ca.pem"], "--ca-file"),
