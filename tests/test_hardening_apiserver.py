@@ -169,7 +169,8 @@ def test_watches_that_expire_or_are_cut_at_once_cost_no_request_storm(
     for kind in ("pods", "resourceslices"):
         assert 2 <= during[("watch", kind)] <= 20, during
         if fault == GONE_410:
-            assert during[("list", kind)] == during[("watch", kind)], "410: list again, then watch"
+            # Counted while the reflector runs: a list may have been answered and its watch not yet sent.
+            assert during[("list", kind)] - during[("watch", kind)] in (0, 1), f"410: list again, then watch: {during}"
         else:
             assert during.get(("list", kind), 0) == 0, f"a cut watch resumes, no re-list: {during}"
     assert kube(rt, cat.COLLECT_ERRORS.name) >= 1
