@@ -6,7 +6,7 @@
   create-blocks-from rules``; the report's totals must match figures computed here from the
   scenario's own definition (not from the code under test), to within one step — from the rules,
   and from the raw series alone.
-- ``serve --simulate`` scraped every second for a minute with the rules loaded: ``report --since 1m``
+- ``serve --simulate`` scraped every second for half a minute with the rules loaded: ``report --since 30s``
   gives each demo claim its devices × share × time.
 """
 
@@ -359,7 +359,7 @@ def test_periodic_load_is_busy_by_the_mean_of_every_sample_from_the_rules_and_th
             assert got[("mpi", claim)]["gpu_hours_busy"] == pytest.approx(held * mean, rel=0.01), (how, claim)
 
 
-# --- end to end: the simulated node scraped for a minute --------------------------------------
+# --- end to end: the simulated node scraped for half a minute -----------------------------------
 
 DEMO = {  # demo.yaml: each claim's devices and their shares (the admin-access claim holds nothing)
     ("ml-training", "llama-train-gpus"): 4.0,
@@ -372,59 +372,60 @@ DEMO = {  # demo.yaml: each claim's devices and their shares (the admin-access c
 }
 
 
-@pytest.mark.prometheus
-@pytest.mark.slow
-def test_report_since_1m_on_the_simulated_node_gives_devices_times_share_times_time(tmp_path: Path) -> None:
+DEMO_TEAMS = {"ml-training": "platform", "inference": "serving", "research": "research", "batch": ""}
+"""demo.yaml's pods' ``team`` label, by namespace (the batch pod has none)."""
+LIVE_SECONDS = 30
+
+
+@pytest.fixture(scope="module")
+def live_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, object]]]:
+    """``serve --simulate`` (the demo node, ``--pod-labels team``) scraped every second with the rules
+    loaded for half a minute: the report over that half minute from the rules, from the raw series,
+    and grouped by the team label the exporter puts on consumer info (no kube-state-metrics here)."""
     binary = require_tool("prometheus", "apt-get install -y prometheus")
-    with running_exporter("demo", free_port()) as port:
-        server = start_prometheus(binary, tmp_path / "prom", [f"127.0.0.1:{port}"], "1s",
-                                  rule_files=[recording_rules_every("1s", tmp_path)])
+    work = tmp_path_factory.mktemp("live")
+    with running_exporter("demo", free_port(), env={"DRA_EXPORTER_POD_LABELS": "team"}) as port:
+        server = start_prometheus(binary, work / "prom", [f"127.0.0.1:{port}"], "1s",
+                                  rule_files=[recording_rules_every("1s", work)])
         try:
+            server.wait_for('dra_claim_consumer_info{label_team="platform"}', timeout=60)
             server.wait_for('namespace_claim:dra_gpus_held:sum{claim="llama-train-gpus"}', timeout=60)
-            time.sleep(63)  # a minute of recorded figures, and a little more for the first step's lookback
-            end = f"{time.time():.3f}"
-            doc = report(server.url, "--since", "1m", "--end", end)
-            raw = report(server.url, "--since", "1m", "--end", end, "--raw")
+            time.sleep(LIVE_SECONDS + 3)  # the window's recorded figures, and a little more for the first lookback
+            window = ("--since", f"{LIVE_SECONDS}s", "--end", f"{time.time():.3f}")
+            yield {"rules": report(server.url, *window), "raw": report(server.url, *window, "--raw"),
+                   "team": report(server.url, *window, "--group-by", "label:team")}
         finally:
             server.stop()
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_report_on_the_simulated_node_gives_devices_times_share_times_time(
+        live_demo: dict[str, dict[str, object]]) -> None:
+    doc, raw = live_demo["rules"], live_demo["raw"]
     assert doc["window"]["step_seconds"] == 1  # type: ignore[index]
     for source in (doc, raw):
         got = by_claim(source)
         assert set(got) == set(DEMO), source["source"]
         for key, share in DEMO.items():
-            # devices x share x 60 s, to within one step (1 s) of the claim's share
-            assert got[key]["gpu_hours_held"] == pytest.approx(share * 60 / HOUR, abs=share / HOUR + 1e-5), key
+            # devices x share x the window, to within one step (1 s) of the claim's share
+            assert got[key]["gpu_hours_held"] == pytest.approx(share * LIVE_SECONDS / HOUR,
+                                                               abs=share / HOUR + 1e-5), key
             assert 0 < got[key]["gpu_hours_busy"] < got[key]["gpu_hours_held"], key
     assert doc["source"] == "recording rules" and raw["source"] == "raw series"
 
 
-DEMO_TEAMS = {"ml-training": "platform", "inference": "serving", "research": "research", "batch": ""}
-"""demo.yaml's pods' ``team`` label, by namespace (the batch pod has none)."""
-
-
 @pytest.mark.prometheus
 @pytest.mark.slow
-@pytest.mark.xfail(not hasattr(__import__("dra_exporter.showback").showback, "group_by"), strict=True,
-                   reason="report --group-by comes with issue 24's report side, on the integration branch")
-def test_report_groups_by_the_team_label_the_exporter_itself_puts_on_consumer_info(tmp_path: Path) -> None:
-    binary = require_tool("prometheus", "apt-get install -y prometheus")
-    with running_exporter("demo", free_port(), env={"DRA_EXPORTER_POD_LABELS": "team"}) as port:
-        server = start_prometheus(binary, tmp_path / "prom", [f"127.0.0.1:{port}"], "1s",
-                                  rule_files=[recording_rules_every("1s", tmp_path)])
-        try:
-            server.wait_for('dra_claim_consumer_info{label_team="platform"}', timeout=60)
-            server.wait_for('namespace_claim:dra_gpus_held:sum{claim="llama-train-gpus"}', timeout=60)
-            time.sleep(33)  # half a minute of recorded figures, and a little more for the first step's lookback
-            doc = report(server.url, "--since", "30s", "--end", f"{time.time():.3f}", "--step", "1s",
-                         "--group-by", "label:team")
-        finally:
-            server.stop()
+def test_report_groups_by_the_team_label_the_exporter_itself_puts_on_consumer_info(
+        live_demo: dict[str, dict[str, object]]) -> None:
+    doc = live_demo["team"]
     assert doc["groups"]["label"] == "label_team"  # type: ignore[index]
     got = {g["value"]: g["gpu_hours_held"] for g in doc["groups"]["values"]}  # type: ignore[index]
     assert set(got) == set(DEMO_TEAMS.values()), "no kube-state-metrics here: the labels are the exporter's"
     for team in got:
         share = sum(s for (ns, _), s in DEMO.items() if DEMO_TEAMS[ns] == team)
-        assert got[team] == pytest.approx(share * 30 / HOUR, abs=share / HOUR + 1e-5), team
+        assert got[team] == pytest.approx(share * LIVE_SECONDS / HOUR, abs=share / HOUR + 1e-5), team
     teams = {(c["namespace"], c["claim"]): c["label_team"] for c in doc["claims"]}  # type: ignore[attr-defined]
     assert teams == {key: DEMO_TEAMS[key[0]] for key in DEMO}
 
