@@ -18,7 +18,10 @@ from test_e2e_otlp import has_gpu_metrics, rss_kib, stop
 
 from dra_exporter import catalog as cat
 
-FAILURES = 120  # refused attempts (the gRPC exporter retries some itself): ~30-40 s of wall time
+FAILURES = 120  # refused attempts: ~30 s of wall time
+# An export's timeout under the SDK's first retry backoff (0.8-1.2 s), so each failed export is one
+# attempt and the outage reaches its count in half the time; a longer timeout adds only retries.
+TIMEOUT = "0.5"
 
 
 @pytest.fixture
@@ -42,13 +45,13 @@ def self_metrics(port: int) -> dict[tuple[str, str], float]:
     return found
 
 
-@pytest.mark.slow  # ~50 s: hundreds of refused exports at 0.2 s
+@pytest.mark.slow  # ~35 s: over a hundred refused exports at 0.2 s
 def test_a_long_collector_outage_is_counted_bounded_and_heals(receiver: GrpcReceiver) -> None:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "dra_exporter.cli", "serve", "--simulate", ATTRIBUTION, "--listen",
          f"127.0.0.1:{port}", "--interval", "0.2", "--otlp-endpoint", receiver.endpoint,
-         "--otlp-protocol", receiver.protocol, "--otlp-interval", "0.2", "--otlp-timeout", "1"],
+         "--otlp-protocol", receiver.protocol, "--otlp-interval", "0.2", "--otlp-timeout", TIMEOUT],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         receiver.wait_for(has_gpu_metrics)
