@@ -31,6 +31,7 @@ from typing import Final, Literal
 from .model import Labels
 
 Kind = Literal["gauge", "counter"]
+DcgmValueType = Literal["int64", "double"]
 Stability = Literal["stable", "experimental"]
 
 #: Identity of a device series: the NVML UUID, the physical GPU's index, MIG partition.
@@ -173,6 +174,13 @@ class DcgmForm:
     replaces: bool = True
     """Whether ``--naming dcgm`` drops the native family for it; False where the DCGM form says less
     (a sum over links, a clique id without its cluster): the native detail then stays."""
+    value_type: DcgmValueType = "int64"
+    """DCGM's type of the field (``dcgm_fields``): an ``int64`` field holds whole numbers (DCGM
+    truncates: 1023.9 MiB reads 1023), a ``double`` field any number."""
+    rate: bool = False
+    """DCGM fills the field with the per-second rate of the native counter between two readings
+    (0 on the first, as DCGM's first sample), not with its running total; ``scale`` then turns
+    native units per second into DCGM's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,25 +335,29 @@ GPU_UTILIZATION: Final = MetricSpec(
     "Fraction of the last sample period during which a kernel ran on the GPU.", unit="ratio",
     otlp=OtlpForm("hw.gpu.utilization", "1", constant=(("hw.gpu.task", "general"),)),
     dcgm=(DcgmForm("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", 100.0, unit="%"),),
-    dcgm_410=(DcgmForm("DCGM_FI_DEV_GPU_UTIL_RATIO", "gauge", "GPU utilization (ratio 0-1).", unit="ratio"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_GPU_UTIL_RATIO", "gauge", "GPU utilization (ratio 0-1).",
+                       unit="ratio", value_type="double"),),
     stability=_STABLE)
 GPU_MEMORY_UTILIZATION: Final = MetricSpec(
     "dra_gpu_memory_utilization_ratio", "gauge",
     "Fraction of the last sample period during which device memory was read or written.", unit="ratio",
     otlp=OtlpForm("hw.gpu.memory.activity", "1"),
     dcgm=(DcgmForm("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", 100.0, unit="%"),),
-    dcgm_410=(DcgmForm("DCGM_FI_DEV_MEMORY_UTIL_RATIO", "gauge", "Memory utilization (ratio 0-1).", unit="ratio"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_MEMORY_UTIL_RATIO", "gauge", "Memory utilization (ratio 0-1).",
+                       unit="ratio", value_type="double"),),
     stability=_STABLE)
 GPU_ENCODER_UTILIZATION: Final = MetricSpec(
     "dra_gpu_encoder_utilization_ratio", "gauge", "Fraction of time the video encoder was busy.", unit="ratio",
     otlp=OtlpForm("hw.gpu.utilization", "1", constant=(("hw.gpu.task", "encoder"),)),
     dcgm=(DcgmForm("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", 100.0, unit="%"),),
-    dcgm_410=(DcgmForm("DCGM_FI_DEV_ENC_UTIL_RATIO", "gauge", "Encoder utilization (ratio 0-1).", unit="ratio"),))
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_ENC_UTIL_RATIO", "gauge", "Encoder utilization (ratio 0-1).",
+                       unit="ratio", value_type="double"),))
 GPU_DECODER_UTILIZATION: Final = MetricSpec(
     "dra_gpu_decoder_utilization_ratio", "gauge", "Fraction of time the video decoder was busy.", unit="ratio",
     otlp=OtlpForm("hw.gpu.utilization", "1", constant=(("hw.gpu.task", "decoder"),)),
     dcgm=(DcgmForm("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", 100.0, unit="%"),),
-    dcgm_410=(DcgmForm("DCGM_FI_DEV_DEC_UTIL_RATIO", "gauge", "Decoder utilization (ratio 0-1).", unit="ratio"),))
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_DEC_UTIL_RATIO", "gauge", "Decoder utilization (ratio 0-1).",
+                       unit="ratio", value_type="double"),))
 GPU_MEMORY_USED: Final = MetricSpec(
     "dra_gpu_memory_used_bytes", "gauge", "Device memory in use, in bytes.", unit="bytes",
     otlp=OtlpForm("hw.gpu.memory.usage", "By", updown=True),
@@ -376,8 +388,9 @@ GPU_MEMORY_RESERVED: Final = MetricSpec(
 GPU_POWER: Final = MetricSpec(
     "dra_gpu_power_watts", "gauge", "Power draw of the whole board, in watts.", unit="watts",
     otlp=OtlpForm("hw.power", "W"),
-    dcgm=(DcgmForm("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", unit="W"),),
-    dcgm_410=(DcgmForm("DCGM_FI_DEV_BOARD_POWER_WATTS", "gauge", "Power draw of the board (in W).", unit="W"),),
+    dcgm=(DcgmForm("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", unit="W", value_type="double"),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_BOARD_POWER_WATTS", "gauge", "Power draw of the board (in W).",
+                       unit="W", value_type="double"),),
     stability=_STABLE)
 GPU_POWER_LIMIT: Final = MetricSpec(
     "dra_gpu_power_limit_watts", "gauge", "Enforced power limit, in watts.", unit="watts",
@@ -468,69 +481,73 @@ GPU_SM_ACTIVE: Final = MetricSpec(
     "dra_gpu_sm_active_ratio", "gauge", "GPM: fraction of SM cycles with at least one warp resident.",
     unit="ratio", otlp=OtlpForm("hw.gpu.sm.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.",
-                   unit="ratio"),),
+                   unit="ratio", value_type="double"),),
     dcgm_410=(DcgmForm("DCGM_FI_PROF_SM_UTIL_RATIO", "gauge",
-                       "The ratio of cycles an SM has at least 1 warp assigned.", unit="ratio"),),
+                       "The ratio of cycles an SM has at least 1 warp assigned.", unit="ratio", value_type="double"),),
     stability=_STABLE)
 GPU_SM_OCCUPANCY: Final = MetricSpec(
     "dra_gpu_sm_occupancy_ratio", "gauge", "GPM: resident warps as a fraction of the SM maximum.",
     unit="ratio", otlp=OtlpForm("hw.gpu.sm.occupancy", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "The ratio of number of warps resident on an SM.",
-                   unit="ratio"),),
+                   unit="ratio", value_type="double"),),
     dcgm_410=(DcgmForm("DCGM_FI_PROF_SM_OCCUPANCY_RATIO", "gauge",
-                       "The ratio of number of warps resident on an SM.", unit="ratio"),),
+                       "The ratio of number of warps resident on an SM.", unit="ratio", value_type="double"),),
     stability=_STABLE)
 GPU_TENSOR_ACTIVE: Final = MetricSpec(
     "dra_gpu_tensor_active_ratio", "gauge", "GPM: fraction of cycles any tensor pipe was active.",
     unit="ratio", otlp=OtlpForm("hw.gpu.tensor.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
-                   unit="ratio"),),
+                   unit="ratio", value_type="double"),),
     dcgm_410=(DcgmForm("DCGM_FI_PROF_TENSOR_UTIL_RATIO", "gauge",
-                       "Ratio of cycles the tensor (HMMA) pipe is active.", unit="ratio"),),
+                       "Ratio of cycles the tensor (HMMA) pipe is active.", unit="ratio", value_type="double"),),
     stability=_STABLE)
 GPU_DRAM_ACTIVE: Final = MetricSpec(
     "dra_gpu_dram_active_ratio", "gauge", "GPM: fraction of peak DRAM bandwidth used.",
     unit="ratio", otlp=OtlpForm("hw.gpu.dram.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
                    "Ratio of cycles the device memory interface is active sending or receiving data.",
-                   unit="ratio"),),
+                   unit="ratio", value_type="double"),),
     dcgm_410=(DcgmForm("DCGM_FI_PROF_DRAM_UTIL_RATIO", "gauge",
                        "Ratio of cycles the device memory interface is active sending or receiving data.",
-                       unit="ratio"),),
+                       unit="ratio", value_type="double"),),
     stability=_STABLE)
 GPU_FP64_ACTIVE: Final = MetricSpec(
     "dra_gpu_fp64_active_ratio", "gauge", "GPM: fraction of cycles the FP64 pipe was active.",
     unit="ratio", otlp=OtlpForm("hw.gpu.fp64.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "gauge", "Ratio of cycles the fp64 pipes are active.",
-                   unit="ratio"),),
+                   unit="ratio", value_type="double"),),
     dcgm_410=(DcgmForm("DCGM_FI_PROF_FP64_UTIL_RATIO", "gauge",
-                       "Ratio of cycles the fp64 pipes are active.", unit="ratio"),),
+                       "Ratio of cycles the fp64 pipes are active.", unit="ratio", value_type="double"),),
     stability=_STABLE)
 GPU_FP32_ACTIVE: Final = MetricSpec(
     "dra_gpu_fp32_active_ratio", "gauge", "GPM: fraction of cycles the FP32 pipe was active.",
     unit="ratio", otlp=OtlpForm("hw.gpu.fp32.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "gauge", "Ratio of cycles the fp32 pipes are active.",
-                   unit="ratio"),),
+                   unit="ratio", value_type="double"),),
     dcgm_410=(DcgmForm("DCGM_FI_PROF_FP32_UTIL_RATIO", "gauge",
-                       "Ratio of cycles the fp32 pipes are active.", unit="ratio"),),
+                       "Ratio of cycles the fp32 pipes are active.", unit="ratio", value_type="double"),),
     stability=_STABLE)
 GPU_FP16_ACTIVE: Final = MetricSpec(
     "dra_gpu_fp16_active_ratio", "gauge", "GPM: fraction of cycles the FP16 pipe was active.",
     unit="ratio", otlp=OtlpForm("hw.gpu.fp16.active", "1"),
     dcgm=(DcgmForm("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "gauge", "Ratio of cycles the fp16 pipes are active.",
-                   unit="ratio"),),
+                   unit="ratio", value_type="double"),),
     dcgm_410=(DcgmForm("DCGM_FI_PROF_FP16_UTIL_RATIO", "gauge",
-                       "Ratio of cycles the fp16 pipes are active.", unit="ratio"),),
+                       "Ratio of cycles the fp16 pipes are active.", unit="ratio", value_type="double"),),
     stability=_STABLE)
 GPU_NVLINK_BYTES: Final = MetricSpec(
     "dra_gpu_nvlink_bytes_total", "counter",
     "Bytes moved over NVLink: the sum of the per-link data counters where NVML has them (since the driver "
     "was loaded), else integrated from GPM rates since this exporter started.",
     DEVICE_LABELS + ("direction",), unit="bytes", otlp=OtlpForm("hw.gpu.nvlink.io", "By"),
+    # DCGM's NVLink "bandwidth" is a rate, whatever type dcgm-exporter declares: field 449 is an int64
+    # in MB/s, NVML's KiB counters' rate divided by 1000; DCGM 4.7's field 1648 the same rate in bytes/s.
     dcgm=(DcgmForm("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
-                   "Total number of NVLink bandwidth counters for all lanes.", sum_over="direction",
-                   unit="bytes, rx + tx"),),
-    dcgm_410=(),
+                   "Total number of NVLink bandwidth counters for all lanes.", 1 / (1024 * 1000),
+                   sum_over="direction", unit="MB/s (KiB/s ÷ 1000), rx + tx", rate=True),),
+    dcgm_410=(DcgmForm("DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND", "gauge",
+                       "NVLink throughput of all lanes (in bytes per second).", sum_over="direction",
+                       unit="bytes/s, rx + tx", rate=True),),
     stability=_STABLE)
 
 # NVLink per link and the NVLink fabric: whole GPUs only (MIG devices own no links). Where NVML has
@@ -956,9 +973,6 @@ DCGM_LEFT_OUT_410: Final[tuple[tuple[str, str], ...]] = (
                                            "DCGM_FI_PROF_SM_UTIL_RATIO")),
     ("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND / _RX_BYTES_PER_SECOND",
      f"DCGM's are gauge rates; the native counter {GPU_PCIE_BYTES.name}{{direction}} stays, use rate() on it"),
-    ("DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND",
-     f"DCGM 4.7's is a gauge rate; the native counter {GPU_NVLINK_BYTES.name}{{direction}} stays, use rate() "
-     f"on it"),
     ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU only; not read"),
 )
 
@@ -1014,16 +1028,19 @@ def markdown_table() -> str:
 
 def dcgm_markdown_table(naming: str = "dcgm") -> str:
     """The README's table of a DCGM naming: each DCGM family, its unit and native source."""
-    rows = ["| dcgm-exporter name | DCGM type | unit | from | help |", "|---|---|---|---|---|"]
+    rows = ["| dcgm-exporter name | DCGM type | DCGM value | unit | from | help |", "|---|---|---|---|---|---|"]
     for source, d in DCGM_NAMINGS[naming].forms:
         origin = f"`{source.name}`" + "".join(f" {{{k}=\"{v}\"}}" for k, v in d.select)
-        if d.scale != 1.0:
-            origin += f" × {d.scale:g}"
         if d.sum_over:
             origin += f", summed over `{d.sum_over}`"
-        rows.append(f"| `{d.name}` | {d.dcgm_kind} | {d.unit} | {origin} | {d.help} |")
+        if d.rate:
+            origin = f"per-second rate of {origin}"
+        if d.scale != 1.0:
+            origin += f" × {d.scale:g}"
+        value = d.value_type + (", rate" if d.rate else "")
+        rows.append(f"| `{d.name}` | {d.dcgm_kind} | {value} | {d.unit} | {origin} | {d.help} |")
     for name, why in DCGM_NAMINGS[naming].left_out:
-        rows.append(f"| `{name}` | — | — | *not emitted* | {why} |")
+        rows.append(f"| `{name}` | — | — | — | *not emitted* | {why} |")
     return "\n".join(rows)
 
 

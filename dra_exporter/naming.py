@@ -30,10 +30,16 @@ fields they leave their native source in place (``DcgmForm.replaces``): the DCGM
 recent" is the code whose counter grew last as seen by an ``XidMemory`` kept across frames; when
 several codes grew in the same cycle, or are already there on the first frame, the highest
 count wins, then the highest code.
+
+Values are DCGM's, not only names: an ``int64`` field (``DcgmForm.value_type``) is a whole number,
+truncated as DCGM truncates; a ``rate`` field (NVLink throughput: MB/s at 4.8's name, bytes per second
+at 4.10's) is the native counter's per-second rate between two frames, kept by a ``RateMemory``
+across frames, 0 on the first frame, as DCGM's first sample is.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -67,24 +73,44 @@ class XidMemory:
         return self.last.get(uuid, "0")
 
 
+@dataclass
+class RateMemory:
+    """Per rate form, each DCGM series' native total and frame time at the previous frame."""
+
+    last: dict[str, dict[Labels, tuple[float, float]]] = field(default_factory=dict)
+
+    def rates(self, form: str, totals: Mapping[Labels, float], at: float) -> dict[Labels, float]:
+        """Per series, the per-second growth of its total since the previous frame; 0 where there
+        is none (first frame, the clock did not move, or the counter went back: a driver reload)."""
+        before = self.last.get(form, {})
+        self.last[form] = {labels: (total, at) for labels, total in totals.items()}  # gone series go
+        out = {}
+        for labels, total in totals.items():
+            prev_total, prev_at = before.get(labels, (total, at))
+            out[labels] = (total - prev_total) / (at - prev_at) if at > prev_at and total >= prev_total else 0.0
+        return out
+
+
 def _code_order(code: str) -> int:
     return int(code) if code.isdigit() else -1
 
 
-def apply(frame: Frame, naming: str, *, hostname: str, xid: XidMemory | None = None) -> Frame:
-    """``frame`` under ``naming`` (see the module docstring); ``xid`` carries XID order across frames."""
+def apply(frame: Frame, naming: str, *, hostname: str, xid: XidMemory | None = None,
+          rates: RateMemory | None = None) -> Frame:
+    """``frame`` under ``naming`` (see the module docstring); ``xid`` carries XID order, ``rates`` the
+    rate fields' previous totals, across frames."""
     if naming == "native":
         return frame
     if naming not in NAMINGS:
         raise ValueError(f"unknown naming {naming!r}; expected one of {', '.join(NAMINGS)}")
     dcgm_naming = cat.DCGM_NAMINGS["dcgm" if naming == "both" else naming]
-    dcgm = dcgm_families(frame, hostname=hostname, xid=xid, naming=dcgm_naming)
+    dcgm = dcgm_families(frame, hostname=hostname, xid=xid, rates=rates, naming=dcgm_naming)
     kept = frame.families if naming == "both" else tuple(
         f for f in frame.families if f.name not in REPLACED[naming])
     return replace(frame, families=tuple(sorted(kept + dcgm, key=lambda f: f.name)))
 
 
-def dcgm_families(frame: Frame, *, hostname: str, xid: XidMemory | None = None,
+def dcgm_families(frame: Frame, *, hostname: str, xid: XidMemory | None = None, rates: RateMemory | None = None,
                   naming: cat.DcgmNaming = cat.DCGM_NAMINGS["dcgm"]) -> tuple[Family, ...]:
     """The DCGM families of ``frame`` under ``naming`` (only those with samples)."""
     labeller = _Labeller.of(frame, hostname, naming.labels)
@@ -95,23 +121,34 @@ def dcgm_families(frame: Frame, *, hostname: str, xid: XidMemory | None = None,
         elif form in _FABRIC:
             samples = _fabric_samples(frame, source, form, labeller)
         else:
-            samples = _converted(frame.family(source.name), form, labeller)
+            samples = _converted(frame.family(source.name), form, labeller, frame.timestamp,
+                                 RateMemory() if rates is None else rates)
         if samples:
             out.append(Family(form.name, samples))
     return tuple(out)
 
 
-def _converted(family: Family | None, spec: cat.DcgmForm, labeller: _Labeller) -> tuple[Sample, ...]:
-    if family is None:
-        return ()
+def _converted(family: Family | None, spec: cat.DcgmForm, labeller: _Labeller, at: float,
+               rates: RateMemory) -> tuple[Sample, ...]:
     totals: dict[Labels, float] = defaultdict(float)
-    for sample in family.samples:
+    for sample in _samples(family):
         native = dict(sample.labels)
         if any(native.get(k) != v for k, v in spec.select):
             continue
         # Summing is what ``sum_over`` asks for; for the others each key occurs once.
-        totals[labeller.labels(native)] += sample.value * spec.scale
-    return tuple(Sample(labels, value) for labels, value in sorted(totals.items()))
+        totals[labeller.labels(native)] += sample.value
+    values = rates.rates(spec.name, totals, at) if spec.rate else totals
+    return tuple(Sample(labels, dcgm_value(spec, value)) for labels, value in sorted(values.items()))
+
+
+def dcgm_value(form: cat.DcgmForm, native: float) -> float:
+    """The number DCGM's field holds for ``native`` (in the native unit, per second for a rate)."""
+    value = native * form.scale
+    if form.value_type == "int64" and math.isfinite(value):
+        # DCGM truncates to an integer; rounding to 6 places first keeps 1979.9999999999998 MHz
+        # (1.98e9 Hz × 1e-6 in floating point) at 1980, as NVML's whole MHz read.
+        return float(math.trunc(round(value, 6)))
+    return value
 
 
 def _fabric_value(form: cat.DcgmForm, native: Mapping[str, str], value: float,

@@ -207,15 +207,17 @@ class RenamingSink:
     """Publishes each frame to ``inner`` under a ``--naming`` other than native (``dra_exporter.naming``)."""
 
     def __init__(self, inner: Sink, naming: str, hostname: str) -> None:
-        from .naming import XidMemory
+        from .naming import RateMemory, XidMemory
 
         self.inner, self.naming, self.hostname = inner, naming, hostname
         self._xid = XidMemory()  # which XID code is the latest, across frames
+        self._rates = RateMemory()  # the rate fields' previous totals (NVLink throughput)
 
     def publish(self, frame: Frame) -> None:
         from .naming import apply
 
-        self.inner.publish(apply(frame, self.naming, hostname=self.hostname, xid=self._xid))
+        self.inner.publish(apply(frame, self.naming, hostname=self.hostname, xid=self._xid,
+                                      rates=self._rates))
 
 
 def _source_runners(settings: S, program: Program[S], env: Environment) -> dict[Role, list[SourceRunner[Any]]]:

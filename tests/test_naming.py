@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -97,7 +98,8 @@ def test_units_are_dcgms() -> None:
     assert dcgm(fr, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")[key][1] == 0.5  # ratio
     assert dcgm(fr, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS")[key][1] == 2
     assert dcgm(fr, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")[key][1] == 1
-    assert dcgm(fr, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")[key][1] == 150  # rx + tx, one series
+    # A rate, 0 on the first frame as DCGM's first sample (test_every_dcgm_alias_holds_dcgms_value).
+    assert dcgm(fr, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")[key][1] == 0  # rx + tx, one series
 
 
 # --- dcgm-4.10: dcgm-exporter 4.9/4.10, DCGM 4.7/4.8's names and base units ---------------------
@@ -114,15 +116,15 @@ def test_dcgm_410_names_and_base_units() -> None:
     assert value("DCGM_FI_DEV_FB_CAPACITY_BYTES") == 141 * 2**30  # collected by default since 4.9
     assert value("DCGM_FI_DEV_SM_CLOCK_HERTZ") == 1.98e9  # Hz, not MHz
     assert value("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ") == 3.2e9
-    assert value("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL") == 12.5  # J, not mJ
+    assert value("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL") == 12  # J, not mJ: DCGM's int64
     assert value("DCGM_FI_DEV_GPU_UTIL_RATIO") == 0.25  # a ratio, not %
     assert value("DCGM_FI_DEV_BOARD_POWER_WATTS") == 310.0
     assert value("DCGM_FI_PROF_TENSOR_UTIL_RATIO") == 0.5
     assert value("DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL") == 2
     assert value("DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL") == 1
     names = {f.name for f in naming.apply(fr, "dcgm-4.10", hostname="n").families}
-    # DCGM 4.7's NVLink throughput is a rate: no counter under its name; the native counter stays.
-    assert cat.GPU_NVLINK_BYTES.name in names and not {n for n in names if "NVLINK" in n}
+    # DCGM 4.7's NVLink throughput is a rate in bytes per second; the native counter stays beside it.
+    assert cat.GPU_NVLINK_BYTES.name in names and "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND" in names
     # No 4.8 name is published under 4.10, and no 4.10 name under dcgm.
     old = {f.name for _, f, _ in cat.dcgm_renames() if f} - {f.name for _, _, f in cat.dcgm_renames() if f}
     new = {f.name for _, _, f in cat.dcgm_renames() if f} - {f.name for _, f, _ in cat.dcgm_renames() if f}
@@ -377,3 +379,122 @@ def test_the_charts_naming_value_admits_exactly_the_cli_namings() -> None:
     result = CliRunner().invoke(cli.main, ["snapshot", "--simulate", "--format", "prometheus"],
                                 env={"DRA_EXPORTER_NAMING": "dcgm-4.10"}, catch_exceptions=False)
     assert result.exit_code == 0 and "\nDCGM_FI_DEV_GPU_UTIL_RATIO{" in result.stdout
+
+
+# --- every alias's value: DCGM's unit, type (int64 or double) and kind (total or rate) ----------------
+#
+# What DCGM's field holds for the native readings of ``value_frame`` (DCGM 4.6's dcgm_fields.cpp for the
+# types and units; its cache manager for NVLink: NVML's KiB counters' growth per second ÷ 1000 = "MB/s";
+# DCGM 4.7's base-unit fields: int64 bytes, hertz and joules, double ratios and watts). An alias the
+# catalogue gains without a line here fails, so no name is published without its value checked.
+
+MIB = 2**20
+#: Between the two frames (10 s apart) NVLink moved 30.72e9 bytes in and 10.24e9 out: 4.096e9 B/s.
+NVLINK_RATE = (30.72e9 + 10.24e9) / 10
+EXPECTED_VALUES: dict[str, float] = {
+    # dcgm (dcgm-exporter 4.8, DCGM 4.6 field names)
+    "DCGM_FI_DEV_GPU_UTIL": 37,  # int64 %: 0.37 × 100 is 37.00000000000001 in floating point
+    "DCGM_FI_DEV_MEM_COPY_UTIL": 29,  # 0.29 × 100 is 28.999999999999996
+    "DCGM_FI_DEV_ENC_UTIL": 7, "DCGM_FI_DEV_DEC_UTIL": 50,
+    "DCGM_FI_DEV_FB_USED": 1023,  # int64 MiB, truncated: 1023.9 MiB
+    "DCGM_FI_DEV_FB_FREE": 10, "DCGM_FI_DEV_FB_RESERVED": 512,
+    "DCGM_FI_DEV_POWER_USAGE": 301.25,  # double W
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 12345,  # int64 mJ
+    "DCGM_FI_DEV_GPU_TEMP": 41, "DCGM_FI_DEV_MEMORY_TEMP": 52,
+    "DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_MEM_CLOCK": 2619,  # int64 MHz
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 3,
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 1, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 2,
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": 1,
+    "DCGM_FI_PROF_SM_ACTIVE": 0.625, "DCGM_FI_PROF_SM_OCCUPANCY": 0.3125,  # double ratios
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.123, "DCGM_FI_PROF_DRAM_ACTIVE": 0.456,
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 0.01, "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 0.02, "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 0.03,
+    # A rate, not the running byte total (≈1.5e11 here): int64 "MB/s", NVML's KiB/s ÷ 1000.
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 4000,
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 5, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": 4,
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 3, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": 2,
+    # dcgm-4.10 (dcgm-exporter 4.9/4.10, DCGM 4.7/4.8 names and base units)
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": 0.37, "DCGM_FI_DEV_MEMORY_UTIL_RATIO": 0.29,  # double ratios
+    "DCGM_FI_DEV_ENC_UTIL_RATIO": 0.07, "DCGM_FI_DEV_DEC_UTIL_RATIO": 0.5,
+    "DCGM_FI_DEV_FB_USED_BYTES": 1073636966,  # int64 bytes: 1023.9 MiB is 1073636966.4 bytes
+    "DCGM_FI_DEV_FB_FREE_BYTES": 10 * MIB + 1, "DCGM_FI_DEV_FB_CAPACITY_BYTES": 141 * 2**30,
+    "DCGM_FI_DEV_FB_RESERVED_BYTES": 512 * MIB,
+    "DCGM_FI_DEV_BOARD_POWER_WATTS": 301.25,
+    "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": 12,  # int64 J
+    "DCGM_FI_DEV_GPU_TEMP_CELSIUS": 41, "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS": 52,
+    "DCGM_FI_DEV_SM_CLOCK_HERTZ": 1_980_000_000, "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ": 2_619_000_000,
+    "DCGM_FI_DEV_PCIE_REPLAY_TOTAL": 3,
+    "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL": 1, "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL": 2,
+    "DCGM_FI_DEV_ROW_REMAP_FAILED": 1,
+    "DCGM_FI_PROF_SM_UTIL_RATIO": 0.625, "DCGM_FI_PROF_SM_OCCUPANCY_RATIO": 0.3125,
+    "DCGM_FI_PROF_TENSOR_UTIL_RATIO": 0.123, "DCGM_FI_PROF_DRAM_UTIL_RATIO": 0.456,
+    "DCGM_FI_PROF_FP64_UTIL_RATIO": 0.01, "DCGM_FI_PROF_FP32_UTIL_RATIO": 0.02, "DCGM_FI_PROF_FP16_UTIL_RATIO": 0.03,
+    "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND": NVLINK_RATE,  # int64 bytes per second
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL": 5, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL": 4,
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL": 3, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL": 2,
+}
+
+
+def value_frame(at: float, nvlink_rx: float, nvlink_tx: float) -> Frame:
+    def one(spec: cat.MetricSpec, value: float) -> Family:
+        return fam(spec.name, dev(spec.name, IDLE_GPU, value))
+
+    link_errors = fam(cat.GPU_NVLINK_LINK_ERRORS.name, *(
+        dev(cat.GPU_NVLINK_LINK_ERRORS.name, IDLE_GPU, n / 2, link=str(link), type=kind)
+        for kind, n in (("crc_flit", 5), ("crc_data", 4), ("replay", 3), ("recovery", 2)) for link in (0, 1)))
+    return replace(frame(
+        one(cat.GPU_UTILIZATION, 0.37), one(cat.GPU_MEMORY_UTILIZATION, 0.29),
+        one(cat.GPU_ENCODER_UTILIZATION, 0.07), one(cat.GPU_DECODER_UTILIZATION, 0.5),
+        one(cat.GPU_MEMORY_USED, 1023.9 * MIB), one(cat.GPU_MEMORY_FREE, 10 * MIB + 1),
+        one(cat.GPU_MEMORY_TOTAL, 141 * 2**30), one(cat.GPU_MEMORY_RESERVED, 512 * MIB),
+        one(cat.GPU_POWER, 301.25), one(cat.GPU_ENERGY, 12.3456789),
+        one(cat.GPU_TEMPERATURE, 41), one(cat.GPU_MEMORY_TEMPERATURE, 52),
+        fam(cat.GPU_CLOCK.name, dev(cat.GPU_CLOCK.name, IDLE_GPU, 1.98e9, clock="sm"),
+            dev(cat.GPU_CLOCK.name, IDLE_GPU, 2.619e9, clock="memory")),
+        one(cat.GPU_PCIE_REPLAYS, 3),
+        fam(cat.GPU_REMAPPED_ROWS.name, dev(cat.GPU_REMAPPED_ROWS.name, IDLE_GPU, 2, type="correctable"),
+            dev(cat.GPU_REMAPPED_ROWS.name, IDLE_GPU, 1, type="uncorrectable")),
+        one(cat.GPU_ROW_REMAP_FAILURE, 1),
+        one(cat.GPU_SM_ACTIVE, 0.625), one(cat.GPU_SM_OCCUPANCY, 0.3125), one(cat.GPU_TENSOR_ACTIVE, 0.123),
+        one(cat.GPU_DRAM_ACTIVE, 0.456), one(cat.GPU_FP64_ACTIVE, 0.01), one(cat.GPU_FP32_ACTIVE, 0.02),
+        one(cat.GPU_FP16_ACTIVE, 0.03),
+        fam(cat.GPU_NVLINK_BYTES.name, dev(cat.GPU_NVLINK_BYTES.name, IDLE_GPU, nvlink_rx, direction="rx"),
+            dev(cat.GPU_NVLINK_BYTES.name, IDLE_GPU, nvlink_tx, direction="tx")),
+        link_errors), timestamp=at)
+
+
+def _values_forms() -> list[tuple[str, str]]:
+    return [(n.name, form.name) for n in cat.DCGM_NAMINGS.values() for _, form in n.forms
+            if form is not n.xid and "FABRIC" not in form.name]  # XID and fabric: tests of their own
+
+
+@pytest.mark.parametrize(("naming_", "name"), _values_forms())
+def test_every_dcgm_alias_holds_dcgms_value(naming_: str, name: str) -> None:
+    rates = naming.RateMemory()
+    first = naming.apply(value_frame(1000.0, 100e9, 50e9), naming_, hostname="n", rates=rates)
+    later = naming.apply(value_frame(1010.0, 130.72e9, 60.24e9), naming_, hostname="n", rates=rates)
+    family = later.family(name)
+    assert family is not None and len(family.samples) == 1, name
+    value = family.samples[0].value
+    assert value == pytest.approx(EXPECTED_VALUES[name], rel=1e-12), name
+    form = next(f for _, f in cat.DCGM_NAMINGS[naming_].forms if f.name == name)
+    if form.value_type == "int64":
+        assert value == int(value), f"{name} is an int64 field in DCGM: {value}"
+    if form.rate:  # DCGM's first sample of a rate is 0: there is nothing to divide by yet
+        assert [s.value for s in first.family(name).samples] == [0.0]  # type: ignore[union-attr]
+
+
+def test_a_rate_is_zero_when_the_counter_goes_back_and_forgets_gone_devices() -> None:
+    rates = naming.RateMemory()
+    name = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
+
+    def bandwidth(at: float, rx: float) -> float:
+        out = naming.apply(value_frame(at, rx, 0.0), "dcgm", hostname="n", rates=rates).family(name)
+        assert out is not None
+        return out.samples[0].value
+
+    assert bandwidth(0.0, 1e12) == 0.0
+    assert bandwidth(1.0, 1e12 + 1.024e9) == 1000.0  # 1.024e9 B/s = 1e6 KiB/s = 1000 "MB/s"
+    assert bandwidth(2.0, 5.0) == 0.0  # the driver reloaded: no negative rate
+    assert bandwidth(2.0, 1e9) == 0.0  # the clock did not move: no division by zero
+    naming.apply(frame(), "dcgm", hostname="n", rates=rates)
+    assert rates.last[name] == {}  # the GPU is gone: so is its previous total
