@@ -44,6 +44,8 @@ CHART_DASHBOARDS = CHART / "files" / "dashboards"
 DASHBOARDS = REPO / "dashboards"
 RECORDING_RULES = REPO / "deploy" / "recording-rules.yaml"
 CHART_RECORDING_RULES = CHART / "files" / "recording-rules.yaml"
+CLUSTER_RULES = REPO / "deploy" / "cluster-rules.yaml"
+CHART_CLUSTER_RULES = CHART / "files" / "cluster-rules.yaml"
 MANIFESTS = REPO / "deploy" / "manifests" / "dra-exporter.yaml"
 RELEASE = "dra-exporter"
 NAMESPACE = "monitoring"
@@ -242,6 +244,7 @@ def main() -> int:
     CHART_RULES.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(RULES, CHART_RULES)
     shutil.copyfile(RECORDING_RULES, CHART_RECORDING_RULES)
+    shutil.copyfile(CLUSTER_RULES, CHART_CLUSTER_RULES)
     shutil.rmtree(CHART_DASHBOARDS, ignore_errors=True)
     CHART_DASHBOARDS.mkdir(parents=True)
     for dashboard in sorted(DASHBOARDS.glob("*.json")):
@@ -249,6 +252,7 @@ def main() -> int:
     MANIFESTS.parent.mkdir(parents=True, exist_ok=True)
     MANIFESTS.write_text(manifests_text())
     print(f"wrote {CHART_RULES.relative_to(REPO)}, {CHART_RECORDING_RULES.relative_to(REPO)}, "
+          f"{CHART_CLUSTER_RULES.relative_to(REPO)}, "
           f"{CHART_DASHBOARDS.relative_to(REPO)}/ and "
           f"{MANIFESTS.relative_to(REPO)}")
     return 0

@@ -71,3 +71,31 @@ def test_cluster_objects_validate_against_kubernetes_schemas_strictly() -> None:
         for doc in cluster_objects(ON).values():
             if doc["kind"] != "ServiceMonitor":
                 kv.validate(doc, version, strict=True)
+
+
+def _alerts(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+
+
+def test_every_alert_the_repository_ships_is_in_some_rendering_of_the_chart_and_the_reverse() -> None:
+    import yaml
+    from deploy_tools import CHART_CLUSTER_RULES, CLUSTER_RULES, REPO
+
+    shipped: dict[str, dict[str, Any]] = {}
+    for path in sorted((REPO / "deploy").glob("*.yaml")):
+        if not path.name.endswith(".test.yaml"):
+            shipped |= _alerts(yaml.safe_load(path.read_text()).get("groups", []))
+    renderings = [{"prometheusRule": {"enabled": True}},
+                  {**ON, "prometheusRule": {"enabled": True}}]
+    rendered: dict[str, dict[str, Any]] = {}
+    for values in renderings:
+        (rule,) = [d for d in render_chart(values) if d["kind"] == "PrometheusRule"]
+        rendered |= _alerts(rule["spec"]["groups"])
+    assert set(shipped) == set(rendered)
+    # The cluster alerts come with the cluster mode, whose exporter they read, and are the file's own.
+    cluster = set(_alerts(yaml.safe_load(CLUSTER_RULES.read_text())["groups"]))
+    assert {"DraClaimPendingTooLong", "DraDeviceClassExhausted", "DraResourcePoolIncomplete"} <= cluster
+    (node_only,) = [d for d in render_chart(renderings[0]) if d["kind"] == "PrometheusRule"]
+    assert not cluster & set(_alerts(node_only["spec"]["groups"]))
+    assert {name: rendered[name]["expr"] for name in cluster} == {name: shipped[name]["expr"] for name in cluster}
+    assert CHART_CLUSTER_RULES.read_text() == CLUSTER_RULES.read_text(), "sync with: python3 tests/deploy_tools.py"
