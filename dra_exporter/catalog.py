@@ -787,7 +787,7 @@ CLUSTER_CLAIMS: Final = MetricSpec(
     "dra_cluster_claims", "gauge",
     "ResourceClaims by state: pending (not allocated, and a pod that has not ended waits for it), unused "
     "(not allocated, and no pod waits: never referenced, or its pods ended), allocated (but reserved by no "
-    "pod) or reserved.",
+    "pod) or reserved; unknown (not allocated, and the pods could not be read) only while pods are unread.",
     ("namespace", "state"),
     otlp=OtlpForm("dra.cluster.claims", "{claim}"))
 CLUSTER_CLAIM_PENDING: Final = MetricSpec(

@@ -683,6 +683,8 @@ def explain(claim: str | None, all_claims: bool, fmt: str, log_level: str, **kw:
     settings = ClusterSettings(**_shell_settings(kw, publishing=False))
     _logging("error" if log_level == "info" else log_level)
     state = _snapshot_or_exit(lambda: runtime.snapshots(settings, EXPLAIN)).state
+    for line in why.unread_warnings(state) if state is not None else ():
+        click.echo(f"dra-exporter: {line}", err=True)
     engine = CelWorker()
     try:
         outcomes = why.explain(state, targets, engine)

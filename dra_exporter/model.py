@@ -737,6 +737,13 @@ class ClusterState:
     classes: tuple[DeviceClassInfo, ...] = ()
     taint_rules: tuple[DeviceTaintRule, ...] = ()
     pods: tuple[ClusterPod, ...] = ()
+    unread: tuple[tuple[str, str], ...] = ()
+    """(kind, why) of each kind the source could not read (list forbidden, say): what it would
+    tell is unknown, not empty. ``pods`` unread: whether a pod waits for a claim is unknown."""
+
+    def read(self, kind: str) -> bool:
+        """Whether ``kind`` (``pods``, ``resourceclaims`` …) was read."""
+        return all(k != kind for k, _ in self.unread)
 
 
 # --- /proc -------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ from simnode import eventually
 
 from dra_exporter import catalog as cat
 from dra_exporter.cluster.capacity import Capacity
-from dra_exporter.model import Frame
-from dra_exporter.sources import SourceError
+from dra_exporter.cluster.explain import explain, render_text, unread_warnings
+from dra_exporter.model import ClusterState, Frame
+from dra_exporter.sources import PartialSnapshot, SourceError
 from dra_exporter.sources.kubeapi import Timeouts
 from dra_exporter.sources.kubeapi_cluster import RBAC_HINT, ClusterSource
 from dra_exporter.sources.kubeapi_normalize import timestamp
@@ -175,5 +176,32 @@ def test_the_charts_cluster_role_is_what_the_cluster_mode_needs(kube: ControlPla
             # Until the binding is in force, the first refusal is the DRA kinds'.
             eventually(lambda: "pods" in refusal(), timeout=30)
             assert refusal() == f"kubeapi: forbidden (403) to list pods: {RBAC_HINT}"
+            # A pod waits for a claim the reader cannot see it wait for: no verdict, "unknown".
+            _, _, device_class = driver_with_devices(kube, 0)
+            kube.create(claim_object(ns, "waited-for", device_class), ns)
+            kube.pod(ns, "waiter", claims={"gpu": "waited-for"})
+
+            def partial() -> ClusterState:
+                try:
+                    source.collect()
+                except PartialSnapshot as exc:
+                    state = exc.snapshot
+                    assert isinstance(state, ClusterState)
+                    return state
+                raise AssertionError("pods were read")
+
+            eventually(lambda: any(c.name == "waited-for" for c in partial().claims), timeout=30)
+            state = partial()
+            assert [kind for kind, _ in state.unread] == ["pods"] and not state.read("pods")
+            frame = Capacity().frame(state, time.time())
+            claims = {dict(s.labels)["state"]: s.value for s in frame.family(cat.CLUSTER_CLAIMS.name).samples
+                      if dict(s.labels)["namespace"] == ns}
+            assert claims == {"pending": 0, "unused": 0, "allocated": 0, "reserved": 0, "unknown": 1}
+            objects = {dict(s.labels)["kind"] for s in frame.family(cat.CLUSTER_OBJECTS.name).samples}
+            assert "Pod" not in objects and "ResourceClaim" in objects  # unknown, not 0
+            (outcome,) = explain(state, [(ns, "waited-for")])
+            assert outcome.pod_waits is None and "no pod waits" not in render_text([outcome])
+            (warning,) = unread_warnings(state)
+            assert warning.startswith("could not read pods (forbidden (403) to list pods") and "unknown" in warning
     finally:
         source.close()

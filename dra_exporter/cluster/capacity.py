@@ -185,14 +185,17 @@ class Capacity:
         for labels, v in gpus.items():
             gpus[labels] = round(v, 6)  # sums of shares: whole GPUs without float noise
         self._class_families(out, allocator, class_states, errors)
-        statuses = claim_statuses(state.claims, state.pods)
+        statuses = claim_statuses(state.claims, state.pods, pods_read=state.read("pods"))
         pending = tuple(s for s in statuses if s.state == PENDING)
         claim_families(out.set, statuses, self._reasons(allocator, [s.claim for s in pending], now))
         self._taint_rule_families(out, state.taint_rules, current)
-        for kind, count in (("ResourceSlice", len(state.slices)), ("ResourceClaim", len(state.claims)),
-                            ("DeviceClass", len(state.classes)), ("DeviceTaintRule", len(state.taint_rules)),
-                            ("Pod", len(state.pods))):
-            out.set(cat.CLUSTER_OBJECTS, (("kind", kind),), count)
+        for kind, resource, count in (
+                ("ResourceSlice", "resourceslices", len(state.slices)),
+                ("ResourceClaim", "resourceclaims", len(state.claims)),
+                ("DeviceClass", "deviceclasses", len(state.classes)),
+                ("DeviceTaintRule", "devicetaintrules", len(state.taint_rules)), ("Pod", "pods", len(state.pods))):
+            if state.read(resource):  # an unread kind's count is unknown, not 0
+                out.set(cat.CLUSTER_OBJECTS, (("kind", kind),), count)
         return out.samples, pending
 
     @staticmethod

@@ -11,6 +11,8 @@ Contract: pure functions of their arguments; no I/O.
   ended (Kubernetes deallocates a claim within a second of its last pod's end).
 * ``allocated``: allocated, and reserved by no pod (its devices are held, nobody uses them).
 * ``reserved``: allocated, and ``status.reservedFor`` names a consumer.
+* ``unknown``: not allocated, and the pods could not be read (their list is forbidden): pending or
+  unused cannot be told, and no verdict is given.
 
 A pending claim is waited for since the earliest creation of a pod that waits for it, but not before
 the claim itself exists (a pod may name a claim that is created later). Why it is pending is the
@@ -31,7 +33,9 @@ PENDING: Final = "pending"
 UNUSED: Final = "unused"
 ALLOCATED: Final = "allocated"
 RESERVED: Final = "reserved"
+UNKNOWN: Final = "unknown"
 STATES: Final = (PENDING, UNUSED, ALLOCATED, RESERVED)
+"""Emitted for every namespace; ``UNKNOWN`` only while the pods are unread."""
 
 ClaimKey = tuple[str, str]
 """(namespace, name)."""
@@ -61,13 +65,17 @@ def waiting_since(pods: Iterable[ClusterPod]) -> dict[ClaimKey, float]:
     return since
 
 
-def claim_statuses(claims: Iterable[ClaimInfo], pods: Iterable[ClusterPod]) -> tuple[ClaimStatus, ...]:
-    """The state of every claim (see the module docstring), in the claims' order."""
+def claim_statuses(claims: Iterable[ClaimInfo], pods: Iterable[ClusterPod], *,
+                   pods_read: bool = True) -> tuple[ClaimStatus, ...]:
+    """The state of every claim (see the module docstring), in the claims' order; ``pods_read``
+    False: the pods could not be read, and an unallocated claim is ``unknown``."""
     since = waiting_since(pods)
     out = []
     for c in claims:
         if c.allocated:
             out.append(ClaimStatus(c, RESERVED if c.reserved_for else ALLOCATED))
+        elif not pods_read:
+            out.append(ClaimStatus(c, UNKNOWN))
         elif (pod_created := since.get((c.namespace, c.name))) is not None:
             out.append(ClaimStatus(c, PENDING, max(pod_created, c.created)))
         else:
@@ -91,8 +99,9 @@ def claim_families(emit: Emit, statuses: Sequence[ClaimStatus], blocking: Mappin
                                                          ("device_class", r.device_class)), 1)
             if (why := blocking.get((c.namespace, c.name))) is not None:
                 emit(cat.CLUSTER_CLAIM_PENDING_REASON, (*claim, ("request", why[0]), ("reason", why[1])), 1)
+    states = STATES + ((UNKNOWN,) if any(st == UNKNOWN for _, st in by_state) else ())
     for namespace in sorted({ns for ns, _ in by_state}):
-        for st in STATES:
+        for st in states:
             emit(cat.CLUSTER_CLAIMS, (("namespace", namespace), ("state", st)), by_state[(namespace, st)])
 
 

@@ -86,8 +86,17 @@ def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = (), engine
         claims = sorted((c for c in state.claims if not c.allocated), key=lambda c: (c.namespace, c.name))
     allocator = Allocator(state, AllocatorCache(engine))
     waited = waiting_since(state.pods)
-    return [_allocated(c) if c.allocated else replace(allocator.allocate(c), pod_waits=(c.namespace, c.name) in waited)
+    pods_read = state.read("pods")  # unread: whether a pod waits is unknown (None), not "no"
+    return [_allocated(c) if c.allocated else
+            replace(allocator.allocate(c), pod_waits=(c.namespace, c.name) in waited if pods_read else None)
             for c in claims]
+
+
+def unread_warnings(state: ClusterState) -> list[str]:
+    """One line per kind the source could not read, with what its absence leaves unknown."""
+    hidden = {"pods": "whether a pod waits for a claim (pending or unused) is unknown"}
+    return [f"could not read {kind} ({why.removeprefix('kubeapi: ')}): "
+            f"{hidden.get(kind, f'what the {kind} would tell is unknown')}" for kind, why in state.unread]
 
 
 def _allocated(claim: ClaimInfo) -> Outcome:

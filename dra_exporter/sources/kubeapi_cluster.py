@@ -234,7 +234,8 @@ class ClusterSource(ApiServerSource):
 
     def _build(self) -> model.ClusterState:
         revision = self._revision
-        if self._state is not None and self._state[0] == revision:
+        unread = tuple((kind, why) for kind, (_, why) in sorted(self._failed.items()))
+        if self._state is not None and self._state[0] == revision and self._state[1].unread == unread:
             return self._state[1]  # nothing changed: the same object, so the core reuses its work
 
         def items(kind: str, key: Callable[[Any], Any]) -> tuple[Any, ...]:
@@ -248,6 +249,7 @@ class ClusterSource(ApiServerSource):
             classes=items("deviceclasses", lambda c: c.name),
             taint_rules=items("devicetaintrules", lambda r: r.name),
             pods=items("pods", lambda p: (p.namespace, p.name)),
+            unread=unread,
         )
         self._state = (revision, state)
         return state
