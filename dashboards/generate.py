@@ -98,7 +98,8 @@ def xids_in(window: str, *matchers: str) -> str:
     (a GPU that changes hands starts new series with the old count), and a counter born in the
     window counts its whole value (it starts at its first XID, which ``increase()`` cannot see)."""
     device = "max by (instance, job, uuid, gpu, profile, xid)"
-    now_, before = (f"{device} ({cat.GPU_XID_ERRORS.name}{sel(*matchers)}{offset})" for offset in ("", f" offset {window}"))
+    now_, before = (f"{device} ({cat.GPU_XID_ERRORS.name}{sel(*matchers)}{offset})"
+                    for offset in ("", f" offset {window}"))
     return f"(increase(({now_})[{window}:1m]) and {before}) or ({now_} unless {before})"
 
 
@@ -547,7 +548,6 @@ def claims() -> Dashboard:
         f"{sel(eq('admin_access', 'false'), rx('namespace', '$namespace'))}, claim)",
     )
     c = (rx("namespace", "$namespace"), rx("claim", "$claim"), CLAIMED)
-    allocations = f"{cat.CLAIM_ALLOCATION_INFO.name}{sel(eq('admin_access', 'false'), *c)}"
     # Only devices with an NVML UUID can be idle: IMEX channels and ComputeDomain daemon devices
     # have none and no activity to read, so they would all look idle.
     gpu_allocations = f"{cat.CLAIM_ALLOCATION_INFO.name}{sel(eq('admin_access', 'false'), ne('uuid'), *c)}"
@@ -878,7 +878,8 @@ def node() -> Dashboard:
                 "timeseries",
                 (
                     t(
-                        f"sum by ({NODE_LABEL}, gpu, type) (increase({cat.GPU_ECC_ERRORS.name}{sel(*d)}[$__rate_interval]))",
+                        f"sum by ({NODE_LABEL}, gpu, type) "
+                        f"(increase({cat.GPU_ECC_ERRORS.name}{sel(*d)}[$__rate_interval]))",
                         "GPU {{gpu}} {{type}}",
                     ),
                 ),

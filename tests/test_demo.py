@@ -29,10 +29,31 @@ def free_ports(count: int) -> int:
     pytest.fail("no run of free ports")
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def foreground_job(command: list[str]) -> subprocess.Popen[str]:
+    """``command`` as a shell starts a foreground job: a session of its own (Ctrl-C is SIGINT to the
+    whole group) and SIGINT at its default, even where the test run itself inherited it ignored (a CI
+    runner that starts ``.ci/run`` as a background job: the shell ignores SIGINT there, and a Python
+    started with SIGINT ignored never raises KeyboardInterrupt)."""
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_sigint_default)
+
+
 def start(*args: str) -> subprocess.Popen[str]:
-    # A session of its own, as a shell gives a foreground job: Ctrl-C is SIGINT to the whole group.
-    return subprocess.Popen([sys.executable, "-m", "dra_exporter.cli", "demo", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return foreground_job([sys.executable, "-m", "dra_exporter.cli", "demo", *args])
+
+
+def test_the_demo_gets_sigint_at_its_default_when_the_test_run_ignores_it() -> None:
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under `.ci/run &`
+    try:
+        proc = foreground_job([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT))"])
+    finally:
+        signal.signal(signal.SIGINT, before)
+    out, err = proc.communicate(timeout=60)
+    assert "default_int_handler" in out, (out, err)  # Ctrl-C raises KeyboardInterrupt in it
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@
 from collections.abc import Iterator
 from typing import Any
 
+from . import constructor as constructor
+from . import resolver as resolver
 from .error import MarkedYAMLError as MarkedYAMLError
 from .error import YAMLError as YAMLError
 from .loader import SafeLoader as SafeLoader
@@ -11,8 +13,6 @@ from .nodes import MappingNode as MappingNode
 from .nodes import Node as Node
 from .nodes import ScalarNode as ScalarNode
 from .nodes import SequenceNode as SequenceNode
-from . import constructor as constructor
-from . import resolver as resolver
 
 def load(stream: str | bytes, Loader: type[SafeLoader]) -> Any: ...
 def load_all(stream: str | bytes, Loader: type[SafeLoader]) -> Iterator[Any]: ...
