@@ -169,13 +169,14 @@ def interval_option(program: ProgramOptions, what: str | None = None) -> Decorat
                 envvar=program.interval_envvar, help=f"{what or program.interval_help}, {low:g} to {high:g}.")
 
 
-def environment_options(program: ProgramOptions) -> Decorator:
+def environment_options(program: ProgramOptions, *, interval: bool = True) -> Decorator:
     """What every program's environment needs: --simulate, --interval, --kubeconfig, --log-level
-    (read back by ``_shell_settings``)."""
+    (read back by ``_shell_settings``); ``interval`` False for a command that reads once (``explain``:
+    an interval would mean nothing to it)."""
     return _apply([
         _opt("--simulate", "simulate", is_flag=False, flag_value=program.simulate_default, default=None,
              type=FileOption(yaml=True, or_name=True), metavar="[SCENARIO]", help=program.simulate_help),
-        interval_option(program),
+        *([interval_option(program)] if interval else []),
         _opt("--kubeconfig", default=None, metavar="PATH", type=FileOption(yaml=True, library_parses=True),
              help="Kubeconfig for the API server [default: the in-cluster service account, else $KUBECONFIG or "
                   "~/.kube/config]. With --simulate it replaces the simulated API server."),
@@ -283,7 +284,8 @@ def _shell_settings(kw: dict[str, Any], *, publishing: bool) -> dict[str, Any]:
     options are there)."""
     from .sinks.http import ListenAddressError, parse_listen
 
-    shared: dict[str, Any] = {name: kw.pop(name) for name in ("interval", "kubeconfig", "simulate", "max_objects")}
+    shared: dict[str, Any] = {name: kw.pop(name) for name in ("interval", "kubeconfig", "simulate", "max_objects")
+                              if name in kw}  # a one-shot command has no --interval: the settings' default
     if not publishing:
         return shared
     listen, prometheus, web_config, stall_timeout = (kw.pop(k) for k in ("listen", "prometheus", "web_config",
@@ -660,7 +662,7 @@ def cluster(once: bool, log_level: str, **kw: Any) -> None:
       help="Explain every ResourceClaim not yet allocated (instead of one).")
 @_opt("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
       envvar=_env("explain-format"), help="text: what to paste into a ticket; json: for scripts.")
-@environment_options(CLUSTER_OPTIONS)
+@environment_options(CLUSTER_OPTIONS, interval=False)
 @_user_errors
 def explain(claim: str | None, all_claims: bool, fmt: str, log_level: str, **kw: Any) -> None:
     """Why is a ResourceClaim pending? Whether the scheduler could allocate it now and, per request,
