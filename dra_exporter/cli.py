@@ -662,9 +662,14 @@ def cluster(once: bool, log_level: str, **kw: Any) -> None:
       help="Explain every ResourceClaim not yet allocated (instead of one).")
 @_opt("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
       envvar=_env("explain-format"), help="text: what to paste into a ticket; json: for scripts.")
+@_opt("--namespace", default=None, metavar="NS", envvar=_env("explain-namespace"),
+      help="With --all: only the claims of this namespace [default: every namespace].")
+@_opt("--context", default=None, metavar="NAME", envvar=_env("explain-context"),
+      help="The kubeconfig context to read the cluster with [default: the kubeconfig's current context].")
 @environment_options(CLUSTER_OPTIONS, interval=False)
 @_user_errors
-def explain(claim: str | None, all_claims: bool, fmt: str, log_level: str, **kw: Any) -> None:
+def explain(claim: str | None, all_claims: bool, fmt: str, namespace: str | None, context: str | None,
+            log_level: str, **kw: Any) -> None:
     """Why is a ResourceClaim pending? Whether the scheduler could allocate it now and, per request,
     which devices match and what keeps the others (taken by which claims, tainted, counters used up,
     pools incomplete …), the blocking reason first. Reads the API server (or --simulate's cluster)
@@ -678,18 +683,20 @@ def explain(claim: str | None, all_claims: bool, fmt: str, log_level: str, **kw:
         hint = (f" (--simulate took {kw['simulate']!r} as its scenario: put the claim before it)"
                 if not claim and "/" in str(kw.get("simulate") or "") and not os.path.lexists(kw["simulate"]) else "")
         raise click.UsageError(f"name one claim as NAMESPACE/CLAIM, or give --all{hint}")
+    if namespace is not None and claim:
+        raise click.UsageError("--namespace goes with --all; one claim is named as NAMESPACE/CLAIM")
     try:
         targets = [why.parse_target(claim)] if claim else []
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    settings = ClusterSettings(**_shell_settings(kw, publishing=False))
+    settings = ClusterSettings(**_shell_settings(kw, publishing=False), context=context)
     _logging("error" if log_level == "info" else log_level)
     state = _snapshot_or_exit(lambda: runtime.snapshots(settings, EXPLAIN)).state
     for line in why.unread_warnings(state) if state is not None else ():
         click.echo(f"dra-exporter: {line}", err=True)
     engine = CelWorker()
     try:
-        outcomes = why.explain(state, targets, engine)
+        outcomes = why.explain(state, targets, engine, namespace=namespace)
     except why.ClaimNotFound as exc:
         click.echo(f"dra-exporter: {exc}", err=True)
         sys.exit(2)

@@ -112,6 +112,8 @@ class ClusterSettings(ShellSettings):
     listen: str = DEFAULT_CLUSTER_LISTEN
     interval: float = DEFAULT_CLUSTER_INTERVAL
     """Seconds between frames; the objects themselves arrive by watch, whenever they change."""
+    context: str | None = None
+    """The kubeconfig context to use (``kubectl dra --context``); None: the kubeconfig's current one."""
 
 
 @dataclass(frozen=True, slots=True)

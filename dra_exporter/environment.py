@@ -131,8 +131,8 @@ def cluster(settings: ClusterSettings) -> Environment:
 
 
 def _cluster(settings: ClusterSettings, env: Environment) -> None:
-    access = _kube_access(settings.kubeconfig)
-    if settings.simulate is not None and not settings.kubeconfig:
+    access = _kube_access(settings.kubeconfig, settings.context)
+    if settings.simulate is not None and not settings.kubeconfig and not settings.context:
         from dra_exporter_sim import FIXED_EPOCH, SimClock, SimulatedApiServer, load_cluster
 
         clock = SimClock(0.0)
@@ -148,17 +148,18 @@ def _cluster(settings: ClusterSettings, env: Environment) -> None:
     env.context = SourceContext(node_name="", nvml=None, kubelet_socket="", max_objects=settings.max_objects, **access)
 
 
-def _kube_access(kubeconfig: str | None) -> dict[str, Any]:
-    """``SourceContext`` fields for the API server: a named kubeconfig, loaded and checked now."""
-    if not kubeconfig:
+def _kube_access(kubeconfig: str | None, context: str | None = None) -> dict[str, Any]:
+    """``SourceContext`` fields for the API server: a named kubeconfig (or context), loaded and checked now."""
+    if not kubeconfig and not context:
         return {}
     from .sources import SourceError
     from .sources.kubeapi import load_client
 
     try:
-        api_client = load_client(kubeconfig)
+        api_client = load_client(kubeconfig, context)
     except SourceError as exc:
-        raise ConfigError(f"--kubeconfig: {exc}".replace("kubeapi: ", "")) from None
+        flag = "--kubeconfig" if kubeconfig else "--context"
+        raise ConfigError(f"{flag}: {exc}".replace("kubeapi: ", "")) from None
 
     def given_client() -> Any:
         return api_client

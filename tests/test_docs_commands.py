@@ -113,7 +113,12 @@ def resolve(command: list[str]) -> None:
     elif program in ("kubectl-dra", ".venv/bin/kubectl-dra") or (program == "kubectl" and args[:1] == ["dra"]):
         from dra_exporter import kubectl_plugin
 
-        kubectl_plugin.parse(args[1:] if program == "kubectl" else args)
+        plugin_args = args[1:] if program == "kubectl" else args
+        if plugin_args:  # the bare program names the script
+            try:
+                kubectl_plugin.parse(plugin_args)
+            except SystemExit:
+                raise AssertionError("kubectl dra refuses it") from None
     elif program.startswith(".venv/bin/"):
         name = program.removeprefix(".venv/bin/")
         assert name in _SCRIPTS | _VENV_TOOLS, f"nothing installs {program}"

@@ -71,11 +71,11 @@ def parse_target(text: str) -> tuple[str, str]:
     return namespace, name
 
 
-def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = (), engine: CelEngine | None = None
-            ) -> list[Outcome]:
+def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = (), engine: CelEngine | None = None,
+            *, namespace: str | None = None) -> list[Outcome]:
     """The allocator's outcome for each claim in ``targets`` (an allocated claim says so), or for
-    every unallocated claim when ``targets`` is empty; ``ClaimNotFound`` for a claim not there.
-    ``engine`` runs the CEL (default: in this process)."""
+    every unallocated claim when ``targets`` is empty (of ``namespace`` alone when given);
+    ``ClaimNotFound`` for a claim not there. ``engine`` runs the CEL (default: in this process)."""
     by_key = {(c.namespace, c.name): c for c in state.claims}
     if targets:
         missing = [f"{ns}/{name}" for ns, name in targets if (ns, name) not in by_key]
@@ -83,7 +83,8 @@ def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = (), engine
             raise ClaimNotFound(f"no ResourceClaim {', '.join(missing)} in the cluster")
         claims: list[ClaimInfo] = [by_key[t] for t in targets]
     else:
-        claims = sorted((c for c in state.claims if not c.allocated), key=lambda c: (c.namespace, c.name))
+        claims = sorted((c for c in state.claims if not c.allocated and namespace in (None, c.namespace)),
+                        key=lambda c: (c.namespace, c.name))
     allocator = Allocator(state, AllocatorCache(engine))
     waited = waiting_since(state.pods)
     pods_read = state.read("pods")  # unread: whether a pod waits is unknown (None), not "no"

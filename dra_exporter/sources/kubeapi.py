@@ -115,13 +115,15 @@ REDISCOVER_S: Final = 600.0
 T = TypeVar("T")
 
 
-def load_client(kubeconfig: str | None = None) -> k8s.ApiClient:
+def load_client(kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
     """An API client from ``kubeconfig``, else the in-cluster service account, else ``$KUBECONFIG``
-    or ``~/.kube/config``. Raises ``SourceError`` when there is none or it cannot be read."""
+    or ``~/.kube/config``; ``context`` names a kubeconfig context (a kubeconfig then, never the
+    service account), None its current one. Raises ``SourceError`` when there is none or it cannot be read."""
     cfg = k8s.Configuration()
     try:
-        if kubeconfig:
-            http.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
+        if kubeconfig or context:
+            http.load_kube_config(config_file=kubeconfig or _default_kubeconfig(), context=context,
+                                  client_configuration=cfg, persist_config=False)
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             http.load_incluster_config(client_configuration=cfg)
         elif os.path.exists(_default_kubeconfig()):

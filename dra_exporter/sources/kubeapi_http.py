@@ -88,13 +88,20 @@ def _send(api_client: ApiClient, method: str, path: str, query: Query, body: Map
 # checks the calls instead of waving untyped ones through.
 class _LoadKubeConfig(Protocol):
     def __call__(self, *, client_configuration: Configuration, persist_config: bool,
-                 config_file: str | None = None) -> None: ...
+                 config_file: str | None = None, context: str | None = None) -> None: ...
 
 
 class _LoadInClusterConfig(Protocol):
     def __call__(self, *, client_configuration: Configuration) -> None: ...
 
 
+class _ListKubeConfigContexts(Protocol):
+    """(every context, the current one), each ``{"name": …, "context": {"namespace": …, …}}``."""
+
+    def __call__(self, *, config_file: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
+
+
 load_kube_config: Final[_LoadKubeConfig] = k8s_config.load_kube_config
 load_incluster_config: Final[_LoadInClusterConfig] = k8s_config.load_incluster_config
+list_kube_config_contexts: Final[_ListKubeConfigContexts] = k8s_config.list_kube_config_contexts
 close_client: Final[Callable[[ApiClient], None]] = ApiClient.close
