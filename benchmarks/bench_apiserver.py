@@ -72,7 +72,7 @@ STEP_TIMEOUT_S: Final = 60.0
 
 
 class _CountingResponse:
-    """A urllib3 response whose body bytes (read or streamed) are added to ``counter[kind]``."""
+    """A urllib3 response whose body bytes (read, read1 or streamed) are added to ``counter[kind]``."""
 
     def __init__(self, response: Any, counter: Counter[str], kind: str, lock: threading.Lock) -> None:
         self._response, self._counter, self._kind, self._lock = response, counter, kind, lock
@@ -83,6 +83,12 @@ class _CountingResponse:
 
     def read(self, *args: Any, **kwargs: Any) -> bytes:
         data = self._response.read(*args, **kwargs)
+        self._add(len(data))
+        return data
+
+    def read1(self, *args: Any, **kwargs: Any) -> bytes:
+        # What the product reads with (outbound.read_bounded: what has arrived, chunk by chunk).
+        data = self._response.read1(*args, **kwargs)
         self._add(len(data))
         return data
 
