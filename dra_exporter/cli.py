@@ -213,7 +213,7 @@ kubelet_socket_option = _opt(
     help="Kubelet pod-resources socket [default: /var/lib/kubelet/pod-resources/kubelet.sock]. "
          "With --simulate it replaces the simulated kubelet.")
 node_name_option = _opt(
-    "--node-name", default=None,
+    "--node-name", default=None, metavar="NAME",
     help="Node name, for the API server's spec.nodeName selectors [default: $NODE_NAME, else the "
          "scenario's node under --simulate, else the hostname].")
 procfs_option = _opt(
@@ -249,8 +249,9 @@ def _sources(kw: dict[str, Any]) -> frozenset[str]:
 
 
 pod_options = [
-    _opt("--pod-namespace", default=None, help="Namespace of the exporter's own pod (downward API)."),
-    _opt("--pod-name", default=None, help="Name of the exporter's own pod; its claims count as monitoring."),
+    _opt("--pod-namespace", default=None, metavar="NS", help="Namespace of the exporter's own pod (downward API)."),
+    _opt("--pod-name", default=None, metavar="NAME",
+         help="Name of the exporter's own pod; its claims count as monitoring."),
 ]
 naming_option = _opt(
     "--naming", type=click.Choice(NAMINGS), default="native", show_default=True,
@@ -382,11 +383,11 @@ def _otlp_options(f: Callable[..., Any]) -> Callable[..., Any]:
                   "OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT also turns the push on."),
         _opt("--otlp-protocol", type=click.Choice(["grpc", "http/protobuf"]), default=None,
              help="OTLP transport [default: OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL, else grpc]."),
-        _opt("--otlp-interval", type=FiniteFloat(min=0.1), default=10.0, show_default=True,
+        _opt("--otlp-interval", type=FiniteFloat(min=0.1), default=10.0, show_default=True, metavar="S",
              help="Seconds between pushes."),
         _opt("--otlp-header", "otlp_headers", multiple=True, metavar="KEY=VALUE",
              help="Header sent with every push (repeatable), e.g. an API key."),
-        _opt("--otlp-timeout", type=FiniteFloat(min=0.1), default=10.0, show_default=True,
+        _opt("--otlp-timeout", type=FiniteFloat(min=0.1), default=10.0, show_default=True, metavar="S",
              help="Seconds one push may take, retries included."),
         _opt("--otlp-insecure/--otlp-secure", default=None,
              help="gRPC without TLS [default: from the URL scheme]."),
@@ -490,10 +491,10 @@ def doctor(log_level: str, **kw: Any) -> None:
 @_opt("--scenario", default="gb200-domain", show_default=True, metavar="SCENARIO",
       type=FileOption(yaml=True, or_name=True),
       help="A built-in scenario or a scenario file; every node of a multi-node one gets its exporter.")
-@_opt("--base-port", type=click.IntRange(1, 65535), default=DEFAULT_BASE_PORT, show_default=True,
+@_opt("--base-port", type=click.IntRange(1, 65535), default=DEFAULT_BASE_PORT, show_default=True, metavar="PORT",
       help="Port of the first node's exporter; the others follow on consecutive ports (the default is clear of "
            "serve's 9401 and cluster's 9402).")
-@_opt("--host", default="127.0.0.1", show_default=True, help="The address the exporters listen on.")
+@_opt("--host", default="127.0.0.1", show_default=True, metavar="HOST", help="The address the exporters listen on.")
 @interval_option(NODE_OPTIONS, "Seconds between collection cycles (and the printed scrape interval)")
 @_user_errors
 def demo(scenario: str, base_port: int, host: str, interval: float) -> None:
@@ -550,7 +551,8 @@ def healthcheck(listen: str, web_config: str | None) -> None:
            "currency, else none].")
 @_opt("--idle-below", type=FiniteFloat(min=0, max=1), default=0.01, show_default=True, metavar="RATIO",
       help="A claim is idle while its busy share of what it holds stays below this.")
-@_opt("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle claims to list.")
+@_opt("--top", type=click.IntRange(min=0), default=10, show_default=True, metavar="N",
+      help="How many idle claims to list.")
 @_opt("--raw", is_flag=True, default=False,
       help="Compute from the raw series even where the recording rules run (slower).")
 @_opt("--group-by", "grouping", default="namespace", show_default=True, metavar="namespace|claim|label:KEY",

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -287,3 +288,18 @@ def test_a_recovered_source_is_named_in_the_log_line(caplog: pytest.LogCaptureFi
     # The log format prints the message only (never `extra`): the source must be in it.
     assert [r.getMessage() for r in caplog.records] == [
         "source podresources failed: socket gone", "source podresources recovered"]
+
+
+def test_no_option_shows_a_type_name_for_its_value_in_help() -> None:
+    """``--otlp-interval FINITE FLOAT`` said the type, not what to give: every valued option of every
+    command names its value (S, N, FILE …)."""
+    from click import Group
+
+    assert isinstance(cli.main, Group)
+    for name, command in cli.main.commands.items():
+        ctx = click.Context(command, info_name=name)
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.is_flag and not param.count:
+                shown = param.make_metavar(ctx) if "ctx" in param.make_metavar.__code__.co_varnames else \
+                    param.make_metavar()  # type: ignore[call-arg]
+                assert not {"FLOAT", "INTEGER", "TEXT", "RANGE"} & set(shown.split()), (name, param.opts, shown)
