@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import ssl
 import time
 import urllib.parse
@@ -215,9 +216,14 @@ def _one_line(text: str, limit: int = 300) -> str:
     return folded if len(folded) <= limit else folded[:limit] + "..."
 
 
+#: urllib3 starts a connection error with its connection object's repr (an internal class name:
+#: "_HTTPConnection(host='x', port=1): Failed to …"); the address is said already.
+_CONNECTION_REPR = re.compile(r"^\w*Connection\w*\([^)]*\):\s*")
+
+
 def _transport_words(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None) or exc
-    return _one_line(str(reason) or type(reason).__name__, 200)
+    return _one_line(_CONNECTION_REPR.sub("", str(reason)) or type(reason).__name__, 200)
 
 
 def _api_error(doc: Any) -> str:
@@ -231,10 +237,14 @@ def _http_error(address: str, status: int, reason: str | None, body: bytes | byt
         return (f"{address}: HTTP {status} {reason or ''}: check --bearer-token-file or "
                 "--basic-auth-user/--basic-auth-password-file")
     try:
-        detail = _api_error(json.loads(body[:64 << 10]))
+        doc = json.loads(body[:64 << 10])
     except (ValueError, RecursionError):
-        detail = _one_line(str(reason or ""))
-    return f"{address}: HTTP {status}: {detail}"
+        doc = None
+    if isinstance(doc, dict) and doc.get("error"):
+        return f"{address}: HTTP {status}: {_api_error(doc)}"
+    # No Prometheus API error document: something else answers there (an exporter answers POST with 501).
+    return (f"{address}: HTTP {status}: {_one_line(str(reason or ''))}: not a Prometheus API; --prometheus is "
+            "the Prometheus server's URL (e.g. http://prometheus:9090), not an exporter's")
 
 
 def _series(data: dict[str, Any]) -> list[Series]:

@@ -540,3 +540,31 @@ def test_an_oversize_answer_is_refused_after_a_bounded_read(fake: tuple[str, Any
     monkeypatch.setattr(report, "MAX_ANSWER_BYTES", 512)
     with pytest.raises(report.ReportError, match="answer over"):
         report.PrometheusClient(report.Connection(url)).instant("up", 0)
+
+
+def test_an_unreachable_prometheus_is_said_without_internal_class_names() -> None:
+    result = run_report("--prometheus", "http://127.0.0.1:1", *WINDOW)
+    assert result.returncode == 2 and "cannot reach http://127.0.0.1:1/" in result.stderr, result.stderr
+    assert "Connection refused" in result.stderr and "Connection(" not in result.stderr, result.stderr
+
+
+def test_pointed_at_an_exporter_it_says_that_is_not_a_prometheus_api() -> None:
+    from http.server import BaseHTTPRequestHandler
+
+    class Exporter(BaseHTTPRequestHandler):  # GET /metrics only, as exporters serve: POST is a 501
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = run_report("--prometheus", f"http://127.0.0.1:{server.server_address[1]}", *WINDOW)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 2 and "HTTP 501" in result.stderr, result.stderr
+    assert "not a Prometheus API" in result.stderr and len(result.stderr.strip().splitlines()) == 1
