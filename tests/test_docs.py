@@ -119,3 +119,10 @@ def test_readme_usage_names_every_flag_and_every_source() -> None:
         assert f"`{source}`" in text, f"README does not name the {source} source"
         assert f"{source}:" in rules, f"DraExporterSourceDown does not say what {source} failing means"
         assert f"- `{source}`:" in runbook, f"the runbook has no entry for {source}"
+
+
+def test_ci_looks_for_the_test_beds_before_it_installs_anything() -> None:
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert "[ -d ../shared/testbeds ] ||" in ci
+    first = ci.index("[ -d ../shared/testbeds ] ||")
+    assert first < ci.index("apt-get") and first < ci.index(".venv/bin/pip install"), "no test beds: fail first"

@@ -178,6 +178,10 @@ def test_the_docs_figures_are_the_programs() -> None:
     small_cap = cluster_cap * kubeapi_cluster.SMALL_KIND_FACTOR
     assert (f"default {node_cap:,} per kind for\n  a node; for `cluster` and `explain` {cluster_cap:,}, claims and "
             f"pods {small_cap:,})") in readme
+    from dra_exporter.runtime import SNAPSHOT_SIM_TIME
+
+    second = f"simulated second {SNAPSHOT_SIM_TIME:g}"
+    assert second in readme and second in (REPO / "docs" / "scenarios.md").read_text()
     help_text = " ".join(p.help or "" for p in cli.main.commands["cluster"].params  # type: ignore[attr-defined]
                          if "--max-objects" in p.opts)
     said = f"{node_cap} per kind for a node; for the cluster mode {cluster_cap}, claims and pods {small_cap}"
