@@ -650,7 +650,7 @@ def cluster(once: bool, log_level: str, **kw: Any) -> None:
                                    "are for serving")
         from .sinks.prometheus import render
 
-        settings = ClusterSettings(**_shell_settings(kw, publishing=False))
+        settings = ClusterSettings(**_shell_settings(kw, publishing=False), once=True)
         _logging("error" if log_level == "info" else log_level)
         click.echo(render(_snapshot_or_exit(lambda: runtime.snapshot(settings, CLUSTER))).decode(), nl=False)
         return

@@ -114,6 +114,8 @@ class ClusterSettings(ShellSettings):
     """Seconds between frames; the objects themselves arrive by watch, whenever they change."""
     context: str | None = None
     """The kubeconfig context to use (``kubectl dra --context``); None: the kubeconfig's current one."""
+    once: bool = False
+    """One frame and exit (``--once``): it has every pending claim's reason, not a few shapes' a frame."""
 
 
 @dataclass(frozen=True, slots=True)

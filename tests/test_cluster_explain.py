@@ -177,3 +177,25 @@ def test_pending_reasons_ask_a_few_claim_shapes_a_frame_until_every_one_has_an_a
         frame = capacity.frame(state, 1_000.0 + t)
         answered.append(len(frame.family(cat.CLUSTER_CLAIM_PENDING_REASON.name).samples))
     assert answered == [2, 4, 5, 5]
+
+
+def test_one_frame_of_cluster_once_has_every_pending_claims_reason() -> None:
+    from dra_exporter import catalog as cat
+    from dra_exporter.cluster.capacity import Capacity
+    from dra_exporter.cluster.explain import MAX_SHAPES_PER_FRAME
+    from dra_exporter.cluster.runtime import CLUSTER
+    from dra_exporter.config import ClusterSettings
+    from dra_exporter.environment import Environment
+
+    names = [f"c{n}" for n in range(MAX_SHAPES_PER_FRAME + 7)]  # 10 pending claims, each its own shape
+    asks = [claim_obj(name, [request("gpu", EXAMPLE, n + 2)]) for n, name in enumerate(names)]
+    state = _waiting(cluster_state(EXAMPLE_GPU, example_gpus("node-a", 1), *asks), *names)
+
+    def reasons(capacity: Capacity) -> int:
+        frame = capacity.frame(state, 1_000.0)
+        return len(frame.family(cat.CLUSTER_CLAIM_PENDING_REASON.name).samples)
+
+    assert reasons(Capacity()) == MAX_SHAPES_PER_FRAME  # serving: a few shapes a frame, the rest next frames
+    assert reasons(Capacity(every_reason=True)) == len(names)
+    core = CLUSTER.core(ClusterSettings(once=True), Environment(context=None))  # type: ignore[arg-type]
+    assert reasons(core.capacity) == len(names)  # type: ignore[attr-defined]  # what `cluster --once` prints

@@ -124,12 +124,14 @@ class Capacity:
     """Builds cluster frames; keeps compiled DeviceClass selectors and each slice's class matches
     between frames (recomputed only for classes and slices that changed)."""
 
-    def __init__(self, engine: CelEngine | None = None) -> None:
-        """``engine`` runs the classes' CEL (default: in this process, without a time limit)."""
+    def __init__(self, engine: CelEngine | None = None, *, every_reason: bool = False) -> None:
+        """``engine`` runs the classes' CEL (default: in this process, without a time limit);
+        ``every_reason``: each frame has every pending claim's reason (a single frame: ``--once``),
+        not those of a few claim shapes more a frame."""
         self._matches = AllocatorCache(engine)
         #: Per pool: its samples and class counts, with the pool object and its usage they are of.
         self._pools: dict[tuple[str, str], tuple[Pool, UsageKey, _PoolSamples]] = {}
-        self._reasons = PendingReasons()
+        self._reasons = PendingReasons(every_shape=every_reason)
         self._static: tuple[ClusterState, dict[str, dict[Labels, float]], tuple[ClaimStatus, ...]] | None = None
 
     def frame(self, state: ClusterState, now: float, health: Sequence[SourceHealth] = (),

@@ -225,10 +225,12 @@ class PendingReasons:
     *shape* (what a claim asks: its requests and constraints; claims made from one template share
     it), kept ``REASON_REFRESH`` seconds of ``now``, at most ``MAX_SHAPES_PER_FRAME`` shapes asked
     per frame (the others keep their last reason; ``complete`` is False while a shape has no answer
-    yet, so that the next frame asks again even when nothing changed)."""
+    yet, so that the next frame asks again even when nothing changed). ``every_shape``: no such
+    limit, for a single frame (``cluster --once``), which has no next frame to catch up in."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, every_shape: bool = False) -> None:
         self._known: dict[object, tuple[tuple[str, str] | None, float]] = {}
+        self._every_shape = every_shape
         self.complete = True
 
     def __call__(self, allocator: Allocator, pending: Sequence[ClaimInfo], now: float
@@ -242,7 +244,7 @@ class PendingReasons:
         for shape, claim in shapes.items():
             known = self._known.get(shape)
             if known is None or now - known[1] >= REASON_REFRESH:
-                if asked < MAX_SHAPES_PER_FRAME:
+                if self._every_shape or asked < MAX_SHAPES_PER_FRAME:
                     asked += 1
                     known = (first_blocking(allocator.allocate(claim)), now)
                 elif known is None:
