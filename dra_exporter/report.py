@@ -318,6 +318,12 @@ def run(
         warn("--raw: computing from the raw series, which is slower" if not use_rules else
              f"the recording rules are not installed ({showback.SHARE} has no sample in the window); "
              "computing from the raw series, which is slower (install deploy/recording-rules.yaml)")
+    gap = _rules_gap(client, start, end, step) if recorded else ""
+    if gap:
+        recorded = False  # a report from rules that cover part of the window would say less than there is
+        if warn is not None:
+            warn(f"the recording rules cover only part of the window ({gap}); computing from the raw series, "
+                 "which is slower")
     q = showback.queries(recorded=recorded, step=step)
     last = end - step  # each point stands for the step that starts at it: [t, t + step); so do
     # the devices and pods of the idle claims, taken at the last point
@@ -333,7 +339,43 @@ def run(
         claim_labels=client.instant(showback.claim_labels_query(grouping, end - start), end)
         if grouping.startswith("label_") else (),
     )
+    if grouping.startswith("label_") and not _has_label(report) and warn is not None:
+        warn(f"no series carries {grouping} in the window (the exporters' --pod-labels, or kube-state-metrics' "
+             "kube_pod_labels): every claim is under (none)")
     for note in client.notes():
         if warn is not None:
             warn(note)
     return report
+
+
+def _has_label(report: Report) -> bool:
+    """Whether some claim of ``report`` has a value of the pod label it is grouped by."""
+    return any(u.namespace for u in report.groups)
+
+
+def _rules_gap(client: PrometheusClient, start: float, end: float, step: float) -> str:
+    """What of the window the recording rules miss and the raw series have: namespaces with held
+    devices and no recorded figure (an exporter the rules never saw), or a later start (the rules
+    were installed during the window); "" when they cover it."""
+    window = f"[{_num(end - start)}s]"
+    raw_held = f'{cat.GPU_UP.name}{{claim!=""}}'
+
+    def namespaces(series: str) -> set[str]:
+        return {s.labels.get("namespace", "") for s in client.instant(
+            f"count by (namespace) (last_over_time({series}{window}))", end)}
+
+    def first(series: str) -> float | None:
+        # As seconds before the end: a timestamp itself is over the answers' plausible values.
+        found = client.instant(f"{_num(end)} - min(min_over_time(timestamp({series})[{_num(end - start)}s:"
+                               f"{_num(step)}s]))", end)
+        return end - found[0].points[0][1] if found and found[0].points else None
+
+    missing = sorted(namespaces(raw_held) - namespaces(showback.HELD_DEVICE))
+    said = []
+    rules_from, raw_from = first(showback.HELD_DEVICE), first(raw_held)
+    if rules_from is not None and raw_from is not None and rules_from > raw_from + 2 * step + 60:
+        said.append(f"they start at {showback.iso(rules_from)}, the raw series at {showback.iso(raw_from)}")
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        said.append(f"no recorded figure for namespace{'s' if len(missing) > 1 else ''} {shown}")
+    return "; ".join(said)

@@ -568,3 +568,42 @@ def test_pointed_at_an_exporter_it_says_that_is_not_a_prometheus_api() -> None:
         server.server_close()
     assert result.returncode == 2 and "HTTP 501" in result.stderr, result.stderr
     assert "not a Prometheus API" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+RULES_SEEN = {"count(last_over_time": [({}, [[1003540, "3"]])]}
+RAW_HELD = 'dra_gpu_up{claim!=""}'
+
+
+def test_rules_that_miss_an_exporters_namespaces_are_not_the_report_the_raw_series_are(
+        fake: tuple[str, Any]) -> None:
+    url, handler = fake
+    handler.answers = {**RULES_SEEN,
+                       f"count by (namespace) (last_over_time({showback.HELD_DEVICE}": [({"namespace": "ml"}, [[0, "1"]])],
+                       f"count by (namespace) (last_over_time({RAW_HELD}": [
+                           ({"namespace": ns}, [[0, "1"]]) for ns in ("ml", "research", "web", "batch", "infra")]}
+    result = run_report("--prometheus", url, *WINDOW)
+    assert result.returncode == 0, result.stderr
+    assert "recording rules cover only part of the window" in result.stderr, result.stderr
+    assert "namespaces batch, infra, research, web" in result.stderr
+    assert json.loads(result.stdout)["source"] == "raw series"
+
+
+def test_rules_installed_during_the_window_are_not_the_report(fake: tuple[str, Any]) -> None:
+    url, handler = fake
+    handler.answers = {**RULES_SEEN,
+                       f"min(min_over_time(timestamp({showback.HELD_DEVICE})": [({}, [[1003600, "1600"]])],
+                       f"min(min_over_time(timestamp({RAW_HELD})": [({}, [[1003600, "3600"]])]}
+    result = run_report("--prometheus", url, *WINDOW)
+    assert result.returncode == 0, result.stderr
+    assert "they start at 1970-01-12T14:20:00Z, the raw series at 1970-01-12T13:46:40Z" in result.stderr
+    assert json.loads(result.stdout)["source"] == "raw series"
+
+
+def test_grouping_by_a_label_no_series_carries_says_so(fake: tuple[str, Any]) -> None:
+    url, handler = fake
+    handler.answers = {**RULES_SEEN,
+                       showback.HELD_DEVICE: [({"namespace": "ml", "claim": "t", "model": "m"},
+                                               [[1000000 + 60 * i, "0.5"] for i in range(60)])]}
+    result = run_report("--prometheus", url, *WINDOW, "--group-by", "label:team")
+    assert result.returncode == 0, result.stderr
+    assert "no series carries label_team in the window" in result.stderr and "(none)" in result.stderr
