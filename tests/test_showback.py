@@ -578,7 +578,8 @@ def test_rules_that_miss_an_exporters_namespaces_are_not_the_report_the_raw_seri
         fake: tuple[str, Any]) -> None:
     url, handler = fake
     handler.answers = {**RULES_SEEN,
-                       f"count by (namespace) (last_over_time({showback.HELD_DEVICE}": [({"namespace": "ml"}, [[0, "1"]])],
+                       f"count by (namespace) (last_over_time({showback.HELD_DEVICE}": [
+                           ({"namespace": "ml"}, [[0, "1"]])],
                        f"count by (namespace) (last_over_time({RAW_HELD}": [
                            ({"namespace": ns}, [[0, "1"]]) for ns in ("ml", "research", "web", "batch", "infra")]}
     result = run_report("--prometheus", url, *WINDOW)
