@@ -21,7 +21,8 @@ def test_a_pending_claim_of_the_simulated_cluster_is_explained_blocking_reason_f
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[:2] == [
         "training/typo-job: NOT placeable",
-        "  blocked first by: request gpu: device class gpu.nvidia.con does not exist [class_missing]"]
+        "  blocked first by: request gpu: device class gpu.nvidia.con does not exist: did you mean gpu.nvidia.com? "
+        "[class_missing]"]
 
 
 def test_json_says_placeable_for_scripts() -> None:

@@ -158,7 +158,7 @@ def test_every_counter_of_the_pool_must_still_fit() -> None:
     assert allocator.placeable_claims("mig.nvidia.com") == 2  # 1g at 5 and at 6 (1g.20gb at 6 is after them)
     outcome = allocator.allocate(pending(request(device_class_name="gpu.nvidia.com")))
     assert not outcome.placeable and reasons(outcome) == {al.COUNTERS: 1}
-    assert outcome.requests[0].blocked[0].details[0].startswith("gpu-0-counter-set: ")
+    assert outcome.requests[0].blocked[0].details[0].startswith("n1/gpu-0-counter-set: ")  # node, then set
 
 
 # --- CEL run-time errors fail the claim on the node (fix 6) --------------------------------------------------

@@ -89,7 +89,46 @@ def test_partitions_of_a_gpu_in_use_block_the_whole_gpu_by_its_counters() -> Non
                           claim_obj("waiting", [request("gpu", "gpu.nvidia.com")]))
     outcome = _one(state)
     assert first_blocking(outcome) == ("gpu", "counters_exhausted")
-    assert "gpu-0-counter-set" in render_text([outcome])
+    assert "(n1/gpu-0-counter-set: " in render_text([outcome])  # its node: every node has a GPU 0
+
+
+def test_counter_sets_of_two_nodes_are_told_apart() -> None:
+    state = cluster_state(NVIDIA_GPU, NVIDIA_MIG, partitionable_gpus("n1", H100), partitionable_gpus("n2", H100),
+                          *(claim_obj(f"small-{n}", [request("gpu", "mig.nvidia.com")],
+                                      results=[(NVIDIA, n, "gpu-0-mig-1g10gb-19-0")]) for n in ("n1", "n2")),
+                          claim_obj("waiting", [request("gpu", "gpu.nvidia.com")]))
+    text = render_text([_one(state)])
+    assert "n1/gpu-0-counter-set" in text and "n2/gpu-0-counter-set" in text, text
+
+
+def test_a_whole_gpu_allocated_is_not_called_other_partitions() -> None:
+    state = cluster_state(NVIDIA_GPU, NVIDIA_MIG, partitionable_gpus("n1", H100),
+                          claim_obj("whole", [request("gpu", "gpu.nvidia.com")], results=[(NVIDIA, "n1", "gpu-0")]),
+                          claim_obj("waiting", [request("gpu", "mig.nvidia.com")]))
+    outcome = _one(state)
+    assert first_blocking(outcome) == ("gpu", "counters_exhausted")
+    text = render_text([outcome])
+    assert "other partitions" not in text and "the whole GPU or partitions" in text, text
+
+
+def test_devices_a_selector_fails_on_are_not_counted_as_of_the_matching_ones() -> None:
+    by_profile = device_class("one-g", f"device.driver == '{NVIDIA}' && "
+                                       f"device.attributes['{NVIDIA}'].profile == '1g.10gb'")
+    state = cluster_state(partitionable_gpus("n1", H100), by_profile,
+                          claim_obj("waiting", [request("gpu", "one-g")]))
+    outcome = _one(state)
+    assert first_blocking(outcome) == ("gpu", "selector_not_evaluable")
+    line = render_text([outcome]).splitlines()[1]
+    assert "matching devices" not in line and "1 device: the class's or the request's CEL fails" in line, line
+
+
+def test_a_missing_class_names_the_nearest_one_there_is() -> None:
+    state = cluster_state(NVIDIA_GPU, NVIDIA_MIG, EXAMPLE_GPU, example_gpus("n1", 1),
+                          claim_obj("waiting", [request("gpu", "gpu.nvidia.con")]),
+                          claim_obj("far", [request("gpu", "tpu.google.com")]))
+    typo, far = explain(state, [("ml", "waiting"), ("ml", "far")])
+    assert "does not exist: did you mean gpu.nvidia.com? [class_missing]" in render_text([typo])
+    assert "did you mean" not in render_text([far])  # nothing near: no guess
 
 
 def test_too_few_matching_devices() -> None:
@@ -144,7 +183,7 @@ def _docs_examples() -> dict[str, Any]:
             taint_rule("drain-node-a", EXAMPLE, "node-a", "gpu-0", "example.com/maintenance", "NoSchedule"),
             claim_obj("eval")), "eval"),
         "class-missing": _waiting(cluster_state(
-            EXAMPLE_GPU, slices, claim_obj("typo", [request("gpu", "gpu.nvidia.con")])), "typo"),
+            EXAMPLE_GPU, NVIDIA_GPU, slices, claim_obj("typo", [request("gpu", "gpu.nvidia.con")])), "typo"),
         "pool-incomplete": _waiting(cluster_state(
             EXAMPLE_GPU, incomplete, claim_obj("four", [request("gpu", EXAMPLE, 2)])), "four"),
     }

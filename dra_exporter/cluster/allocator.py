@@ -752,7 +752,9 @@ class Allocator:
             for name, total in published.items():
                 left = total - used.get(name, 0.0)
                 if left + _EPSILON < adding.get(name, 0.0) + extra.get(name, 0.0):
-                    return False, f"{set_name}: {name} {_amount(max(0.0, left - adding.get(name, 0.0)))} left"
+                    # The pool (a node's) with the set: every GPU 0 has a "gpu-0-counter-set".
+                    return False, (f"{pool.key[1]}/{set_name}: {name} "
+                                   f"{_amount(max(0.0, left - adding.get(name, 0.0)))} left")
         return True, ""
 
     @staticmethod

@@ -13,6 +13,7 @@ most candidate devices), then each request with the counts and what stood in the
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Sequence
 from dataclasses import replace
@@ -51,7 +52,7 @@ _SAYS: Final = {
     TAKEN: "allocated to other claims",
     NODE: "not available to the node tried",
     CAPACITY: "not enough capacity left",
-    COUNTERS: "shared counters used up (other partitions of the same GPU hold them)",
+    COUNTERS: "shared counters used up (other devices of the same GPU hold them: the whole GPU or partitions)",
     TAINTED: "tainted, not tolerated by the request",
     CONSTRAINT: "usable alone, not together with the claim's matchAttribute/distinctAttribute constraints",
     NO_MATCH: "no device matches the class and the request's selectors",
@@ -88,9 +89,25 @@ def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = (), engine
     allocator = Allocator(state, AllocatorCache(engine))
     waited = waiting_since(state.pods)
     pods_read = state.read("pods")  # unread: whether a pod waits is unknown (None), not "no"
+    known = [c.name for c in state.classes]
     return [_allocated(c) if c.allocated else
-            replace(allocator.allocate(c), pod_waits=(c.namespace, c.name) in waited if pods_read else None)
+            _nearest_classes(replace(allocator.allocate(c), pod_waits=(c.namespace, c.name) in waited
+                                     if pods_read else None), known)
             for c in claims]
+
+
+_DID_YOU_MEAN: Final = "did you mean"
+
+
+def _nearest_classes(outcome: Outcome, known: Sequence[str]) -> Outcome:
+    """A missing class's request with the existing class nearest its name (a typo), as its detail."""
+    requests = []
+    for r in outcome.requests:
+        near = difflib.get_close_matches(r.device_class, known, n=1, cutoff=0.75) if r.device_class else []
+        requests.append(replace(r, blocked=tuple(
+            replace(b, details=(*b.details, f"{_DID_YOU_MEAN} {near[0]}?")) if b.reason == CLASS_MISSING and near else b
+            for b in r.blocked)))
+    return replace(outcome, requests=tuple(requests))
 
 
 def unread_warnings(state: ClusterState) -> list[str]:
@@ -176,7 +193,8 @@ def _text(o: Outcome) -> str:
         lines.append(f"  the allocator says: {o.error}")
     for r in o.requests:
         if any(b.reason == CLASS_MISSING for b in r.blocked):
-            lines.append(f"  request {r.request}: device class {r.device_class or '(none)'} does not exist")
+            lines.append(f"  request {r.request}: device class {r.device_class or '(none)'} does not exist"
+                         f"{_hint(r)}")
             continue
         asked = "all" if r.all_devices else str(r.count)
         lines.append(f"  request {r.request}: {asked} × {r.device_class or '(no class)'} — "
@@ -199,13 +217,21 @@ def _sentence(o: Outcome, request: str, reason: str) -> str:
     r = next((r for r in o.requests if r.request == request), None)
     said = _SAYS.get(reason, reason)
     if reason == CLASS_MISSING and r is not None:
-        return f"device class {r.device_class or '(none)'} does not exist [{reason}]"
+        return f"device class {r.device_class or '(none)'} does not exist{_hint(r)} [{reason}]"
     if r is None or reason in (NO_MATCH, TOO_FEW, CLASS_MISSING):
         return f"{said} [{reason}]"
     blocked = next((b for b in r.blocked if b.reason == reason), None)
     count = blocked.devices if blocked is not None else 0
     details = f" ({', '.join(blocked.details)})" if blocked is not None and blocked.details else ""
-    return f"{count} of {r.matching} matching devices: {said}{details} [{reason}]"
+    # A selector that fails is no match: those devices are not among the matching ones.
+    of = f" of {r.matching} matching" if reason != SELECTOR_ERROR and count <= r.matching else ""
+    return f"{count}{of} device{'s' if count != 1 or of else ''}: {said}{details} [{reason}]"
+
+
+def _hint(r: RequestOutcome) -> str:
+    """``: did you mean X?`` where a missing class has a near name (``_nearest_classes``)."""
+    return next((f": {d}" for b in r.blocked if b.reason == CLASS_MISSING for d in b.details
+                 if d.startswith(_DID_YOU_MEAN)), "")
 
 
 # --- why pending claims wait, for the cluster mode's frames -------------------------------------------
