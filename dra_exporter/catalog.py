@@ -999,6 +999,78 @@ DCGM_NAMINGS: Final[dict[str, DcgmNaming]] = {n.name: n for n in (
 )}
 
 
+#: Each published DCGM name's field in DCGM (canonical name, numeric id): the dcgm-exporter names of 4.8
+#: are DCGM 4.6's aliases of these (dcgm_fields.h); the 4.10 base-unit names are DCGM 4.7's fields
+#: (1600 and up). Its value type and unit are the form's ``value_type`` and ``unit``; a test keeps
+#: every form listed here.
+DCGM_FIELDS: Final[dict[str, tuple[str, int]]] = {
+    "DCGM_FI_DEV_GPU_UTIL": ("DCGM_FI_DEV_GPU_UTIL", 203),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("DCGM_FI_DEV_MEM_COPY_UTIL", 204),
+    "DCGM_FI_DEV_ENC_UTIL": ("DCGM_FI_DEV_ENC_UTIL", 206),
+    "DCGM_FI_DEV_DEC_UTIL": ("DCGM_FI_DEV_DEC_UTIL", 207),
+    "DCGM_FI_DEV_FB_USED": ("DCGM_FI_DEV_FB_USED", 252),
+    "DCGM_FI_DEV_FB_FREE": ("DCGM_FI_DEV_FB_FREE", 251),
+    "DCGM_FI_DEV_FB_RESERVED": ("DCGM_FI_DEV_FB_RESERVED", 253),
+    "DCGM_FI_DEV_POWER_USAGE": ("DCGM_FI_DEV_BOARD_POWER_WATTS", 155),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 156),
+    "DCGM_FI_DEV_GPU_TEMP": ("DCGM_FI_DEV_GPU_TEMP_CELSIUS", 150),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", 140),
+    "DCGM_FI_DEV_SM_CLOCK": ("DCGM_FI_DEV_SM_CLOCK", 100),
+    "DCGM_FI_DEV_MEM_CLOCK": ("DCGM_FI_DEV_MEM_CLOCK", 101),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", 202),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", 393),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", 394),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("DCGM_FI_DEV_ROW_REMAP_FAILED", 395),
+    "DCGM_FI_DEV_XID_ERRORS": ("DCGM_FI_DEV_XID_ERROR", 230),
+    "DCGM_FI_PROF_SM_ACTIVE": ("DCGM_FI_PROF_SM_UTIL_RATIO", 1002),
+    "DCGM_FI_PROF_SM_OCCUPANCY": ("DCGM_FI_PROF_SM_OCCUPANCY_RATIO", 1003),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("DCGM_FI_PROF_TENSOR_UTIL_RATIO", 1004),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("DCGM_FI_PROF_DRAM_UTIL_RATIO", 1005),
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("DCGM_FI_PROF_FP64_UTIL_RATIO", 1006),
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("DCGM_FI_PROF_FP32_UTIL_RATIO", 1007),
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("DCGM_FI_PROF_FP16_UTIL_RATIO", 1008),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", 449),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL", 409),
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL", 419),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL", 429),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL", 439),
+    "DCGM_FI_DEV_FABRIC_CLIQUE_ID": ("DCGM_FI_DEV_FABRIC_CLIQUE_ID", 173),
+    "DCGM_FI_DEV_FABRIC_MANAGER_STATUS": ("DCGM_FI_DEV_FABRIC_MANAGER_STATUS", 170),
+    "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY": ("DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY", 175),
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": ("DCGM_FI_DEV_GPU_UTIL_RATIO", 1613),
+    "DCGM_FI_DEV_MEMORY_UTIL_RATIO": ("DCGM_FI_DEV_MEMORY_UTIL_RATIO", 1614),
+    "DCGM_FI_DEV_ENC_UTIL_RATIO": ("DCGM_FI_DEV_ENC_UTIL_RATIO", 1615),
+    "DCGM_FI_DEV_DEC_UTIL_RATIO": ("DCGM_FI_DEV_DEC_UTIL_RATIO", 1616),
+    "DCGM_FI_DEV_FB_USED_BYTES": ("DCGM_FI_DEV_FB_USED_BYTES", 1627),
+    "DCGM_FI_DEV_FB_FREE_BYTES": ("DCGM_FI_DEV_FB_FREE_BYTES", 1626),
+    "DCGM_FI_DEV_FB_CAPACITY_BYTES": ("DCGM_FI_DEV_FB_CAPACITY_BYTES", 1625),
+    "DCGM_FI_DEV_FB_RESERVED_BYTES": ("DCGM_FI_DEV_FB_RESERVED_BYTES", 1628),
+    "DCGM_FI_DEV_BOARD_POWER_WATTS": ("DCGM_FI_DEV_BOARD_POWER_WATTS", 155),
+    "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 1611),
+    "DCGM_FI_DEV_GPU_TEMP_CELSIUS": ("DCGM_FI_DEV_GPU_TEMP_CELSIUS", 150),
+    "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS": ("DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", 140),
+    "DCGM_FI_DEV_SM_CLOCK_HERTZ": ("DCGM_FI_DEV_SM_CLOCK_HERTZ", 1603),
+    "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ": ("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", 1604),
+    "DCGM_FI_DEV_PCIE_REPLAY_TOTAL": ("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", 202),
+    "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL": ("DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", 393),
+    "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL": ("DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", 394),
+    "DCGM_FI_DEV_ROW_REMAP_FAILED": ("DCGM_FI_DEV_ROW_REMAP_FAILED", 395),
+    "DCGM_FI_DEV_XID_ERROR": ("DCGM_FI_DEV_XID_ERROR", 230),
+    "DCGM_FI_PROF_SM_UTIL_RATIO": ("DCGM_FI_PROF_SM_UTIL_RATIO", 1002),
+    "DCGM_FI_PROF_SM_OCCUPANCY_RATIO": ("DCGM_FI_PROF_SM_OCCUPANCY_RATIO", 1003),
+    "DCGM_FI_PROF_TENSOR_UTIL_RATIO": ("DCGM_FI_PROF_TENSOR_UTIL_RATIO", 1004),
+    "DCGM_FI_PROF_DRAM_UTIL_RATIO": ("DCGM_FI_PROF_DRAM_UTIL_RATIO", 1005),
+    "DCGM_FI_PROF_FP64_UTIL_RATIO": ("DCGM_FI_PROF_FP64_UTIL_RATIO", 1006),
+    "DCGM_FI_PROF_FP32_UTIL_RATIO": ("DCGM_FI_PROF_FP32_UTIL_RATIO", 1007),
+    "DCGM_FI_PROF_FP16_UTIL_RATIO": ("DCGM_FI_PROF_FP16_UTIL_RATIO", 1008),
+    "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND": ("DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND", 1648),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL": ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL", 409),
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL": ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL", 419),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL": ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL", 429),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL": ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL", 439),
+}
+
+
 def _exposed(d: DcgmForm, labels: tuple[str, ...]) -> MetricSpec:
     # Labels: the naming's; the XID family has no other. Exposed as a gauge (see DcgmForm.dcgm_kind).
     return MetricSpec(d.name, "gauge", d.help if d.help.endswith(".") else d.help + ".", labels)
@@ -1028,7 +1100,8 @@ def markdown_table() -> str:
 
 def dcgm_markdown_table(naming: str = "dcgm") -> str:
     """The README's table of a DCGM naming: each DCGM family, its unit and native source."""
-    rows = ["| dcgm-exporter name | DCGM type | DCGM value | unit | from | help |", "|---|---|---|---|---|---|"]
+    rows = ["| dcgm-exporter name | DCGM field | DCGM type | DCGM value | unit | from | help |",
+            "|---|---|---|---|---|---|---|"]
     for source, d in DCGM_NAMINGS[naming].forms:
         origin = f"`{source.name}`" + "".join(f" {{{k}=\"{v}\"}}" for k, v in d.select)
         if d.sum_over:
@@ -1038,9 +1111,11 @@ def dcgm_markdown_table(naming: str = "dcgm") -> str:
         if d.scale != 1.0:
             origin += f" × {d.scale:g}"
         value = d.value_type + (", rate" if d.rate else "")
-        rows.append(f"| `{d.name}` | {d.dcgm_kind} | {value} | {d.unit} | {origin} | {d.help} |")
+        canonical, field_id = DCGM_FIELDS[d.name]
+        field_cell = str(field_id) if canonical == d.name else f"{field_id} `{canonical}`"
+        rows.append(f"| `{d.name}` | {field_cell} | {d.dcgm_kind} | {value} | {d.unit} | {origin} | {d.help} |")
     for name, why in DCGM_NAMINGS[naming].left_out:
-        rows.append(f"| `{name}` | — | — | — | *not emitted* | {why} |")
+        rows.append(f"| `{name}` | — | — | — | — | *not emitted* | {why} |")
     return "\n".join(rows)
 
 

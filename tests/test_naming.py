@@ -498,3 +498,10 @@ def test_a_rate_is_zero_when_the_counter_goes_back_and_forgets_gone_devices() ->
     assert bandwidth(2.0, 1e9) == 0.0  # the clock did not move: no division by zero
     naming.apply(frame(), "dcgm", hostname="n", rates=rates)
     assert rates.last[name] == {}  # the GPU is gone: so is its previous total
+
+
+def test_every_published_dcgm_name_says_its_dcgm_field() -> None:
+    names = {form.name for n in cat.DCGM_NAMINGS.values() for _, form in n.forms}
+    assert names == set(cat.DCGM_FIELDS)
+    assert cat.DCGM_FIELDS["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == ("DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", 449)
+    assert cat.DCGM_FIELDS["DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND"][1] == 1648
