@@ -651,7 +651,8 @@ def cluster(once: bool, log_level: str, **kw: Any) -> None:
         from .sinks.prometheus import render
 
         settings = ClusterSettings(**_shell_settings(kw, publishing=False), once=True)
-        _logging("error" if log_level == "info" else log_level)
+        # Warnings stay: a kind the source cannot read (pods forbidden) is said on stderr.
+        _logging("warning" if log_level == "info" else log_level)
         click.echo(render(_snapshot_or_exit(lambda: runtime.snapshot(settings, CLUSTER))).decode(), nl=False)
         return
     _logging(log_level)  # before the web config, whose loading may warn

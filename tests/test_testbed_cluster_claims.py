@@ -5,6 +5,8 @@ never pending; a claim is pending only while a pod waits for it, by name or thro
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -203,5 +205,15 @@ def test_the_charts_cluster_role_is_what_the_cluster_mode_needs(kube: ControlPla
             assert outcome.pod_waits is None and "no pod waits" not in render_text([outcome])
             (warning,) = unread_warnings(state)
             assert warning.startswith("could not read pods (forbidden (403) to list pods") and "unknown" in warning
+            # What the operator runs says it on stderr, and gives no verdict.
+            cli = [sys.executable, "-m", "dra_exporter.cli"]
+            once = subprocess.run([*cli, "cluster", "--once", "--kubeconfig", kubeconfig], capture_output=True,
+                                  text=True, timeout=120, check=False)
+            assert once.returncode == 0 and "forbidden (403) to list pods" in once.stderr, once.stderr
+            assert f'dra_cluster_claims{{namespace="{ns}",state="unknown"}} 1' in once.stdout
+            why = subprocess.run([*cli, "explain", f"{ns}/waited-for", "--kubeconfig", kubeconfig],
+                                 capture_output=True, text=True, timeout=120, check=False)
+            assert why.returncode == 0 and "could not read pods" in why.stderr, why.stderr
+            assert "no pod waits" not in why.stdout
     finally:
         source.close()
