@@ -648,12 +648,15 @@ def cluster(once: bool, log_level: str, **kw: Any) -> None:
         if kw["otlp_endpoint"] or not kw["prometheus"]:
             raise click.UsageError("--once prints one frame and exits: --otlp-endpoint and --no-prometheus "
                                    "are for serving")
+        from .cluster.explain import unread_warnings
         from .sinks.prometheus import render
 
         settings = ClusterSettings(**_shell_settings(kw, publishing=False), once=True)
-        # Warnings stay: a kind the source cannot read (pods forbidden) is said on stderr.
-        _logging("warning" if log_level == "info" else log_level)
-        click.echo(render(_snapshot_or_exit(lambda: runtime.snapshot(settings, CLUSTER))).decode(), nl=False)
+        _logging("error" if log_level == "info" else log_level)
+        frame, snaps = _snapshot_or_exit(lambda: runtime.snapshot_and_sources(settings, CLUSTER))
+        for line in unread_warnings(snaps.state) if snaps.state is not None else ():
+            click.echo(f"dra-exporter: {line}", err=True)  # a kind it cannot read: pods forbidden
+        click.echo(render(frame).decode(), nl=False)
         return
     _logging(log_level)  # before the web config, whose loading may warn
     runtime.serve(ClusterSettings(**_shell_settings(kw, publishing=True)), CLUSTER)

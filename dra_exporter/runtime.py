@@ -256,6 +256,12 @@ def snapshot(settings: S, program: Program[S] | None = None, *, renamed: bool = 
         return prog.renamed(settings, runtime.env, frame) if renamed else frame
 
 
+def snapshot_and_sources(settings: S, program: Program[S]) -> tuple[Frame, Snapshots]:
+    """``snapshot``'s frame and the sources' snapshots it was made of (what they could not read)."""
+    with _one_shot(settings, program) as (runtime, frame):
+        return frame, latest_snapshots(runtime.agent.runners)
+
+
 def snapshots(settings: S, program: Program[S]) -> Snapshots:
     """A one-shot run of the program's sources, as ``snapshot`` runs them: their latest snapshots
     (``explain`` asks its own questions of the cluster's objects)."""
