@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from . import catalog as cat
+from . import printable
 
 COMPUTE_SLICES: Final = 7
 """The most compute slices a MIG profile's name starts with, and the denominator of a MIG
@@ -195,9 +196,29 @@ def rules_yaml(pod_labels: cat.PodLabels = _NO_POD_LABELS, prices: Prices | None
         for labels, price in price_rules(prices):
             lines += [f"      - record: {PRICE}", f"        expr: vector({promql_number(price)})"]
             if labels:
-                # JSON strings are YAML strings: a model name with a colon or quote stays one value.
-                lines += ["        labels:", *(f"          {k}: {json.dumps(v)}" for k, v in labels.items())]
+                lines += ["        labels:", *(f"          {k}: {yaml_string(v)}" for k, v in labels.items())]
     return "\n".join(lines) + "\n"
+
+
+#: What a YAML reader takes raw inside a double-quoted scalar: YAML's printable characters less the line
+#: breaks (folded into spaces), the BOM (Go's yaml refuses it inside a document) and the quote and
+#: backslash; anything else is written as an escape.
+_YAML_RAW: Final = re.compile(r"[\x20\x21\x23-\x5b\x5d-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd"
+                              r"\U00010000-\U0010ffff]")
+
+
+def yaml_string(value: str) -> str:
+    """``value`` as a YAML double-quoted scalar that every reader (PyYAML, Go's yaml under Prometheus)
+    takes back exactly: characters outside the BMP stay themselves (JSON would write a surrogate pair,
+    which YAML refuses), the rest that YAML cannot hold raw are escapes. ``value`` holds no lone
+    surrogate (``prices_from_doc`` refuses them)."""
+    def escaped(c: str) -> str:
+        if _YAML_RAW.match(c):
+            return c
+        code = ord(c)
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+    return '"' + "".join(map(escaped, value)) + '"'
 
 
 def price_rules(prices: Prices) -> list[tuple[dict[str, str], float]]:
@@ -386,6 +407,19 @@ PRICE_FILE_KEYS: Final = ("default", "currency")
 """The price file's keys that are not GPU models."""
 
 
+def _characters(name: str, where: str) -> str:
+    """``name`` with its surrogate pairs joined (the JSON form of a price file writes a character
+    outside the BMP as ``"\\ud83d\\ude80"``, which the YAML reader leaves as two halves); a lone
+    surrogate is not a character and no series can carry it: refused."""
+    if not any("\ud800" <= c <= "\udfff" for c in name):
+        return name
+    try:
+        return name.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeDecodeError:
+        raise ShowbackError(f"{where}: the model name {name!r} holds a lone surrogate (half of a UTF-16 pair), "
+                            "which is not a character: write the model's name as it is") from None
+
+
 def prices_from_doc(doc: object, where: str) -> Prices:
     """A parsed price file (YAML or JSON): ``{model: price per GPU-hour of a whole GPU}``, optionally
     ``default`` (any other model) and ``currency`` (an ISO 4217 code). ``where`` prefixes errors."""
@@ -401,7 +435,7 @@ def prices_from_doc(doc: object, where: str) -> Prices:
             continue
         if isinstance(price, bool) or not isinstance(price, (int, float)) or not price >= 0 or math.isinf(price):
             raise ShowbackError(f"{where}: the price of {str(model)!r} must be a number >= 0, not {price!r}")
-        prices[str(model)] = float(price)
+        prices[_characters(str(model), where)] = float(price)
     default = prices.pop("default", None)
     if not prices and default is None:
         raise ShowbackError(f"{where}: it names a currency but no price")
@@ -669,18 +703,22 @@ def render_csv(r: Report) -> str:
     for u in r.claims:
         c = idle.get((u.namespace, u.claim))
         share = u.idle_share
-        writer.writerow([u.namespace, u.claim,
-                         *([r.claim_groups.get((u.namespace, u.claim), "")] if r.group_label else []),
+        cell = printable.csv_cell  # the names come from the server's series
+        writer.writerow([cell(u.namespace), cell(u.claim),
+                         *([cell(r.claim_groups.get((u.namespace, u.claim), ""))] if r.group_label else []),
                          f"{u.held_hours:.6f}",
                          f"{u.busy_hours:.6f}" if u.busy_known else UNKNOWN,
                          f"{share:.6f}" if share is not None else UNKNOWN, f"{u.unmeasured_hours:.6f}",
                          *([f"{u.cost or 0.0:.6f}"] if r.priced else []), *([r.currency] if r.currency else []),
-                         iso(c.idle_since) if c else "", " ".join(c.pods) if c else "", c.devices if c else ""])
+                         iso(c.idle_since) if c else "", cell(" ".join(c.pods)) if c else "",
+                         cell(c.devices) if c else ""])
     return out.getvalue()
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: int) -> list[str]:
-    """Left-aligned text columns, then ``right`` right-aligned number columns."""
+    """Left-aligned text columns, then ``right`` right-aligned number columns; every cell as the
+    terminal should show it (``printable.for_terminal``: names come from the server's series)."""
+    rows = [[printable.for_terminal(c) for c in row] for row in rows]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = []
     for row in [header, *rows]:
