@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the hostile peers: one definition, th
 from hostile import (  # noqa: E402
     ApiServer,
     HostileServer,
+    ManySeries,
     Reply,
     Request,
     empty_list,
@@ -113,6 +114,11 @@ def _pieces(head: bytes, point: bytes, count: int, tail: bytes) -> Iterator[byte
     yield tail
 
 
+def _report_window(url: str, _: Path) -> list[str]:
+    """A 1 h window at 240 s: 15 points a series, so 150,000 series make ~55 MB answers (under the cap)."""
+    return ["report", "--prometheus", url, "--since", "1h", "--step", "240s", "--timeout", "60", "--format", "csv"]
+
+
 def _redirect_elsewhere(req: Request, reply: Reply) -> None:
     reply.whole(302, b"", headers={"Location": "http://127.0.0.2:9/api/v1/query"})
 
@@ -144,6 +150,7 @@ ATTACKS = [
     Attack("report-a-byte-a-second", lambda req, reply: reply.chunked(trickle(b" " * 10**6, 1.0)), _report,
            "did not arrive within 10 s"),
     Attack("report-redirect-elsewhere", _redirect_elsewhere, _report, "another host"),
+    Attack("report-150k-series", ManySeries(150_000), _report_window, "claim-149999"),
 ]
 
 
@@ -157,16 +164,20 @@ def peak_rss_kib(pid: int) -> int:
     return 0
 
 
-def run(attack: Attack, seconds: float) -> dict[str, Any]:
+def run(attack: Attack, seconds: float, code: str | None = None) -> dict[str, Any]:
+    env = child_env()
+    if code:  # another tree's dra_exporter (the code before a fix), this tree's peers
+        env["PYTHONPATH"] = code + ":" + env["PYTHONPATH"]
     with HostileServer(attack.behaviour) as peer, tempfile.TemporaryDirectory() as scratch:
         started = time.monotonic()
         proc = subprocess.Popen(python_command("-m", "dra_exporter.cli", *attack.command(peer.url, Path(scratch))),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         seen: dict[str, Any] = {}
 
         def read() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
+                seen["last"] = line.strip()[:300]
                 if attack.words in line and "at" not in seen:
                     seen["at"], seen["line"] = time.monotonic() - started, line.strip()[:300]
         reader = threading.Thread(target=read, daemon=True)
@@ -188,6 +199,7 @@ def run(attack: Attack, seconds: float) -> dict[str, Any]:
         reader.join(5)
         return {"attack": attack.name, "peak_rss_mb": round(peak / 1024, 1),
                 "log_line_after_s": round(seen["at"], 1) if "at" in seen else None, "line": seen.get("line"),
+                "last_line": seen.get("last"),
                 "exit_code": proc.returncode, "exited_by_itself": exited_by_itself,
                 "sigterm_to_exit_s": None if exited_by_itself else round(time.monotonic() - stop_started, 1),
                 "requests": len(peer.requests), "bytes_sent": peer.sent}
@@ -197,11 +209,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="attack names (repeatable); default: all")
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--code", help="run the dra_exporter of this directory (e.g. an export of main, for the "
+                                       "figures before a fix) against this tree's peers")
     args = parser.parse_args()
     for attack in ATTACKS:
         if args.only and attack.name not in args.only:
             continue
-        print(json.dumps(run(attack, args.seconds)), flush=True)
+        print(json.dumps(run(attack, args.seconds, args.code)), flush=True)
 
 
 if __name__ == "__main__":

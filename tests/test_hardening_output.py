@@ -18,6 +18,7 @@ Every test here failed before the fix.
 
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import json
@@ -27,6 +28,7 @@ import socket
 import subprocess
 import threading
 import time
+import tracemalloc
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -34,12 +36,13 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from hostile import HostileServer, ManySeries
 from prometheus_client.openmetrics.parser import text_fd_to_metric_families as parse_openmetrics_fd
 from prometheus_client.parser import text_fd_to_metric_families as parse_text_fd
 from promharness import promtool_check_metrics
 
 from dra_exporter import catalog as cat
-from dra_exporter import cli, model, printable, showback
+from dra_exporter import cli, model, printable, report, showback
 from dra_exporter.cluster.allocator import Outcome, RequestOutcome
 from dra_exporter.cluster.explain import render_text
 from dra_exporter.sinks import text as snapshot_text
@@ -170,6 +173,75 @@ def test_snapshot_table_shows_peer_strings_without_obeying_them() -> None:
     text = snapshot_text.render_table(model.Frame((model.Family(cat.GPU_UP.name, tuple(samples)),)))
     assert not UNSAFE.search(text)
     assert len(text.splitlines()) == 1 + len(FORGED)
+
+
+# --- item 6: report's memory -------------------------------------------------------------------------
+
+
+def test_report_holds_what_it_shows_not_the_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3,000 claims, each answer just under a 1.25 MiB cap (the default is 64 MiB, for ~150,000 claims):
+    the report's peak Python memory is within 2 x the cap over all six queries (it was ~30 x)."""
+    cap = 1280 << 10
+    monkeypatch.setattr(report, "MAX_ANSWER_BYTES", cap)
+    end = 1_700_000_000.0
+    with HostileServer(ManySeries(3_000)) as prometheus:
+        client = report.PrometheusClient(report.Connection(prometheus.url))
+
+        def run() -> showback.Report:
+            return report.run(client, start=end - 3600, end=end, step=240, prices=showback.Prices(default=2.0),
+                              idle_below=0.05, top=10)
+        run()  # the server builds its answers once; they are not the report's
+        largest = max(len(answer) for answer in prometheus.behaviour._cache.values())
+        assert cap * 0.8 < largest < cap
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            result = run()
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+    assert len(result.claims) == 3_000 and result.total.held_hours == pytest.approx(3_000 * 15 * 0.5 * 240 / 3600)
+    assert peak < 2 * cap, f"{peak / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("answer", [
+    '{"status":"success","data":{"resultType":"matrix","result":[]}}',
+    ' { "data" : { "result" : [ { "metric" : { "claim" : "a\\u00e9\\ud83d\\ude80" } , "values" : [ [ 1 , "2" ] , '
+    '[ 2.5 , "12345" ] ] } , {"metric":{},"value":[3,"4"]} ] , "resultType" : "matrix" } , '
+    '"warnings" : [ "x" ] , "status" : "success" } \n',
+    '{"status":"success","data":{"result":[{"metric":{"pod":"é🚀"},"values":[[1,"1e3"]]}]},"infos":{"a":[1,2]}}',
+])
+def test_an_answer_parsed_as_it_arrives_is_the_answer_parsed_whole(answer: str) -> None:
+    whole = json.loads(answer)
+    expected = [(r["metric"], [(float(t), float(v)) for t, v in r.get("values", [r.get("value")])])
+                for r in whole["data"]["result"]]
+    data = answer.encode()
+    for size in (1, 2, 7, len(data)):
+        got: list[showback.Series] = []
+        stream = report._Stream(iter([data[i:i + size] for i in range(0, len(data), size)]))
+        doc = report._walk(stream, json.JSONDecoder(object_pairs_hook=report._Parsed(collections.Counter())),
+                           got.append)
+        assert doc["status"] == "success" and "result" in doc["data"]
+        assert [(dict(s.labels), list(s.points)) for s in got] == expected
+
+
+@pytest.mark.parametrize("answer", ['{"status":"success","data":{"result":[1]}}', '{"data":{"result":[{"metric":{},'
+                                    '"values":[[1,"2"]]}', '{"status":"success"} x', '{"a" 1}', '[1, 2'])
+def test_an_answer_that_is_cut_or_not_a_result_is_refused(answer: str) -> None:
+    with pytest.raises(ValueError):
+        report._walk(report._Stream(iter([answer.encode()])), json.JSONDecoder(
+            object_pairs_hook=report._Parsed(collections.Counter())), lambda s: None)
+
+
+def test_report_out_of_memory_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    def exhausted(*_: Any, **__: Any) -> Any:
+        raise MemoryError()
+
+    monkeypatch.setattr(report.PrometheusClient, "range", exhausted)
+    with HostileServer(ManySeries(10)) as prometheus:
+        result = CliRunner().invoke(cli.main, ["report", "--prometheus", prometheus.url, "--since", "1h"])
+    assert result.exit_code == 1 and not isinstance(result.exception, MemoryError), result.exception
+    assert "out of memory" in result.output and len(result.output.strip().splitlines()) == 1, result.output
 
 
 # --- item 7: a thread that cannot start ------------------------------------------------------------

@@ -52,9 +52,9 @@ def render_table(frame: Frame) -> str:
             lbl["container"] or "-", lbl["claim"] or "-",
         ))
     # Names come from the kubelet and NVML: shown, never obeyed by the terminal.
-    rows = [tuple(printable.for_terminal(cell) for cell in row) for row in rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    shown = [[printable.for_terminal(cell) for cell in row] for row in rows]
+    widths = [max(len(r[i]) for r in shown) for i in range(len(_COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in shown)
 
 
 def _short(uuid: str) -> str:
