@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from .common import REPO, child_env, free_port, python_command
 
@@ -171,7 +173,7 @@ def run(attack: Attack, seconds: float, code: str | None = None) -> dict[str, An
     with HostileServer(attack.behaviour) as peer, tempfile.TemporaryDirectory() as scratch:
         started = time.monotonic()
         proc = subprocess.Popen(python_command("-m", "dra_exporter.cli", *attack.command(peer.url, Path(scratch))),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=code or REPO)
         seen: dict[str, Any] = {}
 
         def read() -> None:
@@ -205,6 +207,104 @@ def run(attack: Attack, seconds: float, code: str | None = None) -> dict[str, An
                 "requests": len(peer.requests), "bytes_sent": peer.sent}
 
 
+#: Address space the serving exporter may grow by once it is up: a few thread stacks (8 MiB each), so that
+#: a flood of connections soon finds no thread to start (what a pids limit does in a pod).
+THREAD_HEADROOM: Final = 48 << 20
+#: Silent connections the flood keeps open (each holds a thread, or a place, until its deadline).
+FLOOD_CONNECTIONS: Final = 40
+
+
+def thread_starvation(seconds: float, code: str | None = None) -> dict[str, Any]:
+    """``serve --simulate`` with its address space capped just above its size once up, a flood of silent
+    connections, and a scrape and a probe every half second: scrapes lost, log lines about threads."""
+    env = child_env()
+    if code:
+        env["PYTHONPATH"] = code + ":" + env["PYTHONPATH"]
+    port = free_port()
+    proc = subprocess.Popen(python_command("-m", "dra_exporter.cli", "serve", "--simulate", "--listen",
+                                           f"127.0.0.1:{port}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=code or REPO)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while _get(port, "/metrics") != 200:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the exporter did not come up")
+            time.sleep(0.2)
+        size = _vm_size(proc.pid)
+        _, hard = resource.prlimit(proc.pid, resource.RLIMIT_AS)
+        resource.prlimit(proc.pid, resource.RLIMIT_AS, (size + THREAD_HEADROOM, hard))
+        stop = threading.Event()
+        flood = threading.Thread(target=_flood, args=(port, stop), daemon=True)
+        flood.start()
+        asked = answered = probes_answered = 0
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            asked += 1
+            answered += _get(port, "/metrics") == 200
+            probes_answered += _get(port, "/healthz") == 200
+            time.sleep(0.5)
+        stop.set()
+        flood.join(10)
+        thread_lines = [line for line in lines if "thread" in line]
+        return {"attack": "serve-threads-cannot-start", "scrapes": asked, "scrapes_lost": asked - answered,
+                "probes_lost": asked - probes_answered, "thread_log_lines": len(thread_lines),
+                "line": thread_lines[0].strip()[:300] if thread_lines else None,
+                "peak_rss_mb": round(peak_rss_kib(proc.pid) / 1024, 1), "alive": proc.poll() is None}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _vm_size(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize")
+
+
+def _get(port: int, path: str) -> int:
+    """The status of one GET on a new connection; 0 when none came within 5 s."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            head = s.recv(64)
+        return int(head.split(b" ")[1]) if head.startswith(b"HTTP/") else 0
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _flood(port: int, stop: threading.Event) -> None:
+    """Keep ``FLOOD_CONNECTIONS`` silent connections open, opening a new one for each the server closes."""
+    held: list[socket.socket] = []
+    while not stop.is_set():
+        for s in list(held):
+            try:
+                s.setblocking(False)
+                if s.recv(1) == b"":
+                    held.remove(s)
+                    s.close()
+            except BlockingIOError:
+                pass
+            except OSError:
+                held.remove(s)
+                s.close()
+        while len(held) < FLOOD_CONNECTIONS:
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.05)
+    for s in held:
+        s.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="attack names (repeatable); default: all")
@@ -216,6 +316,8 @@ def main() -> None:
         if args.only and attack.name not in args.only:
             continue
         print(json.dumps(run(attack, args.seconds, args.code)), flush=True)
+    if not args.only or "serve-threads-cannot-start" in args.only:
+        print(json.dumps(thread_starvation(args.seconds, args.code)), flush=True)
 
 
 if __name__ == "__main__":
