@@ -152,6 +152,7 @@ ATTACKS = [
     Attack("report-a-byte-a-second", lambda req, reply: reply.chunked(trickle(b" " * 10**6, 1.0)), _report,
            "did not arrive within 10 s"),
     Attack("report-redirect-elsewhere", _redirect_elsewhere, _report, "another host"),
+    Attack("report-10-series", ManySeries(10), _report_window, "claim-9"),  # the baseline of the next
     Attack("report-150k-series", ManySeries(150_000), _report_window, "claim-149999"),
 ]
 
