@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from .common import REPO, child_env, free_port, python_command
 
@@ -31,6 +33,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the hostile peers: one definition, th
 from hostile import (  # noqa: E402
     ApiServer,
     HostileServer,
+    ManySeries,
     Reply,
     Request,
     empty_list,
@@ -113,6 +116,11 @@ def _pieces(head: bytes, point: bytes, count: int, tail: bytes) -> Iterator[byte
     yield tail
 
 
+def _report_window(url: str, _: Path) -> list[str]:
+    """A 1 h window at 240 s: 15 points a series, so 150,000 series make ~55 MB answers (under the cap)."""
+    return ["report", "--prometheus", url, "--since", "1h", "--step", "240s", "--timeout", "60", "--format", "csv"]
+
+
 def _redirect_elsewhere(req: Request, reply: Reply) -> None:
     reply.whole(302, b"", headers={"Location": "http://127.0.0.2:9/api/v1/query"})
 
@@ -144,6 +152,8 @@ ATTACKS = [
     Attack("report-a-byte-a-second", lambda req, reply: reply.chunked(trickle(b" " * 10**6, 1.0)), _report,
            "did not arrive within 10 s"),
     Attack("report-redirect-elsewhere", _redirect_elsewhere, _report, "another host"),
+    Attack("report-10-series", ManySeries(10), _report_window, "claim-9"),  # the baseline of the next
+    Attack("report-150k-series", ManySeries(150_000), _report_window, "claim-149999"),
 ]
 
 
@@ -157,16 +167,20 @@ def peak_rss_kib(pid: int) -> int:
     return 0
 
 
-def run(attack: Attack, seconds: float) -> dict[str, Any]:
+def run(attack: Attack, seconds: float, code: str | None = None) -> dict[str, Any]:
+    env = child_env()
+    if code:  # another tree's dra_exporter (the code before a fix), this tree's peers
+        env["PYTHONPATH"] = code + ":" + env["PYTHONPATH"]
     with HostileServer(attack.behaviour) as peer, tempfile.TemporaryDirectory() as scratch:
         started = time.monotonic()
         proc = subprocess.Popen(python_command("-m", "dra_exporter.cli", *attack.command(peer.url, Path(scratch))),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=code or REPO)
         seen: dict[str, Any] = {}
 
         def read() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
+                seen["last"] = line.strip()[:300]
                 if attack.words in line and "at" not in seen:
                     seen["at"], seen["line"] = time.monotonic() - started, line.strip()[:300]
         reader = threading.Thread(target=read, daemon=True)
@@ -188,20 +202,123 @@ def run(attack: Attack, seconds: float) -> dict[str, Any]:
         reader.join(5)
         return {"attack": attack.name, "peak_rss_mb": round(peak / 1024, 1),
                 "log_line_after_s": round(seen["at"], 1) if "at" in seen else None, "line": seen.get("line"),
+                "last_line": seen.get("last"),
                 "exit_code": proc.returncode, "exited_by_itself": exited_by_itself,
                 "sigterm_to_exit_s": None if exited_by_itself else round(time.monotonic() - stop_started, 1),
                 "requests": len(peer.requests), "bytes_sent": peer.sent}
+
+
+#: Address space the serving exporter may grow by once it is up: a few thread stacks (8 MiB each), so that
+#: a flood of connections soon finds no thread to start (what a pids limit does in a pod).
+THREAD_HEADROOM: Final = 48 << 20
+#: Silent connections the flood keeps open (each holds a thread, or a place, until its deadline).
+FLOOD_CONNECTIONS: Final = 40
+
+
+def thread_starvation(seconds: float, code: str | None = None) -> dict[str, Any]:
+    """``serve --simulate`` with its address space capped just above its size once up, a flood of silent
+    connections, and a scrape and a probe every half second: scrapes lost, log lines about threads."""
+    env = child_env()
+    if code:
+        env["PYTHONPATH"] = code + ":" + env["PYTHONPATH"]
+    port = free_port()
+    proc = subprocess.Popen(python_command("-m", "dra_exporter.cli", "serve", "--simulate", "--listen",
+                                           f"127.0.0.1:{port}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=code or REPO)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while _get(port, "/metrics") != 200:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the exporter did not come up")
+            time.sleep(0.2)
+        size = _vm_size(proc.pid)
+        _, hard = resource.prlimit(proc.pid, resource.RLIMIT_AS)
+        resource.prlimit(proc.pid, resource.RLIMIT_AS, (size + THREAD_HEADROOM, hard))
+        stop = threading.Event()
+        flood = threading.Thread(target=_flood, args=(port, stop), daemon=True)
+        flood.start()
+        asked = answered = probes_answered = 0
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            asked += 1
+            answered += _get(port, "/metrics") == 200
+            probes_answered += _get(port, "/healthz") == 200
+            time.sleep(0.5)
+        stop.set()
+        flood.join(10)
+        thread_lines = [line for line in lines if "thread" in line]
+        return {"attack": "serve-threads-cannot-start", "scrapes": asked, "scrapes_lost": asked - answered,
+                "probes_lost": asked - probes_answered, "thread_log_lines": len(thread_lines),
+                "line": thread_lines[0].strip()[:300] if thread_lines else None,
+                "peak_rss_mb": round(peak_rss_kib(proc.pid) / 1024, 1), "alive": proc.poll() is None}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _vm_size(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize")
+
+
+def _get(port: int, path: str) -> int:
+    """The status of one GET on a new connection; 0 when none came within 5 s."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            head = s.recv(64)
+        return int(head.split(b" ")[1]) if head.startswith(b"HTTP/") else 0
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _flood(port: int, stop: threading.Event) -> None:
+    """Keep ``FLOOD_CONNECTIONS`` silent connections open, opening a new one for each the server closes."""
+    held: list[socket.socket] = []
+    while not stop.is_set():
+        for s in list(held):
+            try:
+                s.setblocking(False)
+                if s.recv(1) == b"":
+                    held.remove(s)
+                    s.close()
+            except BlockingIOError:
+                pass
+            except OSError:
+                held.remove(s)
+                s.close()
+        while len(held) < FLOOD_CONNECTIONS:
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.05)
+    for s in held:
+        s.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="attack names (repeatable); default: all")
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--code", help="run the dra_exporter of this directory (e.g. an export of main, for the "
+                                       "figures before a fix) against this tree's peers")
     args = parser.parse_args()
     for attack in ATTACKS:
         if args.only and attack.name not in args.only:
             continue
-        print(json.dumps(run(attack, args.seconds)), flush=True)
+        print(json.dumps(run(attack, args.seconds, args.code)), flush=True)
+    if not args.only or "serve-threads-cannot-start" in args.only:
+        print(json.dumps(thread_starvation(args.seconds, args.code)), flush=True)
 
 
 if __name__ == "__main__":

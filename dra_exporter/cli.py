@@ -606,11 +606,18 @@ def report(prometheus: str, since: str | None, start: str | None, end: str | Non
         result = edge.run(client, start=begin, end=until, step=resolution, prices=prices, idle_below=idle_below,
                           top=top, use_rules=not raw, grouping=group,
                           warn=lambda note: click.echo(f"dra-exporter: note: {note}", err=True))
+        render = {"table": showback.render_table, "csv": showback.render_csv, "json": showback.render_json}[fmt]
+        text = render(result)
     except showback.NothingToReport as exc:
         click.echo(f"dra-exporter: nothing to report: {exc}", err=True)
         sys.exit(1)  # ran, but found nothing usable
-    render = {"table": showback.render_table, "csv": showback.render_csv, "json": showback.render_json}[fmt]
-    click.echo(render(result), nl=fmt != "csv")
+    except MemoryError:
+        text = None  # said below, once the exception (and what the report had built) is let go
+    if text is None:
+        click.echo("dra-exporter: error: out of memory building the report; ask for a shorter window or a longer "
+                   "--step, or give the command more memory", err=True)
+        sys.exit(1)
+    click.echo(text, nl=fmt != "csv")
 
 
 @main.command("recording-rules")

@@ -111,14 +111,23 @@ def chunks(response: Any, deadline: float, seconds: float) -> Iterator[bytes]:
 def read_body(response: Any, limit: int, seconds: float, deadline: float | None = None) -> bytearray:
     """The whole body, at most ``limit`` bytes, within ``seconds`` (or by ``deadline``, when the
     request's own deadline started earlier). Raises ``AnswerTooLarge`` / ``AnswerTooSlow``."""
-    refuse_declared(response, limit)
     body = bytearray()
-    for data in chunks(response, time.monotonic() + seconds if deadline is None else deadline, seconds):
+    for data in bounded_chunks(response, limit, seconds, deadline):
         body += data
-        if len(body) > limit:
+    return body
+
+
+def bounded_chunks(response: Any, limit: int, seconds: float, deadline: float | None = None) -> Iterator[bytes]:
+    """The body as it arrives (``chunks``), for a reader that parses it on the way instead of holding
+    it: ``AnswerTooLarge`` once more than ``limit`` bytes came (or were announced)."""
+    refuse_declared(response, limit)
+    size = 0
+    for data in chunks(response, time.monotonic() + seconds if deadline is None else deadline, seconds):
+        size += len(data)
+        if size > limit:
             _close(response)
             raise AnswerTooLarge(limit)
-    return body
+        yield data
 
 
 def _lower_timeout(response: Any, left: float) -> None:

@@ -10,6 +10,7 @@ all serve, so the same command reports on one cluster or, through a global view,
 from __future__ import annotations
 
 import base64
+import codecs
 import json
 import math
 import re
@@ -17,7 +18,7 @@ import ssl
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -29,8 +30,9 @@ from .showback import Prices, Report, Series, ShowbackError
 
 MAX_ANSWER_BYTES: Final = 64 << 20
 """Largest answer read from the server: ~2.5 million points (a week of five-minute points for ~1,000
-claims). Each answer's series are built as it is parsed (``_Parsed``), so the memory it costs is this
-plus the points it holds, never a JSON tree of it."""
+claims). An answer is parsed as it arrives (``_Stream``), each series handed to ``showback.Tally`` as
+soon as it is whole, so neither the answer nor its series are ever held: the report's memory is
+what it shows, whatever the answers' sizes (a single series is held whole while it is parsed)."""
 MAX_PRICE_FILE_BYTES: Final = 1 << 20
 #: A bearer token or a password: a service account's token is ~1 KiB.
 MAX_SECRET_BYTES: Final = 64 << 10
@@ -86,7 +88,8 @@ class PrometheusClient:
         self.dropped: Counter[str] = Counter()
         """Points dropped as unusable, by why (``_Parsed``): the report says so once."""
 
-    def _post(self, path: str, params: dict[str, str]) -> Any:
+    def _post(self, path: str, params: dict[str, str], each: Callable[[Series], None]) -> None:
+        """Ask; hand each series of the answer's result to ``each`` as it is parsed."""
         address = f"{self._base}/api/v1/{path}"
         deadline = time.monotonic() + self._timeout
         body = urllib.parse.urlencode(params).encode()
@@ -98,8 +101,14 @@ class PrometheusClient:
             target = self._redirected(address, target, response)
         else:
             raise ReportError(f"{address}: more than {MAX_REDIRECTS} redirects; give --prometheus the final URL")
+        failed = not 200 <= response.status <= 299
         try:
-            data = outbound.read_body(response, MAX_ANSWER_BYTES, self._timeout, deadline)
+            if failed:
+                doc: Any = outbound.read_body(response, MAX_ANSWER_BYTES, self._timeout, deadline)
+            else:
+                decoder = json.JSONDecoder(object_pairs_hook=_Parsed(self.dropped))
+                doc = _walk(_Stream(outbound.bounded_chunks(response, MAX_ANSWER_BYTES, self._timeout, deadline)),
+                            decoder, each)
         except outbound.AnswerTooLarge:
             raise ReportError(f"{address}: answer over {MAX_ANSWER_BYTES >> 20} MiB; ask for a shorter window "
                               "or a longer --step") from None
@@ -107,19 +116,18 @@ class PrometheusClient:
             raise ReportError(f"{address}: {exc} (--timeout)") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ReportError(f"cannot reach {address}: {_transport_words(exc)}") from None
-        finally:
-            response.release_conn()
-        if not 200 <= response.status <= 299:
-            raise ReportError(_http_error(address, response.status, response.reason, data))
-        try:
-            doc = json.loads(data, object_pairs_hook=_Parsed(self.dropped))
         except _NotAResult as exc:
             raise ReportError(f"{address}: {exc}") from None
         except (ValueError, RecursionError):
             raise ReportError(f"{address}: the answer is not JSON; is this a Prometheus API URL?") from None
+        finally:
+            response.release_conn()
+        if failed:
+            raise ReportError(_http_error(address, response.status, response.reason, doc))
         if not isinstance(doc, dict) or doc.get("status") != "success" or not isinstance(doc.get("data"), dict):
             raise ReportError(f"{address}: {_api_error(doc)}")
-        return doc["data"]
+        if "result" not in doc["data"]:
+            raise ReportError("the server's answer is not a vector or matrix result")
 
     def _send(self, address: str, target: str, body: bytes, deadline: float) -> Any:
         left = deadline - time.monotonic()
@@ -147,13 +155,19 @@ class PrometheusClient:
                               "give --prometheus that URL if it is the right server")
         return new
 
-    def instant(self, expr: str, at: float) -> list[Series]:
-        return _series(self._post("query", {"query": expr, "time": _num(at)}))
+    def instant(self, expr: str, at: float, each: Callable[[Series], None] | None = None) -> list[Series]:
+        """The series of ``expr`` at ``at``; with ``each``, handed to it one by one instead (none kept)."""
+        kept: list[Series] = []
+        self._post("query", {"query": expr, "time": _num(at)}, each or kept.append)
+        return kept
 
-    def range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
-        data = self._post("query_range", {"query": expr, "start": _num(start), "end": _num(end),
-                                          "step": _num(step)})
-        return _series(data)
+    def range(self, expr: str, start: float, end: float, step: float,
+              each: Callable[[Series], None] | None = None) -> list[Series]:
+        """The series of ``expr`` from ``start`` to ``end``; with ``each``, as ``instant``."""
+        kept: list[Series] = []
+        self._post("query_range", {"query": expr, "start": _num(start), "end": _num(end), "step": _num(step)},
+                   each or kept.append)
+        return kept
 
     def notes(self) -> list[str]:
         """One line per kind of point dropped so far (``dropped``), and forget them."""
@@ -247,11 +261,119 @@ def _http_error(address: str, status: int, reason: str | None, body: bytes | byt
             "the Prometheus server's URL (e.g. http://prometheus:9090), not an exporter's")
 
 
-def _series(data: dict[str, Any]) -> list[Series]:
-    result = data.get("result")
-    if not isinstance(result, list) or not all(isinstance(item, Series) for item in result):
-        raise ReportError("the server's answer is not a vector or matrix result")
-    return result
+_SPACE: Final = re.compile(r"[ \t\n\r]*")
+
+
+class _Stream:
+    """A JSON text read as it arrives: ``value`` decodes the next value with json's own decoder, fed
+    more text until the value is whole; ``peek`` and ``take`` walk the envelope's punctuation. What is
+    held is the unread text and the value being decoded, never the answer."""
+
+    def __init__(self, pieces: Iterator[bytes]) -> None:
+        self._pieces = pieces
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self._text = ""
+        self._pos = 0
+        self._ended = False
+
+    def _more(self) -> bool:
+        """Read at least as much again as is unread (a value over many pieces is retried a logarithmic
+        number of times, so parsing stays linear); False at the end of the answer."""
+        if self._ended:
+            return False
+        want = max(len(self._text) - self._pos, outbound.CHUNK)
+        parts = [self._text[self._pos:]]
+        got = 0
+        while got < want:
+            piece = next(self._pieces, None)
+            if piece is None:
+                parts.append(self._utf8.decode(b"", final=True))
+                self._ended = True
+                break
+            parts.append(self._utf8.decode(piece))
+            got += len(piece)
+        self._text, self._pos = "".join(parts), 0
+        return True
+
+    def peek(self) -> str:
+        """The next character that is not white space, left unread; "" at the end."""
+        while True:
+            match = _SPACE.match(self._text, self._pos)
+            self._pos = match.end() if match else self._pos
+            if self._pos < len(self._text):
+                return self._text[self._pos]
+            if not self._more():
+                return ""
+
+    def take(self, expected: str) -> None:
+        if self.peek() != expected:
+            raise ValueError(f"expected {expected!r}")
+        self._pos += 1
+
+    def value(self, decoder: json.JSONDecoder) -> Any:
+        self.peek()
+        while True:
+            try:
+                found, end = decoder.raw_decode(self._text, self._pos)
+            except json.JSONDecodeError:
+                if self._more():
+                    continue  # the value goes on in what has not arrived yet
+                raise
+            if end == len(self._text) and self._more():
+                continue  # a number may go on in the next piece ("12" of "123")
+            self._pos = end
+            return found
+
+
+def _members(stream: _Stream, decoder: json.JSONDecoder) -> Iterator[str]:
+    """The keys of the object at the stream's position; the caller reads each key's value."""
+    stream.take("{")
+    if stream.peek() == "}":
+        stream.take("}")
+        return
+    while True:
+        key = stream.value(decoder)
+        if not isinstance(key, str):
+            raise ValueError("a key that is not a string")
+        stream.take(":")
+        yield key
+        if stream.peek() != ",":
+            stream.take("}")
+            return
+        stream.take(",")
+
+
+def _walk(stream: _Stream, decoder: json.JSONDecoder, each: Callable[[Series], None]) -> Any:
+    """The answer's envelope (status, error, data without its result), each series of
+    ``data.result`` handed to ``each`` as soon as it is parsed (``_Parsed`` makes it a ``Series``)."""
+    if stream.peek() != "{":
+        return stream.value(decoder)  # not an API result: the caller says so
+    doc: dict[str, Any] = {}
+    for key in _members(stream, decoder):
+        if key != "data" or stream.peek() != "{":
+            doc[key] = stream.value(decoder)
+            continue
+        data: dict[str, Any] = {}
+        for inner in _members(stream, decoder):
+            if inner != "result" or stream.peek() != "[":
+                data[inner] = stream.value(decoder)
+                continue
+            stream.take("[")
+            more = stream.peek() != "]"
+            while more:
+                item = stream.value(decoder)
+                if not isinstance(item, Series):
+                    raise _NotAResult("the server's answer is not a vector or matrix result")
+                each(item)
+                more = stream.peek() == ","
+                if more:
+                    stream.take(",")
+            stream.take("]")
+            data["result"] = True
+        doc["data"] = data
+    if stream.peek():
+        raise ValueError("more after the answer")
+    return doc
 
 
 # --- inputs -----------------------------------------------------------------------------------
@@ -327,18 +449,18 @@ def run(
     q = showback.queries(recorded=recorded, step=step)
     last = end - step  # each point stands for the step that starts at it: [t, t + step); so do
     # the devices and pods of the idle claims, taken at the last point
-    report = showback.build(
-        start=start, end=end, step=step,
-        source="recording rules" if recorded else "raw series",
-        held=client.range(q.held, start, last, step),
-        busy=client.range(q.busy, start, last, step),
-        measured=client.range(q.measured, start, last, step),
-        devices=client.instant(q.devices, last),
-        pods=client.instant(q.pods, last),
-        prices=prices, idle_below=idle_below, top=top, grouping=grouping,
-        claim_labels=client.instant(showback.claim_labels_query(grouping, end - start), end)
-        if grouping.startswith("label_") else (),
-    )
+    # Each answer is taken in as it is parsed, in the order the tally needs (held before busy before
+    # measured, then what the idle claims need): no answer is ever held whole.
+    tally = showback.Tally(start=start, end=end, step=step, source="recording rules" if recorded else "raw series",
+                           prices=prices, idle_below=idle_below, top=top, grouping=grouping)
+    client.range(q.held, start, last, step, each=tally.held)
+    client.range(q.busy, start, last, step, each=tally.busy)
+    client.range(q.measured, start, last, step, each=tally.measured)
+    client.instant(q.devices, last, each=tally.device)
+    client.instant(q.pods, last, each=tally.pod)
+    if grouping.startswith("label_"):
+        client.instant(showback.claim_labels_query(grouping, end - start), end, each=tally.claim_label)
+    report = tally.report()
     if grouping.startswith("label_") and not _has_label(report) and warn is not None:
         warn(f"no series carries {grouping} in the window (the exporters' --pod-labels, or kube-state-metrics' "
              "kube_pod_labels): every claim is under (none)")

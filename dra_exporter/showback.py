@@ -26,6 +26,7 @@ import io
 import json
 import math
 import re
+from array import array
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from . import catalog as cat
+from . import printable
 
 COMPUTE_SLICES: Final = 7
 """The most compute slices a MIG profile's name starts with, and the denominator of a MIG
@@ -195,9 +197,29 @@ def rules_yaml(pod_labels: cat.PodLabels = _NO_POD_LABELS, prices: Prices | None
         for labels, price in price_rules(prices):
             lines += [f"      - record: {PRICE}", f"        expr: vector({promql_number(price)})"]
             if labels:
-                # JSON strings are YAML strings: a model name with a colon or quote stays one value.
-                lines += ["        labels:", *(f"          {k}: {json.dumps(v)}" for k, v in labels.items())]
+                lines += ["        labels:", *(f"          {k}: {yaml_string(v)}" for k, v in labels.items())]
     return "\n".join(lines) + "\n"
+
+
+#: What a YAML reader takes raw inside a double-quoted scalar: YAML's printable characters less the line
+#: breaks (folded into spaces), the BOM (Go's yaml refuses it inside a document) and the quote and
+#: backslash; anything else is written as an escape.
+_YAML_RAW: Final = re.compile(r"[\x20\x21\x23-\x5b\x5d-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd"
+                              r"\U00010000-\U0010ffff]")
+
+
+def yaml_string(value: str) -> str:
+    """``value`` as a YAML double-quoted scalar that every reader (PyYAML, Go's yaml under Prometheus)
+    takes back exactly: characters outside the BMP stay themselves (JSON would write a surrogate pair,
+    which YAML refuses), the rest that YAML cannot hold raw are escapes. ``value`` holds no lone
+    surrogate (``prices_from_doc`` refuses them)."""
+    def escaped(c: str) -> str:
+        if _YAML_RAW.match(c):
+            return c
+        code = ord(c)
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+    return '"' + "".join(map(escaped, value)) + '"'
 
 
 def price_rules(prices: Prices) -> list[tuple[dict[str, str], float]]:
@@ -386,6 +408,19 @@ PRICE_FILE_KEYS: Final = ("default", "currency")
 """The price file's keys that are not GPU models."""
 
 
+def _characters(name: str, where: str) -> str:
+    """``name`` with its surrogate pairs joined (the JSON form of a price file writes a character
+    outside the BMP as ``"\\ud83d\\ude80"``, which the YAML reader leaves as two halves); a lone
+    surrogate is not a character and no series can carry it: refused."""
+    if not any("\ud800" <= c <= "\udfff" for c in name):
+        return name
+    try:
+        return name.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeDecodeError:
+        raise ShowbackError(f"{where}: the model name {name!r} holds a lone surrogate (half of a UTF-16 pair), "
+                            "which is not a character: write the model's name as it is") from None
+
+
 def prices_from_doc(doc: object, where: str) -> Prices:
     """A parsed price file (YAML or JSON): ``{model: price per GPU-hour of a whole GPU}``, optionally
     ``default`` (any other model) and ``currency`` (an ISO 4217 code). ``where`` prefixes errors."""
@@ -401,7 +436,7 @@ def prices_from_doc(doc: object, where: str) -> Prices:
             continue
         if isinstance(price, bool) or not isinstance(price, (int, float)) or not price >= 0 or math.isinf(price):
             raise ShowbackError(f"{where}: the price of {str(model)!r} must be a number >= 0, not {price!r}")
-        prices[str(model)] = float(price)
+        prices[_characters(str(model), where)] = float(price)
     default = prices.pop("default", None)
     if not prices and default is None:
         raise ShowbackError(f"{where}: it names a currency but no price")
@@ -482,12 +517,13 @@ def _hours(points: Iterable[tuple[float, float]], step: float) -> float:
     return sum(v for _, v in points if math.isfinite(v)) * step / 3600
 
 
-def _devices_text(devices: Sequence[Series]) -> tuple[str, float]:
+def _devices_text(devices: Sequence[tuple[str, float]]) -> tuple[str, float]:
+    """``devices``: (profile, share) of each device a claim holds."""
     counts: dict[str, int] = defaultdict(int)
     share = 0.0
-    for d in devices:
-        counts[d.labels.get("profile") or "GPU"] += 1
-        share += d.points[-1][1] if d.points else 0.0
+    for profile, held in devices:
+        counts[profile] += 1
+        share += held
     order = sorted(counts, key=lambda p: (p != "GPU", p))
     return ", ".join(f"{counts[p]} × {p}" for p in order), share
 
@@ -509,98 +545,204 @@ def build(
     grouping: str = "namespace",
     claim_labels: Sequence[Series] = (),
 ) -> Report:
-    """Turn the query results at ``start, start + step, …, end - step`` into the report.
+    """Turn the query results at ``start, start + step, …, end - step`` into the report (``Tally``).
 
     ``measured``: what of ``held`` is on devices with a busy signal (``Queries.measured``); None
     when every held device has one."""
-    def key(s: Series) -> tuple[str, str]:
-        return s.labels.get("namespace", ""), s.labels.get("claim", "")
+    tally = Tally(start=start, end=end, step=step, source=source, prices=prices, idle_below=idle_below, top=top,
+                  grouping=grouping, measured=measured is not None)
+    for feed, results in ((tally.held, held), (tally.busy, busy), (tally.measured, measured or ()),
+                          (tally.device, devices), (tally.pod, pods), (tally.claim_label, claim_labels)):
+        for s in results:
+            feed(s)
+    return tally.report()
 
-    held_hours: dict[tuple[str, str], float] = defaultdict(float)
-    cost: dict[tuple[str, str], float] = defaultdict(float)
-    held_at: dict[tuple[str, str], dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    for s in held:
-        hours = _hours(s.points, step)
-        held_hours[key(s)] += hours
-        if prices is not None:
-            cost[key(s)] += hours * prices.of(s.labels.get("model", ""))
+
+def _key(s: Series) -> tuple[str, str]:
+    return s.labels.get("namespace", ""), s.labels.get("claim", "")
+
+
+class Tally:
+    """The report's figures, taken in one series at a time (``report`` hands each over as the answer is
+    parsed, so no answer is ever held as a list of series): what is kept is what the report shows.
+
+    Per claim: its hours and cost (arrays indexed by claim), and of its held points only the run that
+    reaches the window's last point with nothing positive breaking it, as (time, value) pairs; busy and
+    measured points only move each claim's ``_bad`` time (the latest point that ends an idle run:
+    busy, not measured, or nothing held). Once measured is in, the idle claims are chosen and the
+    points dropped; devices and pods are then kept for those ``top`` claims alone.
+
+    Feed ``held``, then ``busy``, then ``measured``, then ``device``/``pod``/``claim_label``, then
+    ``report``. Busy and measured are one series per claim (sums by namespace and claim). ``measured``:
+    False where every held device has a busy signal (no measured series come: held is measured)."""
+
+    def __init__(self, *, start: float, end: float, step: float, source: str, prices: Prices | None = None,
+                 idle_below: float = IDLE_BELOW, top: int = 10, grouping: str = "namespace",
+                 measured: bool = True) -> None:
+        self._measured_given = measured
+        self._start, self._end, self._step, self._source = start, end, step, source
+        self._prices, self._idle_below, self._top, self._grouping = prices, idle_below, top, grouping
+        self._index: dict[tuple[str, str], int] = {}
+        self._held_hours = array("d")
+        self._busy_hours = array("d")
+        self._measured_hours = array("d")
+        self._cost = array("d")
+        self._bad = array("d")
+        """Per claim: the latest time that ends an idle run; -inf where none does."""
+        self._measured_seen = bytearray()
+        self._runs: list[array[float] | None] = []
+        """Per claim: held (time, value) pairs flat, in the order received; after ``_close_held`` the
+        run back from the last point, newest first; None: not held at the last point."""
+        self._last: float | None = None
+        self._held_closed = False
+        self._idle: dict[tuple[str, str], float] | None = None
+        self._devices: dict[tuple[str, str], list[tuple[str, float]]] = defaultdict(list)
+        self._pods: dict[tuple[str, str], list[str]] = defaultdict(list)
+        self._claim_values: dict[tuple[str, str], set[str]] = defaultdict(set)
+
+    def held(self, s: Series) -> None:
+        k = _key(s)
+        i = self._index.get(k)
+        if i is None:
+            i = self._index[k] = len(self._runs)
+            for column in (self._held_hours, self._busy_hours, self._measured_hours, self._cost):
+                column.append(0.0)
+            self._bad.append(-math.inf)
+            self._measured_seen.append(0)
+            self._runs.append(None)
+        hours = _hours(s.points, self._step)
+        self._held_hours[i] += hours
+        if self._prices is not None:
+            self._cost[i] += hours * self._prices.of(s.labels.get("model", ""))
+        run = self._runs[i]
+        if run is None:
+            run = self._runs[i] = array("d")
         for t, v in s.points:
-            held_at[key(s)][t] += v
-    busy_hours: dict[tuple[str, str], float] = defaultdict(float)
-    busy_at: dict[tuple[str, str], dict[float, float]] = defaultdict(dict)
-    for s in busy:
-        busy_hours[key(s)] += _hours(s.points, step)
-        busy_at[key(s)].update(s.points)
-    measured_hours: Mapping[tuple[str, str], float] = held_hours
-    measured_at: Mapping[tuple[str, str], Mapping[float, float]] = held_at
-    if measured is not None:
-        hours_of: dict[tuple[str, str], float] = defaultdict(float)
-        at: dict[tuple[str, str], dict[float, float]] = defaultdict(dict)
-        for s in measured:
-            hours_of[key(s)] += _hours(s.points, step)
-            at[key(s)].update(s.points)
-        measured_hours, measured_at = hours_of, at
+            run.append(t)
+            run.append(v)
+            if self._last is None or t > self._last:
+                self._last = t
 
-    def usage(ns: str, claim: str, keys: Iterable[tuple[str, str]]) -> Usage:
-        ks = list(keys)
-        return Usage(ns, claim, sum(held_hours[k] for k in ks), sum(busy_hours.get(k, 0.0) for k in ks),
-                     sum(cost[k] for k in ks) if prices is not None else None,
-                     sum(measured_hours.get(k, 0.0) for k in ks))
+    def _close_held(self) -> None:
+        """Sum each claim's held points by time and keep the run back from the last point."""
+        if self._held_closed:
+            return
+        self._held_closed = True
+        for i, flat in enumerate(self._runs):
+            if flat is None:
+                continue
+            summed: dict[float, float] = defaultdict(float)
+            for j in range(0, len(flat), 2):
+                summed[flat[j]] += flat[j + 1]
+            run = array("d")
+            if self._last is not None and summed.get(self._last, 0.0) > 0:
+                for t in sorted(summed, reverse=True):
+                    if summed[t] <= 0:
+                        self._bad[i] = t
+                        break
+                    run.append(t)
+                    run.append(summed[t])
+            self._runs[i] = run if run else None
 
-    claims = sorted((usage(*k, [k]) for k in held_hours), key=lambda u: (-u.held_hours, u.namespace, u.claim))
-    by_ns: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for k in held_hours:
-        by_ns[k[0]].append(k)
-    namespaces = sorted((usage(ns, "", ks) for ns, ks in by_ns.items()),
+    def _run_of(self, s: Series) -> tuple[int | None, dict[float, float]]:
+        self._close_held()
+        i = self._index.get(_key(s))
+        run = self._runs[i] if i is not None else None
+        return i, ({run[j]: run[j + 1] for j in range(0, len(run), 2)} if run else {})
+
+    def busy(self, s: Series) -> None:
+        i, run = self._run_of(s)
+        if i is None:
+            return  # not held: the report shows held claims only
+        self._busy_hours[i] += _hours(s.points, self._step)
+        for t, v in s.points:
+            held = run.get(t)
+            if held is not None and v >= self._idle_below * held and t > self._bad[i]:
+                self._bad[i] = t
+
+    def measured(self, s: Series) -> None:
+        i, run = self._run_of(s)
+        if i is None:
+            return
+        self._measured_hours[i] += _hours(s.points, self._step)
+        self._measured_seen[i] = 1
+        measured = dict(s.points)
+        for t in sorted(run, reverse=True):
+            if measured.get(t, 0.0) < run[t] - 1e-9:  # sums of the same shares: equal but for rounding
+                self._bad[i] = max(self._bad[i], t)
+                break
+
+    def _choose_idle(self) -> dict[tuple[str, str], float]:
+        """The ``top`` claims idle longest: ``{claim: idle since}``; the held points are dropped."""
+        if self._idle is not None:
+            return self._idle
+        self._close_held()
+        found = []
+        for k, i in self._index.items():
+            run = self._runs[i]
+            if run is None or self._idle_below <= 0 or (self._measured_given and not self._measured_seen[i]):
+                continue  # not held at the end, never idle, or no busy signal: not known to be idle
+            since = None
+            for j in range(0, len(run), 2):  # newest first
+                if run[j] <= self._bad[i]:
+                    break
+                since = run[j]
+            if since is not None:
+                found.append((since, k))
+        found.sort(key=lambda item: (item[0], item[1]))
+        self._idle = {k: since for since, k in found[:self._top]}
+        self._runs = []
+        return self._idle
+
+    def device(self, s: Series) -> None:
+        k = _key(s)
+        if k in self._choose_idle():
+            self._devices[k].append((s.labels.get("profile") or "GPU", s.points[-1][1] if s.points else 0.0))
+
+    def pod(self, s: Series) -> None:
+        k = _key(s)
+        if k in self._choose_idle():
+            self._pods[k].append(s.labels.get("pod", ""))
+
+    def claim_label(self, s: Series) -> None:
+        self._claim_values[_key(s)].add(s.labels.get(self._grouping, ""))
+
+    def report(self) -> Report:
+        idle_of = self._choose_idle()
+        priced = self._prices is not None
+        measured_hours = self._measured_hours if self._measured_given else self._held_hours
+
+        def usage(ns: str, claim: str, indices: Iterable[int]) -> Usage:
+            ix = list(indices)
+            return Usage(ns, claim, sum(self._held_hours[i] for i in ix), sum(self._busy_hours[i] for i in ix),
+                         sum(self._cost[i] for i in ix) if priced else None, sum(measured_hours[i] for i in ix))
+
+        claims = sorted((usage(k[0], k[1], [i]) for k, i in self._index.items()),
+                        key=lambda u: (-u.held_hours, u.namespace, u.claim))
+        by_ns: dict[str, list[int]] = defaultdict(list)
+        for k, i in self._index.items():
+            by_ns[k[0]].append(i)
+        namespaces = sorted((usage(ns, "", ix) for ns, ix in by_ns.items()), key=lambda u: (-u.held_hours, u.namespace))
+        total = usage("", "", range(len(self._held_hours)))
+        # A claim whose pods carry several values of the label counts for each of them, joined ("a,b").
+        by_label = self._grouping.startswith("label_")
+        claim_groups = {k: ",".join(sorted(self._claim_values.get(k, set()) - {""})) for k in self._index} \
+            if by_label else {}
+        by_group: dict[str, list[int]] = defaultdict(list)
+        for k, value in claim_groups.items():
+            by_group[value].append(self._index[k])
+        groups = sorted((usage(value, "", ix) for value, ix in by_group.items()),
                         key=lambda u: (-u.held_hours, u.namespace))
-    total = usage("", "", list(held_hours))
-    # A claim whose pods carry several values of the label counts for each of them, joined ("a,b").
-    values: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for c in claim_labels:
-        values[key(c)].add(c.labels.get(grouping, ""))
-    by_label = grouping.startswith("label_")
-    claim_groups = {k: ",".join(sorted(values[k] - {""})) for k in held_hours} if by_label else {}
-    by_group: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for k, value in claim_groups.items():
-        by_group[value].append(k)
-    groups = sorted((usage(value, "", ks) for value, ks in by_group.items()),
-                    key=lambda u: (-u.held_hours, u.namespace))
-
-    devices_of: dict[tuple[str, str], list[Series]] = defaultdict(list)
-    for d in devices:
-        devices_of[key(d)].append(d)
-    pods_of: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for p in pods:
-        pods_of[key(p)].append(p.labels.get("pod", ""))
-    idle = []
-    last = max((t for series in held_at.values() for t in series), default=None)
-    for k, series in held_at.items():
-        since = _idle_since(series, busy_at.get(k, {}), measured_at.get(k, {}), idle_below, last)
-        if since is None:
-            continue
-        text, share = _devices_text(devices_of.get(k, []))
-        before = since <= start + step  # the first step may lack a rule sample (the rules' phase)
-        idle.append(IdleClaim(k[0], k[1], tuple(sorted(pods_of.get(k, []))), text or "?", share,
-                              start if before else since, before))
-    idle.sort(key=lambda c: (c.idle_since, c.namespace, c.claim))
-    return Report(start, end, step, source, tuple(namespaces), tuple(claims), tuple(idle[:top]), total,
-                  prices is not None, idle_below, grouping, tuple(groups), claim_groups,
-                  prices.currency if prices is not None else None)
-
-
-def _idle_since(held: Mapping[float, float], busy: Mapping[float, float], measured: Mapping[float, float],
-                idle_below: float, last: float | None) -> float | None:
-    """First point of the idle run that reaches the window's last point, or None (busy, gone, or
-    holding a device whose busy share is unknown: not known to be idle)."""
-    if last is None or held.get(last, 0.0) <= 0:
-        return None  # not held at the end: not sitting idle now
-    since = None
-    for t in sorted(held, reverse=True):
-        unmeasured = measured.get(t, 0.0) < held[t] - 1e-9  # sums of the same shares: equal but for rounding
-        if held[t] <= 0 or unmeasured or busy.get(t, 0.0) >= idle_below * held[t]:
-            break
-        since = t
-    return since
+        idle = []
+        for k, since in idle_of.items():
+            text, share = _devices_text(self._devices.get(k, []))
+            before = since <= self._start + self._step  # the first step may lack a rule sample (the rules' phase)
+            idle.append(IdleClaim(k[0], k[1], tuple(sorted(self._pods.get(k, []))), text or "?", share,
+                                  self._start if before else since, before))
+        idle.sort(key=lambda c: (c.idle_since, c.namespace, c.claim))
+        return Report(self._start, self._end, self._step, self._source, tuple(namespaces), tuple(claims),
+                      tuple(idle), total, priced, self._idle_below, self._grouping, tuple(groups), claim_groups,
+                      self._prices.currency if self._prices is not None else None)
 
 
 # --- rendering --------------------------------------------------------------------------------
@@ -669,18 +811,22 @@ def render_csv(r: Report) -> str:
     for u in r.claims:
         c = idle.get((u.namespace, u.claim))
         share = u.idle_share
-        writer.writerow([u.namespace, u.claim,
-                         *([r.claim_groups.get((u.namespace, u.claim), "")] if r.group_label else []),
+        cell = printable.csv_cell  # the names come from the server's series
+        writer.writerow([cell(u.namespace), cell(u.claim),
+                         *([cell(r.claim_groups.get((u.namespace, u.claim), ""))] if r.group_label else []),
                          f"{u.held_hours:.6f}",
                          f"{u.busy_hours:.6f}" if u.busy_known else UNKNOWN,
                          f"{share:.6f}" if share is not None else UNKNOWN, f"{u.unmeasured_hours:.6f}",
                          *([f"{u.cost or 0.0:.6f}"] if r.priced else []), *([r.currency] if r.currency else []),
-                         iso(c.idle_since) if c else "", " ".join(c.pods) if c else "", c.devices if c else ""])
+                         iso(c.idle_since) if c else "", cell(" ".join(c.pods)) if c else "",
+                         cell(c.devices) if c else ""])
     return out.getvalue()
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: int) -> list[str]:
-    """Left-aligned text columns, then ``right`` right-aligned number columns."""
+    """Left-aligned text columns, then ``right`` right-aligned number columns; every cell as the
+    terminal should show it (``printable.for_terminal``: names come from the server's series)."""
+    rows = [[printable.for_terminal(c) for c in row] for row in rows]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = []
     for row in [header, *rows]:

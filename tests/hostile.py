@@ -232,3 +232,46 @@ def kubeconfig(url: str) -> str:
                        "clusters": [{"name": "h", "cluster": {"server": url}}],
                        "users": [{"name": "h", "user": {"token": "t"}}],
                        "contexts": [{"name": "h", "context": {"cluster": "h", "user": "h"}}]})
+
+
+# --- a Prometheus with very many series --------------------------------------------------------------
+
+
+@dataclass
+class ManySeries:
+    """A Prometheus whose every report query has ``series`` series (claims ``c<i>`` in 100 namespaces):
+    range queries a point per step over the asked window, instant ones one point; ``count(...)`` is 1.
+    Each answer is built once per kind and kept (the answers of 150,000 series are ~60 MB each)."""
+
+    series: int
+    _cache: dict[tuple[str, int], bytes] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, request: Request, reply: Reply) -> None:
+        query = request.query.get("query", "")
+        if query.startswith("count("):
+            return reply.json({"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {}, "value": [float(request.query.get("time", "0")), "1"]}]}})
+        ranged = request.path.endswith("/query_range")
+        times = ([float(request.query["start"]) + i * float(request.query["step"])
+                  for i in range(int((float(request.query["end"]) - float(request.query["start"]))
+                                     // float(request.query["step"])) + 1)]
+                 if ranged else [float(request.query.get("time", "0"))])
+        key = ("range" if ranged else "pods" if "pod" in query else "instant", len(times))
+        with self._lock:
+            body = self._cache.get(key)
+            if body is None:
+                body = self._cache[key] = self._answer(ranged, times, pods=key[0] == "pods")
+        reply.whole(200, body)
+
+    def _answer(self, ranged: bool, times: list[float], *, pods: bool) -> bytes:
+        points = ",".join(f'[{t:.0f},"0.5"]' for t in times)
+        parts = [b'{"status":"success","data":{"resultType":"%s","result":[' % (b"matrix" if ranged else b"vector")]
+        for i in range(self.series):
+            metric = f'{{"namespace":"ns-{i % 100}","claim":"claim-{i}","model":"NVIDIA H100 80GB HBM3"' + \
+                     (f',"pod":"pod-{i}"}}' if pods else "}")
+            parts.append((f'{{"metric":{metric},' + (f'"values":[{points}]}}' if ranged else
+                                                   f'"value":{points}}}') +
+                          ("," if i < self.series - 1 else "")).encode())
+        parts.append(b"]}}")
+        return b"".join(parts)

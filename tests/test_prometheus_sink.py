@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from promharness import promtool_check_metrics
 
 from dra_exporter import catalog, model
+from dra_exporter.printable import without_controls
 from dra_exporter.sinks import prometheus as prometheus_sink
 from dra_exporter.sinks.http import ListenAddressError, parse_listen
 from dra_exporter.sinks.prometheus import (
@@ -70,11 +71,12 @@ SeriesKey = tuple[str, frozenset[tuple[str, str]]]
 
 
 def series_of(frame: model.Frame) -> dict[SeriesKey, float]:
-    """What a scraper should see: sample name (counters with _total), label set, value."""
+    """What a scraper should see: sample name (counters with _total), label set (control characters
+    replaced, ``printable.without_controls``), value."""
     out = {}
     for fam in frame.families:
         for sample in fam.samples:
-            out[(fam.name, frozenset(sample.labels))] = sample.value
+            out[(fam.name, frozenset((k, without_controls(v)) for k, v in sample.labels))] = sample.value
     return out
 
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final
 
+from .. import printable
 from ..model import ClaimInfo, ClusterState
 from .allocator import (
     CAPACITY,
@@ -173,16 +174,18 @@ def render_json(outcomes: Sequence[Outcome], *, single: bool) -> str:
 def render_text(outcomes: Sequence[Outcome]) -> str:
     if not outcomes:
         return "no unallocated ResourceClaims in the cluster\n"
-    return "\n".join(_text(o) for o in outcomes)
+    return "\n".join("".join(f"{printable.for_terminal(line)}\n" for line in _lines(o)) for o in outcomes)
 
 
-def _text(o: Outcome) -> str:
+def _lines(o: Outcome) -> list[str]:
+    """The lines of ``o``'s text, before ``printable.for_terminal`` shows what came from the API
+    server (names, the allocator's words about them) without letting the terminal obey it."""
     name = f"{o.namespace}/{o.claim}"
     if o.error == "already allocated":
-        return f"{name}: already allocated (nothing to explain)\n"
+        return [f"{name}: already allocated (nothing to explain)"]
     if o.placeable:
         devices = ", ".join("/".join(p.device[1:]) for p in o.picks)
-        return f"{name}: placeable now, on node {o.node or '(any)'}: {devices}{_waits(o)}\n"
+        return [f"{name}: placeable now, on node {o.node or '(any)'}: {devices}{_waits(o)}"]
     tried = f" ({o.nodes_tried} node{'s' if o.nodes_tried != 1 else ''} tried)" if o.nodes_tried else ""
     lines = [f"{name}: NOT placeable{tried}{_waits(o)}"]
     blocking = first_blocking(o)
@@ -206,7 +209,7 @@ def _text(o: Outcome) -> str:
             lines.append(f"    {b.devices}: {_SAYS.get(b.reason, b.reason)}{more} [{b.reason}]")
         if r.error:
             lines.append(f"    {r.error}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _waits(o: Outcome) -> str:

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from .. import catalog, model
+from .. import catalog, model, printable
 
 _COUNTER_SUFFIX: Final = "_total"
 _EOF: Final = "# EOF\n"
@@ -72,7 +72,8 @@ def valid_text(value: str) -> str:
 
 
 def escape_label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    """``value`` inside a label's quotes: escaped, control characters replaced (``printable``)."""
+    return printable.exposition_label_value(value)
 
 
 def _label_name(name: str) -> str:

@@ -37,6 +37,15 @@ Staying up under hostile or broken clients:
   and Prometheus's scrapes get through a flood from a few addresses that holds every ordinary slot.
   Beyond that, new connections are closed at once, so a flood costs sockets, not unbounded threads
   and memory.
+- A connection whose thread cannot start (a pids limit, an address space full of thread stacks) waits,
+  with ``PROBE_DEADLINE_S`` and at most ``SPARE_QUEUE`` of them, for one of ``SPARE_THREADS`` threads
+  started with the server; they serve, one request each, whichever waiting connection has sent
+  something first (``poll``), so a silent client costs a place in the queue, not the scrapes and
+  probes behind it. The failure is logged at most once every ``THREAD_FAILURE_LOG_S``, with a count.
+  Spare threads started in advance rather than a smaller stack (``threading.stack_size`` is
+  process-wide, so a deep recursion in any later thread would crash the process instead of raising,
+  and a pids limit fails whatever the stack) or a pool for every connection (while threads can
+  start, a thread per connection keeps a slow client from delaying the others).
 - A request's head (request line and headers) is read in small chunks and counted: at most
   ``MAX_HEAD_BYTES`` in total (Go's and so exporter-toolkit's default), the first
   ``HEAD_ALLOWANCE_BYTES`` of it free, the rest borrowed from one server-wide budget of
@@ -58,6 +67,7 @@ from __future__ import annotations
 import gzip
 import logging
 import re
+import select
 import socket
 import socketserver
 import ssl
@@ -121,6 +131,16 @@ PROBE_RESERVE_PER_CLIENT: Final = 2
 PROBE_RESERVE_MAX_HELD: Final = 1
 #: The deadline of a reserve connection (a kubelet probe times out after 1 s by default).
 PROBE_DEADLINE_S: Final = 2.0
+#: Threads started with the server that serve, one request at a time, the connections whose own
+#: thread cannot start: two, so that a scrape and a probe are answered together.
+SPARE_THREADS: Final = 2
+#: Connections waiting for a spare thread; beyond that a connection is closed at once. Each waits at
+#: most ``PROBE_DEADLINE_S`` (the watchdog hangs up on it) and costs a socket while it waits.
+SPARE_QUEUE: Final = 64
+#: How often a spare thread looks again at the waiting connections (new ones join between looks).
+_SPARE_POLL_MS: Final = 50
+#: Seconds between two log lines about threads that cannot start (each says how many since the last).
+THREAD_FAILURE_LOG_S: Final = 60.0
 #: After an error answer to a client that may still be sending (431, 400 with a body), its
 #: input is read and dropped for at most this long (and ``_LINGER_BYTES``) before the socket is
 #: closed: closing with unread input sends a RST, which can destroy the answer before the
@@ -367,6 +387,8 @@ class _Connection:
     """A reserve connection, over a cap: one probe or scrape request (``RESERVE_PATHS``), nothing else."""
     answered_probe: bool = False
     counted_refused: bool = False
+    one_request: bool = False
+    """Served by a spare thread (its own could not start): one request, then closed."""
 
 
 def _hang_up(sock: socket.socket) -> None:
@@ -653,8 +675,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Encoding", encoding)
         for name, value in extra:
             self.send_header(name, value)
-        if self._conn.probe_only:
-            self.send_header("Connection", "close")  # one request per reserve connection
+        if self._conn.probe_only or self._conn.one_request:
+            self.send_header("Connection", "close")  # one request per reserve or spare-thread connection
         # Caches in between must key on the negotiated format and encoding.
         self.send_header("Vary", "Accept, Accept-Encoding")
         self.end_headers()
@@ -742,6 +764,15 @@ class _Server(HTTPServer):
         self.tls = TlsContexts(web.tls, logger=logger) if web is not None and web.tls is not None else None
         self.auth = BasicAuth(web.users) if web is not None and web.users else None
         self.extra_headers = web.headers if web is not None else ()
+        self._waiting: list[tuple[_Connection, Any]] = []
+        self._spare_turn = threading.Condition()
+        self._spares_stop = False
+        self._spares: list[threading.Thread] = []
+        self._thread_failures = 0
+        self._thread_failure_logged = float("-inf")
+        #: Connections whose thread could not start: served by a spare thread, or closed (queue full).
+        self.spare_served = 0
+        self.spare_shed = 0
         super().__init__((address.host, address.port), _Handler)  # type: ignore[arg-type]
 
     def server_bind(self) -> None:
@@ -760,9 +791,83 @@ class _Server(HTTPServer):
         try:
             threading.Thread(target=self._serve, args=(conn, client_address), name="metrics-http-conn",
                              daemon=True).start()
-        except RuntimeError:  # no thread could be started: shed this connection, keep accepting
-            self.logger.warning("http %s: cannot start a thread for the connection", client_address[0])
+        except RuntimeError:  # no thread could be started: a spare thread serves it, or it is shed
+            self._to_spare(conn, client_address)
+
+    def start_spares(self) -> None:
+        """Start the ``SPARE_THREADS`` (with the server: a thread that cannot start later is the case
+        they are for)."""
+        for i in range(SPARE_THREADS):
+            thread = threading.Thread(target=self._spare, name=f"metrics-http-spare-{i}", daemon=True)
+            thread.start()
+            self._spares.append(thread)
+
+    def stop_spares(self) -> None:
+        with self._spare_turn:
+            self._spares_stop = True
+            self._spare_turn.notify_all()
+        for thread in self._spares:
+            thread.join()
+        self._spares.clear()
+        for conn, _ in self._waiting:
             self.connections.close(conn)
+        self._waiting.clear()
+
+    def _spare(self) -> None:
+        """A spare thread: serve whichever waiting connection has sent something (a request, a TLS
+        hello, or the EOF of the watchdog's hang-up), one at a time."""
+        while True:
+            with self._spare_turn:
+                while not self._waiting and not self._spares_stop:
+                    self._spare_turn.wait()
+                if self._spares_stop:
+                    return
+                waiting = list(self._waiting)
+            poller = select.poll()  # no descriptor of its own, and no FD_SETSIZE limit
+            by_fd = {}
+            for item in waiting:
+                try:
+                    fd = item[0].sock.fileno()
+                except (OSError, ValueError):
+                    fd = -1
+                if fd >= 0:
+                    by_fd[fd] = item
+                    poller.register(fd, select.POLLIN | select.POLLPRI)
+            ready = {fd for fd, _ in poller.poll(_SPARE_POLL_MS)} if by_fd else set()
+            with self._spare_turn:  # another spare thread may have taken it meanwhile
+                taken = next((item for item in waiting
+                              if item in self._waiting and (item not in by_fd.values() or
+                                                            any(by_fd[fd] is item for fd in ready))), None)
+                if taken is not None:
+                    self._waiting.remove(taken)
+            if taken is not None:
+                self._serve(*taken)
+
+    def _to_spare(self, conn: _Connection, client_address: Any) -> None:
+        """Runs in the accept loop when ``conn``'s thread could not start: it waits for a spare thread
+        with a probe's deadline and one request, or is closed when ``SPARE_QUEUE`` wait already; said
+        in the log at most once every ``THREAD_FAILURE_LOG_S``."""
+        conn.one_request = True
+        self.connections.arm(conn, min(self.request_timeout, PROBE_DEADLINE_S))
+        with self._spare_turn:
+            queued = len(self._waiting) < SPARE_QUEUE and not self._spares_stop
+            if queued:
+                self._waiting.append((conn, client_address))
+                self._spare_turn.notify()
+        if queued:
+            self.spare_served += 1
+        else:
+            self.spare_shed += 1
+            self.connections.close(conn)
+        self._thread_failures += 1
+        now = time.monotonic()
+        if now - self._thread_failure_logged >= THREAD_FAILURE_LOG_S:
+            self.logger.warning("http: cannot start a thread for a connection (%d time%s since the last such line; "
+                                "a pids or memory limit?): %d spare threads serve them one request at a time, "
+                                "%d closed with every spare busy so far", self._thread_failures,
+                                "s" if self._thread_failures != 1 else "", SPARE_THREADS, self.spare_shed)
+            self._thread_failures = 0
+            self._thread_failure_logged = now
 
     def _serve(self, conn: _Connection, client_address: Any) -> None:
         """Runs in the connection's thread: TLS handshake (if any), then HTTP requests."""
@@ -858,6 +963,7 @@ class MetricsServer:
             raise ListenAddressError(f"cannot listen on {self._listen}: {exc.strerror or exc}") from exc
         self._server = server
         server.connections.start()
+        server.start_spares()
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="metrics-http", daemon=True)
         self._thread.start()
@@ -891,6 +997,7 @@ class MetricsServer:
         server.shutdown()
         server.server_close()
         server.connections.stop()
+        server.stop_spares()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

@@ -6,6 +6,7 @@ import json
 from collections import defaultdict
 
 from .. import catalog as cat
+from .. import printable
 from ..model import Frame
 
 
@@ -50,8 +51,10 @@ def render_table(frame: Frame) -> str:
             lbl["namespace"] or "-", lbl["pod"] or ("(shared)" if lbl["claim"] else "-"),
             lbl["container"] or "-", lbl["claim"] or "-",
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    # Names come from the kubelet and NVML: shown, never obeyed by the terminal.
+    shown = [[printable.for_terminal(cell) for cell in row] for row in rows]
+    widths = [max(len(r[i]) for r in shown) for i in range(len(_COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in shown)
 
 
 def _short(uuid: str) -> str:
