@@ -298,6 +298,11 @@ class SliceDevice:
     """``allowMultipleAllocations``: claims share the device, each taking part of its capacity."""
     request_policies: tuple[tuple[str, CapacityRequestPolicy], ...] = ()
     """``capacity[].requestPolicy`` by capacity name (as ``capacity`` spells it), sorted."""
+    binding_conditions: tuple[str, ...] = ()
+    """``bindingConditions``: conditions the claim's device status must reach before the pod binds
+    (the scheduler tries pools with such devices after all others)."""
+    binds_to_node: bool = False
+    """``bindsToNode``: an allocation of the device is limited to the node the pod is placed on."""
 
     def attribute(self, key: str) -> str:
         for k, v in self.attributes:
