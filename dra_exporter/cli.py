@@ -655,7 +655,7 @@ def cluster(once: bool, log_level: str, **kw: Any) -> None:
 
 
 @main.command()
-@click.argument("claim", required=False, metavar="[NAMESPACE/CLAIM]")
+@click.argument("claim", required=False, metavar="[NAMESPACE/CLAIM|NAMESPACE/POD]")
 @_opt("--all", "all_claims", is_flag=True, default=False, envvar=_env("explain-all"),
       help="Explain every ResourceClaim not yet allocated (instead of one).")
 @_opt("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -666,7 +666,8 @@ def explain(claim: str | None, all_claims: bool, fmt: str, log_level: str, **kw:
     """Why is a ResourceClaim pending? Whether the scheduler could allocate it now and, per request,
     which devices match and what keeps the others (taken by which claims, tainted, counters used up,
     pools incomplete …), the blocking reason first. Reads the API server (or --simulate's cluster)
-    once. Exit 0 for a claim found, 2 for bad input or a claim that does not exist."""
+    once. A pod's name explains each of its claims, placed together as the scheduler places them.
+    Exit 0 for a claim found, 2 for bad input or a name that is no claim or pod (or both)."""
     from . import runtime
     from .cluster import explain as why
     from .cluster.cel_worker import CelWorker
@@ -691,7 +692,8 @@ def explain(claim: str | None, all_claims: bool, fmt: str, log_level: str, **kw:
         sys.exit(2)
     finally:
         engine.close()
-    click.echo(why.render_json(outcomes, single=bool(claim)) if fmt == "json" else why.render_text(outcomes),
+    single = bool(claim) and len(outcomes) == 1  # a pod's name gives a list, one per claim
+    click.echo(why.render_json(outcomes, single=single) if fmt == "json" else why.render_text(outcomes),
                nl=fmt == "json")
 
 

@@ -112,7 +112,7 @@ def test_all_explains_every_unallocated_claim_in_order_and_an_allocated_one_says
 
 def test_a_claim_that_does_not_exist_and_bad_names_are_errors() -> None:
     state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1))
-    with pytest.raises(ClaimNotFound, match="no ResourceClaim ml/nope"):
+    with pytest.raises(ClaimNotFound, match="no ResourceClaim or Pod ml/nope"):
         explain(state, [("ml", "nope")])
     for bad in ("nope", "/x", "ml/", "a/b/c"):
         with pytest.raises(ValueError, match="expected NAMESPACE/CLAIM"):

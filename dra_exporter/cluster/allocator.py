@@ -29,13 +29,20 @@ The rules, as the allocator applies them:
   device);
 * allocation modes ExactCount and All (All needs every pool the node sees complete and valid);
   a prioritized list (``firstAvailable``) takes the first subrequest that fits;
-* admin access takes no device (and another claim's device may be used for it);
+* admin access takes no device (another claim's device may be used for it), but within the
+  search it marks the device: the same pod's other requests cannot take it, nor another admin
+  request of the same claim;
+* a pod's pending claims are allocated together, in the pod's order, on one node (``allocate_pod``);
+  an error of the search on any node stops the pod's attempt (the scheduler's filter returns an
+  error, not "does not fit"): a CEL run-time error on a device the search reaches, All over an
+  incomplete or invalid pool, more than 32 devices in a claim;
+* pools whose devices carry ``bindingConditions`` are tried after all others;
 * consumable capacity (``allowMultipleAllocations``): a share takes what the request asks, rounded up
   by the capacity's ``requestPolicy`` (``validRange`` steps from ``min``, or the next ``validValues``
   entry), its ``default`` when the request names no amount, the whole capacity without a policy; the
   device's counters are consumed once, by its first share.
 
-What is not modelled: binding conditions, extended resources, scoring (the scheduler picks among
+What is not modelled: waiting for binding conditions, extended resources, scoring (the scheduler picks among
 the nodes that fit; for placeability the node does not matter), and the 32-device result limit's
 backtracking shortcuts (a claim asking more than 32 devices fails).
 """
@@ -52,7 +59,17 @@ from .cache import MAX_DIAGNOSED, MAX_NODE_VIEWS, MAX_REQUEST_SELECTORS, MAX_TRI
 from .checks import NOTHING, PLAIN, Checks, Usage
 from .constraints import Constraint, lookup_attribute
 from .consumable import EPSILON, consumed_amount, share_of
-from .pools import Device, DeviceKey, Pool, PoolKey, UsageKey, build_pool, newest_generation, slice_for_node
+from .pools import (
+    Device,
+    DeviceKey,
+    Pool,
+    PoolKey,
+    UsageKey,
+    allocation_order,
+    build_pool,
+    newest_generation,
+    slice_for_node,
+)
 from .reasons import (
     CAPACITY,
     CLASS_MISSING,
@@ -65,12 +82,13 @@ from .reasons import (
     SELECTOR_ERROR,
     TAINTED,
     TAKEN,
+    TOGETHER,
 )
 from .selectors import ClassSelector
 
 __all__ = [
     "CAPACITY", "CLASS_MISSING", "CONSTRAINT", "COUNTERS", "MAX_RESULTS", "NODE", "POOL_INCOMPLETE", "POOL_INVALID",
-    "REASONS", "SELECTOR_ERROR", "TAINTED", "TAKEN", "Allocator", "AllocatorCache", "Blocked", "Device",
+    "REASONS", "SELECTOR_ERROR", "TAINTED", "TAKEN", "TOGETHER", "Allocator", "AllocatorCache", "Blocked", "Device",
     "DeviceKey", "Outcome", "Pick", "Pool", "PoolKey", "RequestOutcome", "UsageKey", "consumed_amount",
     "lookup_attribute", "share_of",
 ]
@@ -143,6 +161,15 @@ class Outcome:
     nodes_tried: int = 0
     pod_waits: bool | None = None
     """Whether a pod that has not ended references the claim (None: not asked)."""
+    pod: str = ""
+    """The waiting pod whose claims were allocated together (its verdict is the claim's); ``""``: the
+    claim alone."""
+    attempt_fails: bool = False
+    """The scheduler's filter returned an error (``error``): the pod's whole scheduling attempt stops,
+    whatever other nodes would fit (a CEL run-time error, All over an incomplete pool, more than 32
+    devices asked, a constraint All cannot meet)."""
+    together: bool = False
+    """The claim fits alone, not on one node with the other pending claims of its pod."""
 
     @property
     def devices(self) -> tuple[DeviceKey, ...]:
@@ -244,6 +271,7 @@ class Allocator:
         self._usage: dict[PoolKey, list[tuple[str, bool, tuple[tuple[str, float], ...]]]] = {}
         self._usage_keys: dict[PoolKey, UsageKey] = {}
         self._candidates: dict[tuple[int, ...], tuple[str, ...]] = {}
+        self._failing: dict[int, bool] = {}
         #: What claims of one shape got on a node, and the diagnoses: until the next ``commit``.
         self._tried: dict[tuple[object, ...], tuple[tuple[tuple[Pick, ...], ...] | None, str]] = {}
         self._diagnosed: dict[tuple[object, ...], tuple[RequestOutcome, ...]] = {}
@@ -286,7 +314,7 @@ class Allocator:
         if cached is not None:
             return cached
         labels = self.labels(node)
-        pools = sorted([*self._local.get(node, ()), *self._global], key=lambda p: p.key)
+        pools = sorted([*self._local.get(node, ()), *self._global], key=allocation_order)
         out: list[tuple[Pool, list[Device]]] = []
         for pool in pools:
             devices = [d for sl, group in pool.by_slice if group and slice_for_node(sl, node, labels) for d in group]
@@ -355,34 +383,83 @@ class Allocator:
 
     def allocate(self, claim: ClaimInfo, node: str | None = None) -> Outcome:
         """Whether the scheduler could allocate ``claim`` now on ``node`` (None: on any node, tried in
-        name order); see ``Outcome``."""
-        if claim.allocated:
-            return Outcome(claim.namespace, claim.name, False, error="already allocated")
-        missing = [r for r in claim.requests if r.device_class not in self.classes]
-        if not claim.requests or missing:
-            error = (f"request {missing[0].name}: device class {missing[0].device_class or '(none)'} not found"
-                     if missing else "no requests")
-            return Outcome(claim.namespace, claim.name, False, error=error,
-                           requests=tuple(self._summary(claim, r, []) for r in claim.requests))
-        classes = {r.device_class for r in claim.requests}
+        name order), alone; see ``Outcome``."""
+        return self.allocate_pod((claim,), node)[0]
+
+    def allocate_pod(self, claims: Sequence[ClaimInfo], node: str | None = None, pod: str = "") -> list[Outcome]:
+        """Whether the scheduler could place a pod whose claims are ``claims`` (in the pod's order):
+        its pending claims allocated together, on one node (``node``, or any, tried in name order).
+        One ``Outcome`` per claim: the pod's verdict; an allocated claim says so. An error of the
+        scheduler's filter on any node stops the pod's attempt (``Outcome.attempt_fails``)."""
+        pending = [c for c in claims if not c.allocated]
+        done = {id(c): Outcome(c.namespace, c.name, False, error="already allocated", pod=pod)
+                for c in claims if c.allocated}
+        if not pending:
+            return [done[id(c)] for c in claims]
+        outcomes = self._place(pending, node, pod)
+        by_claim = {id(c): o for c, o in zip(pending, outcomes, strict=True)}
+        return [by_claim.get(id(c)) or done[id(c)] for c in claims]
+
+    def _place(self, claims: Sequence[ClaimInfo], node: str | None, pod: str) -> list[Outcome]:
+        for claim in claims:
+            missing = [r for r in claim.requests if r.device_class not in self.classes]
+            if not claim.requests or missing:
+                # The scheduler's PreFilter: the pod cannot be placed anywhere until the class exists.
+                error = (f"request {missing[0].name}: device class {missing[0].device_class or '(none)'} not found"
+                         if missing else "no requests")
+                return [Outcome(c.namespace, c.name, False, error=error if c is claim else "",
+                                requests=tuple(self._summary(c, r, []) for r in c.requests), pod=pod,
+                                together=c is not claim)
+                        for c in claims]
+        classes = {r.device_class for c in claims for r in c.requests}
         if node is not None:
             nodes: tuple[str, ...] = (node,)
         elif any((sel := self.matches.selector(c)) is not None and sel.error for c in classes):
             nodes = self.nodes  # a selector that does not compile fails wherever the search reaches a device
         else:
             nodes = self.candidate_nodes(classes)
-        first_error = ""
+        may_fail = self._may_fail(claims)
         tried: list[str] = []
+        fit: tuple[str, tuple[tuple[Pick, ...], ...]] | None = None
         for n in nodes:
             tried.append(n)
-            found, error = self._try_node((claim,), n)
-            if found is not None:
-                picks = found[0]
-                return Outcome(claim.namespace, claim.name, True, n, tuple(picks),
-                               self._diagnose(claim, [n], picks), nodes_tried=len(tried))
-            first_error = first_error or (f"node {n}: {error}" if error else "")
-        return Outcome(claim.namespace, claim.name, False, "", (), self._diagnose(claim, tried, []),
-                       first_error, len(tried))
+            found, error = self._try_node(claims, n)
+            if error:
+                # The scheduler's filter errs on this node: the pod's attempt stops, fit elsewhere or not.
+                return [Outcome(c.namespace, c.name, False, "", (), self._diagnose(c, tried, []), f"node {n}: {error}",
+                                len(tried), pod=pod, attempt_fails=True) for c in claims]
+            if found is not None and fit is None:
+                fit = n, found
+                if not may_fail:
+                    break  # no other node can err: the first fit is the answer
+        if fit is not None:
+            n, found = fit
+            return [Outcome(c.namespace, c.name, True, n, picks, self._diagnose(c, [n], picks),
+                            nodes_tried=len(tried), pod=pod) for c, picks in zip(claims, found, strict=True)]
+        out = []
+        for c in claims:
+            alone = len(claims) > 1 and self._place([c], node, pod)[0].placeable
+            out.append(Outcome(c.namespace, c.name, False, "", (), self._diagnose(c, tried, []), "", len(tried),
+                               pod=pod, together=alone))
+        return out
+
+    def _may_fail(self, claims: Sequence[ClaimInfo]) -> bool:
+        """Whether the search could err on some node (then every candidate node is searched, as the
+        scheduler filters them all): a request's own CEL, a class whose CEL fails on some device, All."""
+        for c in claims:
+            for r in c.requests:
+                if r.selectors or r.all_devices:
+                    return True
+                index = self.matches.index(r.device_class)
+                if index is not None and self._class_fails(index):
+                    return True
+        return False
+
+    def _class_fails(self, index: int) -> bool:
+        known = self._failing.get(index)
+        if known is None:
+            known = self._failing[index] = any(p.class_errors[index] for p in self.pools)
+        return known
 
     def commit(self, outcome: Outcome) -> None:
         """Take what ``outcome`` chose, as the claim's allocation would."""
@@ -449,8 +526,11 @@ class Allocator:
                     if req.info.all_devices:
                         self._all_devices(search, req)
             for index in range(len(claims)):
-                if sum(min(r.count for r in g) for g in search.groups if g[0].claim == index) > MAX_RESULTS:
-                    return None, f"more than {MAX_RESULTS} devices asked"
+                asked = sum(min(r.count for r in g) for g in search.groups if g[0].claim == index)
+                if asked > MAX_RESULTS:
+                    claim = claims[index]
+                    raise _Failure(f"claim {claim.namespace}/{claim.name}: {asked} devices asked, more than the "
+                                   f"claim limit of {MAX_RESULTS}")
             done = self._allocate_one(search, 0, 0, 0, 0, False)
         except _Failure as exc:
             return None, str(exc)
@@ -547,7 +627,9 @@ class Allocator:
         first_share = info.allow_multiple_allocations and device.key not in self.committed.shares and (
             device.key not in layer.shares)
         consumes = not info.allow_multiple_allocations or first_share
-        marks = not info.allow_multiple_allocations and not req.info.admin_access
+        # An admin-access pick marks the device too: the claim's other requests cannot take it (the
+        # scheduler's ``allocatingDevices``), though other claims' admin requests still may.
+        marks = not info.allow_multiple_allocations
         if info.allow_multiple_allocations:
             layer.add_share(device.key, dict(share))
         elif marks:

@@ -187,7 +187,7 @@ class Capacity:
         self._class_families(out, allocator, class_states, errors)
         statuses = claim_statuses(state.claims, state.pods)
         pending = tuple(s for s in statuses if s.state == PENDING)
-        claim_families(out.set, statuses, self._reasons(allocator, [s.claim for s in pending], now))
+        claim_families(out.set, statuses, self._reasons(allocator, [s.claim for s in pending], now, state.pods))
         self._taint_rule_families(out, state.taint_rules, current)
         for kind, count in (("ResourceSlice", len(state.slices)), ("ResourceClaim", len(state.claims)),
                             ("DeviceClass", len(state.classes)), ("DeviceTaintRule", len(state.taint_rules)),

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from ..model import ClaimInfo, ClusterState
+from ..model import ClaimInfo, ClusterPod, ClusterState
 from .allocator import (
     CAPACITY,
     CLASS_MISSING,
@@ -30,12 +30,12 @@ from .allocator import (
     SELECTOR_ERROR,
     TAINTED,
     TAKEN,
+    TOGETHER,
     Allocator,
     AllocatorCache,
     Outcome,
     RequestOutcome,
 )
-from .claims import waiting_since
 from .selectors import CelEngine
 
 #: When no candidate was kept from a request by anything, yet too few devices match it.
@@ -56,38 +56,87 @@ _SAYS: Final = {
     CONSTRAINT: "usable alone, not together with the claim's matchAttribute/distinctAttribute constraints",
     NO_MATCH: "no device matches the class and the request's selectors",
     TOO_FEW: "fewer devices match than the request asks",
+    TOGETHER: "the claim fits alone, but not on one node with its pod's other pending claims",
 }
 
 
 class ClaimNotFound(LookupError):
-    """A claim named on the command line that the cluster does not have."""
+    """A target named on the command line that the cluster does not have, or that names both a claim
+    and a pod."""
 
 
 def parse_target(text: str) -> tuple[str, str]:
-    """``NAMESPACE/NAME`` → (namespace, name); ValueError naming what is wrong."""
+    """``NAMESPACE/NAME`` (a claim or a pod) → (namespace, name); ValueError naming what is wrong."""
     namespace, sep, name = text.partition("/")
     if not sep or not namespace or not name or "/" in name:
-        raise ValueError(f"{text!r}: expected NAMESPACE/CLAIM")
+        raise ValueError(f"{text!r}: expected NAMESPACE/CLAIM or NAMESPACE/POD")
     return namespace, name
+
+
+def waiting_pods(state: ClusterState) -> dict[tuple[str, str], ClusterPod]:
+    """(namespace, claim) → the pod the scheduler places it with: of the pods that have not ended and
+    reference it, the earliest created (then by name)."""
+    out: dict[tuple[str, str], ClusterPod] = {}
+    for pod in sorted(state.pods, key=lambda p: (p.created, p.namespace, p.name)):
+        if not pod.ended:
+            for name in pod.claims:
+                out.setdefault((pod.namespace, name), pod)
+    return out
+
+
+class _PodPlacer:
+    """Each waiting pod's claims allocated together, once per pod."""
+
+    def __init__(self, state: ClusterState, allocator: Allocator) -> None:
+        self.allocator = allocator
+        self.claims = {(c.namespace, c.name): c for c in state.claims}
+        self.pod_of = waiting_pods(state)
+        self._done: dict[tuple[str, str], dict[str, Outcome]] = {}
+
+    def pod(self, pod: ClusterPod) -> list[Outcome]:
+        """The outcome of each claim the pod references that exists, in the pod's order."""
+        claims = [c for n in pod.claims if (c := self.claims.get((pod.namespace, n))) is not None]
+        key = (pod.namespace, pod.name)
+        if key not in self._done:
+            outcomes = self.allocator.allocate_pod(claims, pod=f"{pod.namespace}/{pod.name}")
+            self._done[key] = {o.claim: replace(o, pod_waits=True) for o in outcomes}
+        return [self._done[key][c.name] for c in claims]
+
+    def claim(self, claim: ClaimInfo) -> Outcome:
+        if claim.allocated:
+            return _allocated(claim)
+        pod = self.pod_of.get((claim.namespace, claim.name))
+        if pod is None:
+            return replace(self.allocator.allocate(claim), pod_waits=False)
+        self.pod(pod)
+        return self._done[(pod.namespace, pod.name)][claim.name]
 
 
 def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = (), engine: CelEngine | None = None
             ) -> list[Outcome]:
-    """The allocator's outcome for each claim in ``targets`` (an allocated claim says so), or for
-    every unallocated claim when ``targets`` is empty; ``ClaimNotFound`` for a claim not there.
+    """The allocator's outcome for each target (``NAMESPACE/CLAIM``, or ``NAMESPACE/POD``: each claim of
+    the pod), or for every unallocated claim when ``targets`` is empty. A claim a pod waits for is
+    placed with the pod's other pending claims (the pod's verdict is the claim's); an allocated claim
+    says so. ``ClaimNotFound`` for a name that is neither a claim nor a pod, or both.
     ``engine`` runs the CEL (default: in this process)."""
     by_key = {(c.namespace, c.name): c for c in state.claims}
-    if targets:
-        missing = [f"{ns}/{name}" for ns, name in targets if (ns, name) not in by_key]
-        if missing:
-            raise ClaimNotFound(f"no ResourceClaim {', '.join(missing)} in the cluster")
-        claims: list[ClaimInfo] = [by_key[t] for t in targets]
-    else:
-        claims = sorted((c for c in state.claims if not c.allocated), key=lambda c: (c.namespace, c.name))
-    allocator = Allocator(state, AllocatorCache(engine))
-    waited = waiting_since(state.pods)
-    return [_allocated(c) if c.allocated else replace(allocator.allocate(c), pod_waits=(c.namespace, c.name) in waited)
-            for c in claims]
+    pods = {(p.namespace, p.name): p for p in state.pods}
+    for ns, name in targets:
+        if (ns, name) in by_key and (ns, name) in pods:
+            raise ClaimNotFound(f"{ns}/{name} names both a ResourceClaim and a Pod: rename one, or explain "
+                                f"the pod's claims one by one")
+    missing = [f"{ns}/{name}" for ns, name in targets if (ns, name) not in by_key and (ns, name) not in pods]
+    if missing:
+        raise ClaimNotFound(f"no ResourceClaim or Pod {', '.join(missing)} in the cluster")
+    placer = _PodPlacer(state, Allocator(state, AllocatorCache(engine)))
+    if not targets:
+        pending = sorted((c for c in state.claims if not c.allocated), key=lambda c: (c.namespace, c.name))
+        return [placer.claim(c) for c in pending]
+    out: list[Outcome] = []
+    for key in targets:
+        claim = by_key.get(key)
+        out.extend([placer.claim(claim)] if claim is not None else placer.pod(pods[key]))
+    return out
 
 
 def _allocated(claim: ClaimInfo) -> Outcome:
@@ -98,6 +147,8 @@ def first_blocking(outcome: Outcome) -> tuple[str, str] | None:
     """(request, reason) of what keeps a claim from being allocated first; None when placeable."""
     if outcome.placeable or outcome.error == "already allocated":
         return None
+    if outcome.together and outcome.requests:
+        return outcome.requests[0].request, TOGETHER
     for r in outcome.requests:  # an error the allocator stops at, before any count
         if r.error:
             return r.request, r.blocked[0].reason if r.blocked else SELECTOR_ERROR
@@ -126,6 +177,7 @@ def as_dict(outcome: Outcome) -> dict[str, Any]:
         "namespace": outcome.namespace, "claim": outcome.claim, "placeable": outcome.placeable,
         "allocated": outcome.error == "already allocated",
         "node": outcome.node or None, "nodes_tried": outcome.nodes_tried, "pod_waits": outcome.pod_waits,
+        "pod": outcome.pod or None, "attempt_fails": outcome.attempt_fails,
         "devices": ["/".join(p.device) for p in outcome.picks],
         "blocking": None if blocking is None else {"request": blocking[0], "reason": blocking[1]},
         "error": outcome.error or None,
@@ -163,7 +215,8 @@ def _text(o: Outcome) -> str:
         request, reason = blocking
         lines.append(f"  blocked first by: request {request or '(none)'}: {_sentence(o, request, reason)}")
     if o.error and (blocking is None or blocking[1] != CLASS_MISSING):
-        lines.append(f"  the allocator says: {o.error}")
+        fails = " (an error, not a misfit: the pod's whole scheduling attempt stops)" if o.attempt_fails else ""
+        lines.append(f"  the allocator says: {o.error}{fails}")
     for r in o.requests:
         if any(b.reason == CLASS_MISSING for b in r.blocked):
             lines.append(f"  request {r.request}: device class {r.device_class or '(none)'} does not exist")
@@ -211,38 +264,54 @@ MAX_SHAPES_PER_FRAME: Final = 3
 
 
 class PendingReasons:
-    """The first blocking (request, reason) of each pending claim, asked of the allocator once per
-    *shape* (what a claim asks: its requests and constraints; claims made from one template share
-    it), kept ``REASON_REFRESH`` seconds of ``now``, at most ``MAX_SHAPES_PER_FRAME`` shapes asked
-    per frame (the others keep their last reason; ``complete`` is False while a shape has no answer
-    yet, so that the next frame asks again even when nothing changed)."""
+    """The first blocking (request, reason) of each pending claim, from its waiting pod's outcome (the
+    pod's pending claims allocated together), asked of the allocator once per *shape* (what the pod's
+    pending claims ask: their requests and constraints; pods made from one template share it), kept
+    ``REASON_REFRESH`` seconds of ``now``, at most ``MAX_SHAPES_PER_FRAME`` shapes asked per frame (the
+    others keep their last reason; ``complete`` is False while a shape has no answer yet, so that the
+    next frame asks again even when nothing changed)."""
 
     def __init__(self) -> None:
-        self._known: dict[object, tuple[tuple[str, str] | None, float]] = {}
+        self._known: dict[object, tuple[tuple[tuple[str, str] | None, ...], float]] = {}
         self.complete = True
 
-    def __call__(self, allocator: Allocator, pending: Sequence[ClaimInfo], now: float
-                 ) -> dict[ClaimKey, tuple[str, str]]:
-        shapes: dict[object, ClaimInfo] = {}
-        for c in pending:
-            shapes.setdefault((c.requests, c.constraints), c)
+    def __call__(self, allocator: Allocator, pending: Sequence[ClaimInfo], now: float,
+                 pods: Sequence[ClusterPod] = ()) -> dict[ClaimKey, tuple[str, str]]:
+        by_key = {(c.namespace, c.name): c for c in pending}
+        groups: list[list[ClaimInfo]] = []
+        grouped: set[ClaimKey] = set()
+        for pod in sorted(pods, key=lambda p: (p.created, p.namespace, p.name)):
+            if pod.ended:
+                continue
+            group = [c for n in pod.claims if (c := by_key.get((pod.namespace, n))) is not None
+                     and (c.namespace, c.name) not in grouped]
+            if group:
+                grouped.update((c.namespace, c.name) for c in group)
+                groups.append(group)
+        groups += [[c] for c in pending if (c.namespace, c.name) not in grouped]  # no pod known: alone
+        shapes: dict[object, list[ClaimInfo]] = {}
+        for group in groups:
+            shapes.setdefault(tuple((c.requests, c.constraints) for c in group), group)
         asked = 0
-        fresh: dict[object, tuple[tuple[str, str] | None, float]] = {}
+        fresh: dict[object, tuple[tuple[tuple[str, str] | None, ...], float]] = {}
         self.complete = True
-        for shape, claim in shapes.items():
+        for shape, group in shapes.items():
             known = self._known.get(shape)
             if known is None or now - known[1] >= REASON_REFRESH:
                 if asked < MAX_SHAPES_PER_FRAME:
                     asked += 1
-                    known = (first_blocking(allocator.allocate(claim)), now)
+                    known = (tuple(first_blocking(o) for o in allocator.allocate_pod(group)), now)
                 elif known is None:
                     self.complete = False  # no answer yet: the next frame asks again; a stale one waits for a change
             if known is not None:
                 fresh[shape] = known
         self._known = fresh
         out = {}
-        for c in pending:
-            found = fresh.get((c.requests, c.constraints))
-            if found is not None and found[0] is not None:
-                out[(c.namespace, c.name)] = found[0]
+        for group in groups:
+            found = fresh.get(tuple((c.requests, c.constraints) for c in group))
+            if found is None:
+                continue
+            for c, why in zip(group, found[0], strict=True):
+                if why is not None:
+                    out[(c.namespace, c.name)] = why
         return out

@@ -45,6 +45,8 @@ class Pool:
     """Some slice is for all nodes or for a node selector."""
     class_mask: tuple[bool, ...] = ()
     """Per class: whether some device of the pool does not fail it (True or None)."""
+    class_errors: tuple[bool, ...] = ()
+    """Per class: whether the class's CEL fails on some device of the pool (the search may stop there)."""
     binding_conditions: bool = False
     """Some device carries ``bindingConditions``: the allocator tries the pool after all others."""
 
@@ -170,6 +172,7 @@ def build_pool(key: PoolKey, slices: list[ResourceSliceInfo], rules: Sequence[De
         pool.devices.extend(group)
         pool.by_slice.append((sl, group))
     pool.class_mask = tuple(any(d.matches[i] is not False for d in pool.devices) for i in range(classes))
+    pool.class_errors = tuple(any(d.matches[i] is None for d in pool.devices) for i in range(classes))
     return pool
 
 

@@ -18,3 +18,5 @@ CONSTRAINT: Final = "attribute_constraint"
 CLASS_MISSING: Final = "class_missing"
 REASONS: Final = (CLASS_MISSING, SELECTOR_ERROR, POOL_INCOMPLETE, POOL_INVALID, TAKEN, NODE, CAPACITY, COUNTERS,
                   TAINTED, CONSTRAINT)
+#: A claim that fits alone, but not on one node together with the other pending claims of its pod.
+TOGETHER: Final = "pod_claims_together"

@@ -124,6 +124,8 @@ def _device(raw: Any, driver: str, version: str, per_device: bool = False) -> mo
         placement=_placement(body) if per_device else None,
         allow_multiple_allocations=body.get("allowMultipleAllocations") is True,
         request_policies=tuple(sorted(_request_policies(_map(body, "capacity")))),
+        binding_conditions=tuple(c for c in _list(body, "bindingConditions") if isinstance(c, str)),
+        binds_to_node=body.get("bindsToNode") is True,
     )
 
 
@@ -461,15 +463,16 @@ def cluster_pod_from_dict(obj: Mapping[str, Any]) -> model.ClusterPod:
     return model.ClusterPod(
         namespace=_str(meta, "namespace"), name=_str(meta, "name"),
         created=timestamp(_str(meta, "creationTimestamp")),
-        claims=tuple(sorted(referenced_claims(names, _str(_map(status, "extendedResourceClaimStatus"),
-                                                            "resourceClaimName")))),
+        claims=referenced_claims(names, _str(_map(status, "extendedResourceClaimStatus"), "resourceClaimName")),
         ended=_str(status, "phase") in model.TERMINAL_PHASES or bool(_str(meta, "deletionTimestamp")))
 
 
-def referenced_claims(names: Mapping[str, str], extended_claim: str) -> set[str]:
-    """The claim objects a pod references: those of its ``spec.resourceClaims`` whose name is known
-    (``claim_object_names``) and the one the scheduler made for its extended resources."""
-    return {n for n in names.values() if n} | ({extended_claim} if extended_claim else set())
+def referenced_claims(names: Mapping[str, str], extended_claim: str) -> tuple[str, ...]:
+    """The claim objects a pod references, in the order of its ``spec.resourceClaims`` (the order the
+    scheduler allocates them in): those whose name is known (``claim_object_names``), then the one the
+    scheduler made for its extended resources; each once."""
+    ordered = [n for n in names.values() if n] + ([extended_claim] if extended_claim else [])
+    return tuple(dict.fromkeys(ordered))
 
 
 def claim_object_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, str]:

@@ -1,0 +1,86 @@
+"""Pods, not claims (issue 36): the allocator places a pod's pending claims together on one node, an
+error of the scheduler's filter stops the pod's attempt, an admin-access pick is in use within its
+claim, pools with binding conditions come last; ``explain`` takes a pod and gives a claim its pod's
+verdict; pending reasons come from the waiting pod. The same cases run on the real scheduler in
+tests/test_testbed_pods.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from dra_layouts import EXAMPLE, EXAMPLE_GPU, claim_obj, cluster_state, device_class, example_gpus, request
+
+from dra_exporter.cluster import allocator as al
+from dra_exporter.cluster.allocator import Allocator
+from dra_exporter.cluster.explain import ClaimNotFound, PendingReasons, explain, first_blocking
+from dra_exporter.model import ClusterPod
+
+
+def _pod(state, name: str, *claims: str):  # type: ignore[no-untyped-def]
+    return replace(state, pods=(*state.pods, ClusterPod("ml", name, claims=claims)))
+
+
+def test_a_pods_claims_must_fit_together_on_one_node() -> None:
+    state = _pod(cluster_state(EXAMPLE_GPU, example_gpus("n1", 2),
+                               claim_obj("two", [request(count=2)]), claim_obj("one")), "p", "two", "one")
+    allocator = Allocator(state)
+    assert allocator.allocate(state.claims[0]).placeable and allocator.allocate(state.claims[1]).placeable
+    two, one = allocator.allocate_pod(state.claims, pod="ml/p")
+    assert not two.placeable and not one.placeable and two.together and one.together
+    assert first_blocking(two) == ("gpu", al.TOGETHER)
+    # explain: a claim's verdict is its pod's; the pod's name gives both claims
+    assert [o.placeable for o in explain(state, [("ml", "one")])] == [False]
+    assert [(o.claim, o.pod) for o in explain(state, [("ml", "p")])] == [("two", "ml/p"), ("one", "ml/p")]
+    reasons = PendingReasons()(allocator, state.claims, 0.0, state.pods)
+    assert reasons == {("ml", "two"): ("gpu", al.TOGETHER), ("ml", "one"): ("gpu", al.TOGETHER)}
+
+
+def test_a_pods_claims_that_fit_together_share_one_node_and_distinct_devices() -> None:
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), example_gpus("n2", 3),
+                          claim_obj("two", [request(count=2)]), claim_obj("one"))
+    two, one = Allocator(state).allocate_pod(state.claims)
+    assert two.placeable and one.placeable and two.node == one.node == "n2"
+    assert not set(two.devices) & set(one.devices)
+
+
+def test_explain_names_a_pod_or_a_claim_and_refuses_a_name_that_is_both_or_neither() -> None:
+    state = _pod(cluster_state(EXAMPLE_GPU, example_gpus("n1", 2), claim_obj("x")), "x", "x")
+    with pytest.raises(ClaimNotFound, match="both a ResourceClaim and a Pod"):
+        explain(state, [("ml", "x")])
+    with pytest.raises(ClaimNotFound, match="no ResourceClaim or Pod ml/y"):
+        explain(state, [("ml", "y")])
+
+
+def test_a_cel_error_on_one_node_stops_the_attempt_though_another_node_fits() -> None:
+    # n1's device has no 'model' attribute: the class's CEL fails there; n2's fits.
+    gpus = example_gpus("n1", 1)
+    del gpus["spec"]["devices"][0]["attributes"]["model"]
+    cls = device_class("gpu.example.com", f"device.attributes['{EXAMPLE}'].model == 'LATEST-GPU-MODEL'")
+    state = cluster_state(cls, gpus, example_gpus("n2", 1), claim_obj("c"))
+    outcome = Allocator(state).allocate(state.claims[0])
+    assert not outcome.placeable and outcome.attempt_fails and "CEL runtime error" in outcome.error
+
+
+def test_more_than_32_devices_is_an_error_not_a_misfit() -> None:
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 40), claim_obj("c", [request(count=33)]))
+    outcome = Allocator(state).allocate(state.claims[0])
+    assert not outcome.placeable and outcome.attempt_fails and "more than the claim limit of 32" in outcome.error
+
+
+def test_an_admin_access_pick_is_in_use_within_its_claim() -> None:
+    claim = claim_obj("c", [request("admin", adminAccess=True), request("normal")])
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), claim)
+    assert not Allocator(state).allocate(state.claims[0]).placeable
+    two = cluster_state(EXAMPLE_GPU, example_gpus("n1", 2), claim)
+    outcome = Allocator(two).allocate(two.claims[0])
+    assert outcome.placeable and len(set(outcome.devices)) == 2
+
+
+def test_a_pool_whose_devices_carry_binding_conditions_is_tried_last() -> None:
+    first = example_gpus("n1", 1, pool="a-bound")
+    first["spec"]["devices"][0]["bindingConditions"] = ["attached"]
+    first["spec"]["devices"][0]["bindingFailureConditions"] = ["failed"]
+    state = cluster_state(EXAMPLE_GPU, first, example_gpus("n1", 1, pool="b-plain"), claim_obj("c"))
+    assert state.slices[0].devices[0].binding_conditions == ("attached",)
+    assert Allocator(state).allocate(state.claims[0]).devices == ((EXAMPLE, "b-plain", "gpu-0"),)

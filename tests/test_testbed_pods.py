@@ -1,0 +1,113 @@
+"""Pods, not claims (issue 36), against the real kube-scheduler (v1.36, the test bed): for each case the
+scheduler's decision for a pod (bound, unschedulable, or an error of its filter that stops the pod's
+attempt) equals the exporter's (``Allocator.allocate_pod`` over what the API server holds before the
+pods exist). Every case gets its own driver name, so that no other test's devices match its class; the
+pods of all cases are created at once and waited for together (one wait for the batch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from dra_layouts import JSON, claim_obj, device_class, example_gpus, request
+from kubetestbed import ControlPlane
+from test_testbed_allocator import view
+
+from dra_exporter.cluster.allocator import Allocator
+
+pytestmark = [pytest.mark.testbed_kube, pytest.mark.slow]
+
+
+def _gpus(kube: ControlPlane, driver: str, node: str, count: int, pool: str = "", **device: Any) -> JSON:
+    sl = example_gpus(node, count, pool=pool or node)
+    sl["metadata"]["name"] = kube.unique("slice")
+    sl["spec"]["driver"] = driver
+    for d in sl["spec"]["devices"]:
+        d.update(device)
+    return sl
+
+
+def _scheduler_says(kube: ControlPlane, ns: str, pod: str) -> str:
+    """bound, unschedulable (no node fits) or error (the filter erred: the attempt stops)."""
+    path = f"/api/v1/namespaces/{ns}/pods/{pod}"
+
+    def decided() -> str | None:
+        obj = kube.get(path)
+        if obj["spec"].get("nodeName"):
+            return "bound"
+        for cond in obj.get("status", {}).get("conditions", []):
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                return "error" if cond.get("reason") == "SchedulerError" else "unschedulable"
+        return None
+
+    return str(kube.wait_for(decided, f"pod {ns}/{pod} decided", 60))
+
+
+def _exporter_says(kube: ControlPlane, ns: str, claims: list[str]) -> tuple[str, list[str]]:
+    state = view(kube)
+    by_name = {c.name: c for c in state.claims if c.namespace == ns}
+    outcomes = Allocator(state).allocate_pod([by_name[n] for n in claims])
+    verdict = "bound" if all(o.placeable for o in outcomes) else (
+        "error" if any(o.attempt_fails for o in outcomes) else "unschedulable")
+    return verdict, ["/".join(d[1:]) for o in outcomes for d in o.devices]
+
+
+def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> None:
+    ns = kube.namespace("pods", admin_access=True)
+    cases: dict[str, tuple[list[str], str]] = {}  # pod → (its claims, what issue 36 says the scheduler does)
+
+    def case(what: str, expected: str, driver_objects: list[JSON], claims: list[JSON]) -> None:
+        for obj in driver_objects:
+            kube.create(obj)
+        for c in claims:
+            kube.create({**c, "metadata": {**c["metadata"], "namespace": ns}}, ns)
+        cases[kube.unique("pod")] = ([c["metadata"]["name"] for c in claims], expected + ": " + what)
+
+    # 1. two claims, 2 + 1 GPUs, one node with 2 GPUs: each fits alone, the pod does not.
+    d1 = kube.unique("d1") + ".example.com"
+    cls1 = device_class(kube.unique("c1"), f"device.driver == '{d1}'")
+    n1 = kube.ready_node()
+    case("claims of one pod together", "unschedulable", [cls1, _gpus(kube, d1, n1, 2)],
+         [claim_obj(kube.unique("two"), [request(device_class_name=cls1["metadata"]["name"], count=2)]),
+          claim_obj(kube.unique("one"), [request(device_class_name=cls1["metadata"]["name"])])])
+    # 2. admin access, then a normal request, one GPU: the admin pick is in use within the claim.
+    d2 = kube.unique("d2") + ".example.com"
+    cls2 = device_class(kube.unique("c2"), f"device.driver == '{d2}'")
+    case("an admin pick in use within its claim", "unschedulable", [cls2, _gpus(kube, d2, kube.ready_node(), 1)],
+         [claim_obj(kube.unique("admin"), [request("admin", cls2["metadata"]["name"], adminAccess=True),
+                                           request("normal", cls2["metadata"]["name"])])])
+    # 3. a CEL run-time error on one node's device, a fit on another: the attempt stops.
+    d3 = kube.unique("d3") + ".example.com"
+    cls3 = device_class(kube.unique("c3"), f"device.driver == '{d3}' && "
+                                           f"device.attributes['{d3}'].model == 'LATEST-GPU-MODEL'")
+    broken = _gpus(kube, d3, kube.ready_node(), 1)
+    del broken["spec"]["devices"][0]["attributes"]["model"]
+    case("a CEL error on another node", "error", [cls3, broken, _gpus(kube, d3, kube.ready_node(), 1)],
+         [claim_obj(kube.unique("cel"), [request(device_class_name=cls3["metadata"]["name"])])])
+    # 4. the same pod shape with room: 3 GPUs on one node, 1 on another: bound, on the node of 3.
+    d4 = kube.unique("d4") + ".example.com"
+    cls4 = device_class(kube.unique("c4"), f"device.driver == '{d4}'")
+    case("claims of one pod with room", "bound",
+         [cls4, _gpus(kube, d4, kube.ready_node(), 1), _gpus(kube, d4, kube.ready_node(), 3)],
+         [claim_obj(kube.unique("two"), [request(device_class_name=cls4["metadata"]["name"], count=2)]),
+          claim_obj(kube.unique("one"), [request(device_class_name=cls4["metadata"]["name"])])])
+    # 5. a pool whose device carries bindingConditions sorts last: the plain pool's device is taken.
+    d5 = kube.unique("d5") + ".example.com"
+    cls5 = device_class(kube.unique("c5"), f"device.driver == '{d5}'")
+    n5 = kube.ready_node()
+    case("binding conditions sort last", "bound",
+         [cls5, _gpus(kube, d5, n5, 1, pool="a-bound", bindingConditions=["attached"],
+                      bindingFailureConditions=["failed"]), _gpus(kube, d5, n5, 1, pool="b-plain")],
+         [claim_obj(kube.unique("bc"), [request(device_class_name=cls5["metadata"]["name"])])])
+
+    exporter = {pod: _exporter_says(kube, ns, claims) for pod, (claims, _) in cases.items()}  # before any pod
+    for pod, (claims, _) in cases.items():
+        kube.pod(ns, pod, claims={c: c for c in claims})
+    got = {pod: _scheduler_says(kube, ns, pod) for pod in cases}
+    for pod, (claims, expected) in cases.items():
+        assert (got[pod], exporter[pod][0]) == (expected.split(":")[0],) * 2, expected
+        if got[pod] == "bound":  # the same devices, as the scheduler wrote them
+            written = [f"{r['pool']}/{r['device']}" for c in claims for r in
+                       kube.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{c}")["status"]
+                       ["allocation"]["devices"]["results"]]
+            assert sorted(written) == sorted(exporter[pod][1]), expected
