@@ -16,7 +16,9 @@ The rules, as the allocator applies them:
   counter set published twice, every consumed counter set and counter published in the pool);
 * a node sees the slices that name it, that are for all nodes, whose ``nodeSelector`` it meets, and the
   ``perDeviceNodeSelection`` slices with a device for it (the devices of such a slice that are not
-  for the node fail after the selectors are run); counters-only slices belong to every node;
+  for the node fail after the selectors are run); counters-only slices belong to every node
+  (``nodes.slice_serves``, the one definition); the nodes are the cluster's Nodes when they were read
+  (``ClusterState.nodes``), else those the slices name, a label selector then taken as met;
 * first fit, not the best packing: pools in (driver, pool) order, their slices by name, devices in
   slice order; for every device: allocated devices are skipped before CEL runs, then the class's and
   the request's selectors (a CEL run-time error on a device the search reaches fails the claim on that
@@ -52,11 +54,12 @@ from ..model import (
     DeviceRequestInfo,
     DeviceTaint,
     DeviceTaintRule,
-    NodeSelector,
     ResourceSliceInfo,
     SliceDevice,
 )
 from ..taints import TaintRuleIndex
+from .nodes import device_serves, slice_serves
+from .nodes import node_labels as node_labels_of
 from .selectors import CelEngine, ClassSelector, MemoBudget
 
 DeviceKey = tuple[str, str, str]
@@ -288,34 +291,7 @@ class Device:
 
     def for_node(self, node: str, labels: Mapping[str, str] | None) -> bool:
         """Whether a ``perDeviceNodeSelection`` device is for ``node`` (others: their slice says)."""
-        if self.device.placement is None:
-            return True
-        return _covers(self.device.placement.node_name, self.device.placement.all_nodes,
-                       self.device.placement.node_selector, node, labels)
-
-
-def _covers(node_name: str, all_nodes: bool, selector: NodeSelector | None, node: str,
-            labels: Mapping[str, str] | None) -> bool:
-    if node_name:
-        return node_name == node
-    if all_nodes:
-        return True
-    if selector is not None:
-        # Node labels the cluster mode does not read: a term on labels is taken as met.
-        return selector.matches(node, dict(labels) if labels is not None else None) or (
-            labels is None and selector.needs_labels)
-    return False
-
-
-def _slice_for_node(sl: ResourceSliceInfo, node: str, labels: Mapping[str, str] | None) -> bool:
-    if sl.shared_counters and not sl.devices:
-        return True  # counters are needed wherever the pool's devices are
-    if sl.per_device_node_selection:
-        return any(d.placement is not None and _covers(d.placement.node_name, d.placement.all_nodes,
-                                                       d.placement.node_selector, node, labels)
-                   for d in sl.devices)
-    p = sl.placement
-    return _covers(p.node_name or sl.node_name, p.all_nodes, p.node_selector, node, labels)
+        return device_serves(self.device, node, labels)
 
 
 def _pool_invalid(slices: Sequence[ResourceSliceInfo]) -> tuple[str, dict[str, dict[str, float]]]:
@@ -543,7 +519,8 @@ class Allocator:
         matches.update(state.classes)
         self.matches = matches
         self.classes = {c.name: c for c in state.classes}
-        self.node_labels = node_labels
+        # Node labels as read (``ClusterState.nodes``); None when not read: selectors on labels count as met.
+        self.node_labels = node_labels if node_labels is not None else node_labels_of(state.nodes)
         self._request_selectors: dict[tuple[str, ...], ClassSelector] = {}
         rules = TaintRuleIndex(state.taint_rules)
         self.pools: list[Pool] = []
@@ -570,9 +547,12 @@ class Allocator:
             else:
                 for n in pool.nodes:
                     self._local.setdefault(n, []).append(pool)
-        names = set(self._local) | {n for p in self._global for n in p.nodes} | set(node_labels or ())
-        if not names and self._global:
-            names = {""}  # devices for all nodes and no node known: one node stands for them
+        if self.node_labels is not None:
+            names = set(self.node_labels)  # the scheduler places only on Nodes that exist
+        else:
+            names = set(self._local) | {n for p in self._global for n in p.nodes}
+            if not names and self._global:
+                names = {""}  # devices for all nodes and no node known: one node stands for them
         self.nodes: tuple[str, ...] = tuple(sorted(names))
         self._views: dict[str, list[tuple[Pool, list[Device]]]] = {}
         self.committed = _Usage()
@@ -651,7 +631,7 @@ class Allocator:
         pools = sorted([*self._local.get(node, ()), *self._global], key=lambda p: p.key)
         out: list[tuple[Pool, list[Device]]] = []
         for pool in pools:
-            devices = [d for sl, group in pool.by_slice if group and _slice_for_node(sl, node, labels) for d in group]
+            devices = [d for sl, group in pool.by_slice if group and slice_serves(sl, node, labels) for d in group]
             if devices:
                 out.append((pool, devices))
         if len(self._views) < 10_000:
