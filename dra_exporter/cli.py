@@ -691,8 +691,9 @@ def explain(claim: str | None, all_claims: bool, fmt: str, log_level: str, **kw:
         sys.exit(2)
     finally:
         engine.close()
-    click.echo(why.render_json(outcomes, single=bool(claim)) if fmt == "json" else why.render_text(outcomes),
-               nl=fmt == "json")
+    covers = why.coverage(state.nodes is not None)  # so that "placeable" is never read as more than it is
+    click.echo(why.render_json(outcomes, single=bool(claim), covers=covers) if fmt == "json"
+               else why.render_text(outcomes, covers), nl=fmt == "json")
 
 
 if __name__ == "__main__":
