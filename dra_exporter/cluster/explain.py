@@ -90,7 +90,8 @@ class Coverage:
 
 def coverage(nodes_read: bool) -> Coverage:
     """What the verdicts over a state cover: its Nodes read (``ClusterState.nodes`` not None) or not."""
-    dra = DRA_FILTER if nodes_read else "DynamicResources (devices; Nodes not read: slices' node selectors taken as met)"
+    dra = DRA_FILTER if nodes_read else (
+        "DynamicResources (devices; Nodes not read: slices' node selectors taken as met)")
     if nodes_read and POD_NODE_FILTERS_APPLIED:
         return Coverage((dra, *NODE_FILTERS), NEVER_COVERED)
     return Coverage((dra,), (*NODE_FILTERS, *NEVER_COVERED))
