@@ -853,7 +853,8 @@ CLUSTER_TAINT_RULE_DEVICES: Final = MetricSpec(
     "selectors, which are not applied).", ("rule", "driver", "pool", "device", "key", "value", "effect"),
     otlp=OtlpForm("dra.cluster.taint_rule.devices", "{device}"))
 CLUSTER_OBJECTS: Final = MetricSpec(
-    "dra_cluster_objects", "gauge", "DRA objects the cluster mode holds, by kind.", ("kind",),
+    "dra_cluster_objects", "gauge", "DRA objects the cluster mode holds, by kind (and the pods that reference "
+    "claims, and the Nodes: no Node series while Nodes cannot be read).", ("kind",),
     otlp=OtlpForm("dra.cluster.objects", "{object}"))
 
 # --- self-metrics ---------------------------------------------------------------------------

@@ -692,9 +692,10 @@ def explain(claim: str | None, all_claims: bool, fmt: str, log_level: str, **kw:
         sys.exit(2)
     finally:
         engine.close()
+    covers = why.coverage(state.nodes is not None)  # so that "placeable" is never read as more than it is
     single = bool(claim) and len(outcomes) == 1  # a pod's name gives a list, one per claim
-    click.echo(why.render_json(outcomes, single=single) if fmt == "json" else why.render_text(outcomes),
-               nl=fmt == "json")
+    click.echo(why.render_json(outcomes, single=single, covers=covers) if fmt == "json"
+               else why.render_text(outcomes, covers), nl=fmt == "json")
 
 
 if __name__ == "__main__":

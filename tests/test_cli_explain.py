@@ -22,6 +22,10 @@ def test_a_pending_claim_of_the_simulated_cluster_is_explained_blocking_reason_f
     assert done.stdout.splitlines()[:2] == [
         "training/typo-job: NOT placeable",
         "  blocked first by: request gpu: device class gpu.nvidia.con does not exist [class_missing]"]
+    # The last line says what the verdict covers of the scheduler's filters (the simulated cluster serves Nodes).
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("(the verdicts cover the scheduler's filters DynamicResources (devices)")
+    assert "NodeResourcesFit (CPU and memory fit)" in last.partition("; not: ")[2]
 
 
 def test_json_says_placeable_for_scripts() -> None:
@@ -30,6 +34,8 @@ def test_json_says_placeable_for_scripts() -> None:
     got = json.loads(done.stdout)
     assert (got["claim"], got["placeable"], got["pod_waits"], got["blocking"]) == ("mig-either", True, True, None)
     assert got["devices"] and got["node"]
+    assert "DynamicResources (devices)" in got["scheduler_filters"]["covered"]
+    assert "PodTopologySpread (topology spread)" in got["scheduler_filters"]["not_covered"]
 
 
 def test_all_lists_every_unallocated_claim() -> None:

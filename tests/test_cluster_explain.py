@@ -177,3 +177,24 @@ def test_pending_reasons_ask_a_few_claim_shapes_a_frame_until_every_one_has_an_a
         frame = capacity.frame(state, 1_000.0 + t)
         answered.append(len(frame.family(cat.CLUSTER_CLAIM_PENDING_REASON.name).samples))
     assert answered == [2, 4, 5, 5]
+
+
+# --- what a verdict covers of the scheduler's filters ------------------------------------------------------
+
+
+def test_the_verdict_names_the_scheduler_filters_it_covers_and_those_it_does_not() -> None:
+    from dra_exporter.cluster import explain as why
+
+    read, unread = why.coverage(True), why.coverage(False)
+    for covers in (read, unread):
+        assert set(why.NEVER_COVERED) <= set(covers.not_covered), "CPU, memory, pod affinity, spread, volumes: never"
+        assert not set(covers.covered) & set(covers.not_covered)
+        assert covers.covered[0].startswith("DynamicResources")
+    assert "Nodes not read" in unread.covered[0], "a slice's node selector is then taken as met"
+    assert set(why.NODE_FILTERS) <= set(unread.not_covered), "no Nodes: node filters cannot be covered"
+    assert (set(why.NODE_FILTERS) <= set(read.covered)) is why.POD_NODE_FILTERS_APPLIED
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), claim_obj("waiting"))
+    outcomes = explain(state, [("ml", "waiting")])
+    assert render_text(outcomes, read).splitlines()[-1] == f"({read.line()})"
+    got = json.loads(render_json(outcomes, single=True, covers=read))
+    assert got["scheduler_filters"] == {"covered": list(read.covered), "not_covered": list(read.not_covered)}

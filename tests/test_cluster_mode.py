@@ -44,7 +44,7 @@ def cluster_source(server: SimulatedApiServer, **kw: Any) -> Iterator[ClusterSou
         src.close()
 
 
-RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules", "pods")
+RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules", "pods", "nodes")
 
 
 def test_lists_every_kind_once_then_only_watches() -> None:

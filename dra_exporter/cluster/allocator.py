@@ -21,7 +21,9 @@ The rules, as the allocator applies them:
   counter set published twice, every consumed counter set and counter published in the pool);
 * a node sees the slices that name it, that are for all nodes, whose ``nodeSelector`` it meets, and the
   ``perDeviceNodeSelection`` slices with a device for it (the devices of such a slice that are not
-  for the node fail after the selectors are run); counters-only slices belong to every node;
+  for the node fail after the selectors are run); counters-only slices belong to every node
+  (``nodes.slice_serves``, the one definition); the nodes are the cluster's Nodes when they were read
+  (``ClusterState.nodes``), else those the slices name, a label selector then taken as met;
 * first fit, not the best packing: pools in (driver, pool) order, their slices by name, devices in
   slice order; for every device, ``checks.Checks.obstacle``; then the claim's
   ``matchAttribute``/``distinctAttribute`` constraints; a search that fails backtracks (a CEL
@@ -59,6 +61,8 @@ from .cache import MAX_DIAGNOSED, MAX_NODE_VIEWS, MAX_REQUEST_SELECTORS, MAX_TRI
 from .checks import NOTHING, PLAIN, Checks, Usage
 from .constraints import Constraint, lookup_attribute
 from .consumable import EPSILON, consumed_amount, share_of
+from .nodes import node_labels as node_labels_of
+from .nodes import slice_serves
 from .pools import (
     Device,
     DeviceKey,
@@ -68,7 +72,6 @@ from .pools import (
     allocation_order,
     build_pool,
     newest_generation,
-    slice_for_node,
 )
 from .reasons import (
     CAPACITY,
@@ -234,7 +237,8 @@ class Allocator:
         matches.update(state.classes)
         self.matches = matches
         self.classes = {c.name: c for c in state.classes}
-        self.node_labels = node_labels
+        # Node labels as read (``ClusterState.nodes``); None when not read: selectors on labels count as met.
+        self.node_labels = node_labels if node_labels is not None else node_labels_of(state.nodes)
         self._request_selectors: dict[tuple[str, ...], ClassSelector] = {}
         rules = TaintRuleIndex(state.taint_rules)
         self.pools: list[Pool] = []
@@ -261,9 +265,12 @@ class Allocator:
             else:
                 for n in pool.nodes:
                     self._local.setdefault(n, []).append(pool)
-        names = set(self._local) | {n for p in self._global for n in p.nodes} | set(node_labels or ())
-        if not names and self._global:
-            names = {""}  # devices for all nodes and no node known: one node stands for them
+        if self.node_labels is not None:
+            names = set(self.node_labels)  # the scheduler places only on Nodes that exist
+        else:
+            names = set(self._local) | {n for p in self._global for n in p.nodes}
+            if not names and self._global:
+                names = {""}  # devices for all nodes and no node known: one node stands for them
         self.nodes: tuple[str, ...] = tuple(sorted(names))
         self._views: dict[str, list[tuple[Pool, list[Device]]]] = {}
         self.committed = Usage()
@@ -317,7 +324,7 @@ class Allocator:
         pools = sorted([*self._local.get(node, ()), *self._global], key=allocation_order)
         out: list[tuple[Pool, list[Device]]] = []
         for pool in pools:
-            devices = [d for sl, group in pool.by_slice if group and slice_for_node(sl, node, labels) for d in group]
+            devices = [d for sl, group in pool.by_slice if group and slice_serves(sl, node, labels) for d in group]
             if devices:
                 out.append((pool, devices))
         if len(self._views) < MAX_NODE_VIEWS:

@@ -191,7 +191,8 @@ class Capacity:
         self._taint_rule_families(out, state.taint_rules, current)
         for kind, count in (("ResourceSlice", len(state.slices)), ("ResourceClaim", len(state.claims)),
                             ("DeviceClass", len(state.classes)), ("DeviceTaintRule", len(state.taint_rules)),
-                            ("Pod", len(state.pods))):
+                            ("Pod", len(state.pods)),
+                            *((("Node", len(state.nodes)),) if state.nodes is not None else ())):
             out.set(cat.CLUSTER_OBJECTS, (("kind", kind),), count)
         return out.samples, pending
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ..model import ClaimInfo, ClusterPod, ClusterState
@@ -58,6 +58,44 @@ _SAYS: Final = {
     TOO_FEW: "fewer devices match than the request asks",
     TOGETHER: "the claim fits alone, but not on one node with its pod's other pending claims",
 }
+
+
+# --- what the verdict covers ----------------------------------------------------------------------------
+
+#: The scheduler's filters (by plugin) the verdict can cover, and what each checks.
+DRA_FILTER: Final = "DynamicResources (devices)"
+NODE_FILTERS: Final = ("NodeAffinity (the pod's node selector and required node affinity)",
+                       "TaintToleration (node taints)", "NodeUnschedulable (cordoned nodes)")
+#: Filters the verdict never covers: a placeable claim's pod may still wait for one of these.
+NEVER_COVERED: Final = ("NodeResourcesFit (CPU and memory fit)", "InterPodAffinity (pod affinity)",
+                        "PodTopologySpread (topology spread)",
+                        "volumes (VolumeBinding, VolumeRestrictions, VolumeZone, NodeVolumeLimits)",
+                        "NodePorts (host ports)")
+#: Whether the allocator tries a claim only on the nodes its pods may go to (``nodes.NodeFilters``);
+#: until it does, the node filters are named among those not covered.
+POD_NODE_FILTERS_APPLIED: Final = False
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """Which of the scheduler's filters a verdict covers and which it does not, so that "placeable"
+    is never read as more than it is."""
+
+    covered: tuple[str, ...]
+    not_covered: tuple[str, ...]
+
+    def line(self) -> str:
+        return (f"the verdicts cover the scheduler's filters {', '.join(self.covered)}; not: "
+                f"{', '.join(self.not_covered)}")
+
+
+def coverage(nodes_read: bool) -> Coverage:
+    """What the verdicts over a state cover: its Nodes read (``ClusterState.nodes`` not None) or not."""
+    dra = DRA_FILTER if nodes_read else (
+        "DynamicResources (devices; Nodes not read: slices' node selectors taken as met)")
+    if nodes_read and POD_NODE_FILTERS_APPLIED:
+        return Coverage((dra, *NODE_FILTERS), NEVER_COVERED)
+    return Coverage((dra,), (*NODE_FILTERS, *NEVER_COVERED))
 
 
 class ClaimNotFound(LookupError):
@@ -171,9 +209,11 @@ def _reason(r: RequestOutcome) -> str:
 # --- the two forms ---------------------------------------------------------------------------------
 
 
-def as_dict(outcome: Outcome) -> dict[str, Any]:
+def as_dict(outcome: Outcome, covers: Coverage | None = None) -> dict[str, Any]:
     blocking = first_blocking(outcome)
-    return {
+    filters = {} if covers is None else {"scheduler_filters": {"covered": list(covers.covered),
+                                                                "not_covered": list(covers.not_covered)}}
+    return {**filters,
         "namespace": outcome.namespace, "claim": outcome.claim, "placeable": outcome.placeable,
         "allocated": outcome.error == "already allocated",
         "node": outcome.node or None, "nodes_tried": outcome.nodes_tried, "pod_waits": outcome.pod_waits,
@@ -190,15 +230,18 @@ def as_dict(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def render_json(outcomes: Sequence[Outcome], *, single: bool) -> str:
-    items = [as_dict(o) for o in outcomes]
+def render_json(outcomes: Sequence[Outcome], *, single: bool, covers: Coverage | None = None) -> str:
+    """``covers``: each outcome says which of the scheduler's filters it covers (``scheduler_filters``)."""
+    items = [as_dict(o, covers) for o in outcomes]
     return json.dumps(items[0] if single and items else items, indent=2)
 
 
-def render_text(outcomes: Sequence[Outcome]) -> str:
+def render_text(outcomes: Sequence[Outcome], covers: Coverage | None = None) -> str:
+    """``covers``: a last line says which of the scheduler's filters the verdicts cover."""
     if not outcomes:
         return "no unallocated ResourceClaims in the cluster\n"
-    return "\n".join(_text(o) for o in outcomes)
+    text = "\n".join(_text(o) for o in outcomes)
+    return text if covers is None else f"{text}({covers.line()})\n"
 
 
 def _text(o: Outcome) -> str:

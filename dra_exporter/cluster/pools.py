@@ -1,7 +1,7 @@
 """The cluster's device pools as the scheduler's allocator sees them: each pool's newest generation
-(``newest_generation``), whether it is complete and valid, which nodes its slices are for (``Pool.nodes``,
-``Pool.everywhere``, ``slice_for_node``), and its devices in the order the allocator tries them.
-Each of these is decided here once. No I/O.
+(``newest_generation``), whether it is complete and valid, which nodes its slices name (``Pool.nodes``,
+``Pool.everywhere``; whether a slice serves a node is ``nodes.slice_serves``), and its devices in the
+order the allocator tries them. Each of these is decided here once. No I/O.
 
 Pools whose devices carry ``bindingConditions`` are tried after all others (``Pool.binding_conditions``,
 ``allocation_order``), as the scheduler does.
@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..model import DeviceTaint, DeviceTaintRule, NodeSelector, ResourceSliceInfo, SliceDevice
+from ..model import DeviceTaint, DeviceTaintRule, ResourceSliceInfo, SliceDevice
+from .nodes import device_serves
 from .reasons import POOL_INCOMPLETE, POOL_INVALID
 
 DeviceKey = tuple[str, str, str]
@@ -81,34 +82,7 @@ class Device:
 
     def for_node(self, node: str, labels: Mapping[str, str] | None) -> bool:
         """Whether a ``perDeviceNodeSelection`` device is for ``node`` (others: their slice says)."""
-        if self.device.placement is None:
-            return True
-        return covers(self.device.placement.node_name, self.device.placement.all_nodes,
-                       self.device.placement.node_selector, node, labels)
-
-
-def covers(node_name: str, all_nodes: bool, selector: NodeSelector | None, node: str,
-            labels: Mapping[str, str] | None) -> bool:
-    if node_name:
-        return node_name == node
-    if all_nodes:
-        return True
-    if selector is not None:
-        # Node labels the cluster mode does not read: a term on labels is taken as met.
-        return selector.matches(node, dict(labels) if labels is not None else None) or (
-            labels is None and selector.needs_labels)
-    return False
-
-
-def slice_for_node(sl: ResourceSliceInfo, node: str, labels: Mapping[str, str] | None) -> bool:
-    if sl.shared_counters and not sl.devices:
-        return True  # counters are needed wherever the pool's devices are
-    if sl.per_device_node_selection:
-        return any(d.placement is not None and covers(d.placement.node_name, d.placement.all_nodes,
-                                                       d.placement.node_selector, node, labels)
-                   for d in sl.devices)
-    p = sl.placement
-    return covers(p.node_name or sl.node_name, p.all_nodes, p.node_selector, node, labels)
+        return device_serves(self.device, node, labels)
 
 
 def pool_invalid(slices: Sequence[ResourceSliceInfo]) -> tuple[str, dict[str, dict[str, float]]]:

@@ -413,6 +413,31 @@ def node_labels(obj: Mapping[str, Any]) -> dict[str, str]:
             if isinstance(k, str) and isinstance(v, str)}
 
 
+def _string_map(raw: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)))
+
+
+def cluster_node_from_dict(obj: Mapping[str, Any]) -> model.ClusterNode:
+    """A core/v1 Node as the cluster mode keeps it: name, labels, taints, ``spec.unschedulable``."""
+    meta, spec = _map(obj, "metadata"), _map(obj, "spec")
+    return model.ClusterNode(
+        name=_str(meta, "name"), labels=_string_map(_map(meta, "labels")),
+        taints=tuple(model.DeviceTaint(_str(t, "key"), _str(t, "value"), _str(t, "effect"))
+                     for t in map(_map_of, _list(spec, "taints"))),
+        unschedulable=spec.get("unschedulable") is True)
+
+
+def pod_node_filters(spec: Mapping[str, Any]) -> model.PodNodeFilters:
+    """A pod's ``nodeSelector``, required node affinity and tolerations (``NO_NODE_FILTERS`` when it
+    has none, so that most pods share one object)."""
+    required = _map(_map(_map(spec, "affinity"), "nodeAffinity"), "requiredDuringSchedulingIgnoredDuringExecution")
+    filters = model.PodNodeFilters(
+        node_selector=_string_map(_map(spec, "nodeSelector")),
+        affinity=node_selector(required) if "nodeSelectorTerms" in required else None,
+        tolerations=_tolerations(_list(spec, "tolerations")))
+    return model.NO_NODE_FILTERS if filters == model.NO_NODE_FILTERS else filters
+
+
 # --- Pod ---------------------------------------------------------------------------------------------
 
 
@@ -456,15 +481,17 @@ def _kept_labels(labels: Mapping[str, Any], keep: Iterable[str]) -> tuple[tuple[
 
 
 def cluster_pod_from_dict(obj: Mapping[str, Any]) -> model.ClusterPod:
-    """One core/v1 Pod as the cluster mode reads it: the claims it references, its creation, and
-    whether it has ended (Succeeded, Failed, or ``deletionTimestamp`` set)."""
+    """One core/v1 Pod as the cluster mode reads it: the claims it references, its creation,
+    whether it has ended (Succeeded, Failed, or ``deletionTimestamp`` set) and what it says about
+    the nodes it may go to."""
     meta, status = _map(obj, "metadata"), _map(obj, "status")
     names = claim_object_names(_map(obj, "spec"), status)
     return model.ClusterPod(
         namespace=_str(meta, "namespace"), name=_str(meta, "name"),
         created=timestamp(_str(meta, "creationTimestamp")),
         claims=referenced_claims(names, _str(_map(status, "extendedResourceClaimStatus"), "resourceClaimName")),
-        ended=_str(status, "phase") in model.TERMINAL_PHASES or bool(_str(meta, "deletionTimestamp")))
+        ended=_str(status, "phase") in model.TERMINAL_PHASES or bool(_str(meta, "deletionTimestamp")),
+        node_filters=pod_node_filters(_map(obj, "spec")))
 
 
 def referenced_claims(names: Mapping[str, str], extended_claim: str) -> tuple[str, ...]:
