@@ -791,7 +791,8 @@ CLUSTER_CLAIM_PENDING_REASON: Final = MetricSpec(
     "`dra-exporter explain` says first): the first blocking request (or subrequest) and reason: class_missing, "
     "selector_not_evaluable, pool_incomplete, pool_invalid, taken, node_constraint, capacity_exhausted, "
     "counters_exhausted, tainted, attribute_constraint, pod_claims_together (fits alone, not on one node with "
-    "its pod's other pending claims), no_matching_device or too_few_devices. The verdict is the waiting "
+    "its pod's other pending claims), node_filters (the pod's node selector, affinity or tolerations admit no "
+    "node with its devices; Nodes read), no_matching_device or too_few_devices. The verdict is the waiting "
     "pod's: its pending claims allocated together, on one node. Pods that ask "
     "alike share one answer, asked again each minute while the cluster changes; value is always 1.",
     ("namespace", "claim", "request", "reason"),

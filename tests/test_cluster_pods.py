@@ -84,3 +84,20 @@ def test_a_pool_whose_devices_carry_binding_conditions_is_tried_last() -> None:
     state = cluster_state(EXAMPLE_GPU, first, example_gpus("n1", 1, pool="b-plain"), claim_obj("c"))
     assert state.slices[0].devices[0].binding_conditions == ("attached",)
     assert Allocator(state).allocate(state.claims[0]).devices == ((EXAMPLE, "b-plain", "gpu-0"),)
+
+
+def test_a_pod_goes_only_to_nodes_its_node_filters_admit() -> None:
+    from dra_exporter.model import ClusterNode, PodNodeFilters
+
+    state = replace(cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), claim_obj("c")),
+                    nodes=(ClusterNode("n1"), ClusterNode("cpu-only")))
+    elsewhere = PodNodeFilters(node_selector=(("kubernetes.io/hostname", "cpu-only"),))
+    state = replace(state, pods=(ClusterPod("ml", "p", claims=("c",), node_filters=elsewhere),))
+    allocator = Allocator(state)
+    assert allocator.allocate(state.claims[0]).placeable  # alone, no pod: placeable on n1
+    (outcome,) = allocator.allocate_pod(state.claims, filters=elsewhere)
+    assert not outcome.placeable and outcome.node_filtered
+    assert "didn't match Pod's node affinity/selector" in outcome.error
+    (explained,) = explain(state, [("ml", "c")])
+    assert first_blocking(explained) == ("gpu", al.NODE_FILTERED)
+    assert PendingReasons()(allocator, state.claims, 0.0, state.pods) == {("ml", "c"): ("gpu", al.NODE_FILTERED)}

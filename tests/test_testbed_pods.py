@@ -6,6 +6,7 @@ pods of all cases are created at once and waited for together (one wait for the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ from kubetestbed import ControlPlane
 from test_testbed_allocator import view
 
 from dra_exporter.cluster.allocator import Allocator
+from dra_exporter.model import ClusterState
+from dra_exporter.sources.kubeapi_normalize import cluster_node_from_dict, pod_node_filters
 
 pytestmark = [pytest.mark.testbed_kube, pytest.mark.slow]
 
@@ -43,10 +46,11 @@ def _scheduler_says(kube: ControlPlane, ns: str, pod: str) -> str:
     return str(kube.wait_for(decided, f"pod {ns}/{pod} decided", 60))
 
 
-def _exporter_says(kube: ControlPlane, ns: str, claims: list[str]) -> tuple[str, list[str]]:
-    state = view(kube)
+def _exporter_says(kube: ControlPlane, state: ClusterState, ns: str, claims: list[str], node_name: str
+                   ) -> tuple[str, list[str]]:
     by_name = {c.name: c for c in state.claims if c.namespace == ns}
-    outcomes = Allocator(state).allocate_pod([by_name[n] for n in claims])
+    filters = pod_node_filters({"nodeSelector": {"kubernetes.io/hostname": node_name}} if node_name else {})
+    outcomes = Allocator(state).allocate_pod([by_name[n] for n in claims], filters=filters)
     verdict = "bound" if all(o.placeable for o in outcomes) else (
         "error" if any(o.attempt_fails for o in outcomes) else "unschedulable")
     return verdict, ["/".join(d[1:]) for o in outcomes for d in o.devices]
@@ -54,14 +58,14 @@ def _exporter_says(kube: ControlPlane, ns: str, claims: list[str]) -> tuple[str,
 
 def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> None:
     ns = kube.namespace("pods", admin_access=True)
-    cases: dict[str, tuple[list[str], str]] = {}  # pod → (its claims, what issue 36 says the scheduler does)
+    cases: dict[str, tuple[list[str], str, str]] = {}  # pod → (its claims, what the scheduler does, its node)
 
-    def case(what: str, expected: str, driver_objects: list[JSON], claims: list[JSON]) -> None:
+    def case(what: str, expected: str, driver_objects: list[JSON], claims: list[JSON], node_name: str = "") -> None:
         for obj in driver_objects:
             kube.create(obj)
         for c in claims:
             kube.create({**c, "metadata": {**c["metadata"], "namespace": ns}}, ns)
-        cases[kube.unique("pod")] = ([c["metadata"]["name"] for c in claims], expected + ": " + what)
+        cases[kube.unique("pod")] = ([c["metadata"]["name"] for c in claims], expected + ": " + what, node_name)
 
     # 1. two claims, 2 + 1 GPUs, one node with 2 GPUs: each fits alone, the pod does not.
     d1 = kube.unique("d1") + ".example.com"
@@ -100,11 +104,28 @@ def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> Non
                       bindingFailureConditions=["failed"]), _gpus(kube, d5, n5, 1, pool="b-plain")],
          [claim_obj(kube.unique("bc"), [request(device_class_name=cls5["metadata"]["name"])])])
 
-    exporter = {pod: _exporter_says(kube, ns, claims) for pod, (claims, _) in cases.items()}  # before any pod
-    for pod, (claims, _) in cases.items():
-        kube.pod(ns, pod, claims={c: c for c in claims})
+    # 6. the pod's node selector names a node without devices: each claim fits elsewhere, the pod nowhere.
+    d6 = kube.unique("d6") + ".example.com"
+    cls6 = device_class(kube.unique("c6"), f"device.driver == '{d6}'")
+    case("a node selector to a node without devices", "unschedulable", [cls6, _gpus(kube, d6, kube.ready_node(), 1)],
+         [claim_obj(kube.unique("sel"), [request(device_class_name=cls6["metadata"]["name"])])],
+         node_name=kube.ready_node())
+    # 7. the only node with the devices has a NoSchedule taint the pod does not tolerate.
+    d7 = kube.unique("d7") + ".example.com"
+    cls7 = device_class(kube.unique("c7"), f"device.driver == '{d7}'")
+    n7 = kube.ready_node()
+    kube.request("PATCH", f"/api/v1/nodes/{n7}", {"spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]}},
+                 content_type="application/merge-patch+json")
+    case("a tainted node", "unschedulable", [cls7, _gpus(kube, d7, n7, 1)],
+         [claim_obj(kube.unique("taint"), [request(device_class_name=cls7["metadata"]["name"])])])
+
+    nodes = tuple(cluster_node_from_dict(o) for o in kube.get("/api/v1/nodes")["items"])
+    state = replace(view(kube), nodes=nodes)
+    exporter = {pod: _exporter_says(kube, state, ns, claims, node) for pod, (claims, _, node) in cases.items()}
+    for pod, (claims, _, node) in cases.items():  # the exporter has answered: now the scheduler
+        kube.pod(ns, pod, claims={c: c for c in claims}, node_name=node or None)
     got = {pod: _scheduler_says(kube, ns, pod) for pod in cases}
-    for pod, (claims, expected) in cases.items():
+    for pod, (claims, expected, _) in cases.items():
         assert (got[pod], exporter[pod][0]) == (expected.split(":")[0],) * 2, expected
         if got[pod] == "bound":  # the same devices, as the scheduler wrote them
             written = [f"{r['pool']}/{r['device']}" for c in claims for r in

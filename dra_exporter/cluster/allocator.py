@@ -55,14 +55,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..model import ClaimInfo, ClusterState, DeviceClassInfo, DeviceRequestInfo
+from ..model import ClaimInfo, ClusterState, DeviceClassInfo, DeviceRequestInfo, PodNodeFilters
 from ..taints import TaintRuleIndex
 from .cache import MAX_DIAGNOSED, MAX_NODE_VIEWS, MAX_REQUEST_SELECTORS, MAX_TRIED, AllocatorCache
 from .checks import NOTHING, PLAIN, Checks, Usage
 from .constraints import Constraint, lookup_attribute
 from .consumable import EPSILON, consumed_amount, share_of
+from .nodes import NodeFilters, refusal, slice_serves, summary
 from .nodes import node_labels as node_labels_of
-from .nodes import slice_serves
 from .pools import (
     Device,
     DeviceKey,
@@ -79,6 +79,7 @@ from .reasons import (
     CONSTRAINT,
     COUNTERS,
     NODE,
+    NODE_FILTERED,
     POOL_INCOMPLETE,
     POOL_INVALID,
     REASONS,
@@ -90,10 +91,10 @@ from .reasons import (
 from .selectors import ClassSelector
 
 __all__ = [
-    "CAPACITY", "CLASS_MISSING", "CONSTRAINT", "COUNTERS", "MAX_RESULTS", "NODE", "POOL_INCOMPLETE", "POOL_INVALID",
-    "REASONS", "SELECTOR_ERROR", "TAINTED", "TAKEN", "TOGETHER", "Allocator", "AllocatorCache", "Blocked", "Device",
-    "DeviceKey", "Outcome", "Pick", "Pool", "PoolKey", "RequestOutcome", "UsageKey", "consumed_amount",
-    "lookup_attribute", "share_of",
+    "CAPACITY", "CLASS_MISSING", "CONSTRAINT", "COUNTERS", "MAX_RESULTS", "NODE", "NODE_FILTERED", "POOL_INCOMPLETE",
+    "POOL_INVALID", "REASONS", "SELECTOR_ERROR", "TAINTED", "TAKEN", "TOGETHER", "Allocator", "AllocatorCache",
+    "Blocked", "Device", "DeviceKey", "Outcome", "Pick", "Pool", "PoolKey", "RequestOutcome", "UsageKey",
+    "consumed_amount", "lookup_attribute", "share_of",
 ]
 
 #: ``resourceapi.AllocationResultsMaxSize``: devices one claim may get.
@@ -173,6 +174,9 @@ class Outcome:
     devices asked, a constraint All cannot meet)."""
     together: bool = False
     """The claim fits alone, not on one node with the other pending claims of its pod."""
+    node_filtered: bool = False
+    """The pod's node filters (node selector, required node affinity, tolerations of node taints,
+    cordon) admit none of the nodes that see its devices (``error`` says the scheduler's summary)."""
 
     @property
     def devices(self) -> tuple[DeviceKey, ...]:
@@ -239,6 +243,9 @@ class Allocator:
         self.classes = {c.name: c for c in state.classes}
         # Node labels as read (``ClusterState.nodes``); None when not read: selectors on labels count as met.
         self.node_labels = node_labels if node_labels is not None else node_labels_of(state.nodes)
+        #: The scheduler's node filters over the Nodes read (None: not read, pods' filters unknown).
+        self.node_filters = NodeFilters(state.nodes) if state.nodes is not None else None
+        self._node_objects = {n.name: n for n in state.nodes or ()}
         self._request_selectors: dict[tuple[str, ...], ClassSelector] = {}
         rules = TaintRuleIndex(state.taint_rules)
         self.pools: list[Pool] = []
@@ -393,9 +400,11 @@ class Allocator:
         name order), alone; see ``Outcome``."""
         return self.allocate_pod((claim,), node)[0]
 
-    def allocate_pod(self, claims: Sequence[ClaimInfo], node: str | None = None, pod: str = "") -> list[Outcome]:
+    def allocate_pod(self, claims: Sequence[ClaimInfo], node: str | None = None, pod: str = "",
+                     filters: PodNodeFilters | None = None) -> list[Outcome]:
         """Whether the scheduler could place a pod whose claims are ``claims`` (in the pod's order):
-        its pending claims allocated together, on one node (``node``, or any, tried in name order).
+        its pending claims allocated together, on one node (``node``, or any its node ``filters`` admit
+        when the Nodes were read, tried in name order).
         One ``Outcome`` per claim: the pod's verdict; an allocated claim says so. An error of the
         scheduler's filter on any node stops the pod's attempt (``Outcome.attempt_fails``)."""
         pending = [c for c in claims if not c.allocated]
@@ -403,11 +412,12 @@ class Allocator:
                 for c in claims if c.allocated}
         if not pending:
             return [done[id(c)] for c in claims]
-        outcomes = self._place(pending, node, pod)
+        outcomes = self._place(pending, node, pod, filters)
         by_claim = {id(c): o for c, o in zip(pending, outcomes, strict=True)}
         return [by_claim.get(id(c)) or done[id(c)] for c in claims]
 
-    def _place(self, claims: Sequence[ClaimInfo], node: str | None, pod: str) -> list[Outcome]:
+    def _place(self, claims: Sequence[ClaimInfo], node: str | None, pod: str,
+               filters: PodNodeFilters | None = None) -> list[Outcome]:
         for claim in claims:
             missing = [r for r in claim.requests if r.device_class not in self.classes]
             if not claim.requests or missing:
@@ -425,6 +435,17 @@ class Allocator:
             nodes = self.nodes  # a selector that does not compile fails wherever the search reaches a device
         else:
             nodes = self.candidate_nodes(classes)
+        if filters is not None and self.node_filters is not None and node is None:
+            # The scheduler's node filters run before DynamicResources: a node they refuse is never
+            # searched (a CEL error there stops nothing).
+            admitted = self.node_filters.admission(filters).nodes
+            kept = tuple(n for n in nodes if n in admitted)
+            if nodes and not kept:
+                error = f"the pod's node filters admit no node with its devices: {self._refusals(filters, nodes)}"
+                return [Outcome(c.namespace, c.name, False, requests=self._diagnose(c, nodes, []),
+                                error=error if c is claims[0] else "", pod=pod, node_filtered=True)
+                        for c in claims]
+            nodes = kept
         may_fail = self._may_fail(claims)
         tried: list[str] = []
         fit: tuple[str, tuple[tuple[Pick, ...], ...]] | None = None
@@ -449,6 +470,17 @@ class Allocator:
             out.append(Outcome(c.namespace, c.name, False, "", (), self._diagnose(c, tried, []), "", len(tried),
                                pod=pod, together=alone))
         return out
+
+    def _refusals(self, filters: PodNodeFilters, nodes: Sequence[str]) -> str:
+        """The scheduler's summary of why ``nodes`` refuse a pod with ``filters``."""
+        assert self.node_filters is not None
+        refused: dict[str, int] = {}
+        for name in nodes:
+            found = self._node_objects.get(name)
+            why = refusal(filters, found) if found is not None else None
+            if why is not None:
+                refused[why.message] = refused.get(why.message, 0) + 1
+        return summary(refused, len(nodes))
 
     def _may_fail(self, claims: Sequence[ClaimInfo]) -> bool:
         """Whether the search could err on some node (then every candidate node is searched, as the

@@ -18,13 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from ..model import ClaimInfo, ClusterPod, ClusterState
+from ..model import ClaimInfo, ClusterPod, ClusterState, PodNodeFilters
 from .allocator import (
     CAPACITY,
     CLASS_MISSING,
     CONSTRAINT,
     COUNTERS,
     NODE,
+    NODE_FILTERED,
     POOL_INCOMPLETE,
     POOL_INVALID,
     SELECTOR_ERROR,
@@ -57,6 +58,7 @@ _SAYS: Final = {
     NO_MATCH: "no device matches the class and the request's selectors",
     TOO_FEW: "fewer devices match than the request asks",
     TOGETHER: "the claim fits alone, but not on one node with its pod's other pending claims",
+    NODE_FILTERED: "the pod's node selector, node affinity or tolerations keep it off every node with such devices",
 }
 
 
@@ -71,9 +73,9 @@ NEVER_COVERED: Final = ("NodeResourcesFit (CPU and memory fit)", "InterPodAffini
                         "PodTopologySpread (topology spread)",
                         "volumes (VolumeBinding, VolumeRestrictions, VolumeZone, NodeVolumeLimits)",
                         "NodePorts (host ports)")
-#: Whether the allocator tries a claim only on the nodes its pods may go to (``nodes.NodeFilters``);
-#: until it does, the node filters are named among those not covered.
-POD_NODE_FILTERS_APPLIED: Final = False
+#: Whether the allocator tries a claim only on the nodes its pods may go to (``nodes.NodeFilters``,
+#: ``Allocator.allocate_pod``): it does once the Nodes are read.
+POD_NODE_FILTERS_APPLIED: Final = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +138,8 @@ class _PodPlacer:
         claims = [c for n in pod.claims if (c := self.claims.get((pod.namespace, n))) is not None]
         key = (pod.namespace, pod.name)
         if key not in self._done:
-            outcomes = self.allocator.allocate_pod(claims, pod=f"{pod.namespace}/{pod.name}")
+            outcomes = self.allocator.allocate_pod(claims, pod=f"{pod.namespace}/{pod.name}",
+                                                   filters=pod.node_filters)
             self._done[key] = {o.claim: replace(o, pod_waits=True) for o in outcomes}
         return [self._done[key][c.name] for c in claims]
 
@@ -187,6 +190,8 @@ def first_blocking(outcome: Outcome) -> tuple[str, str] | None:
         return None
     if outcome.together and outcome.requests:
         return outcome.requests[0].request, TOGETHER
+    if outcome.node_filtered:
+        return (outcome.requests[0].request if outcome.requests else ""), NODE_FILTERED
     for r in outcome.requests:  # an error the allocator stops at, before any count
         if r.error:
             return r.request, r.blocked[0].reason if r.blocked else SELECTOR_ERROR
@@ -322,6 +327,7 @@ class PendingReasons:
                  pods: Sequence[ClusterPod] = ()) -> dict[ClaimKey, tuple[str, str]]:
         by_key = {(c.namespace, c.name): c for c in pending}
         groups: list[list[ClaimInfo]] = []
+        group_filters: list[PodNodeFilters | None] = []
         grouped: set[ClaimKey] = set()
         for pod in sorted(pods, key=lambda p: (p.created, p.namespace, p.name)):
             if pod.ended:
@@ -331,27 +337,34 @@ class PendingReasons:
             if group:
                 grouped.update((c.namespace, c.name) for c in group)
                 groups.append(group)
-        groups += [[c] for c in pending if (c.namespace, c.name) not in grouped]  # no pod known: alone
-        shapes: dict[object, list[ClaimInfo]] = {}
-        for group in groups:
-            shapes.setdefault(tuple((c.requests, c.constraints) for c in group), group)
+                group_filters.append(pod.node_filters)
+        alone = [[c] for c in pending if (c.namespace, c.name) not in grouped]  # no pod known: alone
+        groups += alone
+        group_filters += [None] * len(alone)
+
+        def shape_of(group: list[ClaimInfo], filters: PodNodeFilters | None) -> object:
+            return tuple((c.requests, c.constraints) for c in group), filters
+
+        shapes: dict[object, tuple[list[ClaimInfo], PodNodeFilters | None]] = {}
+        for group, filters in zip(groups, group_filters, strict=True):
+            shapes.setdefault(shape_of(group, filters), (group, filters))
         asked = 0
         fresh: dict[object, tuple[tuple[tuple[str, str] | None, ...], float]] = {}
         self.complete = True
-        for shape, group in shapes.items():
+        for shape, (group, filters) in shapes.items():
             known = self._known.get(shape)
             if known is None or now - known[1] >= REASON_REFRESH:
                 if asked < MAX_SHAPES_PER_FRAME:
                     asked += 1
-                    known = (tuple(first_blocking(o) for o in allocator.allocate_pod(group)), now)
+                    known = (tuple(first_blocking(o) for o in allocator.allocate_pod(group, filters=filters)), now)
                 elif known is None:
                     self.complete = False  # no answer yet: the next frame asks again; a stale one waits for a change
             if known is not None:
                 fresh[shape] = known
         self._known = fresh
         out = {}
-        for group in groups:
-            found = fresh.get(tuple((c.requests, c.constraints) for c in group))
+        for group, filters in zip(groups, group_filters, strict=True):
+            found = fresh.get(shape_of(group, filters))
             if found is None:
                 continue
             for c, why in zip(group, found[0], strict=True):

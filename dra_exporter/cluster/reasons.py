@@ -20,3 +20,5 @@ REASONS: Final = (CLASS_MISSING, SELECTOR_ERROR, POOL_INCOMPLETE, POOL_INVALID, 
                   TAINTED, CONSTRAINT)
 #: A claim that fits alone, but not on one node together with the other pending claims of its pod.
 TOGETHER: Final = "pod_claims_together"
+#: The pod's node selector, required node affinity or tolerations keep it off every node with matching devices.
+NODE_FILTERED: Final = "node_filters"
