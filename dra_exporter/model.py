@@ -778,6 +778,9 @@ class ClusterState:
     nodes: tuple[ClusterNode, ...] | None = None
     """Every Node; None when they were not read (no access): node filters are then unknown, and
     a slice's node selector is taken as met, never as failed."""
+    server_version: str = ""
+    """The API server's ``/version`` ``gitVersion`` (``v1.36.2``); ``""`` when not known. The scheduler
+    is taken to run this version (``cluster.scheduler_versions``)."""
 
 
 # --- /proc -------------------------------------------------------------------------------------

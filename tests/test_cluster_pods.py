@@ -101,3 +101,23 @@ def test_a_pod_goes_only_to_nodes_its_node_filters_admit() -> None:
     (explained,) = explain(state, [("ml", "c")])
     assert first_blocking(explained) == ("gpu", al.NODE_FILTERED)
     assert PendingReasons()(allocator, state.claims, 0.0, state.pods) == {("ml", "c"): ("gpu", al.NODE_FILTERED)}
+
+
+def test_the_schedulers_version_decides_whether_a_rejected_devices_counters_stay_used() -> None:
+    from dra_exporter.cluster.scheduler_versions import Behaviours, minor_version
+
+    assert minor_version("v1.36.2-gke.100") == (1, 36) and minor_version("garbage") is None
+    assert Behaviours.of("v1.36.2").rejected_device_keeps_counters
+    assert not Behaviours.of("v1.37.0").rejected_device_keeps_counters
+    assert not Behaviours.of("").rejected_device_keeps_counters  # unknown: the newest
+    # Two devices on one counter (1 unit), the first tainted: 1.36 keeps its counter for the search.
+    sl = example_gpus("n1", 2)
+    sl["spec"]["sharedCounters"] = [{"name": "set", "counters": {"units": {"value": "1"}}}]
+    for d in sl["spec"]["devices"]:
+        d["consumesCounters"] = [{"counterSet": "set", "counters": {"units": {"value": "1"}}}]
+    sl["spec"]["devices"][0]["taints"] = [{"key": "broken", "effect": "NoSchedule"}]
+    state = cluster_state(EXAMPLE_GPU, sl, claim_obj("c"))
+    assert Allocator(replace(state, server_version="v1.37.1")).allocate(state.claims[0]).placeable
+    assert Allocator(replace(state, server_version="v1.37.1")).placeable_claims("gpu.example.com") == 1
+    assert not Allocator(replace(state, server_version="v1.36.2")).allocate(state.claims[0]).placeable
+    assert Allocator(replace(state, server_version="v1.36.2")).placeable_claims("gpu.example.com") == 0

@@ -10,9 +10,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from dra_layouts import JSON, claim_obj, device_class, example_gpus, request
+from dra_layouts import H100, JSON, NVIDIA, claim_obj, device_class, example_gpus, partitionable_gpus, request
 from kubetestbed import ControlPlane
-from test_testbed_allocator import view
+from test_testbed_allocator import create_layout, scheduler_places, view
 
 from dra_exporter.cluster.allocator import Allocator
 from dra_exporter.model import ClusterState
@@ -132,3 +132,35 @@ def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> Non
                        kube.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{c}")["status"]
                        ["allocation"]["devices"]["results"]]
             assert sorted(written) == sorted(exporter[pod][1]), expected
+
+
+def _tainted(device: str) -> Any:
+    def layout(node: str) -> list[JSON]:
+        objects = partitionable_gpus(node, H100)
+        for d in objects[1]["spec"]["devices"]:
+            if d["name"] == device:
+                d["taints"] = [{"key": "broken", "effect": "NoSchedule"}]
+        return objects
+    return layout
+
+
+MIG_ONLY = f"device.driver == '{NVIDIA}' && device.attributes['{NVIDIA}'].type == 'mig'"
+ANY_NVIDIA = f"device.driver == '{NVIDIA}'"
+#: (what, layout, class) for the counters of a device the search rejects after its counters fit.
+REJECTED_COUNTERS = [
+    ("H100, the first 1g.10gb partition tainted, any MIG", _tainted("gpu-0-mig-1g10gb-19-0"), MIG_ONLY),
+    ("H100, the whole GPU tainted, any device", _tainted("gpu-0"), ANY_NVIDIA),
+]
+
+
+def test_counters_of_a_tainted_device_as_the_schedulers_version_keeps_them(kube: ControlPlane) -> None:
+    """v1.36.2 keeps a rejected device's counters for the rest of the attempt: 6 MIG claims, not 7, with
+    a tainted 1g.10gb partition; none at all with the whole GPU tainted (the newer model says 7 and 7)."""
+    version = str(kube.get("/version")["gitVersion"])
+    for what, layout, expression in REJECTED_COUNTERS:
+        cls = device_class(kube.unique("cls"), expression)
+        ns, node = create_layout(kube, layout, {"cls": cls})
+        state = replace(view(kube), server_version=version)
+        exporter = Allocator(state).placeable_claims(cls["metadata"]["name"], [node])
+        got = scheduler_places(kube, ns, node, cls["metadata"]["name"])
+        assert got == exporter, what

@@ -88,6 +88,7 @@ from .reasons import (
     TAKEN,
     TOGETHER,
 )
+from .scheduler_versions import Behaviours
 from .selectors import ClassSelector
 
 __all__ = [
@@ -246,6 +247,8 @@ class Allocator:
         #: The scheduler's node filters over the Nodes read (None: not read, pods' filters unknown).
         self.node_filters = NodeFilters(state.nodes) if state.nodes is not None else None
         self._node_objects = {n.name: n for n in state.nodes or ()}
+        #: Where the scheduler's version decides (``scheduler_versions``).
+        self.behaviours = Behaviours.of(state.server_version)
         self._request_selectors: dict[tuple[str, ...], ClassSelector] = {}
         rules = TaintRuleIndex(state.taint_rules)
         self.pools: list[Pool] = []
@@ -628,7 +631,10 @@ class Allocator:
             s.steps += 1
             if s.steps > MAX_STEPS:
                 raise _Failure(f"search gave up after {MAX_STEPS} devices tried")
-            if obstacle(device, req.info, s.node, s.labels, s.layer, claim_tag=req.tag, selected=selected):
+            reason = obstacle(device, req.info, s.node, s.labels, s.layer, claim_tag=req.tag, selected=selected)
+            if reason:
+                if reason == TAINTED:
+                    self._keep_rejected_counters(s.layer, device)
                 continue
             undo = self._allocate_device(s, req, device, must=False)
             if undo is None:
@@ -643,8 +649,10 @@ class Allocator:
         cannot be taken (an All request's device: ``must``, the checks not yet run on it)."""
         info = device.device
         if must and (self.checks.in_use(device.key, req.info, s.layer, req.tag)
-                     or not self.checks.counters_fit(device, s.layer)[0]
-                     or self.checks.blocking_taint(device, req.info) is not None):
+                     or not self.checks.counters_fit(device, s.layer)[0]):
+            return None
+        if must and self.checks.blocking_taint(device, req.info) is not None:
+            self._keep_rejected_counters(s.layer, device)
             return None
         constraints = s.constraints[req.claim]
         added: list[Constraint] = []
@@ -652,6 +660,7 @@ class Allocator:
             if not c.add(req.info.name, device):
                 for a in added:
                     a.remove(req.info.name, device)
+                self._keep_rejected_counters(s.layer, device)
                 if must:
                     raise _Failure(f"request {req.info.name}: cannot add device {'/'.join(device.key)} because a "
                                    "claim constraint would not be satisfied")
@@ -694,6 +703,13 @@ class Allocator:
             if consumes:
                 layer.consume(device.pool.key, info, -1.0)
         return undo
+
+    def _keep_rejected_counters(self, layer: Usage, device: Device) -> None:
+        """A device rejected after its counters fitted (a taint, a constraint): schedulers up to
+        ``scheduler_versions.COUNTERS_KEPT_BY_REJECTED_DEVICE_UNTIL`` keep its counters for the rest
+        of the attempt (``layer``); later ones give them back."""
+        if self.behaviours.rejected_device_keeps_counters and self.checks.counters_checked(device, layer):
+            layer.consume(device.pool.key, device.device)
 
     # --- why not ---------------------------------------------------------------------------------------
 
@@ -817,6 +833,9 @@ class Allocator:
                 reason = obstacle(device, PLAIN, node, labels, layer, selected=selected)
                 if reason == SELECTOR_ERROR:
                     return placed  # the search reaches a device its class cannot evaluate: no claim here
+                if reason == TAINTED:
+                    # Every later claim's search passes this device first: what it keeps, it keeps for them.
+                    self._keep_rejected_counters(layer, device)
                 if reason:
                     continue
                 if not device.device.allow_multiple_allocations:
@@ -846,7 +865,10 @@ class Allocator:
         layer = Usage()
         placed = 0
         for device in devices:
-            if not self.checks.obstacle(device, PLAIN, None, None, layer):
+            reason = self.checks.obstacle(device, PLAIN, None, None, layer)
+            if reason == TAINTED:
+                self._keep_rejected_counters(layer, device)
+            elif not reason:
                 self._take(layer, Pick("", device.key), "")
                 placed += 1
         return placed

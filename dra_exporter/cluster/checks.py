@@ -143,6 +143,12 @@ class Checks:
                     return False, f"{set_name}: {name} {amount_text(max(0.0, left - adding.get(name, 0.0)))} left"
         return True, ""
 
+    def counters_checked(self, device: Device, layer: Usage) -> bool:
+        """Whether taking ``device`` would check (and add) its counters: it consumes some, and is not
+        a further share of a device whose first share consumed them."""
+        return bool(device.device.consumes_counters) and not (device.device.allow_multiple_allocations and (
+            device.key in self.committed.shares or device.key in layer.shares))
+
     @staticmethod
     def blocking_taint(device: Device, request: DeviceRequestInfo) -> DeviceTaint | None:
         for taint in device.taints:

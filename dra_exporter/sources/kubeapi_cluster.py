@@ -47,7 +47,7 @@ from ..backoff import Backoff
 from ..dra_versions import GROUP
 from . import PartialSnapshot, SourceError
 from . import kubeapi_http as http
-from .kubeapi import ApiServerSource
+from .kubeapi import ApiServerSource, server_version
 from .kubeapi_normalize import (
     claim_from_dict,
     cluster_node_from_dict,
@@ -149,6 +149,8 @@ class ClusterSource(ApiServerSource):
         self._revision = 0
         self._revision_lock = threading.Lock()
         self._state: tuple[int, model.ClusterState] | None = None
+        self.server_version = ""
+        """The API server's ``gitVersion``, read once at discovery; ``""`` when unknown."""
         self._shared_filters: dict[model.PodNodeFilters, model.PodNodeFilters] = {}
         self._nodes_backoff = Backoff(*timeouts.backoff, monotonic=time.monotonic)
         self._nodes_error = ""
@@ -180,7 +182,7 @@ class ClusterSource(ApiServerSource):
         if self.api_version is None and self._discovery_backoff.remaining():
             raise SourceError(self._discovery_error)
         try:
-            _, discovered = self._connect()
+            client, discovered = self._connect()
         except SourceError as exc:
             self._discovery_backoff.failed()
             self._discovery_error = str(exc)
@@ -190,7 +192,10 @@ class ClusterSource(ApiServerSource):
         version = self.api_version
         assert version is not None
         if discovered:
-            self._log.info("kubeapi: reading %s/%s cluster-wide", GROUP, version)
+            self.requests["version"] += 1
+            self.server_version = server_version(client, self._timeouts.request)
+            self._log.info("kubeapi: reading %s/%s cluster-wide (API server %s)", GROUP, version,
+                           self.server_version or "version unknown")
         kinds: list[tuple[str, str, Callable[[Mapping[str, Any]], Any], str | None]] = [
             ("resourceslices", http.slices_path(version), lambda o: slim_slice(slice_from_dict(o, version)), None),
             ("resourceclaims", f"{http.GROUP_PATH}/{version}/resourceclaims",
@@ -301,6 +306,7 @@ class ClusterSource(ApiServerSource):
             classes=items("deviceclasses", lambda c: c.name),
             taint_rules=items("devicetaintrules", lambda r: r.name),
             pods=items("pods", lambda p: (p.namespace, p.name)),
+            server_version=self.server_version,
             nodes=items("nodes", lambda n: n.name) if "nodes" in self._reflectors else None,
         )
         self._state = (revision, state)
