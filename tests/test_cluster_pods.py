@@ -121,3 +121,43 @@ def test_the_schedulers_version_decides_whether_a_rejected_devices_counters_stay
     assert Allocator(replace(state, server_version="v1.37.1")).placeable_claims("gpu.example.com") == 1
     assert not Allocator(replace(state, server_version="v1.36.2")).allocate(state.claims[0]).placeable
     assert Allocator(replace(state, server_version="v1.36.2")).placeable_claims("gpu.example.com") == 0
+
+
+def test_the_pending_reason_is_the_one_that_would_unblock_the_claim_on_one_node() -> None:
+    from dra_layouts import EXAMPLE as DRIVER
+
+    # 5 GPUs asked, nodes of 4, two GPUs taken: not "taken" (freeing them never helps) but too few per node.
+    state = _pod(cluster_state(EXAMPLE_GPU, example_gpus("n1", 4), example_gpus("n2", 4),
+                               claim_obj("a", results=[(DRIVER, "n1", "gpu-0")]),
+                               claim_obj("b", results=[(DRIVER, "n2", "gpu-0")]),
+                               claim_obj("five", [request(count=5)])), "p", "five")
+    (outcome,) = explain(state, [("ml", "five")])
+    assert first_blocking(outcome) == ("gpu", "too_few_devices") and outcome.fits_when_free is False
+    # 3 GPUs asked, two nodes of 4 with 2 taken on each: on one node 2 usable, so "taken" is what unblocks.
+    state = _pod(cluster_state(EXAMPLE_GPU, example_gpus("n1", 4), example_gpus("n2", 4),
+                               claim_obj("a", results=[(DRIVER, "n1", "gpu-0"), (DRIVER, "n1", "gpu-1")]),
+                               claim_obj("b", results=[(DRIVER, "n2", "gpu-0"), (DRIVER, "n2", "gpu-1")]),
+                               claim_obj("three", [request(count=3)])), "p", "three")
+    (outcome,) = explain(state, [("ml", "three")])
+    assert first_blocking(outcome) == ("gpu", "taken") and outcome.fits_when_free is True
+
+
+def test_partitions_that_never_fit_together_are_too_few_not_counters() -> None:
+    from dra_layouts import H100, NVIDIA, NVIDIA_MIG, partitionable_gpus
+
+    three_g = device_class("three-g", f"device.driver == '{NVIDIA}' && 'profile' in device.attributes['{NVIDIA}'] "
+                                      f"&& device.attributes['{NVIDIA}'].profile == '3g.40gb'")
+    # A driver that also publishes a 3g placement at memory slice 2: three 3g devices, two at once at most.
+    objects = partitionable_gpus("n1", H100)
+    devices = objects[1]["spec"]["devices"]
+    at_zero = next(d for d in devices if d["name"] == "gpu-0-mig-3g40gb-9-0")
+    at_two = {**at_zero, "name": "gpu-0-mig-3g40gb-9-2", "consumesCounters": [
+        {**at_zero["consumesCounters"][0], "counters": {
+            **{k: v for k, v in at_zero["consumesCounters"][0]["counters"].items() if not k.startswith("memory-slice")},
+            **{f"memory-slice-{i}": {"value": "1"} for i in range(2, 6)}}}]}
+    devices.append(at_two)
+    state = _pod(cluster_state(NVIDIA_MIG, three_g, objects,
+                               claim_obj("c", [request(device_class_name="three-g", count=3)])), "p", "c")
+    (outcome,) = explain(state, [("ml", "c")])
+    assert outcome.requests[0].matching == 3 and outcome.fits_when_free is False
+    assert first_blocking(outcome) == ("gpu", "too_few_devices")

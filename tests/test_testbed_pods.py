@@ -15,6 +15,7 @@ from kubetestbed import ControlPlane
 from test_testbed_allocator import create_layout, scheduler_places, view
 
 from dra_exporter.cluster.allocator import Allocator
+from dra_exporter.cluster.explain import first_blocking
 from dra_exporter.model import ClusterState
 from dra_exporter.sources.kubeapi_normalize import cluster_node_from_dict, pod_node_filters
 
@@ -47,25 +48,31 @@ def _scheduler_says(kube: ControlPlane, ns: str, pod: str) -> str:
 
 
 def _exporter_says(kube: ControlPlane, state: ClusterState, ns: str, claims: list[str], node_name: str
-                   ) -> tuple[str, list[str]]:
+                   ) -> tuple[str, list[str], set[str]]:
     by_name = {c.name: c for c in state.claims if c.namespace == ns}
     filters = pod_node_filters({"nodeSelector": {"kubernetes.io/hostname": node_name}} if node_name else {})
     outcomes = Allocator(state).allocate_pod([by_name[n] for n in claims], filters=filters)
     verdict = "bound" if all(o.placeable for o in outcomes) else (
         "error" if any(o.attempt_fails for o in outcomes) else "unschedulable")
-    return verdict, ["/".join(d[1:]) for o in outcomes for d in o.devices]
+    reasons = {why[1] for o in outcomes if (why := first_blocking(o)) is not None}
+    return verdict, ["/".join(d[1:]) for o in outcomes for d in o.devices], reasons
 
 
 def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> None:
     ns = kube.namespace("pods", admin_access=True)
     cases: dict[str, tuple[list[str], str, str]] = {}  # pod → (its claims, what the scheduler does, its node)
+    reasons: dict[str, str] = {}  # pod → the pending reason the exporter must give
 
-    def case(what: str, expected: str, driver_objects: list[JSON], claims: list[JSON], node_name: str = "") -> None:
+    def case(what: str, expected: str, driver_objects: list[JSON], claims: list[JSON], node_name: str = "",
+             reason: str = "") -> None:
         for obj in driver_objects:
             kube.create(obj)
         for c in claims:
             kube.create({**c, "metadata": {**c["metadata"], "namespace": ns}}, ns)
-        cases[kube.unique("pod")] = ([c["metadata"]["name"] for c in claims], expected + ": " + what, node_name)
+        pod = kube.unique("pod")
+        cases[pod] = ([c["metadata"]["name"] for c in claims], expected + ": " + what, node_name)
+        if reason:
+            reasons[pod] = reason
 
     # 1. two claims, 2 + 1 GPUs, one node with 2 GPUs: each fits alone, the pod does not.
     d1 = kube.unique("d1") + ".example.com"
@@ -119,6 +126,14 @@ def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> Non
     case("a tainted node", "unschedulable", [cls7, _gpus(kube, d7, n7, 1)],
          [claim_obj(kube.unique("taint"), [request(device_class_name=cls7["metadata"]["name"])])])
 
+    # 8. 5 GPUs asked, two nodes of 4 free GPUs: 8 free in the cluster, never 5 on one node.
+    d8 = kube.unique("d8") + ".example.com"
+    cls8 = device_class(kube.unique("c8"), f"device.driver == '{d8}'")
+    case("more than one node has", "unschedulable",
+         [cls8, _gpus(kube, d8, kube.ready_node(), 4), _gpus(kube, d8, kube.ready_node(), 4)],
+         [claim_obj(kube.unique("five"), [request(device_class_name=cls8["metadata"]["name"], count=5)])],
+         reason="too_few_devices")
+
     nodes = tuple(cluster_node_from_dict(o) for o in kube.get("/api/v1/nodes")["items"])
     state = replace(view(kube), nodes=nodes)
     exporter = {pod: _exporter_says(kube, state, ns, claims, node) for pod, (claims, _, node) in cases.items()}
@@ -127,6 +142,8 @@ def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> Non
     got = {pod: _scheduler_says(kube, ns, pod) for pod in cases}
     for pod, (claims, expected, _) in cases.items():
         assert (got[pod], exporter[pod][0]) == (expected.split(":")[0],) * 2, expected
+        if pod in reasons:
+            assert exporter[pod][2] == {reasons[pod]}, expected
         if got[pod] == "bound":  # the same devices, as the scheduler wrote them
             written = [f"{r['pool']}/{r['device']}" for c in claims for r in
                        kube.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{c}")["status"]

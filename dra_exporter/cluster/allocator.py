@@ -57,7 +57,7 @@ from typing import Final
 
 from ..model import ClaimInfo, ClusterState, DeviceClassInfo, DeviceRequestInfo, PodNodeFilters
 from ..taints import TaintRuleIndex
-from .cache import MAX_DIAGNOSED, MAX_NODE_VIEWS, MAX_REQUEST_SELECTORS, MAX_TRIED, AllocatorCache
+from .cache import MAX_DIAGNOSED, MAX_FREE_PROBES, MAX_NODE_VIEWS, MAX_REQUEST_SELECTORS, MAX_TRIED, AllocatorCache
 from .checks import NOTHING, PLAIN, Checks, Usage
 from .constraints import Constraint, lookup_attribute
 from .consumable import EPSILON, consumed_amount, share_of
@@ -138,6 +138,13 @@ class RequestOutcome:
     blocked: tuple[Blocked, ...] = ()
     """Why the other candidates could not be used, the reason that kept most devices first."""
     error: str = ""
+    most_matching_on_a_node: int | None = None
+    """The most matching devices one node sees (a claim must fit on one node); None: not counted."""
+    most_usable_on_a_node: int | None = None
+    """Of the nodes that see enough matching devices, the most usable ones on one node."""
+    node_reason: str = ""
+    """What keeps the most devices on the node closest to fitting (most usable, then most matching, of
+    those that see enough matching devices): the reason whose removal would unblock the request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +182,9 @@ class Outcome:
     devices asked, a constraint All cannot meet)."""
     together: bool = False
     """The claim fits alone, not on one node with the other pending claims of its pod."""
+    fits_when_free: bool | None = None
+    """Not placeable: whether the pod's claims would fit on some node were nothing allocated (False:
+    no amount of freeing unblocks them; None: not asked, or placeable)."""
     node_filtered: bool = False
     """The pod's node filters (node selector, required node affinity, tolerations of node taints,
     cordon) admit none of the nodes that see its devices (``error`` says the scheduler's summary)."""
@@ -467,12 +477,30 @@ class Allocator:
             n, found = fit
             return [Outcome(c.namespace, c.name, True, n, picks, self._diagnose(c, [n], picks),
                             nodes_tried=len(tried), pod=pod) for c, picks in zip(claims, found, strict=True)]
+        free = self._fits_when_free(claims, tried) if tried else None
         out = []
         for c in claims:
             alone = len(claims) > 1 and self._place([c], node, pod)[0].placeable
             out.append(Outcome(c.namespace, c.name, False, "", (), self._diagnose(c, tried, []), "", len(tried),
-                               pod=pod, together=alone))
+                               pod=pod, together=alone, fits_when_free=free))
         return out
+
+    def _fits_when_free(self, claims: Sequence[ClaimInfo], nodes: Sequence[str]) -> bool:
+        """Whether ``claims`` would fit together on one of ``nodes`` (the first ``MAX_FREE_PROBES``) were
+        nothing allocated, no device tainted and every pool complete: when not, the node's devices,
+        counters or the claims' constraints never allow it, and no reason about the cluster's state
+        is the one to give."""
+        saved = self.committed, self.checks
+        self.committed = Usage()
+        self.checks = Checks(self.committed, structural=True)
+        try:
+            for n in nodes[:MAX_FREE_PROBES]:
+                found, _ = self._search_node(claims, n)
+                if found is not None:
+                    return True
+            return False
+        finally:
+            self.committed, self.checks = saved
 
     def _refusals(self, filters: PodNodeFilters, nodes: Sequence[str]) -> str:
         """The scheduler's summary of why ``nodes`` refuse a pod with ``filters``."""
@@ -585,7 +613,7 @@ class Allocator:
         claim = search.claims[req.claim]
         for device in search.devices:
             pool = device.pool
-            if pool.key not in seen:
+            if pool.key not in seen and not self.checks.structural:
                 seen.add(pool.key)
                 if pool.incomplete:
                     raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
@@ -626,7 +654,7 @@ class Allocator:
         obstacle = self.checks.obstacle
         for pos in range(start, len(s.devices)):
             device = s.devices[pos]
-            if not device.pool.usable:
+            if not device.pool.usable and not self.checks.structural:
                 continue
             s.steps += 1
             if s.steps > MAX_STEPS:
@@ -651,7 +679,7 @@ class Allocator:
         if must and (self.checks.in_use(device.key, req.info, s.layer, req.tag)
                      or not self.checks.counters_fit(device, s.layer)[0]):
             return None
-        if must and self.checks.blocking_taint(device, req.info) is not None:
+        if must and not self.checks.structural and self.checks.blocking_taint(device, req.info) is not None:
             self._keep_rejected_counters(s.layer, device)
             return None
         constraints = s.constraints[req.claim]
@@ -741,7 +769,11 @@ class Allocator:
         elif own is not None and own.error:
             error = f"request selector: {own.error}"
         chosen = tuple(p.device for p in picks if p.request == request.name)
+        best: tuple[int, int, str] | None = None  # (usable, matching, reason) of the node closest to fitting
+        most_matching = 0
         for node in nodes:
+            node_matching = node_usable = 0
+            node_counts: dict[str, int] = {}
             for device in self.view(node):
                 result = device.matches[index] if index is not None else True
                 if result and own is not None:
@@ -753,27 +785,38 @@ class Allocator:
                         continue  # skipped before CEL runs: not a candidate, not an error
                     reason, detail = SELECTOR_ERROR, f"{'/'.join(device.key)}: CEL runtime error"
                 else:
-                    matching += 1
+                    node_matching += 1
                     if device.key in chosen:
-                        usable += 1
+                        node_usable += 1
                         continue
                     reason, detail = self.verdict(device, request, node)
                     if not reason:
-                        usable += 1
+                        node_usable += 1
                         if picks or not claim.constraints:
                             continue
                         reason, detail = CONSTRAINT, ""
                 counts[reason] = counts.get(reason, 0) + 1
+                node_counts[reason] = node_counts.get(reason, 0) + 1
                 known = details.setdefault(reason, [])
                 if detail and detail not in known and len(known) < MAX_DETAILS:
                     known.append(detail)
+            matching += node_matching
+            usable += node_usable
+            most_matching = max(most_matching, node_matching)
+            enough = node_matching > 0 if request.all_devices else node_matching >= request.count
+            if enough:
+                top = min(node_counts.items(), key=lambda kv: (-kv[1], REASONS.index(kv[0])), default=("", 0))[0]
+                candidate = (node_usable, node_matching, top)
+                if best is None or candidate[:2] > best[:2]:
+                    best = candidate
         blocked = tuple(Blocked(r, n, tuple(details.get(r, ()))) for r, n in
                         sorted(counts.items(), key=lambda kv: (-kv[1], REASONS.index(kv[0]))))
         count = request.count
         if request.all_devices:
             count = matching
         return RequestOutcome(request.name, request.device_class, count, request.all_devices, matching, usable,
-                              chosen, blocked, error)
+                              chosen, blocked, error, most_matching, best[0] if best is not None else 0,
+                              best[2] if best is not None else "")
 
     def _diagnose(self, claim: ClaimInfo, nodes: Sequence[str], picks: Sequence[Pick]) -> tuple[RequestOutcome, ...]:
         key = (claim.requests, bool(claim.constraints), tuple(nodes), tuple(picks))

@@ -23,6 +23,9 @@ MAX_TRIED: Final = 100_000
 MAX_DIAGNOSED: Final = 10_000
 #: Compiled selectors of requests (by their expressions) kept per cluster state.
 MAX_REQUEST_SELECTORS: Final = 1_000
+#: Nodes searched with nothing allocated to learn whether freeing anything could unblock a pod (a
+#: homogeneous cluster answers on the first; beyond this many, "no" is taken as the answer).
+MAX_FREE_PROBES: Final = 64
 #: Per-node placeable counts kept, per pool and class, before they are dropped (nodes gone).
 PLACEABLE_PER_POOL_AND_CLASS: Final = 4
 

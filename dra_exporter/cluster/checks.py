@@ -62,8 +62,11 @@ raise instead, as the search does to stop the claim."""
 class Checks:
     """The per-device checks over the committed usage of one cluster state."""
 
-    def __init__(self, committed: Usage) -> None:
+    def __init__(self, committed: Usage, structural: bool = False) -> None:
         self.committed = committed
+        #: Only what no change of state unblocks (devices, counters, capacity, constraints): pools
+        #: taken as complete and valid, taints as tolerated (``Allocator._fits_when_free``).
+        self.structural = structural
 
     def obstacle(self, device: Device, request: DeviceRequestInfo, node: str | None,
                  labels: Mapping[str, str] | None, layer: Usage, *, claim_tag: str = "",
@@ -74,7 +77,7 @@ class Checks:
         selectors (None: the caller already knows the device is a candidate); ``node`` None leaves the
         device's own node unchecked (counts per GPU); ``claim_tag`` names the claim of the search in
         ``layer.taken``."""
-        if not device.pool.usable:
+        if not device.pool.usable and not self.structural:
             return device.pool.unusable_reason[0]
         if self.in_use(device.key, request, layer, claim_tag):
             return TAKEN
@@ -90,7 +93,7 @@ class Checks:
             return CAPACITY
         if not self.counters_fit(device, layer)[0]:
             return COUNTERS
-        if self.blocking_taint(device, request) is not None:
+        if not self.structural and self.blocking_taint(device, request) is not None:
             return TAINTED
         return ""
 

@@ -56,7 +56,8 @@ _SAYS: Final = {
     TAINTED: "tainted, not tolerated by the request",
     CONSTRAINT: "usable alone, not together with the claim's matchAttribute/distinctAttribute constraints",
     NO_MATCH: "no device matches the class and the request's selectors",
-    TOO_FEW: "fewer devices match than the request asks",
+    TOO_FEW: "no node has as many matching devices as the claim asks that can be allocated together, even "
+             "with nothing allocated",
     TOGETHER: "the claim fits alone, but not on one node with its pod's other pending claims",
     NODE_FILTERED: "the pod's node selector, node affinity or tolerations keep it off every node with such devices",
 }
@@ -195,9 +196,22 @@ def first_blocking(outcome: Outcome) -> tuple[str, str] | None:
     for r in outcome.requests:  # an error the allocator stops at, before any count
         if r.error:
             return r.request, r.blocked[0].reason if r.blocked else SELECTOR_ERROR
+    if outcome.fits_when_free is False and outcome.requests:
+        # Nothing that ends unblocks it: the claim asks more than any one node can give at once.
+        short = next((r for r in outcome.requests if (r.most_matching_on_a_node or 0) < r.count), None)
+        if short is None and any(r.blocked and r.blocked[0].reason == CONSTRAINT for r in outcome.requests):
+            return outcome.requests[0].request, CONSTRAINT  # enough devices, never together
+        r = short or outcome.requests[0]
+        return r.request, NO_MATCH if r.matching == 0 else TOO_FEW
     for r in outcome.requests:
-        if r.usable < r.count or (r.all_devices and r.matching == 0):
-            return r.request, _reason(r)
+        if r.all_devices or r.most_usable_on_a_node is None:
+            if r.usable < r.count or (r.all_devices and r.matching == 0):
+                return r.request, _reason(r)
+        elif r.most_usable_on_a_node < r.count:
+            # A claim must fit on one node: the reason is the one that would unblock it there.
+            if (r.most_matching_on_a_node or 0) < r.count:
+                return r.request, NO_MATCH if r.matching == 0 else TOO_FEW
+            return r.request, r.node_reason or _reason(r)
     first = outcome.requests[0] if outcome.requests else None
     if first is None:
         return "", CLASS_MISSING
