@@ -161,3 +161,15 @@ def test_partitions_that_never_fit_together_are_too_few_not_counters() -> None:
     (outcome,) = explain(state, [("ml", "c")])
     assert outcome.requests[0].matching == 3 and outcome.fits_when_free is False
     assert first_blocking(outcome) == ("gpu", "too_few_devices")
+
+
+def test_a_pod_with_an_allocated_claim_goes_where_that_claim_is() -> None:
+    from dra_layouts import EXAMPLE as DRIVER
+
+    state = _pod(cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), example_gpus("n2", 1),
+                               claim_obj("held", results=[(DRIVER, "n1", "gpu-0")]), claim_obj("new")),
+                 "p", "held", "new")
+    allocator = Allocator(state)
+    assert allocator.allocate(state.claims[1]).node == "n2"  # alone: on n2
+    held, new = allocator.allocate_pod(state.claims)
+    assert held.error == "already allocated" and not new.placeable and new.nodes_tried == 1

@@ -68,7 +68,10 @@ def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> Non
         for obj in driver_objects:
             kube.create(obj)
         for c in claims:
-            kube.create({**c, "metadata": {**c["metadata"], "namespace": ns}}, ns)
+            status = c.pop("status", None)
+            created = kube.create({**c, "metadata": {**c["metadata"], "namespace": ns}}, ns)
+            if status:
+                kube.patch_status(created, status)
         pod = kube.unique("pod")
         cases[pod] = ([c["metadata"]["name"] for c in claims], expected + ": " + what, node_name)
         if reason:
@@ -133,6 +136,20 @@ def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> Non
          [cls8, _gpus(kube, d8, kube.ready_node(), 4), _gpus(kube, d8, kube.ready_node(), 4)],
          [claim_obj(kube.unique("five"), [request(device_class_name=cls8["metadata"]["name"], count=5)])],
          reason="too_few_devices")
+
+    # 9. one claim already allocated on a node whose only GPU it holds, one pending: the pod must go
+    # there (the allocation's node selector), though the pending claim alone fits on another node.
+    d9 = kube.unique("d9") + ".example.com"
+    cls9 = device_class(kube.unique("c9"), f"device.driver == '{d9}'")
+    n9 = kube.ready_node()
+    held = claim_obj(kube.unique("held"), [request(device_class_name=cls9["metadata"]["name"])])
+    held["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": d9, "pool": n9, "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [n9]}]}]}}}
+    case("an allocated claim of the pod on a full node", "unschedulable",
+         [cls9, _gpus(kube, d9, n9, 1), _gpus(kube, d9, kube.ready_node(), 1)],
+         [held, claim_obj(kube.unique("new"), [request(device_class_name=cls9["metadata"]["name"])])])
 
     nodes = tuple(cluster_node_from_dict(o) for o in kube.get("/api/v1/nodes")["items"])
     state = replace(view(kube), nodes=nodes)

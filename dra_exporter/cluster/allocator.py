@@ -425,7 +425,14 @@ class Allocator:
                 for c in claims if c.allocated}
         if not pending:
             return [done[id(c)] for c in claims]
-        outcomes = self._place(pending, node, pod, filters)
+        held = self._held_on(c for c in claims if c.allocated)
+        if len(held) > 1 or (node is not None and held and node not in held):
+            error = f"the pod's allocated claims hold devices on {', '.join(sorted(held))}: no node has them all"
+            outcomes = [Outcome(c.namespace, c.name, False, error=error if c is pending[0] else "", pod=pod,
+                                requests=self._diagnose(c, [], [])) for c in pending]
+        else:
+            # The scheduler's filter: a pod whose allocated claim is only on one node goes there.
+            outcomes = self._place(pending, next(iter(held)) if held else node, pod, filters)
         by_claim = {id(c): o for c, o in zip(pending, outcomes, strict=True)}
         return [by_claim.get(id(c)) or done[id(c)] for c in claims]
 
@@ -448,7 +455,7 @@ class Allocator:
             nodes = self.nodes  # a selector that does not compile fails wherever the search reaches a device
         else:
             nodes = self.candidate_nodes(classes)
-        if filters is not None and self.node_filters is not None and node is None:
+        if filters is not None and self.node_filters is not None:
             # The scheduler's node filters run before DynamicResources: a node they refuse is never
             # searched (a CEL error there stops nothing).
             admitted = self.node_filters.admission(filters).nodes
@@ -480,7 +487,7 @@ class Allocator:
         free = self._fits_when_free(claims, tried) if tried else None
         out = []
         for c in claims:
-            alone = len(claims) > 1 and self._place([c], node, pod)[0].placeable
+            alone = len(claims) > 1 and self._place([c], node, pod, filters)[0].placeable
             out.append(Outcome(c.namespace, c.name, False, "", (), self._diagnose(c, tried, []), "", len(tried),
                                pod=pod, together=alone, fits_when_free=free))
         return out
@@ -501,6 +508,17 @@ class Allocator:
             return False
         finally:
             self.committed, self.checks = saved
+
+    def _held_on(self, allocated: Iterable[ClaimInfo]) -> set[str]:
+        """The nodes the devices of ``allocated`` claims are local to (a device for all nodes or for a
+        node selector restricts nothing)."""
+        nodes = set()
+        for claim in allocated:
+            for r in claim.results:
+                device = self.devices.get((r.driver, r.pool, r.device))
+                if device is not None and not device.pool.everywhere and device.node:
+                    nodes.add(device.node)
+        return nodes
 
     def _refusals(self, filters: PodNodeFilters, nodes: Sequence[str]) -> str:
         """The scheduler's summary of why ``nodes`` refuse a pod with ``filters``."""
