@@ -153,6 +153,8 @@ def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> Non
 
     nodes = tuple(cluster_node_from_dict(o) for o in kube.get("/api/v1/nodes")["items"])
     state = replace(view(kube), nodes=nodes)
+    assert any(d.binding_conditions for sl in state.slices if sl.driver == d5 for d in sl.devices), (
+        "the API server keeps bindingConditions (DRADeviceBindingConditions on): case 5 tests something")
     exporter = {pod: _exporter_says(kube, state, ns, claims, node) for pod, (claims, _, node) in cases.items()}
     for pod, (claims, _, node) in cases.items():  # the exporter has answered: now the scheduler
         kube.pod(ns, pod, claims={c: c for c in claims}, node_name=node or None)
