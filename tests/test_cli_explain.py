@@ -47,7 +47,7 @@ def test_all_lists_every_unallocated_claim() -> None:
 
 
 @pytest.mark.parametrize("args, says", [
-    (("ml/no-such-claim", "--simulate"), "no ResourceClaim ml/no-such-claim in the cluster"),
+    (("ml/no-such-claim", "--simulate"), "no ResourceClaim or Pod ml/no-such-claim in the cluster"),
     (("not-a-claim-name", "--simulate"), "expected NAMESPACE/CLAIM"),
     (("--simulate",), "name one claim as NAMESPACE/CLAIM, or give --all"),
     (("ml/x", "--all", "--simulate"), "name one claim as NAMESPACE/CLAIM, or give --all"),
@@ -71,3 +71,11 @@ def test_no_api_server_is_nothing_usable_exit_1(tmp_path: Path) -> None:
     done = explain("ml/x", "--kubeconfig", str(kubeconfig), timeout=180)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert "nothing to show" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_pods_name_explains_its_claims() -> None:
+    done = explain("training/typo-job-0", "--simulate", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert (got["claim"], got["pod"], got["placeable"]) == ("typo-job", "training/typo-job-0", False)
+    assert got["blocking"] == {"request": "gpu", "reason": "class_missing"}
