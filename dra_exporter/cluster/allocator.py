@@ -299,6 +299,7 @@ class Allocator:
         self._usage_keys: dict[PoolKey, UsageKey] = {}
         self._candidates: dict[tuple[int, ...], tuple[str, ...]] = {}
         self._failing: dict[int, bool] = {}
+        self._free_fits: dict[tuple[object, ...], bool] = {}
         #: What claims of one shape got on a node, and the diagnoses: until the next ``commit``.
         self._tried: dict[tuple[object, ...], tuple[tuple[tuple[Pick, ...], ...] | None, str]] = {}
         self._diagnosed: dict[tuple[object, ...], tuple[RequestOutcome, ...]] = {}
@@ -497,17 +498,22 @@ class Allocator:
         nothing allocated, no device tainted and every pool complete: when not, the node's devices,
         counters or the claims' constraints never allow it, and no reason about the cluster's state
         is the one to give."""
+        probe = tuple(nodes[:MAX_FREE_PROBES])
+        # Nothing allocated: the answer holds for the whole state (claims of one shape, the same nodes).
+        shape = None if any(r.selectors for c in claims for r in c.requests) else (
+            tuple((c.requests, c.constraints) for c in claims), probe)
+        if shape is not None and (known := self._free_fits.get(shape)) is not None:
+            return known
         saved = self.committed, self.checks
         self.committed = Usage()
         self.checks = Checks(self.committed, structural=True)
         try:
-            for n in nodes[:MAX_FREE_PROBES]:
-                found, _ = self._search_node(claims, n)
-                if found is not None:
-                    return True
-            return False
+            fits = any(self._search_node(claims, n)[0] is not None for n in probe)
         finally:
             self.committed, self.checks = saved
+        if shape is not None and len(self._free_fits) < MAX_TRIED:
+            self._free_fits[shape] = fits
+        return fits
 
     def _held_on(self, allocated: Iterable[ClaimInfo]) -> set[str]:
         """The nodes the devices of ``allocated`` claims are local to (a device for all nodes or for a
