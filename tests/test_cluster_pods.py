@@ -173,3 +173,10 @@ def test_a_pod_with_an_allocated_claim_goes_where_that_claim_is() -> None:
     assert allocator.allocate(state.claims[1]).node == "n2"  # alone: on n2
     held, new = allocator.allocate_pod(state.claims)
     assert held.error == "already allocated" and not new.placeable and new.nodes_tried == 1
+
+
+def test_all_over_an_incomplete_pool_on_another_node_stops_the_attempt() -> None:
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), example_gpus("n2", 1, count=2),
+                          claim_obj("c", [request(allocationMode="All")]))
+    outcome = Allocator(state).allocate(state.claims[0])
+    assert not outcome.placeable and outcome.attempt_fails and "currently being updated" in outcome.error

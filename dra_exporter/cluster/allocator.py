@@ -538,16 +538,25 @@ class Allocator:
         return summary(refused, len(nodes))
 
     def _may_fail(self, claims: Sequence[ClaimInfo]) -> bool:
-        """Whether the search could err on some node (then every candidate node is searched, as the
-        scheduler filters them all): a request's own CEL, a class whose CEL fails on some device, All."""
+        """Whether the search could err on a node after the first that fits (then every candidate
+        node is searched, as the scheduler filters them all): a class whose CEL fails on some device,
+        All over a class some incomplete or invalid pool has devices of. A request's own CEL is not
+        run over the whole cluster for this: its errors count on the nodes searched up to the first fit."""
         for c in claims:
             for r in c.requests:
-                if r.selectors or r.all_devices:
-                    return True
                 index = self.matches.index(r.device_class)
-                if index is not None and self._class_fails(index):
+                if index is None:
+                    continue
+                if self._class_fails(index) or (r.all_devices and self._class_unusable(index)):
                     return True
         return False
+
+    def _class_unusable(self, index: int) -> bool:
+        key = -1 - index  # beside _class_fails' keys
+        known = self._failing.get(key)
+        if known is None:
+            known = self._failing[key] = any(not p.usable and p.class_mask[index] for p in self.pools)
+        return known
 
     def _class_fails(self, index: int) -> bool:
         known = self._failing.get(index)
