@@ -151,6 +151,21 @@ def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> Non
          [cls9, _gpus(kube, d9, n9, 1), _gpus(kube, d9, kube.ready_node(), 1)],
          [held, claim_obj(kube.unique("new"), [request(device_class_name=cls9["metadata"]["name"])])])
 
+    # 10. 33 devices in one claim on a node of 40: more than a claim may get is an error, not a misfit.
+    d10 = kube.unique("d10") + ".example.com"
+    cls10 = device_class(kube.unique("c10"), f"device.driver == '{d10}'")
+    case("33 devices asked", "error", [cls10, _gpus(kube, d10, kube.ready_node(), 40)],
+         [claim_obj(kube.unique("many"), [request(device_class_name=cls10["metadata"]["name"], count=33)])])
+    # 11. All over a class one node's pool of which is incomplete, another node complete: an error.
+    d11 = kube.unique("d11") + ".example.com"
+    cls11 = device_class(kube.unique("c11"), f"device.driver == '{d11}'")
+    case("All over an incomplete pool elsewhere", "error",
+         [cls11, _gpus(kube, d11, kube.ready_node(), 1), {**(part := _gpus(kube, d11, kube.ready_node(), 1)),
+                                                           "spec": {**part["spec"], "pool": {
+                                                               **part["spec"]["pool"], "resourceSliceCount": 2}}}],
+         [claim_obj(kube.unique("all"), [request(device_class_name=cls11["metadata"]["name"],
+                                                 allocationMode="All")])])
+
     nodes = tuple(cluster_node_from_dict(o) for o in kube.get("/api/v1/nodes")["items"])
     state = replace(view(kube), nodes=nodes)
     assert any(d.binding_conditions for sl in state.slices if sl.driver == d5 for d in sl.devices), (
