@@ -90,7 +90,7 @@ def test_a_pod_goes_only_to_nodes_its_node_filters_admit() -> None:
     from dra_exporter.model import ClusterNode, PodNodeFilters
 
     state = replace(cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), claim_obj("c")),
-                    nodes=(ClusterNode("n1"), ClusterNode("cpu-only")))
+                    nodes=tuple(ClusterNode(n, labels=(("kubernetes.io/hostname", n),)) for n in ("n1", "cpu-only")))
     elsewhere = PodNodeFilters(node_selector=(("kubernetes.io/hostname", "cpu-only"),))
     state = replace(state, pods=(ClusterPod("ml", "p", claims=("c",), node_filters=elsewhere),))
     allocator = Allocator(state)
@@ -98,6 +98,8 @@ def test_a_pod_goes_only_to_nodes_its_node_filters_admit() -> None:
     (outcome,) = allocator.allocate_pod(state.claims, filters=elsewhere)
     assert not outcome.placeable and outcome.node_filtered
     assert "didn't match Pod's node affinity/selector" in outcome.error
+    pinned_here = PodNodeFilters(node_selector=(("kubernetes.io/hostname", "n1"),))
+    assert allocator.allocate_pod(state.claims, filters=pinned_here)[0].node == "n1"
     (explained,) = explain(state, [("ml", "c")])
     assert first_blocking(explained) == ("gpu", al.NODE_FILTERED)
     assert PendingReasons()(allocator, state.claims, 0.0, state.pods) == {("ml", "c"): ("gpu", al.NODE_FILTERED)}

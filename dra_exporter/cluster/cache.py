@@ -23,6 +23,9 @@ MAX_TRIED: Final = 100_000
 MAX_DIAGNOSED: Final = 10_000
 #: Compiled selectors of requests (by their expressions) kept per cluster state.
 MAX_REQUEST_SELECTORS: Final = 1_000
+#: Distinct pod node filters whose admitted nodes are kept per cluster state (pods pinned to hosts
+#: have one each).
+MAX_ADMISSIONS: Final = 10_000
 #: Nodes searched with nothing allocated to learn whether freeing anything could unblock a pod (a
 #: homogeneous cluster answers on the first; beyond this many, "no" is taken as the answer).
 MAX_FREE_PROBES: Final = 64
