@@ -141,8 +141,10 @@ def taint(key: str, effect: str, value: str = "") -> JSON:
                                                  ("PreferNoSchedule", False)])
 def test_only_no_schedule_and_no_execute_taints_refuse(effect: str, refuses: bool) -> None:
     n = node(taints=[taint("gpu", effect, "broken")])
-    expected = f"{nf.TAINT_TOLERATION}: node(s) had untolerated taint {{gpu: broken}}" if refuses else None
+    expected = f"{nf.TAINT_TOLERATION}: node(s) had untolerated taint(s)" if refuses else None
     assert refused(pod(), n) == expected
+    if refuses:
+        assert nf.refusal(pod(), n) == nf.Refusal(nf.TAINT_TOLERATION, nf.TAINT_MESSAGE, f"gpu=broken:{effect}")
 
 
 @pytest.mark.parametrize(("toleration", "tolerated"), [
@@ -162,8 +164,8 @@ def test_tolerations(toleration: JSON, tolerated: bool) -> None:
 
 def test_every_refusing_taint_must_be_tolerated_the_first_untolerated_is_named() -> None:
     n = node(taints=[taint("a", "NoSchedule"), taint("b", "NoExecute", "x"), taint("c", "PreferNoSchedule")])
-    assert refused(pod(tolerations=[{"key": "a", "operator": "Exists"}]), n) == \
-        f"{nf.TAINT_TOLERATION}: node(s) had untolerated taint {{b: x}}"
+    assert nf.refusal(pod(tolerations=[{"key": "a", "operator": "Exists"}]), n) == \
+        nf.Refusal(nf.TAINT_TOLERATION, nf.TAINT_MESSAGE, "b=x:NoExecute")
     both = pod(tolerations=[{"key": "a", "operator": "Exists"}, {"key": "b", "operator": "Exists"}])
     assert refused(both, n) is None
 
@@ -194,13 +196,12 @@ def test_admission_over_many_nodes_counts_refusals_as_the_scheduler_sums_them() 
     gpu = pod(nodeSelector={"gpu": "yes"})
     admitted = filters.admission(gpu)
     assert admitted.nodes == {"a"}
-    assert dict(admitted.refused) == {nf.AFFINITY_MESSAGE: 1, "node(s) had untolerated taint {t: }": 1,
-                                      nf.UNSCHEDULABLE_MESSAGE: 1}
+    assert dict(admitted.refused) == {nf.AFFINITY_MESSAGE: 1, nf.TAINT_MESSAGE: 1, nf.UNSCHEDULABLE_MESSAGE: 1}
     assert filters.admission(gpu) is admitted, "one answer per distinct filters"
     assert filters.admission(pod()).nodes == {"a", "c"}
     assert nf.summary(dict(admitted.refused), 4) == (
         "0/4 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
-        "1 node(s) had untolerated taint {t: }, 1 node(s) were unschedulable.")
+        "1 node(s) had untolerated taint(s), 1 node(s) were unschedulable.")
 
 
 # --- which node a slice is for --------------------------------------------------------------------------------
