@@ -317,3 +317,14 @@ def test_nodes_forbidden_the_rest_is_read_node_filters_unknown_one_warning(caplo
     frame = Capacity().frame(state, 0.0)
     kinds = {dict(s.labels)["kind"] for s in frame.family(cat.CLUSTER_OBJECTS.name).samples}  # type: ignore[union-attr]
     assert "Node" not in kinds
+
+
+def test_a_dump_without_nodes_is_served_without_them_node_filters_unknown_not_an_empty_cluster() -> None:
+    objects = tuple(o for o in builtin_cluster() if o["kind"] != "Node")
+    with cluster_server(objects) as server, cluster_source(server) as src:
+        state = src.collect()
+        assert server.forbidden == {"nodes"}
+    assert state.nodes is None
+    allocator = Allocator(state)
+    assert allocator.nodes, "the nodes its slices name, as before Nodes were read"
+    assert allocator.placeable_claims("gpu.nvidia.com") > 0
