@@ -328,3 +328,29 @@ def test_a_dump_without_nodes_is_served_without_them_node_filters_unknown_not_an
     allocator = Allocator(state)
     assert allocator.nodes, "the nodes its slices name, as before Nodes were read"
     assert allocator.placeable_claims("gpu.nvidia.com") > 0
+
+
+@pytest.mark.parametrize("spec", [
+    {}, {"nodeSelector": {"rack": "r1"}}, {"nodeSelector": {"rack": "r1", "gpu": "yes"}},
+    {"nodeSelector": {"kubernetes.io/hostname": "n3"}}, {"nodeSelector": {"rack": "nowhere"}},
+    {"affinity": affinity({"matchFields": [expr("metadata.name", "In", "n1", "n5")]})},
+    {"affinity": affinity({"matchExpressions": [expr("rack", "In", "r2")]},
+                          {"matchExpressions": [expr("gpu", "DoesNotExist")]})},
+    {"affinity": affinity({"matchExpressions": [expr("rack", "In", "r1", "r2"), expr("gpu", "Exists")]}),
+     "nodeSelector": {"gpu": "yes"}},
+    {"affinity": affinity({})},
+    {"nodeSelector": {"rack": "r1"}, "tolerations": [{"operator": "Exists"}]},
+], ids=str)
+def test_admission_through_the_label_index_equals_checking_every_node(spec: JSON) -> None:
+    nodes = [node(f"n{i}", {"rack": f"r{i % 3}", **({"gpu": "yes"} if i % 2 else {})},
+                  taints=[taint("t", "NoSchedule")] if i % 4 == 0 else None, unschedulable=i % 5 == 0)
+             for i in range(12)]
+    filters = pod(**spec)
+    admitted = nf.NodeFilters(nodes).admission(filters)
+    every: dict[str, int] = {}
+    for n in nodes:
+        why = nf.refusal(filters, n)
+        if why is not None:
+            every[why.message] = every.get(why.message, 0) + 1
+    assert admitted.nodes == {n.name for n in nodes if nf.refusal(filters, n) is None}
+    assert dict(admitted.refused) == every
