@@ -20,7 +20,9 @@ included, so it includes the simulated server's work), CPU of one cycle when not
 source hands out the same state) and when the state changed (a new state object, slices unchanged:
 every family is recomputed but CEL results are reused), and of that the claim states (claims against
 pods), series count, API requests by kind; with Nodes, the node filters for every distinct pod filter
-over every node (``node_filters_s``: what trying each waiting pod only on the nodes it may go to costs).
+over every node (``node_filters_s``: what trying each waiting pod only on the nodes it may go to costs),
+and the same for as many distinct filters as there are pending claims, each pod pinned to a node of its
+own (``node_filters_pinned_s``).
 """
 
 from __future__ import annotations
@@ -247,8 +249,9 @@ def run(nodes: int, cycles: int = 5, read_nodes: bool = True) -> dict[str, Any]:
         started = time.perf_counter()
         explained = explain(state, (), CelWorker())  # `explain --all`: every unallocated claim
         explain_all_s = time.perf_counter() - started
-        node_filters_s = None
+        node_filters_s = node_filters_pinned_s = None
         admitted: dict[Any, int] = {}
+        pending_count = sum(1 for c in state.claims if not c.allocated)
         if state.nodes is not None:
             from dra_exporter.cluster.nodes import NodeFilters
 
@@ -256,6 +259,16 @@ def run(nodes: int, cycles: int = 5, read_nodes: bool = True) -> dict[str, Any]:
             filters = NodeFilters(state.nodes)
             admitted = {p.node_filters: len(filters.admission(p.node_filters).nodes) for p in state.pods}
             node_filters_s = round(time.perf_counter() - started, 3)
+            # The worst shape: every pending pod pinned to a node of its own (distinct filters each).
+            from dra_exporter.model import PodNodeFilters
+
+            gpu = state.pods[0].node_filters.tolerations
+            pinned = [PodNodeFilters((("kubernetes.io/hostname", n.name),), None, gpu)
+                      for n in state.nodes[:pending_count]]
+            started = time.perf_counter()
+            for f in pinned:
+                filters.admission(f)
+            node_filters_pinned_s = round(time.perf_counter() - started, 3)
         time.sleep(1.0)  # let the watches start
         requests = dict(source.requests)
         source.close()
@@ -273,6 +286,7 @@ def run(nodes: int, cycles: int = 5, read_nodes: bool = True) -> dict[str, Any]:
             "explain_all_s": round(explain_all_s, 2), "explained_claims": len(explained),
             "placeable_explained": sum(o.placeable for o in explained),
             "node_filters_s": node_filters_s, "pod_filters": len(admitted),
+            "node_filters_pinned_s": node_filters_pinned_s, "pinned_pods": pending_count,
             "nodes_admitting": sorted(set(admitted.values())),
             "series": series, "api_requests": requests,
         }

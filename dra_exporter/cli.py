@@ -149,7 +149,7 @@ CLUSTER_OPTIONS = ProgramOptions(
     DEFAULT_CLUSTER_LISTEN, DEFAULT_CLUSTER_INTERVAL, CLUSTER_INTERVAL_RANGE,
     "Seconds between frames (the objects arrive by watch as they change)", _env("cluster-interval"),
     "cluster", "Run on a simulated cluster: the built-in 'cluster', or a cluster dump (kubectl get "
-               "resourceslices,resourceclaims,deviceclasses,pods -A -o yaml).")
+               "resourceslices,resourceclaims,deviceclasses,pods,nodes -A -o yaml).")
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 

@@ -141,8 +141,10 @@ def taint(key: str, effect: str, value: str = "") -> JSON:
                                                  ("PreferNoSchedule", False)])
 def test_only_no_schedule_and_no_execute_taints_refuse(effect: str, refuses: bool) -> None:
     n = node(taints=[taint("gpu", effect, "broken")])
-    expected = f"{nf.TAINT_TOLERATION}: node(s) had untolerated taint {{gpu: broken}}" if refuses else None
+    expected = f"{nf.TAINT_TOLERATION}: node(s) had untolerated taint(s)" if refuses else None
     assert refused(pod(), n) == expected
+    if refuses:
+        assert nf.refusal(pod(), n) == nf.Refusal(nf.TAINT_TOLERATION, nf.TAINT_MESSAGE, f"gpu=broken:{effect}")
 
 
 @pytest.mark.parametrize(("toleration", "tolerated"), [
@@ -162,8 +164,8 @@ def test_tolerations(toleration: JSON, tolerated: bool) -> None:
 
 def test_every_refusing_taint_must_be_tolerated_the_first_untolerated_is_named() -> None:
     n = node(taints=[taint("a", "NoSchedule"), taint("b", "NoExecute", "x"), taint("c", "PreferNoSchedule")])
-    assert refused(pod(tolerations=[{"key": "a", "operator": "Exists"}]), n) == \
-        f"{nf.TAINT_TOLERATION}: node(s) had untolerated taint {{b: x}}"
+    assert nf.refusal(pod(tolerations=[{"key": "a", "operator": "Exists"}]), n) == \
+        nf.Refusal(nf.TAINT_TOLERATION, nf.TAINT_MESSAGE, "b=x:NoExecute")
     both = pod(tolerations=[{"key": "a", "operator": "Exists"}, {"key": "b", "operator": "Exists"}])
     assert refused(both, n) is None
 
@@ -194,13 +196,12 @@ def test_admission_over_many_nodes_counts_refusals_as_the_scheduler_sums_them() 
     gpu = pod(nodeSelector={"gpu": "yes"})
     admitted = filters.admission(gpu)
     assert admitted.nodes == {"a"}
-    assert dict(admitted.refused) == {nf.AFFINITY_MESSAGE: 1, "node(s) had untolerated taint {t: }": 1,
-                                      nf.UNSCHEDULABLE_MESSAGE: 1}
+    assert dict(admitted.refused) == {nf.AFFINITY_MESSAGE: 1, nf.TAINT_MESSAGE: 1, nf.UNSCHEDULABLE_MESSAGE: 1}
     assert filters.admission(gpu) is admitted, "one answer per distinct filters"
     assert filters.admission(pod()).nodes == {"a", "c"}
     assert nf.summary(dict(admitted.refused), 4) == (
         "0/4 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
-        "1 node(s) had untolerated taint {t: }, 1 node(s) were unschedulable.")
+        "1 node(s) had untolerated taint(s), 1 node(s) were unschedulable.")
 
 
 # --- which node a slice is for --------------------------------------------------------------------------------
@@ -316,3 +317,40 @@ def test_nodes_forbidden_the_rest_is_read_node_filters_unknown_one_warning(caplo
     frame = Capacity().frame(state, 0.0)
     kinds = {dict(s.labels)["kind"] for s in frame.family(cat.CLUSTER_OBJECTS.name).samples}  # type: ignore[union-attr]
     assert "Node" not in kinds
+
+
+def test_a_dump_without_nodes_is_served_without_them_node_filters_unknown_not_an_empty_cluster() -> None:
+    objects = tuple(o for o in builtin_cluster() if o["kind"] != "Node")
+    with cluster_server(objects) as server, cluster_source(server) as src:
+        state = src.collect()
+        assert server.forbidden == {"nodes"}
+    assert state.nodes is None
+    allocator = Allocator(state)
+    assert allocator.nodes, "the nodes its slices name, as before Nodes were read"
+    assert allocator.placeable_claims("gpu.nvidia.com") > 0
+
+
+@pytest.mark.parametrize("spec", [
+    {}, {"nodeSelector": {"rack": "r1"}}, {"nodeSelector": {"rack": "r1", "gpu": "yes"}},
+    {"nodeSelector": {"kubernetes.io/hostname": "n3"}}, {"nodeSelector": {"rack": "nowhere"}},
+    {"affinity": affinity({"matchFields": [expr("metadata.name", "In", "n1", "n5")]})},
+    {"affinity": affinity({"matchExpressions": [expr("rack", "In", "r2")]},
+                          {"matchExpressions": [expr("gpu", "DoesNotExist")]})},
+    {"affinity": affinity({"matchExpressions": [expr("rack", "In", "r1", "r2"), expr("gpu", "Exists")]}),
+     "nodeSelector": {"gpu": "yes"}},
+    {"affinity": affinity({})},
+    {"nodeSelector": {"rack": "r1"}, "tolerations": [{"operator": "Exists"}]},
+], ids=str)
+def test_admission_through_the_label_index_equals_checking_every_node(spec: JSON) -> None:
+    nodes = [node(f"n{i}", {"rack": f"r{i % 3}", **({"gpu": "yes"} if i % 2 else {})},
+                  taints=[taint("t", "NoSchedule")] if i % 4 == 0 else None, unschedulable=i % 5 == 0)
+             for i in range(12)]
+    filters = pod(**spec)
+    admitted = nf.NodeFilters(nodes).admission(filters)
+    every: dict[str, int] = {}
+    for n in nodes:
+        why = nf.refusal(filters, n)
+        if why is not None:
+            every[why.message] = every.get(why.message, 0) + 1
+    assert admitted.nodes == {n.name for n in nodes if nf.refusal(filters, n) is None}
+    assert dict(admitted.refused) == every
