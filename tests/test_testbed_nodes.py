@@ -5,8 +5,8 @@ mode reads the cluster (its ``ClusterSource`` on the admin kubeconfig: Nodes, po
   from it on a labelled node and not on another, and so does the exporter's allocator once Nodes are read;
 * a pod that can only go to a node without GPUs (its node selector; the GPU node's taint; the GPU node
   cordoned) is refused for the reason ``cluster/nodes.py`` gives, in the scheduler's own words; and its
-  claim is not placeable in ``explain`` — xfail until the allocator tries a claim only on the nodes
-  its waiting pods may go to (the ``pods`` branch wires ``nodes.NodeFilters`` into it).
+  claim is not placeable in ``explain`` (the allocator tries a pod's claims only on the nodes its
+  filters admit).
 
 Slices, classes and Nodes are cluster-wide: each case has its own driver, class and nodes, and the class
 selects only its driver's devices."""
@@ -156,8 +156,6 @@ def test_the_node_filters_refuse_the_gpu_node_in_the_schedulers_words(
     assert gpu_node not in admission.nodes
 
 
-@pytest.mark.xfail(strict=True, reason="the allocator does not yet try a claim only on the nodes its waiting pods "
-                                       "may go to: the pods branch wires cluster/nodes.py's NodeFilters into it")
 @pytest.mark.parametrize("case", CASES)
 def test_a_claim_whose_pod_can_only_go_to_a_node_without_gpus_is_not_placeable(
         kube: ControlPlane, only_a_node_without_gpus: dict[str, tuple[str, str, str, dict[str, Any]]],

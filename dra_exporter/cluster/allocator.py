@@ -58,7 +58,6 @@ from typing import Final
 from ..model import ClaimInfo, ClusterState, DeviceClassInfo, DeviceRequestInfo, PodNodeFilters
 from ..taints import TaintRuleIndex
 from .cache import (
-    MAX_ADMISSIONS,
     MAX_DIAGNOSED,
     MAX_FREE_PROBES,
     MAX_NODE_VIEWS,
@@ -262,11 +261,7 @@ class Allocator:
         self.classes = {c.name: c for c in state.classes}
         # Node labels as read (``ClusterState.nodes``); None when not read: selectors on labels count as met.
         self.node_labels = node_labels if node_labels is not None else node_labels_of(state.nodes)
-        #: The scheduler's node filters over the Nodes read (None: not read, pods' filters unknown).
-        self.node_filters = NodeFilters(state.nodes) if state.nodes is not None else None
-        self._node_objects = {n.name: n for n in state.nodes or ()}
-        self._admissions: dict[PodNodeFilters, frozenset[str]] = {}
-        self._label_index: dict[str, dict[str, frozenset[str]]] = {}
+        self._state_nodes = state.nodes
         #: Where the scheduler's version decides (``scheduler_versions``).
         self.behaviours = Behaviours.of(state.server_version)
         self._request_selectors: dict[tuple[str, ...], ClassSelector] = {}
@@ -466,10 +461,11 @@ class Allocator:
             nodes = self.nodes  # a selector that does not compile fails wherever the search reaches a device
         else:
             nodes = self.candidate_nodes(classes)
-        if filters is not None and self.node_filters is not None:
+        node_filters = self.node_filters if filters is not None else None
+        if filters is not None and node_filters is not None:
             # The scheduler's node filters run before DynamicResources: a node they refuse is never
             # searched (a CEL error there stops nothing).
-            admitted = self._admitted(filters)
+            admitted = node_filters.admission(filters).nodes
             kept = tuple(n for n in nodes if n in admitted)
             if nodes and not kept:
                 error = f"the pod's node filters admit no node with its devices: {self._refusals(filters, nodes)}"
@@ -525,34 +521,11 @@ class Allocator:
             self._free_fits[shape] = fits
         return fits
 
-    def _admitted(self, filters: PodNodeFilters) -> frozenset[str]:
-        """The nodes the scheduler's node filters admit for a pod with ``filters``. A node selector
-        (a pod pinned to a host, a node pool) narrows by label first, through an index per label key,
-        so that a thousand pods pinned to a thousand hosts cost a thousand look-ups, not a thousand
-        passes over every node."""
-        known = self._admissions.get(filters)
-        if known is not None:
-            return known
-        assert self.node_filters is not None
-        if filters.node_selector:
-            names = frozenset.intersection(*(self._nodes_labelled(k, v) for k, v in filters.node_selector))
-            known = frozenset(n for n in names if refusal(filters, self._node_objects[n]) is None)
-        else:
-            known = self.node_filters.admission(filters).nodes
-        if len(self._admissions) < MAX_ADMISSIONS:
-            self._admissions[filters] = known
-        return known
-
-    def _nodes_labelled(self, key: str, value: str) -> frozenset[str]:
-        index = self._label_index.get(key)
-        if index is None:
-            found: dict[str, set[str]] = {}
-            for node in self._node_objects.values():
-                for k, v in node.labels:
-                    if k == key:
-                        found.setdefault(v, set()).add(node.name)
-            index = self._label_index[key] = {v: frozenset(ns) for v, ns in found.items()}
-        return index.get(value, frozenset())
+    @property
+    def node_filters(self) -> NodeFilters | None:
+        """The scheduler's node filters over the Nodes read (None: not read, pods' filters unknown);
+        built when a pod first asks, kept across states while the Nodes are the same objects."""
+        return self.matches.node_filters(self._state_nodes)
 
     def _held_on(self, allocated: Iterable[ClaimInfo]) -> set[str]:
         """The nodes the devices of ``allocated`` claims are local to (a device for all nodes or for a
@@ -567,10 +540,10 @@ class Allocator:
 
     def _refusals(self, filters: PodNodeFilters, nodes: Sequence[str]) -> str:
         """The scheduler's summary of why ``nodes`` refuse a pod with ``filters``."""
-        assert self.node_filters is not None
+        by_name = {n.name: n for n in self._state_nodes or ()}
         refused: dict[str, int] = {}
         for name in nodes:
-            found = self._node_objects.get(name)
+            found = by_name.get(name)
             why = refusal(filters, found) if found is not None else None
             if why is not None:
                 refused[why.message] = refused.get(why.message, 0) + 1

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from ..model import DeviceClassInfo, DeviceTaintRule, ResourceSliceInfo
+from ..model import ClusterNode, DeviceClassInfo, DeviceTaintRule, ResourceSliceInfo
+from .nodes import NodeFilters
 from .pools import ClassRow, Pool, PoolKey, UsageKey
 from .selectors import CelEngine, ClassSelector, MemoBudget
 
@@ -23,9 +24,6 @@ MAX_TRIED: Final = 100_000
 MAX_DIAGNOSED: Final = 10_000
 #: Compiled selectors of requests (by their expressions) kept per cluster state.
 MAX_REQUEST_SELECTORS: Final = 1_000
-#: Distinct pod node filters whose admitted nodes are kept per cluster state (pods pinned to hosts
-#: have one each).
-MAX_ADMISSIONS: Final = 10_000
 #: Nodes searched with nothing allocated to learn whether freeing anything could unblock a pod (a
 #: homogeneous cluster answers on the first; beyond this many, "no" is taken as the answer).
 MAX_FREE_PROBES: Final = 64
@@ -52,6 +50,18 @@ class AllocatorCache:
         self.pools: dict[PoolKey, tuple[tuple[int, ...], tuple[DeviceTaintRule, ...], Pool]] = {}
         #: (class index, node) → the node's pools and their usage when counted, and the count.
         self.placeable: dict[tuple[int, str], tuple[tuple[Pool, ...], tuple[UsageKey, ...], int]] = {}
+        self._node_filters: NodeFilters | None = None
+
+    def node_filters(self, nodes: Sequence[ClusterNode] | None) -> NodeFilters | None:
+        """The node filters over ``nodes`` (None: not read), built again only when a Node is another
+        object (the cluster source keeps unchanged Nodes as the same objects)."""
+        if nodes is None:
+            return None
+        known = self._node_filters
+        if known is None or len(known.nodes) != len(nodes) or not all(
+                a is b for a, b in zip(known.nodes, nodes, strict=True)):
+            known = self._node_filters = NodeFilters(nodes)
+        return known
 
     def update(self, classes: Sequence[DeviceClassInfo]) -> None:
         order = tuple(sorted(c.name for c in classes))
