@@ -45,11 +45,14 @@ def test_a_pods_claims_that_fit_together_share_one_node_and_distinct_devices() -
 
 
 def test_explain_names_a_pod_or_a_claim_and_refuses_a_name_that_is_both_or_neither() -> None:
-    state = _pod(cluster_state(EXAMPLE_GPU, example_gpus("n1", 2), claim_obj("x")), "x", "x")
-    with pytest.raises(ClaimNotFound, match="both a ResourceClaim and a Pod"):
+    state = _pod(cluster_state(EXAMPLE_GPU, example_gpus("n1", 2), claim_obj("x"), claim_obj("y")), "x", "y")
+    with pytest.raises(ClaimNotFound, match="both a ResourceClaim and a Pod that does not use it"):
         explain(state, [("ml", "x")])
-    with pytest.raises(ClaimNotFound, match="no ResourceClaim or Pod ml/y"):
-        explain(state, [("ml", "y")])
+    # A pod named as the claim it uses: one answer, the pod's.
+    same = _pod(cluster_state(EXAMPLE_GPU, example_gpus("n1", 2), claim_obj("z")), "z", "z")
+    assert [(o.claim, o.pod) for o in explain(same, [("ml", "z")])] == [("z", "ml/z")]
+    with pytest.raises(ClaimNotFound, match="no ResourceClaim or Pod ml/w"):
+        explain(state, [("ml", "w")])
 
 
 def test_a_cel_error_on_one_node_stops_the_attempt_though_another_node_fits() -> None:

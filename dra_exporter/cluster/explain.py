@@ -164,9 +164,10 @@ def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = (), engine
     by_key = {(c.namespace, c.name): c for c in state.claims}
     pods = {(p.namespace, p.name): p for p in state.pods}
     for ns, name in targets:
-        if (ns, name) in by_key and (ns, name) in pods:
-            raise ClaimNotFound(f"{ns}/{name} names both a ResourceClaim and a Pod: rename one, or explain "
-                                f"the pod's claims one by one")
+        # A pod named as its own claim is one answer (the claim's verdict is the pod's): the pod's.
+        if (ns, name) in by_key and (ns, name) in pods and name not in pods[(ns, name)].claims:
+            raise ClaimNotFound(f"{ns}/{name} names both a ResourceClaim and a Pod that does not use it: "
+                                f"explain the pod's claims by their names")
     missing = [f"{ns}/{name}" for ns, name in targets if (ns, name) not in by_key and (ns, name) not in pods]
     if missing:
         raise ClaimNotFound(f"no ResourceClaim or Pod {', '.join(missing)} in the cluster")
@@ -177,7 +178,7 @@ def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = (), engine
     out: list[Outcome] = []
     for key in targets:
         claim = by_key.get(key)
-        out.extend([placer.claim(claim)] if claim is not None else placer.pod(pods[key]))
+        out.extend(placer.pod(pods[key]) if key in pods else [placer.claim(claim)] if claim is not None else [])
     return out
 
 
