@@ -35,6 +35,7 @@ from typing import Final
 from ..model import (
     ClusterNode,
     DeviceTaint,
+    DeviceToleration,
     NodePlacement,
     NodeSelector,
     NodeSelectorTerm,
@@ -82,18 +83,27 @@ def taint_text(taint: DeviceTaint) -> str:
 
 def refusal(filters: PodNodeFilters, node: ClusterNode) -> Refusal | None:
     """The first of the scheduler's node filters that refuses ``node`` to a pod with ``filters``."""
-    tolerations = filters.tolerations
-    if node.unschedulable and not any(t.tolerates(UNSCHEDULABLE_TAINT) for t in tolerations):
+    return _cordon_or_taint(filters.tolerations, node.unschedulable, node.taints) or (
+        _affinity(filters, node.name, dict(node.labels)) if filters.node_selector or filters.affinity is not None
+        else None)
+
+
+def _cordon_or_taint(tolerations: tuple[DeviceToleration, ...], unschedulable: bool,
+                     taints: tuple[DeviceTaint, ...]) -> Refusal | None:
+    """NodeUnschedulable, then TaintToleration."""
+    if unschedulable and not any(t.tolerates(UNSCHEDULABLE_TAINT) for t in tolerations):
         return Refusal(NODE_UNSCHEDULABLE, UNSCHEDULABLE_MESSAGE)
-    for taint in node.taints:
+    for taint in taints:
         if taint.effect in REFUSING_EFFECTS and not any(t.tolerates(taint) for t in tolerations):
             return Refusal(TAINT_TOLERATION, TAINT_MESSAGE, taint_text(taint))
-    if filters.node_selector or filters.affinity is not None:
-        labels = dict(node.labels)
-        if any(labels.get(k) != v for k, v in filters.node_selector):
-            return Refusal(NODE_AFFINITY, AFFINITY_MESSAGE)
-        if filters.affinity is not None and not filters.affinity.matches(node.name, labels):
-            return Refusal(NODE_AFFINITY, AFFINITY_MESSAGE)
+    return None
+
+
+def _affinity(filters: PodNodeFilters, name: str, labels: dict[str, str]) -> Refusal | None:
+    """NodeAffinity: the pod's nodeSelector and required node affinity."""
+    if any(labels.get(k) != v for k, v in filters.node_selector) or (
+            filters.affinity is not None and not filters.affinity.matches(name, labels)):
+        return Refusal(NODE_AFFINITY, AFFINITY_MESSAGE)
     return None
 
 
@@ -115,50 +125,69 @@ class Admission:
 
 class NodeFilters:
     """The node filters over one set of Nodes, per distinct ``PodNodeFilters`` (kept up to
-    ``MAX_KEPT_FILTERS``): 5,000 nodes are checked once per template, not once per pod. A pod that
-    names labels (``nodeSelector``, an ``In`` term, ``metadata.name``) is checked only on the nodes an
-    index of labels gives, and the tainted or cordoned ones: a pod pinned to its node costs a few
-    checks, not one per node."""
+    ``MAX_KEPT_FILTERS``). What it costs does not grow with the nodes that merely carry a taint:
+    nodes are grouped by what the first two filters read (cordon and refusing taints; a GPU taint on
+    every GPU node makes one group), each group judged once per pod; a pod that names labels
+    (``nodeSelector``, an ``In`` term, ``metadata.name``) is checked for NodeAffinity only on the nodes an
+    index of labels gives. A pod pinned to its node costs a few checks, not one per node."""
 
     def __init__(self, nodes: Sequence[ClusterNode]) -> None:
         self.nodes = tuple(nodes)
         self.names = frozenset(n.name for n in self.nodes)
         self._by_name = {n.name: n for n in self.nodes}
-        # Most nodes are untainted and schedulable: only NodeAffinity can refuse them.
-        self._restricting = tuple(n for n in self.nodes if n.unschedulable or any(
-            t.effect in REFUSING_EFFECTS for t in n.taints))
+        #: (cordoned, refusing taints) → its nodes; nodes neither cordoned nor tainted are in no group.
+        self._groups: dict[tuple[bool, tuple[DeviceTaint, ...]], list[str]] = {}
+        self._group_of: dict[str, tuple[bool, tuple[DeviceTaint, ...]]] = {}
+        for n in self.nodes:
+            refusing = tuple(t for t in n.taints if t.effect in REFUSING_EFFECTS)
+            if n.unschedulable or refusing:
+                key = (n.unschedulable, refusing)
+                self._groups.setdefault(key, []).append(n.name)
+                self._group_of[n.name] = key
         self._index: dict[str, dict[str, set[str]]] = {}
         for n in self.nodes:
-            for key, value in n.labels:
-                self._index.setdefault(key, {}).setdefault(value, set()).add(n.name)
+            for label, value in n.labels:
+                self._index.setdefault(label, {}).setdefault(value, set()).add(n.name)
+        self._labels: dict[str, dict[str, str]] = {}
         self._kept: dict[PodNodeFilters, Admission] = {}
 
     def admission(self, filters: PodNodeFilters) -> Admission:
         known = self._kept.get(filters)
         if known is not None:
             return known
-        candidates = self._candidates(filters)
-        checked = [*self._restricting, *(self._by_name[n] for n in candidates or () if n in self._by_name)]
         refused: dict[str, int] = {}
-        out: set[str] = set() if candidates is not None else set(self.names)
-        seen: set[str] = set()
-        for node in checked:
-            if node.name in seen:
-                continue
-            seen.add(node.name)
-            why = refusal(filters, node)
-            if why is None:
-                out.add(node.name)
-            else:
-                out.discard(node.name)
-                refused[why.message] = refused.get(why.message, 0) + 1
-        if candidates is not None and len(seen) < len(self.nodes):
-            # Untainted, schedulable and outside the candidates: NodeAffinity refuses every one.
-            refused[AFFINITY_MESSAGE] = refused.get(AFFINITY_MESSAGE, 0) + len(self.nodes) - len(seen)
+        blocked: set[tuple[bool, tuple[DeviceTaint, ...]]] = set()
+        for key, names in self._groups.items():
+            why = _cordon_or_taint(filters.tolerations, *key)
+            if why is not None:
+                blocked.add(key)
+                refused[why.message] = refused.get(why.message, 0) + len(names)
+        passed = len(self.nodes) - sum(len(self._groups[k]) for k in blocked)
+        candidates = self._candidates(filters)
+        if candidates is None:  # no selection: every node the first two filters let through
+            out = set(self.names)
+            for key in blocked:
+                out.difference_update(self._groups[key])
+        else:
+            out = set()
+            for name in candidates:
+                group = self._group_of.get(name)
+                if name not in self._by_name or (group is not None and group in blocked):
+                    continue
+                if _affinity(filters, name, self._labels_of(name)) is None:
+                    out.add(name)
+            if passed > len(out):  # the others are refused by NodeAffinity
+                refused[AFFINITY_MESSAGE] = refused.get(AFFINITY_MESSAGE, 0) + passed - len(out)
         known = Admission(frozenset(out), tuple(sorted(refused.items(), key=lambda kv: (-kv[1], kv[0]))))
         if len(self._kept) < MAX_KEPT_FILTERS:
             self._kept[filters] = known
         return known
+
+    def _labels_of(self, name: str) -> dict[str, str]:
+        labels = self._labels.get(name)
+        if labels is None:
+            labels = self._labels[name] = dict(self._by_name[name].labels)
+        return labels
 
     def _candidates(self, filters: PodNodeFilters) -> set[str] | frozenset[str] | None:
         """Nodes that can meet the pod's node selector and affinity (a superset: each is checked);
