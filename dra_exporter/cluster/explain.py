@@ -306,7 +306,9 @@ def _sentence(o: Outcome, request: str, reason: str) -> str:
     said = _SAYS.get(reason, reason)
     if reason == CLASS_MISSING and r is not None:
         return f"device class {r.device_class or '(none)'} does not exist [{reason}]"
-    if r is None or reason in (NO_MATCH, TOO_FEW, CLASS_MISSING):
+    if reason in (TOGETHER, NODE_FILTERED) and o.pod:
+        return f"{said} (pod {o.pod}) [{reason}]"
+    if r is None or reason in (NO_MATCH, TOO_FEW, CLASS_MISSING, TOGETHER, NODE_FILTERED):
         return f"{said} [{reason}]"
     blocked = next((b for b in r.blocked if b.reason == reason), None)
     count = blocked.devices if blocked is not None else 0
