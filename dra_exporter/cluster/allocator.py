@@ -973,10 +973,13 @@ class Allocator:
         shared = device.key in self.committed.shares
         if reason == TAKEN or (shared and reason == CAPACITY):
             return "allocated"
-        if self.checks.blocking_taint(device, PLAIN) is not None:
+        if reason == TAINTED:
             return "tainted"
-        if not self.checks.counters_fit(device, NOTHING)[0]:
-            return "blocked"
+        if reason == COUNTERS or (reason == CAPACITY and not self.checks.counters_fit(device, NOTHING)[0]):
+            # The pipeline stops at the counters; a taint after them is still what the operator sees first.
+            return "tainted" if self.checks.blocking_taint(device, PLAIN) is not None else "blocked"
+        if reason == CAPACITY and self.checks.blocking_taint(device, PLAIN) is not None:
+            return "tainted"
         return "shared" if shared else "free"
 
     def counter_set_share_left(self, pool: Pool, set_name: str) -> float:
