@@ -173,6 +173,15 @@ def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> Non
     exporter = {pod: _exporter_says(kube, state, ns, claims, node) for pod, (claims, _, node) in cases.items()}
     for pod, (claims, _, node) in cases.items():  # the exporter has answered: now the scheduler
         kube.pod(ns, pod, claims={c: c for c in claims}, node_name=node or None)
+    try:
+        _compare(kube, ns, cases, reasons, exporter)
+    finally:  # pods left pending would be retried for ever, and counted by other tests' cluster mode
+        for pod in cases:
+            kube.delete(f"/api/v1/namespaces/{ns}/pods/{pod}")
+
+
+def _compare(kube: ControlPlane, ns: str, cases: dict[str, tuple[list[str], str, str]], reasons: dict[str, str],
+             exporter: dict[str, tuple[str, list[str], set[str]]]) -> None:
     got = {pod: _scheduler_says(kube, ns, pod) for pod in cases}
     for pod, (claims, expected, _) in cases.items():
         assert (got[pod], exporter[pod][0]) == (expected.split(":")[0],) * 2, expected
