@@ -807,7 +807,10 @@ CLUSTER_CLAIM_PENDING_REASON: Final = MetricSpec(
     "Why a pending ResourceClaim cannot be allocated now, as the scheduler's allocator finds it (what "
     "`dra-exporter explain` says first): the first blocking request (or subrequest) and reason: class_missing, "
     "selector_not_evaluable, pool_incomplete, pool_invalid, taken, node_constraint, capacity_exhausted, "
-    "counters_exhausted, tainted, attribute_constraint, no_matching_device or too_few_devices. Claims that ask "
+    "counters_exhausted, tainted, attribute_constraint, pod_claims_together (fits alone, not on one node with "
+    "its pod's other pending claims), node_filters (the pod's node selector, affinity or tolerations admit no "
+    "node with its devices; Nodes read), no_matching_device or too_few_devices. The verdict is the waiting "
+    "pod's: its pending claims allocated together, on one node. Pods that ask "
     "alike share one answer, asked again each minute while the cluster changes; value is always 1.",
     ("namespace", "claim", "request", "reason"),
     otlp=OtlpForm("dra.cluster.claim.pending.reason", "1"))
@@ -825,7 +828,8 @@ CLUSTER_CLASS_PLACEABLE: Final = MetricSpec(
     "dra_cluster_class_placeable_claims", "gauge",
     "Claims for one device of the class (no other selectors, no tolerations) the scheduler could allocate "
     "now, one after another, node after node (its allocator: first fit, counters, taints, shared capacity); "
-    "0 when none: new claims of the class stay pending.", ("device_class",),
+    "0 when none: new claims of the class stay pending. Counts single claims, each alone in its pod: a pod "
+    "with several claims needs them all on one node.", ("device_class",),
     otlp=OtlpForm("dra.cluster.class.placeable_claims", "{claim}"))
 CLUSTER_CLASS_EVALUABLE: Final = MetricSpec(
     "dra_cluster_class_selectors_evaluable", "gauge",
@@ -867,7 +871,8 @@ CLUSTER_TAINT_RULE_DEVICES: Final = MetricSpec(
     "selectors, which are not applied).", ("rule", "driver", "pool", "device", "key", "value", "effect"),
     otlp=OtlpForm("dra.cluster.taint_rule.devices", "{device}"))
 CLUSTER_OBJECTS: Final = MetricSpec(
-    "dra_cluster_objects", "gauge", "DRA objects the cluster mode holds, by kind.", ("kind",),
+    "dra_cluster_objects", "gauge", "DRA objects the cluster mode holds, by kind (and the pods that reference "
+    "claims, and the Nodes: no Node series while Nodes cannot be read).", ("kind",),
     otlp=OtlpForm("dra.cluster.objects", "{object}"))
 
 # --- self-metrics ---------------------------------------------------------------------------

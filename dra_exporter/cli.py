@@ -149,7 +149,7 @@ CLUSTER_OPTIONS = ProgramOptions(
     DEFAULT_CLUSTER_LISTEN, DEFAULT_CLUSTER_INTERVAL, CLUSTER_INTERVAL_RANGE,
     "Seconds between frames (the objects arrive by watch as they change)", _env("cluster-interval"),
     "cluster", "Run on a simulated cluster: the built-in 'cluster', or a cluster dump (kubectl get "
-               "resourceslices,resourceclaims,deviceclasses,pods -A -o yaml).")
+               "resourceslices,resourceclaims,deviceclasses,pods,nodes -A -o yaml).")
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -670,7 +670,7 @@ def cluster(once: bool, log_level: str, **kw: Any) -> None:
 
 
 @main.command()
-@click.argument("claim", required=False, metavar="[NAMESPACE/CLAIM]")
+@click.argument("claim", required=False, metavar="[NAMESPACE/CLAIM|NAMESPACE/POD]")
 @_opt("--all", "all_claims", is_flag=True, default=False, envvar=_env("explain-all"),
       help="Explain every ResourceClaim not yet allocated (instead of one).")
 @_opt("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -686,7 +686,8 @@ def explain(claim: str | None, all_claims: bool, fmt: str, namespace: str | None
     """Why is a ResourceClaim pending? Whether the scheduler could allocate it now and, per request,
     which devices match and what keeps the others (taken by which claims, tainted, counters used up,
     pools incomplete …), the blocking reason first. Reads the API server (or --simulate's cluster)
-    once. Exit 0 for a claim found, 2 for bad input or a claim that does not exist."""
+    once. A pod's name explains each of its claims, placed together as the scheduler places them.
+    Exit 0 for a claim found, 2 for bad input or a name that is no claim or pod (or both)."""
     from . import runtime
     from .cluster import explain as why
     from .cluster.cel_worker import CelWorker
@@ -715,8 +716,10 @@ def explain(claim: str | None, all_claims: bool, fmt: str, namespace: str | None
         sys.exit(2)
     finally:
         engine.close()
-    click.echo(why.render_json(outcomes, single=bool(claim)) if fmt == "json" else why.render_text(outcomes),
-               nl=fmt == "json")
+    covers = why.coverage(state.nodes is not None)  # so that "placeable" is never read as more than it is
+    single = bool(claim) and len(outcomes) == 1  # a pod's name gives a list, one per claim
+    click.echo(why.render_json(outcomes, single=single, covers=covers) if fmt == "json"
+               else why.render_text(outcomes, covers), nl=fmt == "json")
 
 
 if __name__ == "__main__":

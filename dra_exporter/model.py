@@ -151,7 +151,8 @@ class PodResourcesSnapshot:
 @dataclass(frozen=True, slots=True)
 class DeviceTaint:
     """A taint on a device (KEP-5055): put there by its driver in the ResourceSlice, or by an
-    admin's DeviceTaintRule."""
+    admin's DeviceTaintRule. A core/v1 Node's taints (``ClusterNode.taints``) have the same three
+    fields and meaning, and are this type too."""
 
     key: str
     value: str = ""
@@ -298,6 +299,11 @@ class SliceDevice:
     """``allowMultipleAllocations``: claims share the device, each taking part of its capacity."""
     request_policies: tuple[tuple[str, CapacityRequestPolicy], ...] = ()
     """``capacity[].requestPolicy`` by capacity name (as ``capacity`` spells it), sorted."""
+    binding_conditions: tuple[str, ...] = ()
+    """``bindingConditions``: conditions the claim's device status must reach before the pod binds
+    (the scheduler tries pools with such devices after all others)."""
+    binds_to_node: bool = False
+    """``bindsToNode``: an allocation of the device is limited to the node the pod is placed on."""
 
     def attribute(self, key: str) -> str:
         for k, v in self.attributes:
@@ -339,7 +345,8 @@ class ResourceSliceInfo:
 
 @dataclass(frozen=True, slots=True)
 class DeviceToleration:
-    """A toleration of device taints (core/v1 Toleration semantics)."""
+    """A toleration of device taints (core/v1 Toleration semantics); a pod's tolerations of node
+    taints (``PodNodeFilters.tolerations``) are this type too."""
 
     key: str = ""
     """``""`` with ``Exists``: every key."""
@@ -711,6 +718,34 @@ class DeviceClassInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterNode:
+    """A core/v1 Node as the cluster mode keeps it: what the scheduler's node filters read (labels
+    for slices' and pods' node selectors, taints, ``spec.unschedulable``), nothing else."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[DeviceTaint, ...] = ()
+    """``spec.taints``: key, value, effect (``NoSchedule``, ``PreferNoSchedule`` or ``NoExecute``)."""
+    unschedulable: bool = False
+    """``spec.unschedulable`` (cordoned)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodNodeFilters:
+    """What a pod says about the nodes it may go to: ``spec.nodeSelector``, the required part of
+    its node affinity and its tolerations. Pods from one template share one such object."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    """``spec.nodeSelector``: labels a node must carry with these values."""
+    affinity: NodeSelector | None = None
+    """``spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution``; None: none."""
+    tolerations: tuple[DeviceToleration, ...] = ()
+
+
+NO_NODE_FILTERS: Final = PodNodeFilters()
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterPod:
     """A pod as the cluster mode needs it: the claims it references and whether it can still wait
     for them (a claim is pending only while some pod waits for it)."""
@@ -723,6 +758,9 @@ class ClusterPod:
     """Names of the ResourceClaim objects it references (by name, or generated from a template)."""
     ended: bool = False
     """Succeeded, Failed or being deleted: the scheduler never places it again."""
+    node_filters: PodNodeFilters = NO_NODE_FILTERS
+    """Its node selector, required node affinity and tolerations (the scheduler's NodeAffinity,
+    TaintToleration and NodeUnschedulable filters read them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -744,6 +782,12 @@ class ClusterState:
     def read(self, kind: str) -> bool:
         """Whether ``kind`` (``pods``, ``resourceclaims`` …) was read."""
         return all(k != kind for k, _ in self.unread)
+    nodes: tuple[ClusterNode, ...] | None = None
+    """Every Node; None when they were not read (no access): node filters are then unknown, and
+    a slice's node selector is taken as met, never as failed."""
+    server_version: str = ""
+    """The API server's ``/version`` ``gitVersion`` (``v1.36.2``); ``""`` when not known. The scheduler
+    is taken to run this version (``cluster.scheduler_versions``)."""
 
 
 # --- /proc -------------------------------------------------------------------------------------

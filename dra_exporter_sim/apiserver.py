@@ -354,9 +354,14 @@ class SimulatedApiServer:
         bookmark_s: float = 60.0,
         taint_rule_versions: Collection[str] | None = (),
         compute_domains: bool | None = None,
+        forbidden: Collection[str] | None = None,
     ) -> None:
         """``taint_rule_versions``: the versions DeviceTaintRules are served in; None: those the cluster's
-        release serves (``k8s_objects.kubernetes_version``: 1.36 serves v1beta2 and v1alpha3)."""
+        release serves (``k8s_objects.kubernetes_version``: 1.36 serves v1beta2 and v1alpha3).
+        ``forbidden``: resources (``nodes``, ``pods`` …) refused with 403 Forbidden, as a real server
+        answers a ServiceAccount whose ClusterRole does not grant them; None: ``nodes`` for a cluster
+        dump that holds no Node (its Nodes are unknown, not absent: a cluster mode that read none would
+        place nothing), nothing otherwise."""
         served = k8s_objects.served_versions(scenario.api_version)
         if versions is not None:
             unknown = sorted(set(versions) - set(API_VERSIONS))
@@ -387,6 +392,12 @@ class SimulatedApiServer:
         #: Whether resource.nvidia.com/v1beta1 (ComputeDomains) is served; None: where the scenario has some.
         self.compute_domains = (k8s_objects.serves_compute_domains(scenario) if compute_domains is None
                                 else compute_domains)
+        if forbidden is None:
+            forbidden = ("nodes",) if _dump_without_nodes(scenario) else ()
+            if forbidden:
+                _log.warning("simulated API server: %s holds no Node: listing nodes is refused (403), so node "
+                             "filters are unknown (dump them too: kubectl get ... nodes)", scenario.name)
+        self.forbidden = frozenset(forbidden)
         self.requests: Counter[tuple[str, str]] = Counter()
         self._requests_lock = threading.Lock()
         self._slow_delay = slow_delay
@@ -745,6 +756,12 @@ class SimulatedApiServer:
             return store.rv, store.since(cursor, request.resource.name)
 
 
+def _dump_without_nodes(scenario: Scenario) -> bool:
+    """A cluster scenario (objects only, no node of its own) whose objects hold no Node."""
+    return bool(scenario.raw_objects) and not scenario.node_name and not any(
+        o.get("kind") == "Node" for o in scenario.raw_objects)
+
+
 def _continue_token(rv: int, key: tuple[str, str]) -> str:
     return base64.urlsafe_b64encode(json.dumps([rv, *key]).encode()).decode()
 
@@ -996,6 +1013,10 @@ class _Handler(BaseHTTPRequestHandler):
         )
         try:
             self._before_answer()
+            if request is not None and request.resource.name in self.api.forbidden:
+                raise ApiError(403, "Forbidden", f'{request.resource.name} is forbidden: User "simulated" cannot '
+                               f'{request.verb} resource "{request.resource.name}" in API group '
+                               f'"{request.resource.group}" at the cluster scope')
             if request is None:
                 self._json(200, self.api.discovery(path))
             elif request.watch:

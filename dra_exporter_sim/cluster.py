@@ -60,7 +60,7 @@ def load_cluster(source: str | None) -> Scenario:
         what = ("is a node scenario (serve, snapshot and demo --simulate run it)" if source in builtin_scenarios()
                 else "is no such file")
         raise ScenarioError(f"cluster --simulate {source!r} {what}: give a cluster dump (kubectl get "
-                            f"resourceslices,resourceclaims,deviceclasses,pods -A -o yaml), or no value for the "
+                            f"resourceslices,resourceclaims,deviceclasses,pods,nodes -A -o yaml), or no value for the "
                             f"built-in cluster")
     return cluster_scenario(load_cluster_dump(source), str(source))
 
@@ -278,6 +278,6 @@ def load_cluster_dump(path: str | os.PathLike[str]) -> tuple[JSON, ...]:
     refuse_duplicates(out, label)
     if not any(o["kind"] == "ResourceSlice" for o in out):
         raise ScenarioError(f"{label}: the dump has no ResourceSlice (expected `kubectl get resourceslices,"
-                            "resourceclaims,deviceclasses,pods -A -o yaml`)")
+                            "resourceclaims,deviceclasses,pods,nodes -A -o yaml`)")
     admission.check(checked, label)
     return tuple(out)

@@ -17,6 +17,8 @@ from typing import Any
 from dra_exporter.model import ClusterState
 from dra_exporter.sources.kubeapi_normalize import (
     claim_from_dict,
+    cluster_node_from_dict,
+    cluster_pod_from_dict,
     device_class_from_dict,
     slice_from_dict,
     taint_rule_from_dict,
@@ -201,4 +203,24 @@ def cluster_state(*objects: JSON | list[JSON]) -> ClusterState:
         tuple(slice_from_dict(o, "v1") for o in by_kind.get("ResourceSlice", [])),
         tuple(claim_from_dict(o, "v1") for o in by_kind.get("ResourceClaim", [])),
         tuple(device_class_from_dict(o) for o in by_kind.get("DeviceClass", [])),
-        tuple(taint_rule_from_dict(o) for o in by_kind.get("DeviceTaintRule", [])))
+        tuple(taint_rule_from_dict(o) for o in by_kind.get("DeviceTaintRule", [])),
+        tuple(cluster_pod_from_dict(o) for o in by_kind.get("Pod", [])),
+        # Nodes only when some are given: without them, as a cluster mode that cannot read Nodes.
+        nodes=tuple(cluster_node_from_dict(o) for o in by_kind["Node"]) if "Node" in by_kind else None)
+
+
+def node_obj(name: str, labels: dict[str, str] | None = None, *, taints: list[JSON] | None = None,
+             unschedulable: bool = False) -> JSON:
+    spec: JSON = {"taints": taints} if taints else {}
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}, "spec": spec}
+
+
+def pod_obj(name: str, claims: list[str], *, namespace: str = "ml", **spec: Any) -> JSON:
+    """A pending pod that references ``claims`` by name, with more of its spec (nodeSelector, affinity …)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"containers": [{"name": "main", "image": "pause"}],
+                     "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims], **spec},
+            "status": {"phase": "Pending"}}

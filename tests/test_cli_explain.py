@@ -23,6 +23,10 @@ def test_a_pending_claim_of_the_simulated_cluster_is_explained_blocking_reason_f
         "training/typo-job: NOT placeable",
         "  blocked first by: request gpu: device class gpu.nvidia.con does not exist: did you mean gpu.nvidia.com? "
         "[class_missing]"]
+    # The last line says what the verdict covers of the scheduler's filters (the simulated cluster serves Nodes).
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("(the verdicts cover the scheduler's filters DynamicResources (devices)")
+    assert "NodeResourcesFit (CPU and memory fit)" in last.partition("; not: ")[2]
 
 
 def test_json_says_placeable_for_scripts() -> None:
@@ -31,6 +35,8 @@ def test_json_says_placeable_for_scripts() -> None:
     got = json.loads(done.stdout)
     assert (got["claim"], got["placeable"], got["pod_waits"], got["blocking"]) == ("mig-either", True, True, None)
     assert got["devices"] and got["node"]
+    assert "DynamicResources (devices)" in got["scheduler_filters"]["covered"]
+    assert "PodTopologySpread (topology spread)" in got["scheduler_filters"]["not_covered"]
 
 
 def test_all_lists_every_unallocated_claim() -> None:
@@ -42,7 +48,7 @@ def test_all_lists_every_unallocated_claim() -> None:
 
 
 @pytest.mark.parametrize("args, says", [
-    (("ml/no-such-claim", "--simulate"), "no ResourceClaim ml/no-such-claim in the cluster"),
+    (("ml/no-such-claim", "--simulate"), "no ResourceClaim or Pod ml/no-such-claim in the cluster"),
     (("not-a-claim-name", "--simulate"), "expected NAMESPACE/CLAIM"),
     (("--simulate",), "name one claim as NAMESPACE/CLAIM, or give --all"),
     (("ml/x", "--all", "--simulate"), "name one claim as NAMESPACE/CLAIM, or give --all"),
@@ -66,3 +72,11 @@ def test_no_api_server_is_nothing_usable_exit_1(tmp_path: Path) -> None:
     done = explain("ml/x", "--kubeconfig", str(kubeconfig), timeout=180)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert "nothing to show" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_pods_name_explains_its_claims() -> None:
+    done = explain("training/typo-job-0", "--simulate", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert (got["claim"], got["pod"], got["placeable"]) == ("typo-job", "training/typo-job-0", False)
+    assert got["blocking"] == {"request": "gpu", "reason": "class_missing"}

@@ -1,5 +1,5 @@
 """The chart's cluster mode: off by default; when on, one Deployment replica with its own ServiceAccount,
-read-only RBAC on exactly the four DRA kinds and pods, Service and ServiceMonitor, none of which the node
+read-only RBAC on exactly the four DRA kinds, pods and Nodes, Service and ServiceMonitor, none of which the node
 agent's selectors pick up."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def test_off_by_default() -> None:
     assert "Deployment" not in {d["kind"] for d in render_chart()}
 
 
-def test_one_replica_reading_only_the_dra_objects_and_pods() -> None:
+def test_one_replica_reading_only_the_dra_objects_pods_and_nodes() -> None:
     objs = cluster_objects(ON)
     assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
                          "ServiceMonitor"}
@@ -35,10 +35,11 @@ def test_one_replica_reading_only_the_dra_objects_and_pods() -> None:
     assert ctr["args"][0] == "cluster"
     assert f"--listen=0.0.0.0:{DEFAULT_CLUSTER_LISTEN.rsplit(':', 1)[1]}" in ctr["args"]
     assert "hostPID" not in pod and not ctr.get("volumeMounts"), "no node access"
-    dra, pods = objs["ClusterRole"]["rules"]
+    dra, pods, nodes = objs["ClusterRole"]["rules"]
     assert dra == {"apiGroups": ["resource.k8s.io"], "verbs": ["list", "watch"],
                    "resources": ["resourceclaims", "resourceslices", "deviceclasses", "devicetaintrules"]}
     assert pods == {"apiGroups": [""], "verbs": ["list", "watch"], "resources": ["pods"]}, "what the source asks"
+    assert nodes == {"apiGroups": [""], "verbs": ["list", "watch"], "resources": ["nodes"]}, "the node filters"
     binding = objs["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == objs["ClusterRole"]["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"],

@@ -151,7 +151,7 @@ def test_all_explains_every_unallocated_claim_in_order_and_an_allocated_one_says
 
 def test_a_claim_that_does_not_exist_and_bad_names_are_errors() -> None:
     state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1))
-    with pytest.raises(ClaimNotFound, match="no ResourceClaim ml/nope"):
+    with pytest.raises(ClaimNotFound, match="no ResourceClaim or Pod ml/nope"):
         explain(state, [("ml", "nope")])
     for bad in ("nope", "/x", "ml/", "a/b/c"):
         with pytest.raises(ValueError, match="expected NAMESPACE/CLAIM"):
@@ -238,3 +238,24 @@ def test_one_frame_of_cluster_once_has_every_pending_claims_reason() -> None:
     assert reasons(Capacity(every_reason=True)) == len(names)
     core = CLUSTER.core(ClusterSettings(once=True), Environment(context=None))  # type: ignore[arg-type]
     assert reasons(core.capacity) == len(names)  # type: ignore[attr-defined]  # what `cluster --once` prints
+
+
+# --- what a verdict covers of the scheduler's filters ------------------------------------------------------
+
+
+def test_the_verdict_names_the_scheduler_filters_it_covers_and_those_it_does_not() -> None:
+    from dra_exporter.cluster import explain as why
+
+    read, unread = why.coverage(True), why.coverage(False)
+    for covers in (read, unread):
+        assert set(why.NEVER_COVERED) <= set(covers.not_covered), "CPU, memory, pod affinity, spread, volumes: never"
+        assert not set(covers.covered) & set(covers.not_covered)
+        assert covers.covered[0].startswith("DynamicResources")
+    assert "Nodes not read" in unread.covered[0], "a slice's node selector is then taken as met"
+    assert set(why.NODE_FILTERS) <= set(unread.not_covered), "no Nodes: node filters cannot be covered"
+    assert (set(why.NODE_FILTERS) <= set(read.covered)) is why.POD_NODE_FILTERS_APPLIED
+    state = cluster_state(EXAMPLE_GPU, example_gpus("n1", 1), claim_obj("waiting"))
+    outcomes = explain(state, [("ml", "waiting")])
+    assert render_text(outcomes, read).splitlines()[-1] == f"({read.line()})"
+    got = json.loads(render_json(outcomes, single=True, covers=read))
+    assert got["scheduler_filters"] == {"covered": list(read.covered), "not_covered": list(read.not_covered)}

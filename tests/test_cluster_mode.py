@@ -44,7 +44,7 @@ def cluster_source(server: SimulatedApiServer, **kw: Any) -> Iterator[ClusterSou
         src.close()
 
 
-RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules", "pods")
+RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules", "pods", "nodes")
 
 
 def test_lists_every_kind_once_then_only_watches() -> None:
@@ -207,3 +207,11 @@ def test_cli_bad_dump_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = run_cli("--simulate", str(dump_file(tmp_path, [])), "--once")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "has no ResourceSlice" in result.stderr
+
+
+def test_the_api_servers_version_is_read_once_with_discovery() -> None:
+    with cluster_server() as server, cluster_source(server) as src:
+        state = src.collect()
+        assert state.server_version == server.discovery("/version")["gitVersion"] != ""
+        src.collect()
+        assert server.requests[("get", "version")] == 1

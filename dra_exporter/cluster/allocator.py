@@ -9,6 +9,11 @@ adds an outcome's devices to the committed state, so callers can place claims on
 ``placeable_claims(device_class)`` counts the single-device claims of a class placed that way (on a
 scratch copy: the committed state does not change). No I/O.
 
+The parts: ``pools`` (each pool's newest generation, completeness, validity and the nodes it is for),
+``checks`` (the per-device checks, in the scheduler's order, run by the search, the diagnosis and the
+counts alike), ``constraints``, ``consumable`` (shares of a device), ``cache`` (what is kept between
+cluster states, and every cache's limit). Here: the search, the diagnosis and the counts.
+
 The rules, as the allocator applies them:
 
 * pools: only each pool's newest generation counts; a pool is used only when that generation has all
@@ -16,23 +21,30 @@ The rules, as the allocator applies them:
   counter set published twice, every consumed counter set and counter published in the pool);
 * a node sees the slices that name it, that are for all nodes, whose ``nodeSelector`` it meets, and the
   ``perDeviceNodeSelection`` slices with a device for it (the devices of such a slice that are not
-  for the node fail after the selectors are run); counters-only slices belong to every node;
+  for the node fail after the selectors are run); counters-only slices belong to every node
+  (``nodes.slice_serves``, the one definition); the nodes are the cluster's Nodes when they were read
+  (``ClusterState.nodes``), else those the slices name, a label selector then taken as met;
 * first fit, not the best packing: pools in (driver, pool) order, their slices by name, devices in
-  slice order; for every device: allocated devices are skipped before CEL runs, then the class's and
-  the request's selectors (a CEL run-time error on a device the search reaches fails the claim on that
-  node, it does not skip the device), the device's own node, its capacity, its counters (every
-  counter of the pool's counter sets must still fit), taints (NoSchedule/NoExecute not tolerated by
-  the request skip the device; a DeviceTaintRule's taint is the device's), then the claim's
-  ``matchAttribute``/``distinctAttribute`` constraints; a search that fails backtracks;
+  slice order; for every device, ``checks.Checks.obstacle``; then the claim's
+  ``matchAttribute``/``distinctAttribute`` constraints; a search that fails backtracks (a CEL
+  run-time error on a device the search reaches fails the claim on that node, it does not skip the
+  device);
 * allocation modes ExactCount and All (All needs every pool the node sees complete and valid);
   a prioritized list (``firstAvailable``) takes the first subrequest that fits;
-* admin access takes no device (and another claim's device may be used for it);
+* admin access takes no device (another claim's device may be used for it), but within the
+  search it marks the device: the same pod's other requests cannot take it, nor another admin
+  request of the same claim;
+* a pod's pending claims are allocated together, in the pod's order, on one node (``allocate_pod``);
+  an error of the search on any node stops the pod's attempt (the scheduler's filter returns an
+  error, not "does not fit"): a CEL run-time error on a device the search reaches, All over an
+  incomplete or invalid pool, more than 32 devices in a claim;
+* pools whose devices carry ``bindingConditions`` are tried after all others;
 * consumable capacity (``allowMultipleAllocations``): a share takes what the request asks, rounded up
   by the capacity's ``requestPolicy`` (``validRange`` steps from ``min``, or the next ``validValues``
   entry), its ``default`` when the request names no amount, the whole capacity without a policy; the
   device's counters are consumed once, by its first share.
 
-What is not modelled: binding conditions, extended resources, scoring (the scheduler picks among
+What is not modelled: waiting for binding conditions, extended resources, scoring (the scheduler picks among
 the nodes that fit; for placeability the node does not matter), and the 32-device result limit's
 backtracking shortcuts (a claim asking more than 32 devices fails).
 """
@@ -43,43 +55,55 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..model import (
-    CapacityRequestPolicy,
-    ClaimInfo,
-    ClusterState,
-    DeviceClassInfo,
-    DeviceConstraint,
-    DeviceRequestInfo,
-    DeviceTaint,
-    DeviceTaintRule,
-    NodeSelector,
-    ResourceSliceInfo,
-    SliceDevice,
-)
+from ..model import ClaimInfo, ClusterState, DeviceClassInfo, DeviceRequestInfo, PodNodeFilters
 from ..taints import TaintRuleIndex
-from .selectors import CelEngine, ClassSelector, MemoBudget
+from .cache import (
+    MAX_DIAGNOSED,
+    MAX_FREE_PROBES,
+    MAX_NODE_VIEWS,
+    MAX_REQUEST_SELECTORS,
+    MAX_TRIED,
+    AllocatorCache,
+)
+from .checks import NOTHING, PLAIN, Checks, Usage
+from .constraints import Constraint, lookup_attribute
+from .consumable import EPSILON, consumed_amount, share_of
+from .nodes import NodeFilters, refusal, slice_serves, summary
+from .nodes import node_labels as node_labels_of
+from .pools import (
+    Device,
+    DeviceKey,
+    Pool,
+    PoolKey,
+    UsageKey,
+    allocation_order,
+    build_pool,
+    newest_generation,
+)
+from .reasons import (
+    CAPACITY,
+    CLASS_MISSING,
+    CONSTRAINT,
+    COUNTERS,
+    NODE,
+    NODE_FILTERED,
+    POOL_INCOMPLETE,
+    POOL_INVALID,
+    REASONS,
+    SELECTOR_ERROR,
+    TAINTED,
+    TAKEN,
+    TOGETHER,
+)
+from .scheduler_versions import Behaviours
+from .selectors import ClassSelector
 
-DeviceKey = tuple[str, str, str]
-"""(driver, pool, device)."""
-PoolKey = tuple[str, str]
-"""(driver, pool)."""
-UsageKey = tuple[tuple[str, bool, tuple[tuple[str, float], ...]], ...]
-"""What a pool's devices are allocated to: (device, a share?, consumed capacity) per allocation result."""
-
-# Why a candidate device (one that meets the class's and the request's selectors) was not used, in
-# the order the allocator checks.
-POOL_INCOMPLETE: Final = "pool_incomplete"
-POOL_INVALID: Final = "pool_invalid"
-TAKEN: Final = "taken"
-SELECTOR_ERROR: Final = "selector_not_evaluable"
-NODE: Final = "node_constraint"
-CAPACITY: Final = "capacity_exhausted"
-COUNTERS: Final = "counters_exhausted"
-TAINTED: Final = "tainted"
-CONSTRAINT: Final = "attribute_constraint"
-CLASS_MISSING: Final = "class_missing"
-REASONS: Final = (CLASS_MISSING, SELECTOR_ERROR, POOL_INCOMPLETE, POOL_INVALID, TAKEN, NODE, CAPACITY, COUNTERS,
-                  TAINTED, CONSTRAINT)
+__all__ = [
+    "CAPACITY", "CLASS_MISSING", "CONSTRAINT", "COUNTERS", "MAX_RESULTS", "NODE", "NODE_FILTERED", "POOL_INCOMPLETE",
+    "POOL_INVALID", "REASONS", "SELECTOR_ERROR", "TAINTED", "TAKEN", "TOGETHER", "Allocator", "AllocatorCache",
+    "Blocked", "Device", "DeviceKey", "Outcome", "Pick", "Pool", "PoolKey", "RequestOutcome", "UsageKey",
+    "consumed_amount", "lookup_attribute", "share_of",
+]
 
 #: ``resourceapi.AllocationResultsMaxSize``: devices one claim may get.
 MAX_RESULTS: Final = 32
@@ -88,8 +112,6 @@ MAX_RESULTS: Final = 32
 MAX_STEPS: Final = 100_000
 #: Details (claims, taints …) kept per reason in an outcome.
 MAX_DETAILS: Final = 5
-_BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
-_EPSILON: Final = 1e-9
 
 
 # --- outcomes ---------------------------------------------------------------------------------------
@@ -123,6 +145,13 @@ class RequestOutcome:
     blocked: tuple[Blocked, ...] = ()
     """Why the other candidates could not be used, the reason that kept most devices first."""
     error: str = ""
+    most_matching_on_a_node: int | None = None
+    """The most matching devices one node sees (a claim must fit on one node); None: not counted."""
+    most_usable_on_a_node: int | None = None
+    """Of the nodes that see enough matching devices, the most usable ones on one node."""
+    node_reason: str = ""
+    """What keeps the most devices on the node closest to fitting (most usable, then most matching, of
+    those that see enough matching devices): the reason whose removal would unblock the request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,236 +180,36 @@ class Outcome:
     nodes_tried: int = 0
     pod_waits: bool | None = None
     """Whether a pod that has not ended references the claim (None: not asked)."""
+    pod: str = ""
+    """The waiting pod whose claims were allocated together (its verdict is the claim's); ``""``: the
+    claim alone."""
+    attempt_fails: bool = False
+    """The scheduler's filter returned an error (``error``): the pod's whole scheduling attempt stops,
+    whatever other nodes would fit (a CEL run-time error, All over an incomplete pool, more than 32
+    devices asked, a constraint All cannot meet)."""
+    together: bool = False
+    """The claim fits alone, not on one node with the other pending claims of its pod."""
+    fits_when_free: bool | None = None
+    """Not placeable: whether the pod's claims would fit on some node were nothing allocated (False:
+    no amount of freeing unblocks them; None: not asked, or placeable)."""
+    node_filtered: bool = False
+    """The pod's node filters (node selector, required node affinity, tolerations of node taints,
+    cordon) admit none of the nodes that see its devices (``error`` says the scheduler's summary)."""
 
     @property
     def devices(self) -> tuple[DeviceKey, ...]:
         return tuple(p.device for p in self.picks)
 
 
-# --- DeviceClass selectors, cached across cluster states ----------------------------------------------
 
-
-class AllocatorCache:
-    """The compiled DeviceClass selectors and, per slice, each device's result for every class
-    (True, False or None: the expression failed on it), and the pools built from them. Kept between
-    cluster states: a slice is evaluated again only when it is another object, all of them when a
-    class changes; a pool is built again only when one of its slices or the taint rules changed."""
-
-    def __init__(self, engine: CelEngine | None = None, budget: MemoBudget | None = None) -> None:
-        """``engine`` runs the CEL of classes and requests (default: in this process; the cluster
-        mode's is its worker process), ``budget`` bounds what all their selectors memoise."""
-        self.engine = engine
-        self.budget = budget if budget is not None else MemoBudget()
-        self._classes: dict[str, tuple[DeviceClassInfo, ClassSelector]] = {}
-        self.order: tuple[str, ...] = ()
-        self._index: dict[str, int] = {}
-        self._slices: dict[str, tuple[ResourceSliceInfo, tuple[tuple[bool | None, ...], ...]]] = {}
-        self._rows: dict[tuple[bool | None, ...], tuple[bool | None, ...]] = {}
-        self.pools: dict[PoolKey, tuple[tuple[int, ...], tuple[DeviceTaintRule, ...], Pool]] = {}
-        #: (class index, node) → the node's pools and their usage when counted, and the count.
-        self.placeable: dict[tuple[int, str], tuple[tuple[Pool, ...], tuple[UsageKey, ...], int]] = {}
-
-    def update(self, classes: Sequence[DeviceClassInfo]) -> None:
-        order = tuple(sorted(c.name for c in classes))
-        changed = order != self.order
-        fresh = {}
-        for c in classes:
-            known = self._classes.get(c.name)
-            if known is not None and known[0] == c:
-                fresh[c.name] = known
-            else:
-                fresh[c.name] = (c, ClassSelector(c, self.engine, self.budget))
-                changed = True
-        self._classes, self.order = fresh, order
-        self._index = {name: i for i, name in enumerate(order)}
-        if changed:
-            self._slices.clear()
-            self._rows.clear()
-            self.pools.clear()
-            self.placeable.clear()
-
-    def index(self, name: str) -> int | None:
-        return self._index.get(name)
-
-    def selector(self, name: str) -> ClassSelector | None:
-        known = self._classes.get(name)
-        return known[1] if known is not None else None
-
-    def of_slice(self, sl: ResourceSliceInfo) -> tuple[tuple[bool | None, ...], ...]:
-        cached = self._slices.get(sl.name)
-        if cached is not None and cached[0] is sl:
-            return cached[1]
-        selectors = [self._classes[name][1] for name in self.order]
-        rows = []
-        for d in sl.devices:
-            row = tuple(sel.matches(sl.driver, d) for sel in selectors)
-            rows.append(self._rows.setdefault(row, row))  # few distinct rows: share them
-        result = tuple(rows)
-        self._slices[sl.name] = (sl, result)
-        return result
-
-    def forget(self, slices: Iterable[ResourceSliceInfo]) -> None:
-        """Drop what is kept of slices and pools no longer published."""
-        names, pools = set(), set()
-        for sl in slices:
-            names.add(sl.name)
-            pools.add((sl.driver, sl.pool))
-        for name in [n for n in self._slices if n not in names]:
-            del self._slices[name]
-        for key in [k for k in self.pools if k not in pools]:
-            del self.pools[key]
-        if len(self.placeable) > 4 * max(1, len(pools)) * max(1, len(self.order)):
-            self.placeable.clear()  # nodes gone: start again rather than keep them
-
-
-# --- the cluster's devices -----------------------------------------------------------------------------
-
-
-@dataclass(slots=True, eq=False)
-class Pool:
-    key: PoolKey
-    generation: int
-    expected: int
-    slices: list[ResourceSliceInfo]
-    """The newest generation's slices, by name."""
-    devices: list[Device] = field(default_factory=list)
-    """In the order the allocator tries them: slices by name, devices in slice order."""
-    by_slice: list[tuple[ResourceSliceInfo, list[Device]]] = field(default_factory=list)
-    counters: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Counter set → counter → what the pool publishes."""
-    incomplete: bool = False
-    invalid: str = ""
-    nodes: frozenset[str] = frozenset()
-    """The nodes its slices name (``nodeName``, a device's ``nodeName``)."""
-    everywhere: bool = False
-    """Some slice is for all nodes or for a node selector."""
-    class_mask: tuple[bool, ...] = ()
-    """Per class: whether some device of the pool does not fail it (True or None)."""
-
-    @property
-    def usable(self) -> bool:
-        return not self.incomplete and not self.invalid
-
-    @property
-    def unusable_reason(self) -> tuple[str, str]:
-        if self.incomplete:
-            return POOL_INCOMPLETE, f"{self.key[1]}: {len(self.slices)} of {self.expected} slices"
-        return POOL_INVALID, f"{self.key[1]}: {self.invalid}"
-
-
-@dataclass(slots=True, eq=False)
-class Device:
-    key: DeviceKey
-    device: SliceDevice
-    slice: ResourceSliceInfo
-    pool: Pool
-    matches: tuple[bool | None, ...]
-    """Per class of ``AllocatorCache.order``."""
-    taints: tuple[DeviceTaint, ...]
-    """Its own taints and those of DeviceTaintRules that select it."""
-
-    @property
-    def node(self) -> str:
-        d, sl = self.device, self.slice
-        if d.placement is not None:
-            return d.placement.node_name
-        return d.node_name or sl.placement.node_name or sl.node_name
-
-    def for_node(self, node: str, labels: Mapping[str, str] | None) -> bool:
-        """Whether a ``perDeviceNodeSelection`` device is for ``node`` (others: their slice says)."""
-        if self.device.placement is None:
-            return True
-        return _covers(self.device.placement.node_name, self.device.placement.all_nodes,
-                       self.device.placement.node_selector, node, labels)
-
-
-def _covers(node_name: str, all_nodes: bool, selector: NodeSelector | None, node: str,
-            labels: Mapping[str, str] | None) -> bool:
-    if node_name:
-        return node_name == node
-    if all_nodes:
-        return True
-    if selector is not None:
-        # Node labels the cluster mode does not read: a term on labels is taken as met.
-        return selector.matches(node, dict(labels) if labels is not None else None) or (
-            labels is None and selector.needs_labels)
-    return False
-
-
-def _slice_for_node(sl: ResourceSliceInfo, node: str, labels: Mapping[str, str] | None) -> bool:
-    if sl.shared_counters and not sl.devices:
-        return True  # counters are needed wherever the pool's devices are
-    if sl.per_device_node_selection:
-        return any(d.placement is not None and _covers(d.placement.node_name, d.placement.all_nodes,
-                                                       d.placement.node_selector, node, labels)
-                   for d in sl.devices)
-    p = sl.placement
-    return _covers(p.node_name or sl.node_name, p.all_nodes, p.node_selector, node, labels)
-
-
-def _pool_invalid(slices: Sequence[ResourceSliceInfo]) -> tuple[str, dict[str, dict[str, float]]]:
-    names: set[str] = set()
-    counters: dict[str, dict[str, float]] = {}
-    for sl in slices:
-        for cs in sl.shared_counters:
-            if cs.name in counters:
-                return f"duplicate counter set name {cs.name}", {}
-            counters[cs.name] = dict(cs.counters)
-    for sl in slices:
-        for d in sl.devices:
-            if d.name in names:
-                return f"duplicate device name {d.name}", {}
-            names.add(d.name)
-            for use in d.consumes_counters:
-                published = counters.get(use.counter_set)
-                if published is None:
-                    return f"counter set {use.counter_set} not found", {}
-                for name, _ in use.counters:
-                    if name not in published:
-                        return f"counter {name} not found in counter set {use.counter_set}", {}
-    return "", counters
-
-
-def _newest(slices: Iterable[ResourceSliceInfo]) -> dict[PoolKey, list[ResourceSliceInfo]]:
-    pools: dict[PoolKey, list[ResourceSliceInfo]] = {}
-    for sl in slices:
-        key = (sl.driver, sl.pool)
-        known = pools.get(key)
-        if known is None or sl.generation > known[0].generation:
-            pools[key] = [sl]
-        elif sl.generation == known[0].generation:
-            known.append(sl)
-    return pools
-
-
-# --- usage: what allocated devices take ------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Usage:
-    """Devices taken (no share: the whole device), shares of devices that allow several, and
-    counters consumed; a scratch layer holds what a search or a count adds on top of the committed one."""
-
-    taken: dict[DeviceKey, list[str]] = field(default_factory=dict)
-    shares: dict[DeviceKey, dict[str, float]] = field(default_factory=dict)
-    shared_by: dict[DeviceKey, list[str]] = field(default_factory=dict)
-    counters: dict[tuple[PoolKey, str], dict[str, float]] = field(default_factory=dict)
-
-    def consume(self, pool: PoolKey, device: SliceDevice, sign: float = 1.0) -> None:
-        for use in device.consumes_counters:
-            used = self.counters.setdefault((pool, use.counter_set), {})
-            for name, value in use.counters:
-                used[name] = used.get(name, 0.0) + sign * value
-
-    def add_share(self, key: DeviceKey, amounts: Mapping[str, float], sign: float = 1.0) -> None:
-        have = self.shares.setdefault(key, {})
-        for name, value in amounts.items():
-            have[name] = have.get(name, 0.0) + sign * value
+# --- the search's records ----------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
 class _Request:
     info: DeviceRequestInfo
+    claim: int
+    """Index of its claim among those searched together."""
     class_index: int | None
     class_selector: ClassSelector | None
     selector: ClassSelector | None
@@ -391,10 +220,10 @@ class _Request:
     def count(self) -> int:
         return len(self.all_list) if self.info.all_devices else self.info.count
 
-
-#: A claim for one device that asks nothing more, and a layer that adds nothing (never written to).
-_PLAIN: Final = DeviceRequestInfo("", "")
-_NOTHING: Final = _Usage()
+    @property
+    def tag(self) -> str:
+        """What marks its claim's devices in the search's ``Usage.taken``."""
+        return str(self.claim)
 
 
 class _Failure(Exception):
@@ -403,131 +232,18 @@ class _Failure(Exception):
 
 @dataclass(slots=True)
 class _Search:
-    claim: ClaimInfo
+    claims: Sequence[ClaimInfo]
     node: str
     labels: Mapping[str, str] | None
     devices: list[Device]
     groups: list[list[_Request]]
-    layer: _Usage
-    picks: list[Pick] = field(default_factory=list)
-    constraints: list[_Constraint] = field(default_factory=list)
+    """Each request, or each prioritized list of subrequests, of every claim, claim after claim."""
+    layer: Usage
+    picks: list[list[Pick]]
+    """Per claim."""
+    constraints: list[list[Constraint]]
+    """Per claim."""
     steps: int = 0
-
-
-class _Constraint:
-    """``matchAttribute`` (all the same value) or ``distinctAttribute`` (all different).
-
-    ``distinctAttribute`` as kube-scheduler 1.36 applies it: it keeps one value per request (the
-    last device added for it), so a request's devices are compared with the other requests' last
-    ones and with the device just before them, not with all of them (three devices of one request
-    may carry 1, 0, 1); the real scheduler allocates such claims (the test bed shows it)."""
-
-    def __init__(self, spec: DeviceConstraint) -> None:
-        self.requests = frozenset(spec.requests)
-        self.attribute = spec.match_attribute or spec.distinct_attribute
-        self.distinct = not spec.match_attribute
-        self.values: list[tuple[str, str]] = []
-        self.by_request: dict[str, tuple[str, str]] = {}
-        self.count = 0
-
-    def applies(self, request: str) -> bool:
-        return not self.requests or request in self.requests or request.partition("/")[0] in self.requests
-
-    def add(self, request: str, device: Device) -> bool:
-        if not self.applies(request):
-            return True
-        value = lookup_attribute(device, self.attribute)
-        if value is None:
-            return False
-        if self.distinct:
-            if self.count and value in self.by_request.values():
-                return False
-            self.by_request[request.partition("/")[0]] = value
-            self.count += 1
-            return True
-        if self.values and (value != self.values[0] or value[1] not in _SCALAR_KINDS):
-            return False
-        self.values.append(value)
-        return True
-
-    def remove(self, request: str, device: Device) -> None:
-        if not self.applies(request):
-            return
-        if self.distinct:
-            self.by_request.pop(request.partition("/")[0], None)
-            self.count -= 1
-        else:
-            self.values.pop()
-
-
-_SCALAR_KINDS: Final = frozenset({"string", "int", "bool", "version"})
-
-
-def lookup_attribute(device: Device, qualified: str) -> tuple[str, str] | None:
-    """(value as text, kind) of a fully qualified attribute; the driver's own domain is stored
-    without it (``gpu.nvidia.com/productName`` → ``productName``)."""
-    domain, _, name = qualified.partition("/")
-    kinds = dict(device.device.attribute_kinds)
-    for key in (qualified, name if domain == device.key[0] else None):
-        if key is None:
-            continue
-        for k, v in device.device.attributes:
-            if k == key:
-                return v, kinds.get(k, "string")
-    return None
-
-
-# --- consumable capacity -----------------------------------------------------------------------------------
-
-
-def consumed_amount(requested: float | None, value: float, policy: CapacityRequestPolicy | None) -> float:
-    """What a request takes of one capacity: its amount rounded up by the policy; without an amount
-    the policy's default, else the whole capacity."""
-    if requested is None:
-        return policy.default if policy is not None and policy.default is not None else value
-    if policy is None:
-        return requested
-    if policy.min is not None:
-        if requested < policy.min:
-            return policy.min
-        if not policy.step:
-            return requested
-        steps = -(-(requested - policy.min) // policy.step)
-        return policy.min + policy.step * steps
-    if policy.valid_values:
-        return next((v for v in policy.valid_values if requested <= v), requested)
-    return requested
-
-
-def _violates(amount: float, policy: CapacityRequestPolicy | None) -> bool:
-    if policy is None or (policy.default is not None and amount == policy.default):
-        return False
-    if policy.min is not None or policy.max is not None or policy.step is not None:
-        if policy.max is not None and amount > policy.max:
-            return True
-        if policy.step and policy.min is not None:
-            return abs((amount - policy.min) / policy.step - round((amount - policy.min) / policy.step)) > _EPSILON
-        return False
-    if policy.valid_values:
-        return amount not in policy.valid_values
-    return False
-
-
-def share_of(device: SliceDevice, request: DeviceRequestInfo) -> dict[str, float] | None:
-    """What ``request`` would take of each of ``device``'s capacities; None when it asks for a
-    capacity the device does not have or an amount its policy refuses."""
-    capacity = dict(device.capacity)
-    asked = dict(request.capacity)
-    if any(name not in capacity for name in asked):
-        return None
-    policies = dict(device.request_policies)
-    out = {}
-    for name, value in capacity.items():
-        amount = consumed_amount(asked.get(name), value, policies.get(name))
-        if _violates(amount, policies.get(name)):
-            return None
-        out[name] = amount
-    return out
 
 
 # --- the allocator -------------------------------------------------------------------------------------------
@@ -543,12 +259,16 @@ class Allocator:
         matches.update(state.classes)
         self.matches = matches
         self.classes = {c.name: c for c in state.classes}
-        self.node_labels = node_labels
+        # Node labels as read (``ClusterState.nodes``); None when not read: selectors on labels count as met.
+        self.node_labels = node_labels if node_labels is not None else node_labels_of(state.nodes)
+        self._state_nodes = state.nodes
+        #: Where the scheduler's version decides (``scheduler_versions``).
+        self.behaviours = Behaviours.of(state.server_version)
         self._request_selectors: dict[tuple[str, ...], ClassSelector] = {}
         rules = TaintRuleIndex(state.taint_rules)
         self.pools: list[Pool] = []
         self.devices: dict[DeviceKey, Device] = {}
-        for key, slices in sorted(_newest(state.slices).items()):
+        for key, slices in sorted(newest_generation(state.slices).items()):
             slices.sort(key=lambda s: s.name)
             ids = tuple(id(s) for s in slices)
             known = matches.pools.get(key)
@@ -557,7 +277,7 @@ class Allocator:
             if known is not None and known[0] == ids and known[1] == rules_key:
                 pool = known[2]
             else:
-                pool = self._pool(key, slices, rules_key)
+                pool = build_pool(key, slices, rules_key, matches.of_slice, len(matches.order))
                 matches.pools[key] = (ids, rules_key, pool)
             self.pools.append(pool)
             for device in pool.devices:
@@ -570,48 +290,27 @@ class Allocator:
             else:
                 for n in pool.nodes:
                     self._local.setdefault(n, []).append(pool)
-        names = set(self._local) | {n for p in self._global for n in p.nodes} | set(node_labels or ())
-        if not names and self._global:
-            names = {""}  # devices for all nodes and no node known: one node stands for them
+        if self.node_labels is not None:
+            names = set(self.node_labels)  # the scheduler places only on Nodes that exist
+        else:
+            names = set(self._local) | {n for p in self._global for n in p.nodes}
+            if not names and self._global:
+                names = {""}  # devices for all nodes and no node known: one node stands for them
         self.nodes: tuple[str, ...] = tuple(sorted(names))
         self._views: dict[str, list[tuple[Pool, list[Device]]]] = {}
-        self.committed = _Usage()
+        self.committed = Usage()
+        self.checks = Checks(self.committed)
         self._usage: dict[PoolKey, list[tuple[str, bool, tuple[tuple[str, float], ...]]]] = {}
         self._usage_keys: dict[PoolKey, UsageKey] = {}
         self._candidates: dict[tuple[int, ...], tuple[str, ...]] = {}
-        #: What a claim of one shape got on a node, and the diagnoses: until the next ``commit``.
-        self._tried: dict[tuple[object, ...], tuple[tuple[Pick, ...] | None, str]] = {}
+        self._failing: dict[int, bool] = {}
+        self._free_fits: dict[tuple[object, ...], bool] = {}
+        #: What claims of one shape got on a node, and the diagnoses: until the next ``commit``.
+        self._tried: dict[tuple[object, ...], tuple[tuple[tuple[Pick, ...], ...] | None, str]] = {}
         self._diagnosed: dict[tuple[object, ...], tuple[RequestOutcome, ...]] = {}
         self._commit_claims(state.claims)
 
     # --- building -----------------------------------------------------------------------------------
-
-    def _pool(self, key: PoolKey, slices: list[ResourceSliceInfo], rules: Sequence[DeviceTaintRule]) -> Pool:
-        """A pool of the newest generation's ``slices``, its devices tainted by ``rules`` (those for it)."""
-        expected = max(s.resource_slice_count for s in slices)
-        invalid, counters = _pool_invalid(slices)
-        nodes = {s.placement.node_name or s.node_name for s in slices if s.placement.node_name or s.node_name}
-        nodes |= {d.placement.node_name for s in slices for d in s.devices
-                  if d.placement is not None and d.placement.node_name}
-        everywhere = any(s.placement.all_nodes or s.placement.node_selector is not None for s in slices) or any(
-            d.placement is not None and (d.placement.all_nodes or d.placement.node_selector is not None)
-            for s in slices for d in s.devices)
-        pool = Pool(key, slices[0].generation, expected, slices, counters=counters,
-                    incomplete=len(slices) != expected, invalid=invalid, nodes=frozenset(nodes),
-                    everywhere=everywhere)
-        for sl in slices:
-            rows = self.matches.of_slice(sl)
-            group: list[Device] = []
-            for d, row in zip(sl.devices, rows, strict=True):
-                dkey = (sl.driver, sl.pool, d.name)
-                taints = d.taints + tuple(r.taint for r in rules if r.selects(*dkey))
-                device = Device(dkey, d, sl, pool, row, taints)
-                group.append(device)
-            pool.devices.extend(group)
-            pool.by_slice.append((sl, group))
-        pool.class_mask = tuple(any(d.matches[i] is not False for d in pool.devices)
-                                for i in range(len(self.matches.order)))
-        return pool
 
     def _commit_claims(self, claims: Sequence[ClaimInfo]) -> None:
         for c in claims:
@@ -648,13 +347,13 @@ class Allocator:
         if cached is not None:
             return cached
         labels = self.labels(node)
-        pools = sorted([*self._local.get(node, ()), *self._global], key=lambda p: p.key)
+        pools = sorted([*self._local.get(node, ()), *self._global], key=allocation_order)
         out: list[tuple[Pool, list[Device]]] = []
         for pool in pools:
-            devices = [d for sl, group in pool.by_slice if group and _slice_for_node(sl, node, labels) for d in group]
+            devices = [d for sl, group in pool.by_slice if group and slice_serves(sl, node, labels) for d in group]
             if devices:
                 out.append((pool, devices))
-        if len(self._views) < 10_000:
+        if len(self._views) < MAX_NODE_VIEWS:
             self._views[node] = out
         return out
 
@@ -674,7 +373,7 @@ class Allocator:
                 n for n in self.nodes if any(p.class_mask[i] for p, _ in self.pool_view(n) for i in indices))
         return known
 
-    # --- checks ---------------------------------------------------------------------------------------
+    # --- selectors -------------------------------------------------------------------------------------
 
     def _request_selector(self, expressions: tuple[str, ...]) -> ClassSelector | None:
         if not expressions:
@@ -683,7 +382,7 @@ class Allocator:
         if sel is None:
             sel = ClassSelector(DeviceClassInfo("(a request's selectors)", expressions), self.matches.engine,
                                 self.matches.budget)
-            if len(self._request_selectors) < 1000:
+            if len(self._request_selectors) < MAX_REQUEST_SELECTORS:
                 self._request_selectors[expressions] = sel
         return sel
 
@@ -709,92 +408,173 @@ class Allocator:
                 return False
         return True
 
-    def _in_use(self, key: DeviceKey, layer: _Usage) -> bool:
-        return key in self.committed.taken or key in layer.taken
-
-    def _capacity_fits(self, device: Device, request: DeviceRequestInfo, layer: _Usage) -> bool:
-        if not device.device.allow_multiple_allocations and not request.capacity:
-            return True  # the whole device, and a default never exceeds the capacity
-        share = share_of(device.device, request)
-        if share is None:
-            return False
-        if not device.device.allow_multiple_allocations:
-            return all(amount <= value + _EPSILON for (_, value), amount in zip(device.device.capacity,
-                                                                                 share.values(), strict=True))
-        have = self.committed.shares.get(device.key, {})
-        adding = layer.shares.get(device.key, {})
-        return all(have.get(n, 0.0) + adding.get(n, 0.0) + amount <= value + _EPSILON
-                   for (n, value), amount in zip(device.device.capacity, share.values(), strict=True))
-
     def capacity_left(self, key: DeviceKey) -> dict[str, float]:
         """What the committed shares leave of a device's capacities."""
-        device = self.devices[key]
-        used = self.committed.shares.get(key, {})
-        return {n: v - used.get(n, 0.0) for n, v in device.device.capacity}
-
-    def _counters_fit(self, device: Device, layer: _Usage) -> tuple[bool, str]:
-        """Whether every counter of the pool still fits with this device's consumption added; the
-        counter set that does not, with what is left of it, when not."""
-        if not device.device.consumes_counters:
-            return True, ""
-        if device.device.allow_multiple_allocations and (
-                device.key in self.committed.shares or device.key in layer.shares):
-            return True, ""  # a further share: its counters were consumed by the first
-        pool = device.pool
-        mine: dict[str, dict[str, float]] = {}
-        for use in device.device.consumes_counters:
-            for name, value in use.counters:
-                mine.setdefault(use.counter_set, {})[name] = mine.get(use.counter_set, {}).get(name, 0.0) + value
-        for set_name, published in pool.counters.items():
-            used = self.committed.counters.get((pool.key, set_name), {})
-            adding = layer.counters.get((pool.key, set_name), {})
-            extra = mine.get(set_name, {})
-            for name, total in published.items():
-                left = total - used.get(name, 0.0)
-                if left + _EPSILON < adding.get(name, 0.0) + extra.get(name, 0.0):
-                    # The pool (a node's) with the set: every GPU 0 has a "gpu-0-counter-set".
-                    return False, (f"{pool.key[1]}/{set_name}: {name} "
-                                   f"{_amount(max(0.0, left - adding.get(name, 0.0)))} left")
-        return True, ""
-
-    @staticmethod
-    def _blocking_taint(device: Device, request: DeviceRequestInfo) -> DeviceTaint | None:
-        for taint in device.taints:
-            if taint.effect in _BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in request.tolerations):
-                return taint
-        return None
+        return self.checks.capacity_left(self.devices[key])
 
     # --- one claim --------------------------------------------------------------------------------------
 
     def allocate(self, claim: ClaimInfo, node: str | None = None) -> Outcome:
         """Whether the scheduler could allocate ``claim`` now on ``node`` (None: on any node, tried in
-        name order); see ``Outcome``."""
-        if claim.allocated:
-            return Outcome(claim.namespace, claim.name, False, error="already allocated")
-        missing = [r for r in claim.requests if r.device_class not in self.classes]
-        if not claim.requests or missing:
-            error = (f"request {missing[0].name}: device class {missing[0].device_class or '(none)'} not found"
-                     if missing else "no requests")
-            return Outcome(claim.namespace, claim.name, False, error=error,
-                           requests=tuple(self._summary(claim, r, []) for r in claim.requests))
-        classes = {r.device_class for r in claim.requests}
+        name order), alone; see ``Outcome``."""
+        return self.allocate_pod((claim,), node)[0]
+
+    def allocate_pod(self, claims: Sequence[ClaimInfo], node: str | None = None, pod: str = "",
+                     filters: PodNodeFilters | None = None) -> list[Outcome]:
+        """Whether the scheduler could place a pod whose claims are ``claims`` (in the pod's order):
+        its pending claims allocated together, on one node (``node``, or any its node ``filters`` admit
+        when the Nodes were read, tried in name order).
+        One ``Outcome`` per claim: the pod's verdict; an allocated claim says so. An error of the
+        scheduler's filter on any node stops the pod's attempt (``Outcome.attempt_fails``)."""
+        pending = [c for c in claims if not c.allocated]
+        done = {id(c): Outcome(c.namespace, c.name, False, error="already allocated", pod=pod)
+                for c in claims if c.allocated}
+        if not pending:
+            return [done[id(c)] for c in claims]
+        held = self._held_on(c for c in claims if c.allocated)
+        if len(held) > 1 or (node is not None and held and node not in held):
+            error = f"the pod's allocated claims hold devices on {', '.join(sorted(held))}: no node has them all"
+            outcomes = [Outcome(c.namespace, c.name, False, error=error if c is pending[0] else "", pod=pod,
+                                requests=self._diagnose(c, [], [])) for c in pending]
+        else:
+            # The scheduler's filter: a pod whose allocated claim is only on one node goes there.
+            outcomes = self._place(pending, next(iter(held)) if held else node, pod, filters)
+        by_claim = {id(c): o for c, o in zip(pending, outcomes, strict=True)}
+        return [by_claim.get(id(c)) or done[id(c)] for c in claims]
+
+    def _place(self, claims: Sequence[ClaimInfo], node: str | None, pod: str,
+               filters: PodNodeFilters | None = None) -> list[Outcome]:
+        for claim in claims:
+            missing = [r for r in claim.requests if r.device_class not in self.classes]
+            if not claim.requests or missing:
+                # The scheduler's PreFilter: the pod cannot be placed anywhere until the class exists.
+                error = (f"request {missing[0].name}: device class {missing[0].device_class or '(none)'} not found"
+                         if missing else "no requests")
+                return [Outcome(c.namespace, c.name, False, error=error if c is claim else "",
+                                requests=tuple(self._summary(c, r, []) for r in c.requests), pod=pod,
+                                together=c is not claim)
+                        for c in claims]
+        classes = {r.device_class for c in claims for r in c.requests}
         if node is not None:
             nodes: tuple[str, ...] = (node,)
         elif any((sel := self.matches.selector(c)) is not None and sel.error for c in classes):
             nodes = self.nodes  # a selector that does not compile fails wherever the search reaches a device
         else:
             nodes = self.candidate_nodes(classes)
-        first_error = ""
+        node_filters = self.node_filters if filters is not None else None
+        if filters is not None and node_filters is not None:
+            # The scheduler's node filters run before DynamicResources: a node they refuse is never
+            # searched (a CEL error there stops nothing).
+            admitted = node_filters.admission(filters).nodes
+            kept = tuple(n for n in nodes if n in admitted)
+            if nodes and not kept:
+                error = f"the pod's node filters admit no node with its devices: {self._refusals(filters, nodes)}"
+                return [Outcome(c.namespace, c.name, False, requests=self._diagnose(c, nodes, []),
+                                error=error if c is claims[0] else "", pod=pod, node_filtered=True)
+                        for c in claims]
+            nodes = kept
+        may_fail = self._may_fail(claims)
         tried: list[str] = []
+        fit: tuple[str, tuple[tuple[Pick, ...], ...]] | None = None
         for n in nodes:
             tried.append(n)
-            picks, error = self._try_node(claim, n)
-            if picks is not None:
-                return Outcome(claim.namespace, claim.name, True, n, tuple(picks),
-                               self._diagnose(claim, [n], picks), nodes_tried=len(tried))
-            first_error = first_error or (f"node {n}: {error}" if error else "")
-        return Outcome(claim.namespace, claim.name, False, "", (), self._diagnose(claim, tried, []),
-                       first_error, len(tried))
+            found, error = self._try_node(claims, n)
+            if error:
+                # The scheduler's filter errs on this node: the pod's attempt stops, fit elsewhere or not.
+                return [Outcome(c.namespace, c.name, False, "", (), self._diagnose(c, tried, []), f"node {n}: {error}",
+                                len(tried), pod=pod, attempt_fails=True) for c in claims]
+            if found is not None and fit is None:
+                fit = n, found
+                if not may_fail:
+                    break  # no other node can err: the first fit is the answer
+        if fit is not None:
+            n, found = fit
+            return [Outcome(c.namespace, c.name, True, n, picks, self._diagnose(c, [n], picks),
+                            nodes_tried=len(tried), pod=pod) for c, picks in zip(claims, found, strict=True)]
+        free = self._fits_when_free(claims, tried) if tried else None
+        out = []
+        for c in claims:
+            alone = len(claims) > 1 and self._place([c], node, pod, filters)[0].placeable
+            out.append(Outcome(c.namespace, c.name, False, "", (), self._diagnose(c, tried, []), "", len(tried),
+                               pod=pod, together=alone, fits_when_free=free))
+        return out
+
+    def _fits_when_free(self, claims: Sequence[ClaimInfo], nodes: Sequence[str]) -> bool:
+        """Whether ``claims`` would fit together on one of ``nodes`` (the first ``MAX_FREE_PROBES``) were
+        nothing allocated, no device tainted and every pool complete: when not, the node's devices,
+        counters or the claims' constraints never allow it, and no reason about the cluster's state
+        is the one to give."""
+        probe = tuple(nodes[:MAX_FREE_PROBES])
+        # Nothing allocated: the answer holds for the whole state (claims of one shape, the same nodes).
+        shape = None if any(r.selectors for c in claims for r in c.requests) else (
+            tuple((c.requests, c.constraints) for c in claims), probe)
+        if shape is not None and (known := self._free_fits.get(shape)) is not None:
+            return known
+        saved = self.committed, self.checks
+        self.committed = Usage()
+        self.checks = Checks(self.committed, structural=True)
+        try:
+            fits = any(self._search_node(claims, n)[0] is not None for n in probe)
+        finally:
+            self.committed, self.checks = saved
+        if shape is not None and len(self._free_fits) < MAX_TRIED:
+            self._free_fits[shape] = fits
+        return fits
+
+    @property
+    def node_filters(self) -> NodeFilters | None:
+        """The scheduler's node filters over the Nodes read (None: not read, pods' filters unknown);
+        built when a pod first asks, kept across states while the Nodes are the same objects."""
+        return self.matches.node_filters(self._state_nodes)
+
+    def _held_on(self, allocated: Iterable[ClaimInfo]) -> set[str]:
+        """The nodes the devices of ``allocated`` claims are local to (a device for all nodes or for a
+        node selector restricts nothing)."""
+        nodes = set()
+        for claim in allocated:
+            for r in claim.results:
+                device = self.devices.get((r.driver, r.pool, r.device))
+                if device is not None and not device.pool.everywhere and device.node:
+                    nodes.add(device.node)
+        return nodes
+
+    def _refusals(self, filters: PodNodeFilters, nodes: Sequence[str]) -> str:
+        """The scheduler's summary of why ``nodes`` refuse a pod with ``filters``."""
+        by_name = {n.name: n for n in self._state_nodes or ()}
+        refused: dict[str, int] = {}
+        for name in nodes:
+            found = by_name.get(name)
+            why = refusal(filters, found) if found is not None else None
+            if why is not None:
+                refused[why.message] = refused.get(why.message, 0) + 1
+        return summary(refused, len(nodes))
+
+    def _may_fail(self, claims: Sequence[ClaimInfo]) -> bool:
+        """Whether the search could err on a node after the first that fits (then every candidate
+        node is searched, as the scheduler filters them all): a class whose CEL fails on some device,
+        All over a class some incomplete or invalid pool has devices of. A request's own CEL is not
+        run over the whole cluster for this: its errors count on the nodes searched up to the first fit."""
+        for c in claims:
+            for r in c.requests:
+                index = self.matches.index(r.device_class)
+                if index is None:
+                    continue
+                if self._class_fails(index) or (r.all_devices and self._class_unusable(index)):
+                    return True
+        return False
+
+    def _class_unusable(self, index: int) -> bool:
+        key = -1 - index  # beside _class_fails' keys
+        known = self._failing.get(key)
+        if known is None:
+            known = self._failing[key] = any(not p.usable and p.class_mask[index] for p in self.pools)
+        return known
+
+    def _class_fails(self, index: int) -> bool:
+        known = self._failing.get(index)
+        if known is None:
+            known = self._failing[index] = any(p.class_errors[index] for p in self.pools)
+        return known
 
     def commit(self, outcome: Outcome) -> None:
         """Take what ``outcome`` chose, as the claim's allocation would."""
@@ -809,7 +589,7 @@ class Allocator:
                 self._usage.setdefault(pool, []).append((pick.device[2], shared, pick.consumed_capacity))
                 self._usage_keys.pop(pool, None)  # what is counted of the pool changed
 
-    def _take(self, usage: _Usage, pick: Pick, who: str) -> None:
+    def _take(self, usage: Usage, pick: Pick, who: str) -> None:
         if pick.admin_access:
             return
         device = self.devices[pick.device]
@@ -822,51 +602,63 @@ class Allocator:
         if first:
             usage.consume(device.pool.key, device.device)
 
-    def _requests(self, claim: ClaimInfo) -> list[list[_Request]]:
+    # --- the search ---------------------------------------------------------------------------------------
+
+    def _requests(self, claims: Sequence[ClaimInfo]) -> list[list[_Request]]:
         groups: list[list[_Request]] = []
-        previous = None
-        for r in claim.requests:
-            index = self.matches.index(r.device_class)
-            req = _Request(r, index, self.matches.selector(r.device_class), self._request_selector(r.selectors),
-                           "/" in r.name)
-            if req.subrequest and previous == r.parent:
-                groups[-1].append(req)
-            else:
-                groups.append([req])
-            previous = r.parent
+        for index, claim in enumerate(claims):
+            previous = None
+            for r in claim.requests:
+                req = _Request(r, index, self.matches.index(r.device_class), self.matches.selector(r.device_class),
+                               self._request_selector(r.selectors), "/" in r.name)
+                if req.subrequest and previous == r.parent:
+                    groups[-1].append(req)
+                else:
+                    groups.append([req])
+                previous = r.parent
         return groups
 
-    def _try_node(self, claim: ClaimInfo, node: str) -> tuple[list[Pick] | None, str]:
+    def _try_node(self, claims: Sequence[ClaimInfo], node: str
+                  ) -> tuple[tuple[tuple[Pick, ...], ...] | None, str]:
         # Claims of one shape fare alike on a node until something is committed (``explain --all``
         # over many pending claims of a few shapes); errors of request selectors name their claim.
-        shape = None if any(r.selectors for r in claim.requests) else (claim.requests, claim.constraints, node)
+        shape = None if any(r.selectors for c in claims for r in c.requests) else (
+            tuple((c.requests, c.constraints) for c in claims), node)
         if shape is not None and (known := self._tried.get(shape)) is not None:
-            return (list(known[0]) if known[0] is not None else None), known[1]
-        picks, error = self._search_node(claim, node)
-        if shape is not None and len(self._tried) < 100_000:
-            self._tried[shape] = (tuple(picks) if picks is not None else None, error)
-        return picks, error
+            return known
+        found, error = self._search_node(claims, node)
+        result = (tuple(tuple(p) for p in found) if found is not None else None), error
+        if shape is not None and len(self._tried) < MAX_TRIED:
+            self._tried[shape] = result
+        return result
 
-    def _search_node(self, claim: ClaimInfo, node: str) -> tuple[list[Pick] | None, str]:
-        search = _Search(claim, node, self.labels(node), self.view(node), self._requests(claim), _Usage(),
-                         constraints=[_Constraint(c) for c in claim.constraints])
+    def _search_node(self, claims: Sequence[ClaimInfo], node: str) -> tuple[list[list[Pick]] | None, str]:
+        search = _Search(claims, node, self.labels(node), self.view(node), self._requests(claims), Usage(),
+                         [[] for _ in claims], [[Constraint(c) for c in claim.constraints] for claim in claims])
         try:
             for group in search.groups:
                 for req in group:
                     if req.info.all_devices:
                         self._all_devices(search, req)
-            if sum(min(r.count for r in g) for g in search.groups) > MAX_RESULTS:
-                return None, f"more than {MAX_RESULTS} devices asked"
+            for index in range(len(claims)):
+                asked = sum(min(r.count for r in g) for g in search.groups if g[0].claim == index)
+                if asked > MAX_RESULTS:
+                    claim = claims[index]
+                    raise _Failure(f"claim {claim.namespace}/{claim.name}: {asked} devices asked, more than the "
+                                   f"claim limit of {MAX_RESULTS}")
             done = self._allocate_one(search, 0, 0, 0, 0, False)
         except _Failure as exc:
             return None, str(exc)
         return (search.picks if done else None), ""
 
     def _all_devices(self, search: _Search, req: _Request) -> None:
+        """The devices an All request takes: every candidate the node sees, in use or not (the search
+        then fails when one of them cannot be had); the pipeline's selector, node and capacity checks."""
         seen: set[PoolKey] = set()
+        claim = search.claims[req.claim]
         for device in search.devices:
             pool = device.pool
-            if pool.key not in seen:
+            if pool.key not in seen and not self.checks.structural:
                 seen.add(pool.key)
                 if pool.incomplete:
                     raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
@@ -874,8 +666,8 @@ class Allocator:
                 if pool.invalid:
                     raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
                                    f"{'/'.join(pool.key)} is currently invalid")
-            if (self._selected(req, device, search.claim) and device.for_node(search.node, search.labels)
-                    and self._capacity_fits(device, req.info, search.layer)):
+            if (self._selected(req, device, claim) and device.for_node(search.node, search.labels)
+                    and self.checks.capacity_fits(device, req.info, search.layer)):
                 req.all_list.append(device)
 
     def _allocate_one(self, s: _Search, ri: int, si: int, di: int, start: int, in_sub: bool) -> bool:
@@ -889,7 +681,7 @@ class Allocator:
             return False
         if di >= req.count:
             return self._allocate_one(s, ri + 1, 0, 0, 0, False)
-        if len(s.picks) + req.count - di > MAX_RESULTS:
+        if len(s.picks[req.claim]) + req.count - di > MAX_RESULTS:
             return False
         if req.info.all_devices:
             undo = self._allocate_device(s, req, req.all_list[di], must=True)
@@ -899,21 +691,23 @@ class Allocator:
                 return True
             undo()
             return False
+        claim = s.claims[req.claim]
+
+        def selected(device: Device) -> bool:
+            return self._selected(req, device, claim)
+
+        obstacle = self.checks.obstacle
         for pos in range(start, len(s.devices)):
             device = s.devices[pos]
-            if not device.pool.usable:
+            if not device.pool.usable and not self.checks.structural:
                 continue
             s.steps += 1
             if s.steps > MAX_STEPS:
                 raise _Failure(f"search gave up after {MAX_STEPS} devices tried")
-            if req.info.admin_access:
-                if device.key in s.layer.taken:
-                    continue
-            elif self._in_use(device.key, s.layer):
-                continue
-            if not self._selected(req, device, s.claim) or not device.for_node(s.node, s.labels):
-                continue
-            if not self._capacity_fits(device, req.info, s.layer):
+            reason = obstacle(device, req.info, s.node, s.labels, s.layer, claim_tag=req.tag, selected=selected)
+            if reason:
+                if reason == TAINTED:
+                    self._keep_rejected_counters(s.layer, device)
                 continue
             undo = self._allocate_device(s, req, device, must=False)
             if undo is None:
@@ -924,18 +718,22 @@ class Allocator:
         return False
 
     def _allocate_device(self, s: _Search, req: _Request, device: Device, must: bool) -> Callable[[], None] | None:
+        """Take ``device`` for ``req`` in the search (the constraints last); the undo, or None when it
+        cannot be taken (an All request's device: ``must``, the checks not yet run on it)."""
         info = device.device
-        if not req.info.admin_access and self._in_use(device.key, s.layer):
+        if must and (self.checks.in_use(device.key, req.info, s.layer, req.tag)
+                     or not self.checks.counters_fit(device, s.layer)[0]):
             return None
-        if not self._counters_fit(device, s.layer)[0]:
+        if must and not self.checks.structural and self.checks.blocking_taint(device, req.info) is not None:
+            self._keep_rejected_counters(s.layer, device)
             return None
-        if self._blocking_taint(device, req.info) is not None:
-            return None
-        added: list[_Constraint] = []
-        for c in s.constraints:
+        constraints = s.constraints[req.claim]
+        added: list[Constraint] = []
+        for c in constraints:
             if not c.add(req.info.name, device):
                 for a in added:
                     a.remove(req.info.name, device)
+                self._keep_rejected_counters(s.layer, device)
                 if must:
                     raise _Failure(f"request {req.info.name}: cannot add device {'/'.join(device.key)} because a "
                                    "claim constraint would not be satisfied")
@@ -950,55 +748,53 @@ class Allocator:
         first_share = info.allow_multiple_allocations and device.key not in self.committed.shares and (
             device.key not in layer.shares)
         consumes = not info.allow_multiple_allocations or first_share
+        # An admin-access pick marks the device too: the claim's other requests cannot take it (the
+        # scheduler's ``allocatingDevices``), though other claims' admin requests still may.
+        marks = not info.allow_multiple_allocations
         if info.allow_multiple_allocations:
             layer.add_share(device.key, dict(share))
-        elif not req.info.admin_access:
-            layer.taken.setdefault(device.key, []).append("")
+        elif marks:
+            layer.taken.setdefault(device.key, []).append(req.tag)
         if consumes:
             layer.consume(device.pool.key, info)
-        s.picks.append(pick)
+        picks = s.picks[req.claim]
+        picks.append(pick)
 
         def undo() -> None:
-            s.picks.pop()
-            for c in s.constraints:
+            picks.pop()
+            for c in constraints:
                 c.remove(req.info.name, device)
             if info.allow_multiple_allocations:
                 layer.add_share(device.key, dict(share), -1.0)
                 if first_share:
                     del layer.shares[device.key]
-            elif not req.info.admin_access:
-                del layer.taken[device.key]
+            elif marks:
+                held = layer.taken[device.key]
+                held.pop()
+                if not held:
+                    del layer.taken[device.key]
             if consumes:
                 layer.consume(device.pool.key, info, -1.0)
         return undo
 
+    def _keep_rejected_counters(self, layer: Usage, device: Device) -> None:
+        """A device rejected after its counters fitted (a taint, a constraint): schedulers up to
+        ``scheduler_versions.COUNTERS_KEPT_BY_REJECTED_DEVICE_UNTIL`` keep its counters for the rest
+        of the attempt (``layer``); later ones give them back."""
+        if self.behaviours.rejected_device_keeps_counters and self.checks.counters_checked(device, layer):
+            layer.consume(device.pool.key, device.device)
+
     # --- why not ---------------------------------------------------------------------------------------
 
     def verdict(self, device: Device, request: DeviceRequestInfo, node: str,
-                layer: _Usage | None = None) -> tuple[str, str]:
+                layer: Usage | None = None) -> tuple[str, str]:
         """Why ``device`` (a candidate of ``request``) cannot be used on ``node`` now: (reason, detail);
         ("", "") when nothing keeps it."""
-        layer = layer or _Usage()
-        if not device.pool.usable:
-            return device.pool.unusable_reason
-        taken = self.committed.taken.get(device.key)
-        if taken is not None and not request.admin_access:
-            return TAKEN, ", ".join(taken)
-        if not device.for_node(node, self.labels(node)):
-            return NODE, f"{'/'.join(device.key)} is for {device.node or 'other nodes'}"
-        if not self._capacity_fits(device, request, layer):
-            left = self.capacity_left(device.key)
-            shared = self.committed.shared_by.get(device.key, [])
-            return CAPACITY, ", ".join(f"{n} {_amount(v)} left" for n, v in sorted(left.items())) + (
-                f" (shared by {', '.join(shared)})" if shared else "")
-        fits, detail = self._counters_fit(device, layer)
-        if not fits:
-            return COUNTERS, detail
-        taint = self._blocking_taint(device, request)
-        if taint is not None:
-            return TAINTED, f"{taint.key}={taint.value}:{taint.effect}" if taint.value else (
-                f"{taint.key}:{taint.effect}")
-        return "", ""
+        layer = layer or Usage()
+        reason = self.checks.obstacle(device, request, node, self.labels(node), layer)
+        if not reason:
+            return "", ""
+        return reason, self.checks.detail(reason, device, request, layer)
 
     def _summary(self, claim: ClaimInfo, request: DeviceRequestInfo, nodes: Sequence[str],
                  picks: Sequence[Pick] = ()) -> RequestOutcome:
@@ -1018,7 +814,11 @@ class Allocator:
         elif own is not None and own.error:
             error = f"request selector: {own.error}"
         chosen = tuple(p.device for p in picks if p.request == request.name)
+        best: tuple[int, int, str] | None = None  # (usable, matching, reason) of the node closest to fitting
+        most_matching = 0
         for node in nodes:
+            node_matching = node_usable = 0
+            node_counts: dict[str, int] = {}
             for device in self.view(node):
                 result = device.matches[index] if index is not None else True
                 if result and own is not None:
@@ -1030,34 +830,45 @@ class Allocator:
                         continue  # skipped before CEL runs: not a candidate, not an error
                     reason, detail = SELECTOR_ERROR, f"{'/'.join(device.key)}: CEL runtime error"
                 else:
-                    matching += 1
+                    node_matching += 1
                     if device.key in chosen:
-                        usable += 1
+                        node_usable += 1
                         continue
                     reason, detail = self.verdict(device, request, node)
                     if not reason:
-                        usable += 1
+                        node_usable += 1
                         if picks or not claim.constraints:
                             continue
                         reason, detail = CONSTRAINT, ""
                 counts[reason] = counts.get(reason, 0) + 1
+                node_counts[reason] = node_counts.get(reason, 0) + 1
                 known = details.setdefault(reason, [])
                 if detail and detail not in known and len(known) < MAX_DETAILS:
                     known.append(detail)
+            matching += node_matching
+            usable += node_usable
+            most_matching = max(most_matching, node_matching)
+            enough = node_matching > 0 if request.all_devices else node_matching >= request.count
+            if enough:
+                top = min(node_counts.items(), key=lambda kv: (-kv[1], REASONS.index(kv[0])), default=("", 0))[0]
+                candidate = (node_usable, node_matching, top)
+                if best is None or candidate[:2] > best[:2]:
+                    best = candidate
         blocked = tuple(Blocked(r, n, tuple(details.get(r, ()))) for r, n in
                         sorted(counts.items(), key=lambda kv: (-kv[1], REASONS.index(kv[0]))))
         count = request.count
         if request.all_devices:
             count = matching
         return RequestOutcome(request.name, request.device_class, count, request.all_devices, matching, usable,
-                              chosen, blocked, error)
+                              chosen, blocked, error, most_matching, best[0] if best is not None else 0,
+                              best[2] if best is not None else "")
 
     def _diagnose(self, claim: ClaimInfo, nodes: Sequence[str], picks: Sequence[Pick]) -> tuple[RequestOutcome, ...]:
         key = (claim.requests, bool(claim.constraints), tuple(nodes), tuple(picks))
         known = self._diagnosed.get(key)
         if known is None:
             known = tuple(self._summary(claim, r, nodes, picks) for r in claim.requests)
-            if len(self._diagnosed) < 10_000:
+            if len(self._diagnosed) < MAX_DIAGNOSED:
                 self._diagnosed[key] = known
         return known
 
@@ -1073,7 +884,7 @@ class Allocator:
         selector = self.matches.selector(device_class)
         if index is None or selector is None or selector.error:
             return 0
-        layer = _Usage()
+        layer = Usage()
         placed = 0
         for node in self.nodes if nodes is None else nodes:
             pools = [(p, ds) for p, ds in self.pool_view(node) if p.class_mask[index]]
@@ -1095,22 +906,25 @@ class Allocator:
         return placed
 
     def _place_on_node(self, node: str, pools: Sequence[tuple[Pool, Sequence[Device]]], index: int,
-                       layer: _Usage) -> int:
+                       layer: Usage) -> int:
         labels = self.labels(node)
         placed = 0
+        obstacle = self.checks.obstacle
+
+        def selected(device: Device) -> bool | None:
+            return device.matches[index]
+
         for pool, devices in pools:
             if not pool.usable:
                 continue
             for device in devices:
-                result = device.matches[index]
-                if result is False or self._in_use(device.key, layer):
-                    continue
-                if result is None:
+                reason = obstacle(device, PLAIN, node, labels, layer, selected=selected)
+                if reason == SELECTOR_ERROR:
                     return placed  # the search reaches a device its class cannot evaluate: no claim here
-                if not device.for_node(node, labels):
-                    continue
-                if not (self._capacity_fits(device, _PLAIN, layer) and self._counters_fit(device, layer)[0]
-                        and self._blocking_taint(device, _PLAIN) is None):
+                if reason == TAINTED:
+                    # Every later claim's search passes this device first: what it keeps, it keeps for them.
+                    self._keep_rejected_counters(layer, device)
+                if reason:
                     continue
                 if not device.device.allow_multiple_allocations:
                     self._take(layer, Pick("", device.key), "")
@@ -1118,32 +932,31 @@ class Allocator:
                     continue
                 # Shares of one device, counted rather than placed one by one (a 1-byte default on 80Gi
                 # would be billions of steps): the first consumes the counters, the others only capacity.
-                share = share_of(device.device, _PLAIN) or {}
+                share = share_of(device.device, PLAIN) or {}
                 shares = self._shares_left(device, share, layer)
                 self._take(layer, Pick("", device.key, False, tuple(sorted(share.items()))), "")
                 layer.add_share(device.key, {n: v * (shares - 1) for n, v in share.items()})
                 placed += shares
         return placed
 
-    def _shares_left(self, device: Device, share: Mapping[str, float], layer: _Usage) -> int:
+    def _shares_left(self, device: Device, share: Mapping[str, float], layer: Usage) -> int:
         """How many shares of ``share`` still fit the device's capacities (1 when it takes nothing)."""
         have = self.committed.shares.get(device.key, {})
         adding = layer.shares.get(device.key, {})
-        counts = [int((value - have.get(n, 0.0) - adding.get(n, 0.0) + _EPSILON) // share[n])
+        counts = [int((value - have.get(n, 0.0) - adding.get(n, 0.0) + EPSILON) // share[n])
                   for n, value in device.device.capacity if share.get(n, 0.0) > 0]
         return max(1, min(counts, default=1))
 
     def fit_one_after_another(self, devices: Sequence[Device]) -> int:
         """How many of ``devices`` (one profile of one GPU, in slice order) the scheduler could place
         one after another, each for a claim asking for exactly that kind: first fit over them."""
-        layer = _Usage()
-        request = _PLAIN
+        layer = Usage()
         placed = 0
         for device in devices:
-            if not device.pool.usable or self._in_use(device.key, layer):
-                continue
-            if (self._counters_fit(device, layer)[0] and self._blocking_taint(device, request) is None
-                    and self._capacity_fits(device, request, layer)):
+            reason = self.checks.obstacle(device, PLAIN, None, None, layer)
+            if reason == TAINTED:
+                self._keep_rejected_counters(layer, device)
+            elif not reason:
                 self._take(layer, Pick("", device.key), "")
                 placed += 1
         return placed
@@ -1151,18 +964,22 @@ class Allocator:
     def state(self, device: Device) -> str:
         """The device's state for new claims: unavailable (its pool is incomplete or invalid),
         allocated, tainted, blocked (its counters no longer fit), shared (a device that allows
-        multiple allocations, with shares and capacity left) or free."""
-        if not device.pool.usable:
+        multiple allocations, with shares and capacity left) or free. The pipeline's answer for a
+        plain claim, except that a taint is shown before used-up counters (the taint is what an
+        operator acts on)."""
+        reason = self.checks.obstacle(device, PLAIN, None, None, NOTHING)
+        if reason in (POOL_INCOMPLETE, POOL_INVALID):
             return "unavailable"
-        if device.key in self.committed.taken:
-            return "allocated"
         shared = device.key in self.committed.shares
-        if shared and not self._capacity_fits(device, _PLAIN, _NOTHING):
+        if reason == TAKEN or (shared and reason == CAPACITY):
             return "allocated"
-        if self._blocking_taint(device, _PLAIN) is not None:
+        if reason == TAINTED:
             return "tainted"
-        if not self._counters_fit(device, _NOTHING)[0]:
-            return "blocked"
+        if reason == COUNTERS or (reason == CAPACITY and not self.checks.counters_fit(device, NOTHING)[0]):
+            # The pipeline stops at the counters; a taint after them is still what the operator sees first.
+            return "tainted" if self.checks.blocking_taint(device, PLAIN) is not None else "blocked"
+        if reason == CAPACITY and self.checks.blocking_taint(device, PLAIN) is not None:
+            return "tainted"
         return "shared" if shared else "free"
 
     def counter_set_share_left(self, pool: Pool, set_name: str) -> float:
@@ -1178,10 +995,3 @@ class Allocator:
             have[0] += max(0.0, total - used.get(name, 0.0))
             have[1] += total
         return min((left / total for left, total in totals.values() if total > 0), default=0.0)
-
-
-def _amount(value: float) -> str:
-    gib = 2**30
-    if value >= gib and value % gib == 0:
-        return f"{int(value // gib)}Gi"
-    return f"{value:g}"

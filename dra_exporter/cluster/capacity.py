@@ -189,13 +189,14 @@ class Capacity:
         self._class_families(out, allocator, class_states, errors)
         statuses = claim_statuses(state.claims, state.pods, pods_read=state.read("pods"))
         pending = tuple(s for s in statuses if s.state == PENDING)
-        claim_families(out.set, statuses, self._reasons(allocator, [s.claim for s in pending], now))
+        claim_families(out.set, statuses, self._reasons(allocator, [s.claim for s in pending], now, state.pods))
         self._taint_rule_families(out, state.taint_rules, current)
         for kind, resource, count in (
                 ("ResourceSlice", "resourceslices", len(state.slices)),
                 ("ResourceClaim", "resourceclaims", len(state.claims)),
                 ("DeviceClass", "deviceclasses", len(state.classes)),
-                ("DeviceTaintRule", "devicetaintrules", len(state.taint_rules)), ("Pod", "pods", len(state.pods))):
+                ("DeviceTaintRule", "devicetaintrules", len(state.taint_rules)), ("Pod", "pods", len(state.pods)),
+                *((("Node", "nodes", len(state.nodes)),) if state.nodes is not None else ())):
             if state.read(resource):  # an unread kind's count is unknown, not 0
                 out.set(cat.CLUSTER_OBJECTS, (("kind", kind),), count)
         return out.samples, pending

@@ -16,28 +16,29 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from .. import printable
-from ..model import ClaimInfo, ClusterState
+from ..model import ClaimInfo, ClusterPod, ClusterState, PodNodeFilters
 from .allocator import (
     CAPACITY,
     CLASS_MISSING,
     CONSTRAINT,
     COUNTERS,
     NODE,
+    NODE_FILTERED,
     POOL_INCOMPLETE,
     POOL_INVALID,
     SELECTOR_ERROR,
     TAINTED,
     TAKEN,
+    TOGETHER,
     Allocator,
     AllocatorCache,
     Outcome,
     RequestOutcome,
 )
-from .claims import waiting_since
 from .selectors import CelEngine
 
 #: When no candidate was kept from a request by anything, yet too few devices match it.
@@ -57,44 +58,135 @@ _SAYS: Final = {
     TAINTED: "tainted, not tolerated by the request",
     CONSTRAINT: "usable alone, not together with the claim's matchAttribute/distinctAttribute constraints",
     NO_MATCH: "no device matches the class and the request's selectors",
-    TOO_FEW: "fewer devices match than the request asks",
+    TOO_FEW: "no node has as many matching devices as the claim asks that can be allocated together, even "
+             "with nothing allocated",
+    TOGETHER: "the claim fits alone, but not on one node with its pod's other pending claims",
+    NODE_FILTERED: "the pod's node selector, node affinity or tolerations keep it off every node with such devices",
 }
 
 
+# --- what the verdict covers ----------------------------------------------------------------------------
+
+#: The scheduler's filters (by plugin) the verdict can cover, and what each checks.
+DRA_FILTER: Final = "DynamicResources (devices)"
+NODE_FILTERS: Final = ("NodeAffinity (the pod's node selector and required node affinity)",
+                       "TaintToleration (node taints)", "NodeUnschedulable (cordoned nodes)")
+#: Filters the verdict never covers: a placeable claim's pod may still wait for one of these.
+NEVER_COVERED: Final = ("NodeResourcesFit (CPU and memory fit)", "InterPodAffinity (pod affinity)",
+                        "PodTopologySpread (topology spread)",
+                        "volumes (VolumeBinding, VolumeRestrictions, VolumeZone, NodeVolumeLimits)",
+                        "NodePorts (host ports)")
+#: Whether the allocator tries a claim only on the nodes its pods may go to (``nodes.NodeFilters``,
+#: ``Allocator.allocate_pod``): it does once the Nodes are read.
+POD_NODE_FILTERS_APPLIED: Final = True
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """Which of the scheduler's filters a verdict covers and which it does not, so that "placeable"
+    is never read as more than it is."""
+
+    covered: tuple[str, ...]
+    not_covered: tuple[str, ...]
+
+    def line(self) -> str:
+        return (f"the verdicts cover the scheduler's filters {', '.join(self.covered)}; not: "
+                f"{', '.join(self.not_covered)}")
+
+
+def coverage(nodes_read: bool) -> Coverage:
+    """What the verdicts over a state cover: its Nodes read (``ClusterState.nodes`` not None) or not."""
+    dra = DRA_FILTER if nodes_read else (
+        "DynamicResources (devices; Nodes not read: slices' node selectors taken as met)")
+    if nodes_read and POD_NODE_FILTERS_APPLIED:
+        return Coverage((dra, *NODE_FILTERS), NEVER_COVERED)
+    return Coverage((dra,), (*NODE_FILTERS, *NEVER_COVERED))
+
+
 class ClaimNotFound(LookupError):
-    """A claim named on the command line that the cluster does not have."""
+    """A target named on the command line that the cluster does not have, or that names both a claim
+    and a pod."""
 
 
 def parse_target(text: str) -> tuple[str, str]:
-    """``NAMESPACE/NAME`` → (namespace, name); ValueError naming what is wrong."""
+    """``NAMESPACE/NAME`` (a claim or a pod) → (namespace, name); ValueError naming what is wrong."""
     namespace, sep, name = text.partition("/")
     if not sep or not namespace or not name or "/" in name:
-        raise ValueError(f"{text!r}: expected NAMESPACE/CLAIM")
+        raise ValueError(f"{text!r}: expected NAMESPACE/CLAIM or NAMESPACE/POD")
     return namespace, name
+
+
+def waiting_pods(state: ClusterState) -> dict[tuple[str, str], ClusterPod]:
+    """(namespace, claim) → the pod the scheduler places it with: of the pods that have not ended and
+    reference it, the earliest created (then by name)."""
+    out: dict[tuple[str, str], ClusterPod] = {}
+    for pod in sorted(state.pods, key=lambda p: (p.created, p.namespace, p.name)):
+        if not pod.ended:
+            for name in pod.claims:
+                out.setdefault((pod.namespace, name), pod)
+    return out
+
+
+class _PodPlacer:
+    """Each waiting pod's claims allocated together, once per pod."""
+
+    def __init__(self, state: ClusterState, allocator: Allocator) -> None:
+        self.allocator = allocator
+        self.claims = {(c.namespace, c.name): c for c in state.claims}
+        self.pod_of = waiting_pods(state)
+        self._done: dict[tuple[str, str], dict[str, Outcome]] = {}
+
+    def pod(self, pod: ClusterPod) -> list[Outcome]:
+        """The outcome of each claim the pod references that exists, in the pod's order."""
+        claims = [c for n in pod.claims if (c := self.claims.get((pod.namespace, n))) is not None]
+        key = (pod.namespace, pod.name)
+        if key not in self._done:
+            outcomes = self.allocator.allocate_pod(claims, pod=f"{pod.namespace}/{pod.name}",
+                                                   filters=pod.node_filters)
+            self._done[key] = {o.claim: replace(o, pod_waits=True) for o in outcomes}
+        return [self._done[key][c.name] for c in claims]
+
+    def claim(self, claim: ClaimInfo) -> Outcome:
+        if claim.allocated:
+            return _allocated(claim)
+        pod = self.pod_of.get((claim.namespace, claim.name))
+        if pod is None:
+            return replace(self.allocator.allocate(claim), pod_waits=False)
+        self.pod(pod)
+        return self._done[(pod.namespace, pod.name)][claim.name]
 
 
 def explain(state: ClusterState, targets: Sequence[tuple[str, str]] = (), engine: CelEngine | None = None,
             *, namespace: str | None = None) -> list[Outcome]:
-    """The allocator's outcome for each claim in ``targets`` (an allocated claim says so), or for
-    every unallocated claim when ``targets`` is empty (of ``namespace`` alone when given);
-    ``ClaimNotFound`` for a claim not there. ``engine`` runs the CEL (default: in this process)."""
+    """The allocator's outcome for each target (``NAMESPACE/CLAIM``, or ``NAMESPACE/POD``: each claim of
+    the pod), or for every unallocated claim when ``targets`` is empty (of ``namespace`` alone when
+    given). A claim a pod waits for is
+    placed with the pod's other pending claims (the pod's verdict is the claim's); an allocated claim
+    says so. ``ClaimNotFound`` for a name that is neither a claim nor a pod, or both.
+    ``engine`` runs the CEL (default: in this process)."""
     by_key = {(c.namespace, c.name): c for c in state.claims}
-    if targets:
-        missing = [f"{ns}/{name}" for ns, name in targets if (ns, name) not in by_key]
-        if missing:
-            raise ClaimNotFound(f"no ResourceClaim {', '.join(missing)} in the cluster")
-        claims: list[ClaimInfo] = [by_key[t] for t in targets]
-    else:
-        claims = sorted((c for c in state.claims if not c.allocated and namespace in (None, c.namespace)),
-                        key=lambda c: (c.namespace, c.name))
-    allocator = Allocator(state, AllocatorCache(engine))
-    waited = waiting_since(state.pods)
+    pods = {(p.namespace, p.name): p for p in state.pods}
+    for ns, name in targets:
+        # A pod named as its own claim is one answer (the claim's verdict is the pod's): the pod's.
+        if (ns, name) in by_key and (ns, name) in pods and name not in pods[(ns, name)].claims:
+            raise ClaimNotFound(f"{ns}/{name} names both a ResourceClaim and a Pod that does not use it: "
+                                f"explain the pod's claims by their names")
+    missing = [f"{ns}/{name}" for ns, name in targets if (ns, name) not in by_key and (ns, name) not in pods]
+    if missing:
+        raise ClaimNotFound(f"no ResourceClaim or Pod {', '.join(missing)} in the cluster")
+    placer = _PodPlacer(state, Allocator(state, AllocatorCache(engine)))
+    out: list[Outcome] = []
+    if not targets:
+        pending = sorted((c for c in state.claims if not c.allocated and namespace in (None, c.namespace)),
+                         key=lambda c: (c.namespace, c.name))
+        out = [placer.claim(c) for c in pending]
+    for key in targets:
+        claim = by_key.get(key)
+        out.extend(placer.pod(pods[key]) if key in pods else [placer.claim(claim)] if claim is not None else [])
     pods_read = state.read("pods")  # unread: whether a pod waits is unknown (None), not "no"
     known = [c.name for c in state.classes]
-    return [_allocated(c) if c.allocated else
-            _nearest_classes(replace(allocator.allocate(c), pod_waits=(c.namespace, c.name) in waited
-                                     if pods_read else None), known)
-            for c in claims]
+    return [o if o.error == "already allocated" else
+            _nearest_classes(o if pods_read else replace(o, pod_waits=None), known) for o in out]
 
 
 _DID_YOU_MEAN: Final = "did you mean"
@@ -126,12 +218,29 @@ def first_blocking(outcome: Outcome) -> tuple[str, str] | None:
     """(request, reason) of what keeps a claim from being allocated first; None when placeable."""
     if outcome.placeable or outcome.error == "already allocated":
         return None
+    if outcome.together and outcome.requests:
+        return outcome.requests[0].request, TOGETHER
+    if outcome.node_filtered:
+        return (outcome.requests[0].request if outcome.requests else ""), NODE_FILTERED
     for r in outcome.requests:  # an error the allocator stops at, before any count
         if r.error:
             return r.request, r.blocked[0].reason if r.blocked else SELECTOR_ERROR
+    if outcome.fits_when_free is False and outcome.requests:
+        # Nothing that ends unblocks it: the claim asks more than any one node can give at once.
+        short = next((r for r in outcome.requests if (r.most_matching_on_a_node or 0) < r.count), None)
+        if short is None and any(r.blocked and r.blocked[0].reason == CONSTRAINT for r in outcome.requests):
+            return outcome.requests[0].request, CONSTRAINT  # enough devices, never together
+        r = short or outcome.requests[0]
+        return r.request, NO_MATCH if r.matching == 0 else TOO_FEW
     for r in outcome.requests:
-        if r.usable < r.count or (r.all_devices and r.matching == 0):
-            return r.request, _reason(r)
+        if r.all_devices or r.most_usable_on_a_node is None:
+            if r.usable < r.count or (r.all_devices and r.matching == 0):
+                return r.request, _reason(r)
+        elif r.most_usable_on_a_node < r.count:
+            # A claim must fit on one node: the reason is the one that would unblock it there.
+            if (r.most_matching_on_a_node or 0) < r.count:
+                return r.request, NO_MATCH if r.matching == 0 else TOO_FEW
+            return r.request, r.node_reason or _reason(r)
     first = outcome.requests[0] if outcome.requests else None
     if first is None:
         return "", CLASS_MISSING
@@ -148,12 +257,15 @@ def _reason(r: RequestOutcome) -> str:
 # --- the two forms ---------------------------------------------------------------------------------
 
 
-def as_dict(outcome: Outcome) -> dict[str, Any]:
+def as_dict(outcome: Outcome, covers: Coverage | None = None) -> dict[str, Any]:
     blocking = first_blocking(outcome)
-    return {
+    filters = {} if covers is None else {"scheduler_filters": {"covered": list(covers.covered),
+                                                                "not_covered": list(covers.not_covered)}}
+    return {**filters,
         "namespace": outcome.namespace, "claim": outcome.claim, "placeable": outcome.placeable,
         "allocated": outcome.error == "already allocated",
         "node": outcome.node or None, "nodes_tried": outcome.nodes_tried, "pod_waits": outcome.pod_waits,
+        "pod": outcome.pod or None, "attempt_fails": outcome.attempt_fails,
         "devices": ["/".join(p.device) for p in outcome.picks],
         "blocking": None if blocking is None else {"request": blocking[0], "reason": blocking[1]},
         "error": outcome.error or None,
@@ -166,15 +278,18 @@ def as_dict(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def render_json(outcomes: Sequence[Outcome], *, single: bool) -> str:
-    items = [as_dict(o) for o in outcomes]
+def render_json(outcomes: Sequence[Outcome], *, single: bool, covers: Coverage | None = None) -> str:
+    """``covers``: each outcome says which of the scheduler's filters it covers (``scheduler_filters``)."""
+    items = [as_dict(o, covers) for o in outcomes]
     return json.dumps(items[0] if single and items else items, indent=2)
 
 
-def render_text(outcomes: Sequence[Outcome]) -> str:
+def render_text(outcomes: Sequence[Outcome], covers: Coverage | None = None) -> str:
+    """``covers``: a last line says which of the scheduler's filters the verdicts cover."""
     if not outcomes:
         return "no unallocated ResourceClaims in the cluster\n"
-    return "\n".join("".join(f"{printable.for_terminal(line)}\n" for line in _lines(o)) for o in outcomes)
+    text = "\n".join("".join(f"{printable.for_terminal(line)}\n" for line in _lines(o)) for o in outcomes)
+    return text if covers is None else f"{text}({printable.for_terminal(covers.line())})\n"
 
 
 def _lines(o: Outcome) -> list[str]:
@@ -193,7 +308,8 @@ def _lines(o: Outcome) -> list[str]:
         request, reason = blocking
         lines.append(f"  blocked first by: request {request or '(none)'}: {_sentence(o, request, reason)}")
     if o.error and (blocking is None or blocking[1] != CLASS_MISSING):
-        lines.append(f"  the allocator says: {o.error}")
+        fails = " (an error, not a misfit: the pod's whole scheduling attempt stops)" if o.attempt_fails else ""
+        lines.append(f"  the allocator says: {o.error}{fails}")
     for r in o.requests:
         if any(b.reason == CLASS_MISSING for b in r.blocked):
             lines.append(f"  request {r.request}: device class {r.device_class or '(none)'} does not exist"
@@ -221,7 +337,9 @@ def _sentence(o: Outcome, request: str, reason: str) -> str:
     said = _SAYS.get(reason, reason)
     if reason == CLASS_MISSING and r is not None:
         return f"device class {r.device_class or '(none)'} does not exist{_hint(r)} [{reason}]"
-    if r is None or reason in (NO_MATCH, TOO_FEW, CLASS_MISSING):
+    if reason in (TOGETHER, NODE_FILTERED) and o.pod:
+        return f"{said} (pod {o.pod}) [{reason}]"
+    if r is None or reason in (NO_MATCH, TOO_FEW, CLASS_MISSING, TOGETHER, NODE_FILTERED):
         return f"{said} [{reason}]"
     blocked = next((b for b in r.blocked if b.reason == reason), None)
     count = blocked.devices if blocked is not None else 0
@@ -250,40 +368,64 @@ MAX_SHAPES_PER_FRAME: Final = 3
 
 
 class PendingReasons:
-    """The first blocking (request, reason) of each pending claim, asked of the allocator once per
-    *shape* (what a claim asks: its requests and constraints; claims made from one template share
-    it), kept ``REASON_REFRESH`` seconds of ``now``, at most ``MAX_SHAPES_PER_FRAME`` shapes asked
-    per frame (the others keep their last reason; ``complete`` is False while a shape has no answer
-    yet, so that the next frame asks again even when nothing changed). ``every_shape``: no such
-    limit, for a single frame (``cluster --once``), which has no next frame to catch up in."""
+    """The first blocking (request, reason) of each pending claim, from its waiting pod's outcome (the
+    pod's pending claims allocated together), asked of the allocator once per *shape* (what the pod's
+    pending claims ask: their requests and constraints; pods made from one template share it), kept
+    ``REASON_REFRESH`` seconds of ``now``, at most ``MAX_SHAPES_PER_FRAME`` shapes asked per frame (the
+    others keep their last reason; ``complete`` is False while a shape has no answer yet, so that the
+    next frame asks again even when nothing changed). ``every_shape``: no such limit, for a single frame
+    (``cluster --once``), which has no next frame to catch up in."""
 
     def __init__(self, *, every_shape: bool = False) -> None:
-        self._known: dict[object, tuple[tuple[str, str] | None, float]] = {}
+        self._known: dict[object, tuple[tuple[tuple[str, str] | None, ...], float]] = {}
         self._every_shape = every_shape
         self.complete = True
 
-    def __call__(self, allocator: Allocator, pending: Sequence[ClaimInfo], now: float
-                 ) -> dict[ClaimKey, tuple[str, str]]:
-        shapes: dict[object, ClaimInfo] = {}
-        for c in pending:
-            shapes.setdefault((c.requests, c.constraints), c)
+    def __call__(self, allocator: Allocator, pending: Sequence[ClaimInfo], now: float,
+                 pods: Sequence[ClusterPod] = ()) -> dict[ClaimKey, tuple[str, str]]:
+        by_key = {(c.namespace, c.name): c for c in pending}
+        groups: list[list[ClaimInfo]] = []
+        group_filters: list[PodNodeFilters | None] = []
+        grouped: set[ClaimKey] = set()
+        # Of every pod, only those waiting for a pending claim (a few among tens of thousands), oldest first.
+        waiting = [p for p in pods if not p.ended and any((p.namespace, n) in by_key for n in p.claims)]
+        for pod in sorted(waiting, key=lambda p: (p.created, p.namespace, p.name)):
+            group = [c for n in pod.claims if (c := by_key.get((pod.namespace, n))) is not None
+                     and (c.namespace, c.name) not in grouped]
+            if group:
+                grouped.update((c.namespace, c.name) for c in group)
+                groups.append(group)
+                group_filters.append(pod.node_filters)
+        alone = [[c] for c in pending if (c.namespace, c.name) not in grouped]  # no pod known: alone
+        groups += alone
+        group_filters += [None] * len(alone)
+
+        def shape_of(group: list[ClaimInfo], filters: PodNodeFilters | None) -> object:
+            return tuple((c.requests, c.constraints) for c in group), filters
+
+        shapes: dict[object, tuple[list[ClaimInfo], PodNodeFilters | None]] = {}
+        for group, filters in zip(groups, group_filters, strict=True):
+            shapes.setdefault(shape_of(group, filters), (group, filters))
         asked = 0
-        fresh: dict[object, tuple[tuple[str, str] | None, float]] = {}
+        fresh: dict[object, tuple[tuple[tuple[str, str] | None, ...], float]] = {}
         self.complete = True
-        for shape, claim in shapes.items():
+        for shape, (group, filters) in shapes.items():
             known = self._known.get(shape)
             if known is None or now - known[1] >= REASON_REFRESH:
                 if self._every_shape or asked < MAX_SHAPES_PER_FRAME:
                     asked += 1
-                    known = (first_blocking(allocator.allocate(claim)), now)
+                    known = (tuple(first_blocking(o) for o in allocator.allocate_pod(group, filters=filters)), now)
                 elif known is None:
                     self.complete = False  # no answer yet: the next frame asks again; a stale one waits for a change
             if known is not None:
                 fresh[shape] = known
         self._known = fresh
         out = {}
-        for c in pending:
-            found = fresh.get((c.requests, c.constraints))
-            if found is not None and found[0] is not None:
-                out[(c.namespace, c.name)] = found[0]
+        for group, filters in zip(groups, group_filters, strict=True):
+            found = fresh.get(shape_of(group, filters))
+            if found is None:
+                continue
+            for c, why in zip(group, found[0], strict=True):
+                if why is not None:
+                    out[(c.namespace, c.name)] = why
         return out

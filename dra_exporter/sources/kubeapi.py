@@ -146,6 +146,18 @@ def _default_kubeconfig() -> str:
     return os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
 
 
+def server_version(api_client: k8s.ApiClient, timeout: float = 10.0) -> str:
+    """The API server's ``gitVersion`` (``v1.36.2``) from ``GET /version``; ``""`` when it cannot be
+    read (the allocator then models the newest scheduler: ``cluster.scheduler_versions``)."""
+    try:
+        response = http.get(api_client, "/version", timeout=timeout)
+        body = read_json(response, "GET /version", seconds=timeout)
+    except (ApiException, SourceError, urllib3.exceptions.HTTPError, OSError):
+        return ""
+    version = body.get("gitVersion")
+    return version[:64] if isinstance(version, str) else ""
+
+
 def discover(api_client: k8s.ApiClient, timeout: float = 10.0) -> tuple[tuple[str, ...], str]:
     """(versions the server serves, the one to read): one ``GET /apis/resource.k8s.io``.
     Raises ``SourceError`` when the group is not served or serves no version dra-exporter reads."""

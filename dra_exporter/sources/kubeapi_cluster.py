@@ -11,7 +11,8 @@ byte a second costs a cycle one request timeout. Each kind holds at most ``max_o
 
 What it asks the API server: discovery (``GET /apis/resource.k8s.io``, the node agent's choice of
 v1, v1beta2, v1beta1), then one list and one watch per kind (core/v1 pods too: a claim is pending
-only while a pod waits for it), cluster-wide, with the node agent's
+only while a pod waits for it; and core/v1 Nodes, for the scheduler's node filters: without access to
+them the rest goes on, ``ClusterState.nodes`` None and one warning), cluster-wide, with the node agent's
 reflector (``kubeapi.Reflector``: resume from the last resourceVersion, bookmarks, list again on
 410, backoff, bounded answers). Lists are paged (``LIST_PAGE``), so a 5,000-node cluster's slices
 never sit in memory as one JSON document. DeviceTaintRules are read in the first of v1, v1beta2,
@@ -22,7 +23,9 @@ is one watch per kind every 5-10 minutes. Pods are asked for without those that 
 What it keeps: each object normalised by ``kubeapi_normalize`` (the one reader) and trimmed to what
 the capacity families read — claims lose their device statuses, tolerations and all but one
 ``reservedFor`` entry; pods keep their namespace, name, creation, the claims they reference and whether
-they are being deleted, and a pod that references no claim is not kept at all; repeated strings
+they are being deleted, and their node selector, required node affinity and tolerations (equal ones
+shared between pods), and a pod that references no claim is not kept at all; Nodes keep their name,
+labels, taints and ``unschedulable``; repeated strings
 (attribute names and values, drivers, pools, namespaces) are interned, so 40,000 GPUs of a few models
 share their text.
 """
@@ -44,9 +47,10 @@ from ..backoff import Backoff
 from ..dra_versions import GROUP
 from . import PartialSnapshot, SourceError
 from . import kubeapi_http as http
-from .kubeapi import ApiServerSource
+from .kubeapi import ApiServerSource, server_version
 from .kubeapi_normalize import (
     claim_from_dict,
+    cluster_node_from_dict,
     cluster_pod_from_dict,
     device_class_from_dict,
     slice_from_dict,
@@ -56,7 +60,13 @@ from .reflector import Reflector, Timeouts, close_watches
 
 SOURCE: Final = "kubeapi"
 RBAC_HINT: Final = ("the cluster mode needs list and watch on resourceslices, resourceclaims, deviceclasses and "
-                    "devicetaintrules (resource.k8s.io) and on pods")
+                    "devicetaintrules (resource.k8s.io) and on pods and nodes")
+#: What is lost while Nodes cannot be read (the cluster mode goes on without them).
+NODES_UNKNOWN: Final = ("node filters unknown: a slice's node selector is taken as met and pods' node selectors, "
+                        "affinity and node taints are not checked")
+#: Distinct pod node filters shared between pods (pods of one template carry equal ones); past it a
+#: pod keeps its own copy.
+MAX_SHARED_FILTERS: Final = 10_000
 #: Objects per list page (client-go's pager uses 500).
 LIST_PAGE: Final = 500
 #: Objects held per kind (``--max-objects``) by default: five times the slices of 5,000 nodes (two slices
@@ -94,10 +104,27 @@ def slim_claim(claim: model.ClaimInfo) -> model.ClaimInfo:
                                              consumed_capacity=r.consumed_capacity) for r in claim.results))
 
 
-def slim_pod(obj: Mapping[str, Any]) -> model.ClusterPod | None:
-    """A pod that references claims, with its namespace interned; None (not kept) for any other."""
+def slim_pod(obj: Mapping[str, Any], shared: dict[model.PodNodeFilters, model.PodNodeFilters] | None = None
+             ) -> model.ClusterPod | None:
+    """A pod that references claims, with its namespace interned and its node filters shared with
+    the equal ones of other pods (``shared``); None (not kept) for any other."""
     pod = cluster_pod_from_dict(obj)
-    return replace(pod, namespace=sys.intern(pod.namespace)) if pod.claims else None
+    if not pod.claims:
+        return None
+    filters = pod.node_filters
+    if shared is not None and filters is not model.NO_NODE_FILTERS:
+        filters = shared.get(filters) or (shared.setdefault(filters, filters) if len(shared) < MAX_SHARED_FILTERS
+                                          else filters)
+    return replace(pod, namespace=sys.intern(pod.namespace), node_filters=filters)
+
+
+def slim_node(obj: Mapping[str, Any]) -> model.ClusterNode:
+    """A Node's name, labels, taints and ``unschedulable``, its strings interned (5,000 nodes share a
+    few label keys and values)."""
+    node = cluster_node_from_dict(obj)
+    return replace(node, name=sys.intern(node.name), labels=_intern_pairs(node.labels),
+                   taints=tuple(model.DeviceTaint(sys.intern(t.key), sys.intern(t.value), sys.intern(t.effect))
+                                for t in node.taints))
 
 
 class ClusterSource(ApiServerSource):
@@ -122,6 +149,12 @@ class ClusterSource(ApiServerSource):
         self._revision = 0
         self._revision_lock = threading.Lock()
         self._state: tuple[int, model.ClusterState] | None = None
+        self.server_version = ""
+        """The API server's ``gitVersion``, read once at discovery; ``""`` when unknown."""
+        self._shared_filters: dict[model.PodNodeFilters, model.PodNodeFilters] = {}
+        self._nodes_backoff = Backoff(*timeouts.backoff, monotonic=time.monotonic)
+        self._nodes_error = ""
+        """Why the Nodes could not be listed last ("": they were, or not tried yet)."""
 
     def collect(self) -> model.ClusterState:
         """The state of every kind that could be read. Raises ``SourceError`` when none could (no
@@ -149,7 +182,7 @@ class ClusterSource(ApiServerSource):
         if self.api_version is None and self._discovery_backoff.remaining():
             raise SourceError(self._discovery_error)
         try:
-            _, discovered = self._connect()
+            client, discovered = self._connect()
         except SourceError as exc:
             self._discovery_backoff.failed()
             self._discovery_error = str(exc)
@@ -159,13 +192,16 @@ class ClusterSource(ApiServerSource):
         version = self.api_version
         assert version is not None
         if discovered:
-            self._log.info("kubeapi: reading %s/%s cluster-wide", GROUP, version)
+            self.requests["version"] += 1
+            self.server_version = server_version(client, self._timeouts.request)
+            self._log.info("kubeapi: reading %s/%s cluster-wide (API server %s)", GROUP, version,
+                           self.server_version or "version unknown")
         kinds: list[tuple[str, str, Callable[[Mapping[str, Any]], Any], str | None]] = [
             ("resourceslices", http.slices_path(version), lambda o: slim_slice(slice_from_dict(o, version)), None),
             ("resourceclaims", f"{http.GROUP_PATH}/{version}/resourceclaims",
              lambda o: slim_claim(claim_from_dict(o, version)), None),
             ("deviceclasses", f"{http.GROUP_PATH}/{version}/deviceclasses", device_class_from_dict, None),
-            ("pods", "/api/v1/pods", slim_pod, PODS_NOT_ENDED),
+            ("pods", "/api/v1/pods", lambda o: slim_pod(o, self._shared_filters), PODS_NOT_ENDED),
         ]
         for kind, path, normalize, selector in kinds:
             # One failed first list per cycle: an API server that answers every list a byte a second
@@ -175,6 +211,8 @@ class ClusterSource(ApiServerSource):
                 return
         if "devicetaintrules" not in self._reflectors and self.taint_rule_version is None:
             self._start_taint_rules()
+        if "nodes" not in self._reflectors and not self._stop.is_set():
+            self._start_nodes()
 
     def _try_add(self, kind: str, path: str, normalize: Callable[[Mapping[str, Any]], Any],
                  field_selector: str | None = None) -> bool:
@@ -226,6 +264,26 @@ class ClusterSource(ApiServerSource):
             self._log.warning("kubeapi: DeviceTaintRules not read: %s", str(exc).removeprefix("kubeapi: "))
         self.taint_rule_version = ""  # asked once; not again
 
+    def _start_nodes(self) -> None:
+        """List and watch Nodes. Without them (a ClusterRole of an older chart: 403) the cluster mode
+        goes on, its node filters unknown (``ClusterState.nodes`` None): one warning, a new list
+        after each backoff."""
+        if self._nodes_backoff.remaining():
+            return
+        try:
+            self._add("nodes", "/api/v1/nodes", slim_node)
+        except SourceError as exc:
+            self._nodes_backoff.failed()
+            error = str(exc).removeprefix("kubeapi: ")
+            if error != self._nodes_error:
+                self._log.warning("kubeapi: Nodes not read (%s): %s", error, NODES_UNKNOWN)
+            self._nodes_error = error
+            return
+        self._nodes_backoff.succeeded()
+        if self._nodes_error:
+            self._log.info("kubeapi: Nodes read: node filters known again")
+        self._nodes_error = ""
+
     # --- state ---------------------------------------------------------------------------------------
 
     def _bump(self) -> None:
@@ -250,6 +308,8 @@ class ClusterSource(ApiServerSource):
             taint_rules=items("devicetaintrules", lambda r: r.name),
             pods=items("pods", lambda p: (p.namespace, p.name)),
             unread=unread,
+            server_version=self.server_version,
+            nodes=items("nodes", lambda n: n.name) if "nodes" in self._reflectors else None,
         )
         self._state = (revision, state)
         return state

@@ -124,6 +124,8 @@ def _device(raw: Any, driver: str, version: str, per_device: bool = False) -> mo
         placement=_placement(body) if per_device else None,
         allow_multiple_allocations=body.get("allowMultipleAllocations") is True,
         request_policies=tuple(sorted(_request_policies(_map(body, "capacity")))),
+        binding_conditions=tuple(c for c in _list(body, "bindingConditions") if isinstance(c, str)),
+        binds_to_node=body.get("bindsToNode") is True,
     )
 
 
@@ -411,6 +413,31 @@ def node_labels(obj: Mapping[str, Any]) -> dict[str, str]:
             if isinstance(k, str) and isinstance(v, str)}
 
 
+def _string_map(raw: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)))
+
+
+def cluster_node_from_dict(obj: Mapping[str, Any]) -> model.ClusterNode:
+    """A core/v1 Node as the cluster mode keeps it: name, labels, taints, ``spec.unschedulable``."""
+    meta, spec = _map(obj, "metadata"), _map(obj, "spec")
+    return model.ClusterNode(
+        name=_str(meta, "name"), labels=_string_map(_map(meta, "labels")),
+        taints=tuple(model.DeviceTaint(_str(t, "key"), _str(t, "value"), _str(t, "effect"))
+                     for t in map(_map_of, _list(spec, "taints"))),
+        unschedulable=spec.get("unschedulable") is True)
+
+
+def pod_node_filters(spec: Mapping[str, Any]) -> model.PodNodeFilters:
+    """A pod's ``nodeSelector``, required node affinity and tolerations (``NO_NODE_FILTERS`` when it
+    has none, so that most pods share one object)."""
+    required = _map(_map(_map(spec, "affinity"), "nodeAffinity"), "requiredDuringSchedulingIgnoredDuringExecution")
+    filters = model.PodNodeFilters(
+        node_selector=_string_map(_map(spec, "nodeSelector")),
+        affinity=node_selector(required) if "nodeSelectorTerms" in required else None,
+        tolerations=_tolerations(_list(spec, "tolerations")))
+    return model.NO_NODE_FILTERS if filters == model.NO_NODE_FILTERS else filters
+
+
 # --- Pod ---------------------------------------------------------------------------------------------
 
 
@@ -454,22 +481,25 @@ def _kept_labels(labels: Mapping[str, Any], keep: Iterable[str]) -> tuple[tuple[
 
 
 def cluster_pod_from_dict(obj: Mapping[str, Any]) -> model.ClusterPod:
-    """One core/v1 Pod as the cluster mode reads it: the claims it references, its creation, and
-    whether it has ended (Succeeded, Failed, or ``deletionTimestamp`` set)."""
+    """One core/v1 Pod as the cluster mode reads it: the claims it references, its creation,
+    whether it has ended (Succeeded, Failed, or ``deletionTimestamp`` set) and what it says about
+    the nodes it may go to."""
     meta, status = _map(obj, "metadata"), _map(obj, "status")
     names = claim_object_names(_map(obj, "spec"), status)
     return model.ClusterPod(
         namespace=_str(meta, "namespace"), name=_str(meta, "name"),
         created=timestamp(_str(meta, "creationTimestamp")),
-        claims=tuple(sorted(referenced_claims(names, _str(_map(status, "extendedResourceClaimStatus"),
-                                                            "resourceClaimName")))),
-        ended=_str(status, "phase") in model.TERMINAL_PHASES or bool(_str(meta, "deletionTimestamp")))
+        claims=referenced_claims(names, _str(_map(status, "extendedResourceClaimStatus"), "resourceClaimName")),
+        ended=_str(status, "phase") in model.TERMINAL_PHASES or bool(_str(meta, "deletionTimestamp")),
+        node_filters=pod_node_filters(_map(obj, "spec")))
 
 
-def referenced_claims(names: Mapping[str, str], extended_claim: str) -> set[str]:
-    """The claim objects a pod references: those of its ``spec.resourceClaims`` whose name is known
-    (``claim_object_names``) and the one the scheduler made for its extended resources."""
-    return {n for n in names.values() if n} | ({extended_claim} if extended_claim else set())
+def referenced_claims(names: Mapping[str, str], extended_claim: str) -> tuple[str, ...]:
+    """The claim objects a pod references, in the order of its ``spec.resourceClaims`` (the order the
+    scheduler allocates them in): those whose name is known (``claim_object_names``), then the one the
+    scheduler made for its extended resources; each once."""
+    ordered = [n for n in names.values() if n] + ([extended_claim] if extended_claim else [])
+    return tuple(dict.fromkeys(ordered))
 
 
 def claim_object_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, str]:
