@@ -5,8 +5,9 @@ mode reads the cluster (its ``ClusterSource`` on the admin kubeconfig: Nodes, po
   from it on a labelled node and not on another, and so does the exporter's allocator once Nodes are read;
 * a pod that can only go to a node without GPUs (its node selector; its required affinity naming the
   other node; the GPU node's taint; the GPU node cordoned) is refused for the reason ``cluster/nodes.py``
-  gives, in the scheduler's own words; and its claim is not placeable in ``explain`` — xfail until the allocator tries a claim only on the nodes
-  its waiting pods may go to (the ``pods`` branch wires ``nodes.NodeFilters`` into it).
+  gives, in the scheduler's own words; and its claim is not placeable in ``explain`` — xfail until the
+  allocator tries a claim only on the nodes its waiting pods may go to (the ``pods`` branch wires
+  ``nodes.NodeFilters`` into it).
 
 Slices, classes and Nodes are cluster-wide: each case has its own driver, class and nodes, and the class
 selects only its driver's devices."""
