@@ -124,10 +124,29 @@ def test_match_expression_operators(requirement: JSON, labels: dict[str, str], a
 
 
 def test_match_fields_select_the_node_by_name_and_an_empty_term_selects_nothing() -> None:
-    by_name = pod(affinity=affinity({"matchFields": [expr("metadata.name", "In", "n2")]}))
-    assert refused(by_name, node("n2")) is None
-    assert refused(by_name, node("n1")) == AFFINITY
+    by_name = pod(affinity=affinity({"matchFields": [expr("metadata.name", "NotIn", "n2")]}))
+    assert refused(by_name, node("n1")) is None
+    assert refused(by_name, node("n2")) == AFFINITY
     assert refused(pod(affinity=affinity({})), node()) == AFFINITY
+
+
+def test_terms_that_name_nodes_leave_the_others_unfiltered_in_words_of_their_own() -> None:
+    # As the scheduler's PreFilter: the cordoned n3 is not "unschedulable" but left out.
+    by_name = pod(affinity=affinity({"matchFields": [expr("metadata.name", "In", "n1", "n2")]},
+                                    {"matchFields": [expr("metadata.name", "In", "n4")]}))
+    assert nf.prefilter_names(by_name) == {"n1", "n2", "n4"}
+    assert refused(by_name, node("n2")) is None
+    assert refused(by_name, node("n3", unschedulable=True)) == f"{nf.NODE_AFFINITY}: {nf.PREFILTER_MESSAGE}"
+    assert refused(by_name, node("n4", unschedulable=True)) == f"{nf.NODE_UNSCHEDULABLE}: {nf.UNSCHEDULABLE_MESSAGE}"
+    # One term that names no node: every node may match, no narrowing.
+    either = pod(affinity=affinity({"matchFields": [expr("metadata.name", "In", "n1")]},
+                                   {"matchExpressions": [expr("gpu", "Exists")]}))
+    assert nf.prefilter_names(either) is None
+    assert refused(either, node("n3")) == AFFINITY
+    admitted = nf.NodeFilters([node("n1"), node("n2", unschedulable=True), node("n3", unschedulable=True),
+                               node("n5")]).admission(by_name)
+    assert admitted.nodes == {"n1"}
+    assert dict(admitted.refused) == {nf.UNSCHEDULABLE_MESSAGE: 1, nf.PREFILTER_MESSAGE: 2}
 
 
 # --- TaintToleration and NodeUnschedulable ------------------------------------------------------------------

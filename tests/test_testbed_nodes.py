@@ -3,10 +3,10 @@ mode reads the cluster (its ``ClusterSource`` on the admin kubeconfig: Nodes, po
 
 * a slice that selects nodes by label serves only the nodes with that label — the scheduler allocates
   from it on a labelled node and not on another, and so does the exporter's allocator once Nodes are read;
-* a pod that can only go to a node without GPUs (its node selector; the GPU node's taint; the GPU node
-  cordoned) is refused for the reason ``cluster/nodes.py`` gives, in the scheduler's own words; and its
-  claim is not placeable in ``explain`` (the allocator tries a pod's claims only on the nodes its
-  filters admit).
+* a pod that can only go to a node without GPUs (its node selector; its required affinity naming the
+  other node; the GPU node's taint; the GPU node cordoned) is refused for the reason ``cluster/nodes.py``
+  gives, in the scheduler's own words; and its claim is not placeable in ``explain`` (the allocator tries
+  a pod's claims only on the nodes its filters admit).
 
 Slices, classes and Nodes are cluster-wide: each case has its own driver, class and nodes, and the class
 selects only its driver's devices."""
@@ -28,6 +28,9 @@ from dra_exporter.sources.kubeapi import Timeouts
 from dra_exporter.sources.kubeapi_cluster import ClusterSource
 
 pytestmark = pytest.mark.testbed_kube
+
+#: How a pod is kept off the only GPU node.
+CASES = ("node selector", "node name", "taint", "cordoned")
 
 RESOURCE = "resource.k8s.io/v1"
 FAST = Timeouts(request=10.0, backoff=(0.1, 0.5))
@@ -118,9 +121,9 @@ def only_a_node_without_gpus(kube: ControlPlane) -> Iterator[dict[str, tuple[str
     and the scheduler's message for it: case → (namespace, claim, GPU node, the pod's spec)."""
     cases: dict[str, tuple[str, str, str, dict[str, Any]]] = {}
     ns = kube.namespace("nodes")
-    for case in ("node selector", "taint", "cordoned"):
+    for case in CASES:
         label = kube.unique("no-gpus")
-        gpu_node, _ = kube.ready_node(), kube.ready_node(labels={"pool": label})
+        gpu_node, other = kube.ready_node(), kube.ready_node(labels={"pool": label})
         if case == "taint":
             kube.request("PATCH", f"/api/v1/nodes/{gpu_node}", {"spec": {"taints": [
                 {"key": "example.com/reserved", "value": label, "effect": "NoSchedule"}]}},
@@ -130,13 +133,14 @@ def only_a_node_without_gpus(kube: ControlPlane) -> Iterator[dict[str, tuple[str
                          content_type="application/merge-patch+json")
         _, device_class = slice_and_class(kube, 2, nodeName=gpu_node)
         spec: dict[str, Any] = {"nodeSelector": {"pool": label}} if case == "node selector" else {}
+        if case == "node name":  # as a DaemonSet's pod: the scheduler's PreFilter leaves the others out
+            spec = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                        "values": [other]}]}]}}}}
         name = claim(kube, ns, device_class)
         pod(kube, ns, name, **spec)
         cases[case] = (ns, name, gpu_node, spec)
     yield cases
-
-
-CASES = ("node selector", "taint", "cordoned")
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -149,8 +153,9 @@ def test_the_node_filters_refuse_the_gpu_node_in_the_schedulers_words(
     (pod,) = [p for p in state.pods if (p.namespace, p.name) == (ns, claim)]
     (node,) = [n for n in state.nodes or () if n.name == gpu_node]
     refusal = nf.refusal(pod.node_filters, node)
-    assert refusal is not None and refusal.plugin == {"node selector": nf.NODE_AFFINITY, "taint": nf.TAINT_TOLERATION,
-                                                      "cordoned": nf.NODE_UNSCHEDULABLE}[case]
+    assert refusal is not None and refusal.plugin == {
+        "node selector": nf.NODE_AFFINITY, "node name": nf.NODE_AFFINITY, "taint": nf.TAINT_TOLERATION,
+        "cordoned": nf.NODE_UNSCHEDULABLE}[case]
     assert refusal.message in message, (refusal, message)
     admission = nf.NodeFilters(state.nodes or ()).admission(pod.node_filters)
     assert gpu_node not in admission.nodes
