@@ -72,14 +72,16 @@ POOL_INCOMPLETE: Final = "pool_incomplete"
 POOL_INVALID: Final = "pool_invalid"
 TAKEN: Final = "taken"
 SELECTOR_ERROR: Final = "selector_not_evaluable"
+#: The scheduler runs the class's or the request's CEL, this exporter cannot: no verdict either way.
+UNSUPPORTED_SELECTOR: Final = "selector_not_supported"
 NODE: Final = "node_constraint"
 CAPACITY: Final = "capacity_exhausted"
 COUNTERS: Final = "counters_exhausted"
 TAINTED: Final = "tainted"
 CONSTRAINT: Final = "attribute_constraint"
 CLASS_MISSING: Final = "class_missing"
-REASONS: Final = (CLASS_MISSING, SELECTOR_ERROR, POOL_INCOMPLETE, POOL_INVALID, TAKEN, NODE, CAPACITY, COUNTERS,
-                  TAINTED, CONSTRAINT)
+REASONS: Final = (CLASS_MISSING, UNSUPPORTED_SELECTOR, SELECTOR_ERROR, POOL_INCOMPLETE, POOL_INVALID, TAKEN, NODE,
+                  CAPACITY, COUNTERS, TAINTED, CONSTRAINT)
 
 #: ``resourceapi.AllocationResultsMaxSize``: devices one claim may get.
 MAX_RESULTS: Final = 32
@@ -1015,6 +1017,9 @@ class Allocator:
             error = f"class {request.device_class}: {class_selector.error}"
         elif own is not None and own.error:
             error = f"request selector: {own.error}"
+        if any(s is not None and s.unsupported for s in (class_selector, own)):
+            return RequestOutcome(request.name, request.device_class, request.count, request.all_devices,
+                                  blocked=(Blocked(UNSUPPORTED_SELECTOR, 0, (request.device_class,)),), error=error)
         chosen = tuple(p.device for p in picks if p.request == request.name)
         for node in nodes:
             for device in self.view(node):

@@ -13,7 +13,10 @@ library's functions are registered by hand below: ``semver()``, ``isSemver()``, 
 ``isQuantity()``, ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``major``/``minor``/``patch``,
 ``asInteger``, ``asApproximateFloat``, ``add``, ``sub``. Quantities are plain numbers in base units
 and versions plain strings (the library passes only its own value types): ``compareTo`` and friends
-compare numbers as numbers and strings as semantic versions. What this does not do that the API
+compare numbers as numbers and strings as semantic versions. The rest of Kubernetes' environment
+(strings, lists, sets, optionals, ``cel.bind``, the empty map of an unknown domain) is
+``kubecel``'s; a selector neither runs is refused with ``UNSUPPORTED`` first ("not supported by this
+exporter": the scheduler runs it, so no verdict either way). What this does not do that the API
 server does: type-check at admission (a string attribute compared with ``isGreaterThan`` is compared
 as a version here, not rejected), a static cost estimate (a time limit stands in: below), and
 ``device.allowMultipleAllocations`` is false.
@@ -45,6 +48,7 @@ import cel
 
 from ..model import DeviceClassInfo, SliceDevice
 from ..quantity import quantity
+from .kubecel import LIBRARY, UNSUPPORTED, Unsupported, literal_domains, translate, with_domains
 
 #: ``device.attributes['dom'].name`` / ``device.capacity["dom"]["name"]``: a literal reference.
 _REFERENCE: Final = re.compile(
@@ -130,6 +134,8 @@ FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
     "add": lambda a, b: a + (_quantity(b) if isinstance(b, str) else b),
     "sub": lambda a, b: a - (_quantity(b) if isinstance(b, str) else b),
 }
+#: Everything a selector may call beyond the library's built-ins (Kubernetes' own functions win).
+_FUNCTIONS: Final = {**LIBRARY, **FUNCTIONS}
 
 
 def _typed(text: str, kind: str) -> Any:
@@ -176,29 +182,32 @@ def refusal(expression: str) -> str:
 
 
 def compile_programs(expressions: Sequence[str]) -> list[Any] | str:
-    """The compiled programs of a class's expressions, or why they cannot be compiled (one line)."""
+    """The compiled programs of a class's expressions, or why they cannot be compiled (one line;
+    ``UNSUPPORTED`` first when the API server would run it and this exporter cannot)."""
     programs = []
     for expression in expressions:
         if why := refusal(expression):
             return why
         try:
-            programs.append(cel.compile(expression))
+            programs.append((cel.compile(translate(expression)), literal_domains(expression)))
         except _FATAL:
             raise
+        except Unsupported as exc:
+            return UNSUPPORTED + str(exc)
         except BaseException as exc:  # noqa: BLE001 - ValueError and others; a Rust panic is a BaseException
-            return _first_line(exc)
+            return UNSUPPORTED + _first_line(exc)
     return programs
 
 
 def run_programs(programs: Sequence[Any], view: dict[str, Any]) -> Verdict:
     """Every program over one device's ``device`` variable (see ``Verdict``)."""
-    context = {"device": view, **FUNCTIONS}
-    for program in programs:
+    for program, domains in programs:
+        context = {"device": with_domains(view, domains) if domains else view, **_FUNCTIONS}
         try:
             result = program.execute(context)
         except RuntimeError as exc:
             if _UNKNOWN_FUNCTION in str(exc):
-                return _first_line(exc)  # the library cannot run it for any device
+                return UNSUPPORTED + _first_line(exc)  # the library cannot run it for any device
             return None
         except _FATAL:
             raise
@@ -207,6 +216,11 @@ def run_programs(programs: Sequence[Any], view: dict[str, Any]) -> Verdict:
         if result is not True:
             return None if not isinstance(result, bool) else False
     return True
+
+
+def unsupported(why: str) -> bool:
+    """Whether a class's error says the exporter cannot run it (where the scheduler can)."""
+    return why.startswith(UNSUPPORTED)
 
 
 class CelEngine(Protocol):
@@ -289,6 +303,11 @@ class ClassSelector:
                 self._references.extend(refs)
             else:
                 self._references = None  # a reference the pattern does not cover: memoise by device
+
+    @property
+    def unsupported(self) -> bool:
+        """Refused because the exporter cannot run it, not because the scheduler would refuse it."""
+        return unsupported(self.error)
 
     def matches(self, driver: str, device: SliceDevice) -> bool | None:
         if self.error:

@@ -1,0 +1,303 @@
+"""Kubernetes' CEL environment for DRA selectors, over the ``cel`` library (``common-expression-language``).
+
+What the API server and the scheduler compile DeviceClass and request selectors with (read from
+Kubernetes v1.36's ``dynamic-resource-allocation/cel`` and confirmed on the test bed's API server,
+which admits or refuses each form): the Kubernetes base library (strings v2, lists, sets, regex,
+optional types, quantity, semver, IP/CIDR, URL, format) plus ``cel.bind``; and at run time an
+attribute or capacity domain a device does not have reads as an empty map, not an error.
+
+What the ``cel`` library lacks is filled in here, the rest reported as not supported:
+
+- ``add_stdlib_to_context``'s libraries (the package's own pure-Python ``charAt``, ``indexOf``,
+  ``lowerAscii``, ``split``, ``join``, ``sets.*``, ``sort``, ``min``/``max``/``sum`` …) are used as
+  they are; functions the API server does not declare (``math.*``, ``base64.*``) are harmless here,
+  as a selector that calls one is refused at admission and never reaches the exporter.
+- Written here, because the library has no equivalent: ``cel.bind`` and optional field/index
+  selection (``x.?f``, ``m[?k]``) are *syntax* its parser refuses, so the source is rewritten
+  before it is compiled (``translate``): ``cel.bind(v, init, body)`` becomes ``[init].map(v, body)[0]``
+  (the comprehension cel-go expands ``bind`` into, evaluated once, as there), ``x.?f`` a call of a
+  function that returns an ``optional``; the ``optional`` values themselves (``orValue``, ``hasValue``,
+  ``value``, ``or``) are the library's. ``string.format`` (cel-go's verbs), ``find``/``findAll``,
+  ``isSorted`` and the list forms of ``indexOf``/``lastIndexOf`` are functions below.
+- The empty map for an unknown domain: the domains an expression indexes literally
+  (``device.attributes['gpu.example.com']``) are added as empty maps to the device it runs over
+  (``literal_domains``). A domain computed at run time still fails as a missing key, and
+  ``'d' in device.attributes`` is true for such a literally indexed domain ``d`` (the scheduler says
+  false): both rare in selectors, both documented limits.
+- Not supported (the class is reported "not supported by this exporter", never "not placeable"):
+  IP/CIDR, URL and ``format.*`` named formats, two-variable comprehensions, ``transformMap`` and
+  ``transformList``, optional list and map literal elements, and anything else the library cannot
+  parse or run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+import cel
+from cel.stdlib import add_stdlib_to_context
+
+#: What every message about a selector the exporter cannot run starts with.
+UNSUPPORTED: Final = "not supported by this exporter: "
+#: Rewrites one expression may need before it is refused (each is a pass over the source).
+MAX_REWRITES: Final = 256
+_OPTIONAL_FIELD: Final = "dra_exporter_optional_field"
+_OPTIONAL_INDEX: Final = "dra_exporter_optional_index"
+
+_TOKEN: Final = re.compile(r"""
+    (?P<str>[rRbB]{0,2}(?:'''(?:\\.|[^\\])*?'''|\"\"\"(?:\\.|[^\\])*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"))
+  | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?[uU]?|0[xX][0-9a-fA-F]+[uU]?)
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<space>\s+|//[^\n]*)
+  | (?P<punct>.)
+""", re.VERBOSE | re.DOTALL)
+#: A domain indexed literally: ``attributes['dom']``, ``capacity[?"dom"]``.
+_DOMAIN: Final = re.compile(r"""\b(attributes|capacity)\s*\[\s*\??\s*(['"])([^'"\\]+)\2\s*\]""")
+
+
+class Unsupported(ValueError):
+    """The expression uses a form of Kubernetes' CEL the exporter does not run."""
+
+
+# --- the source: what the parser cannot read, rewritten ---------------------------------------------
+
+
+def _tokens(source: str) -> list[tuple[str, str, int, int]]:
+    """(kind, text, start, end) of each token, white space and comments left out."""
+    out = []
+    for m in _TOKEN.finditer(source):
+        kind = m.lastgroup or "punct"
+        if kind != "space":
+            out.append((kind, m.group(), m.start(), m.end()))
+    return out
+
+
+def _closing(tokens: list[tuple[str, str, int, int]], opening: int) -> int:
+    """Index of the token that closes the bracket at ``opening``."""
+    depth = 0
+    for i in range(opening, len(tokens)):
+        kind, text = tokens[i][0], tokens[i][1]
+        if kind == "punct" and text in "([{":
+            depth += 1
+        elif kind == "punct" and text in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+    raise Unsupported("unbalanced brackets")
+
+
+def _arguments(tokens: list[tuple[str, str, int, int]], opening: int, closing: int) -> list[tuple[int, int]]:
+    """(first, last) token indexes of each top-level argument between two brackets."""
+    args, depth, first = [], 0, opening + 1
+    for i in range(opening + 1, closing):
+        kind, text = tokens[i][0], tokens[i][1]
+        if kind != "punct":
+            continue
+        if text in "([{":
+            depth += 1
+        elif text in ")]}":
+            depth -= 1
+        elif text == "," and depth == 0:
+            args.append((first, i - 1))
+            first = i + 1
+    args.append((first, closing - 1))
+    return args
+
+
+def _rewrite_once(source: str) -> str | None:
+    """The source with its first ``cel.bind`` or optional selection rewritten; None when it has none."""
+    tokens = _tokens(source)
+
+    def text(first: int, last: int) -> str:
+        return source[tokens[first][2]:tokens[last][3]]
+
+    for i, (kind, tok, start, _end) in enumerate(tokens):
+        if kind != "punct":
+            continue
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        after = tokens[i + 2] if i + 2 < len(tokens) else None
+        if (tok == "." and nxt is not None and nxt[1] == "bind" and i > 0 and tokens[i - 1][1] == "cel"
+                and after is not None and after[1] == "("):
+            closing = _closing(tokens, i + 2)
+            args = _arguments(tokens, i + 2, closing)
+            if len(args) != 3 or args[0][0] != args[0][1] or tokens[args[0][0]][0] != "ident":
+                raise Unsupported("cel.bind takes a variable name, a value and an expression")
+            name, init, body = tokens[args[0][0]][1], text(*args[1]), text(*args[2])
+            begin = tokens[i - 1][2]
+            return f"{source[:begin]}[{init}].map({name}, {body})[0]{source[tokens[closing][3]:]}"
+        if tok == "." and nxt is not None and nxt[1] == "?" and after is not None and after[0] == "ident":
+            return f"{source[:start]}.{_OPTIONAL_FIELD}('{after[1]}'){source[after[3]:]}"
+        if tok == "[" and nxt is not None and nxt[1] == "?":
+            before = tokens[i - 1] if i > 0 else None
+            if before is None or not (before[0] in ("ident", "str", "num") or before[1] in (")", "]", "}")):
+                raise Unsupported("optional elements of a list literal")
+            closing = _closing(tokens, i)
+            key = text(i + 2, closing - 1)
+            return f"{source[:start]}.{_OPTIONAL_INDEX}({key}){source[tokens[closing][3]:]}"
+        if tok == "{" and nxt is not None and nxt[1] == "?":
+            raise Unsupported("optional entries of a map literal")
+    return None
+
+
+def translate(expression: str) -> str:
+    """The expression in the form the ``cel`` library parses (raises ``Unsupported``)."""
+    source = expression
+    for _ in range(MAX_REWRITES):
+        rewritten = _rewrite_once(source)
+        if rewritten is None:
+            return source
+        source = rewritten
+    raise Unsupported(f"more than {MAX_REWRITES} cel.bind and optional selections")
+
+
+def literal_domains(expression: str) -> tuple[str, ...]:
+    """The attribute/capacity domains the expression indexes with a literal name."""
+    return tuple(sorted({m[3] for m in _DOMAIN.finditer(expression)}))
+
+
+def with_domains(view: dict[str, Any], domains: tuple[str, ...]) -> dict[str, Any]:
+    """The ``device`` view with an empty map for each of ``domains`` it has no attributes or capacity of
+    (a copy; the view itself is shared)."""
+    attributes, capacity = view["attributes"], view["capacity"]
+    if all(d in attributes and d in capacity for d in domains):
+        return view
+    return {**view, "attributes": {**{d: {} for d in domains}, **attributes},
+            "capacity": {**{d: {} for d in domains}, **capacity}}
+
+
+# --- the functions the library lacks ------------------------------------------------------------------
+
+
+def _optional_field(target: Any, name: str) -> Any:
+    if isinstance(target, cel.OptionalValue):
+        if not target.has_value():
+            return target
+        target = target.value()
+    if not isinstance(target, dict):
+        raise TypeError(f"no field selection on {type(target).__name__}")
+    return cel.OptionalValue.of(target[name]) if name in target else cel.OptionalValue.none()
+
+
+def _optional_index(target: Any, key: Any) -> Any:
+    if isinstance(target, cel.OptionalValue):
+        if not target.has_value():
+            return target
+        target = target.value()
+    if isinstance(target, dict):
+        return cel.OptionalValue.of(target[key]) if key in target else cel.OptionalValue.none()
+    if isinstance(target, list) and isinstance(key, int) and not isinstance(key, bool):
+        return cel.OptionalValue.of(target[key]) if 0 <= key < len(target) else cel.OptionalValue.none()
+    raise TypeError(f"no index of {type(target).__name__} by {type(key).__name__}")
+
+
+def _format_value(verb: str, value: Any, precision: int | None) -> str:
+    """One verb of cel-go's ``string.format``."""
+    if verb == "s":
+        return _as_string(value)
+    if verb == "d":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"%d takes an integer, not {type(value).__name__}")
+        return str(value)
+    if verb in "fe":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"%{verb} takes a number, not {type(value).__name__}")
+        digits = 6 if precision is None else precision
+        return f"{float(value):.{digits}{verb}}"
+    if verb in "boxX":
+        if isinstance(value, bool) or not isinstance(value, (int, str, bytes)):
+            raise TypeError(f"%{verb} takes an integer, not {type(value).__name__}")
+        if isinstance(value, int):
+            text = format(value, verb)
+        elif verb in "xX":
+            raw = value.encode() if isinstance(value, str) else value
+            text = raw.hex().upper() if verb == "X" else raw.hex()
+        else:
+            raise TypeError(f"%{verb} takes an integer")
+        return text
+    raise ValueError(f"unknown format verb %{verb}")
+
+
+def _as_string(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "[" + ", ".join(_as_string(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_as_string(k)}: {_as_string(v)}" for k, v in value.items()) + "}"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+_VERB: Final = re.compile(r"%(?:\.(\d+))?([a-zA-Z%])")
+
+
+def _format(template: str, args: Any) -> str:
+    if not isinstance(template, str) or not isinstance(args, list):
+        raise TypeError("format takes a string and a list")
+    values: Iterator[Any] = iter(args)
+    used = 0
+
+    def one(m: re.Match[str]) -> str:
+        nonlocal used
+        if m[2] == "%":
+            return "%"
+        used += 1
+        try:
+            value = next(values)
+        except StopIteration:
+            raise ValueError(f"format: {used} verbs, {len(args)} arguments") from None
+        return _format_value(m[2], value, int(m[1]) if m[1] is not None else None)
+
+    out = _VERB.sub(one, template)
+    if used != len(args):
+        raise ValueError(f"format: {used} verbs, {len(args)} arguments")
+    return out
+
+
+def _index_of(target: Any, item: Any, *rest: Any) -> Any:
+    if isinstance(target, list):
+        return next((i for i, v in enumerate(target) if type(v) is type(item) and v == item), -1)
+    return _STRINGS["indexOf"](target, item, *rest)
+
+
+def _last_index_of(target: Any, item: Any, *rest: Any) -> Any:
+    if isinstance(target, list):
+        return next((i for i in range(len(target) - 1, -1, -1)
+                     if type(target[i]) is type(item) and target[i] == item), -1)
+    return _STRINGS["lastIndexOf"](target, item, *rest)
+
+
+def _find(text: Any, pattern: Any) -> str:
+    m = re.search(pattern, text)
+    return m.group() if m else ""
+
+
+def _find_all(text: Any, pattern: Any, limit: int = -1) -> list[str]:
+    found = [m.group() for m in re.finditer(pattern, text)]
+    return found if limit < 0 else found[:limit]
+
+
+def _is_sorted(items: Any) -> bool:
+    if not isinstance(items, list):
+        raise TypeError("isSorted takes a list")
+    return all(a <= b for a, b in zip(items, items[1:], strict=False))
+
+
+def _library() -> dict[str, Callable[..., Any]]:
+    context = cel.Context()
+    add_stdlib_to_context(context)
+    return dict(context.functions)
+
+
+_STRINGS: Final = _library()
+#: Functions a selector may call beyond the library's built-ins, by name.
+LIBRARY: Final[dict[str, Callable[..., Any]]] = {
+    **_STRINGS,
+    "format": _format, "indexOf": _index_of, "lastIndexOf": _last_index_of, "find": _find, "findAll": _find_all,
+    "isSorted": _is_sorted, _OPTIONAL_FIELD: _optional_field, _OPTIONAL_INDEX: _optional_index,
+}
