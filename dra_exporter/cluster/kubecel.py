@@ -19,11 +19,12 @@ What the ``cel`` library lacks is filled in here, the rest reported as not suppo
   function that returns an ``optional``; the ``optional`` values themselves (``orValue``, ``hasValue``,
   ``value``, ``or``) are the library's. ``string.format`` (cel-go's verbs), ``find``/``findAll``,
   ``isSorted`` and the list forms of ``indexOf``/``lastIndexOf`` are functions below.
-- The empty map for an unknown domain: the domains an expression indexes literally
-  (``device.attributes['gpu.example.com']``) are added as empty maps to the device it runs over
-  (``literal_domains``). A domain computed at run time still fails as a missing key, and
-  ``'d' in device.attributes`` is true for such a literally indexed domain ``d`` (the scheduler says
-  false): both rare in selectors, both documented limits.
+- The empty map for an unknown domain: an index into ``.attributes``/``.capacity``
+  (``device.attributes['gpu.example.com']``, ``device.capacity[?d]``) becomes a call of a function
+  that returns an empty map for a domain the device lacks, as the scheduler's map does, while
+  ``'d' in device.attributes`` and iteration still see only the device's own domains. Not covered:
+  the same maps indexed through a variable (``cel.bind(a, device.attributes, a['d'])``), where a
+  missing domain stays an error.
 - Not supported (the class is reported "not supported by this exporter", never "not placeable"):
   IP/CIDR, URL and ``format.*`` named formats, two-variable comprehensions, ``transformMap`` and
   ``transformList``, optional list and map literal elements, and anything else the library cannot
@@ -45,6 +46,8 @@ UNSUPPORTED: Final = "not supported by this exporter: "
 MAX_REWRITES: Final = 256
 _OPTIONAL_FIELD: Final = "dra_exporter_optional_field"
 _OPTIONAL_INDEX: Final = "dra_exporter_optional_index"
+_DOMAIN: Final = "dra_exporter_domain"
+_OPTIONAL_DOMAIN: Final = "dra_exporter_optional_domain"
 
 _TOKEN: Final = re.compile(r"""
     (?P<str>[rRbB]{0,2}(?:'''(?:\\.|[^\\])*?'''|\"\"\"(?:\\.|[^\\])*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"))
@@ -53,8 +56,6 @@ _TOKEN: Final = re.compile(r"""
   | (?P<space>\s+|//[^\n]*)
   | (?P<punct>.)
 """, re.VERBOSE | re.DOTALL)
-#: A domain indexed literally: ``attributes['dom']``, ``capacity[?"dom"]``.
-_DOMAIN: Final = re.compile(r"""\b(attributes|capacity)\s*\[\s*\??\s*(['"])([^'"\\]+)\2\s*\]""")
 
 
 class Unsupported(ValueError):
@@ -129,6 +130,13 @@ def _rewrite_once(source: str) -> str | None:
             return f"{source[:begin]}[{init}].map({name}, {body})[0]{source[tokens[closing][3]:]}"
         if tok == "." and nxt is not None and nxt[1] == "?" and after is not None and after[0] == "ident":
             return f"{source[:start]}.{_OPTIONAL_FIELD}('{after[1]}'){source[after[3]:]}"
+        if (tok == "[" and i > 1 and nxt is not None and tokens[i - 2][1] == "."
+                and tokens[i - 1][0] == "ident" and tokens[i - 1][1] in ("attributes", "capacity")):
+            closing = _closing(tokens, i)
+            optional = nxt[1] == "?"
+            key = text(i + 2 if optional else i + 1, closing - 1)
+            function = _OPTIONAL_DOMAIN if optional else _DOMAIN
+            return f"{source[:start]}.{function}({key}){source[tokens[closing][3]:]}"
         if tok == "[" and nxt is not None and nxt[1] == "?":
             before = tokens[i - 1] if i > 0 else None
             if before is None or not (before[0] in ("ident", "str", "num") or before[1] in (")", "]", "}")):
@@ -152,22 +160,19 @@ def translate(expression: str) -> str:
     raise Unsupported(f"more than {MAX_REWRITES} cel.bind and optional selections")
 
 
-def literal_domains(expression: str) -> tuple[str, ...]:
-    """The attribute/capacity domains the expression indexes with a literal name."""
-    return tuple(sorted({m[3] for m in _DOMAIN.finditer(expression)}))
-
-
-def with_domains(view: dict[str, Any], domains: tuple[str, ...]) -> dict[str, Any]:
-    """The ``device`` view with an empty map for each of ``domains`` it has no attributes or capacity of
-    (a copy; the view itself is shared)."""
-    attributes, capacity = view["attributes"], view["capacity"]
-    if all(d in attributes and d in capacity for d in domains):
-        return view
-    return {**view, "attributes": {**{d: {} for d in domains}, **attributes},
-            "capacity": {**{d: {} for d in domains}, **capacity}}
-
-
 # --- the functions the library lacks ------------------------------------------------------------------
+
+
+def _domain(domains: Any, name: Any) -> Any:
+    """``device.attributes[name]`` / ``device.capacity[name]``: an empty map for a domain the device lacks."""
+    if not isinstance(domains, dict) or not isinstance(name, str):
+        raise TypeError("a domain is looked up by its name")
+    return domains.get(name, {})
+
+
+def _optional_domain(domains: Any, name: Any) -> Any:
+    """``device.attributes[?name]``: the lookup above finds every name, so it always has a value."""
+    return cel.OptionalValue.of(_domain(domains, name))
 
 
 def _optional_field(target: Any, name: str) -> Any:
@@ -300,4 +305,5 @@ LIBRARY: Final[dict[str, Callable[..., Any]]] = {
     **_STRINGS,
     "format": _format, "indexOf": _index_of, "lastIndexOf": _last_index_of, "find": _find, "findAll": _find_all,
     "isSorted": _is_sorted, _OPTIONAL_FIELD: _optional_field, _OPTIONAL_INDEX: _optional_index,
+    _DOMAIN: _domain, _OPTIONAL_DOMAIN: _optional_domain,
 }

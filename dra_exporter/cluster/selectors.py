@@ -48,7 +48,7 @@ import cel
 
 from ..model import DeviceClassInfo, SliceDevice
 from ..quantity import quantity
-from .kubecel import LIBRARY, UNSUPPORTED, Unsupported, literal_domains, translate, with_domains
+from .kubecel import LIBRARY, UNSUPPORTED, Unsupported, translate
 
 #: ``device.attributes['dom'].name`` / ``device.capacity["dom"]["name"]``: a literal reference.
 _REFERENCE: Final = re.compile(
@@ -189,7 +189,7 @@ def compile_programs(expressions: Sequence[str]) -> list[Any] | str:
         if why := refusal(expression):
             return why
         try:
-            programs.append((cel.compile(translate(expression)), literal_domains(expression)))
+            programs.append(cel.compile(translate(expression)))
         except _FATAL:
             raise
         except Unsupported as exc:
@@ -201,8 +201,8 @@ def compile_programs(expressions: Sequence[str]) -> list[Any] | str:
 
 def run_programs(programs: Sequence[Any], view: dict[str, Any]) -> Verdict:
     """Every program over one device's ``device`` variable (see ``Verdict``)."""
-    for program, domains in programs:
-        context = {"device": with_domains(view, domains) if domains else view, **_FUNCTIONS}
+    context = {"device": view, **_FUNCTIONS}
+    for program in programs:
         try:
             result = program.execute(context)
         except RuntimeError as exc:
