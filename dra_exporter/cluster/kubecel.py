@@ -33,6 +33,7 @@ What the ``cel`` library lacks is filled in here, the rest reported as not suppo
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -56,6 +57,11 @@ _TOKEN: Final = re.compile(r"""
   | (?P<space>\s+|//[^\n]*)
   | (?P<punct>.)
 """, re.VERBOSE | re.DOTALL)
+
+
+# The library logs a warning each time a Python function raises: here that is a device failing a
+# selector (a substring out of range), which the exporter reports itself, once per class.
+logging.getLogger("cel").setLevel(logging.ERROR)
 
 
 class Unsupported(ValueError):
