@@ -61,7 +61,7 @@ def test_the_scheduler_and_the_exporter_agree_on_every_selector_of_the_corpus(ku
             for name, (_, node, obj) in cases.items()}
     for name, (_, node, _) in cases.items():
         kube.pod(ns, name, claims={"gpu": name}, node_name=node)
-    theirs = scheduler_verdicts(kube, ns, {name: name for name in cases})
+    theirs = scheduler_verdicts(kube, ns, {name: (name,) for name in cases})
 
     def said(v: Verdict, node: str) -> tuple[str, str]:
         device = v.devices[0].rsplit("/", 1)[-1] if v.devices else ""

@@ -7,6 +7,7 @@ scheduling round trip after another.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,8 @@ class Verdict:
     devices: tuple[str, ...] = ()
     """``driver/pool/device`` of what was allocated, in result order."""
     message: str = ""
+    results: tuple[tuple[tuple[str, str, str, str, bool], ...], ...] = ()
+    """Per claim (in the pod's order), its allocation results: (request, driver, pool, device, admin access)."""
 
 
 def view(kube: ControlPlane) -> ClusterState:
@@ -43,17 +46,17 @@ def view(kube: ControlPlane) -> ClusterState:
 def exporter_verdict(outcome: Outcome) -> Verdict:
     """The exporter's allocator outcome in the scheduler's terms."""
     if outcome.placeable:
-        return Verdict(ALLOCATED, tuple("/".join(p.device) for p in outcome.picks if not p.admin_access) or
-                       tuple("/".join(p.device) for p in outcome.picks))
+        return Verdict(ALLOCATED, tuple("/".join(p.device) for p in outcome.picks),
+                       results=(tuple((p.request, *p.device, p.admin_access) for p in outcome.picks),))
     if undecided(outcome):
         return Verdict(UNSUPPORTED, message=outcome.error)
     errors = " ".join([outcome.error, *(r.error for r in outcome.requests)])
     return Verdict(ERROR if "CEL" in errors else UNSCHEDULABLE, message=errors.strip())
 
 
-def scheduler_verdicts(kube: ControlPlane, ns: str, pods: dict[str, str], timeout: float = 120.0
+def scheduler_verdicts(kube: ControlPlane, ns: str, pods: Mapping[str, Sequence[str]], timeout: float = 120.0
                        ) -> dict[str, Verdict]:
-    """Per pod (pod name -> its claim's name): bound with the claim's devices, or pending with the
+    """Per pod (pod name -> the names of its claims): bound with the claim's devices, or pending with the
     scheduler's reason: ``error`` when its filter failed with an error (a CEL run-time error and the
     like: the pod's condition says the scheduler erred), else ``unschedulable``."""
     deadline = time.monotonic() + timeout
@@ -87,7 +90,10 @@ def scheduler_verdicts(kube: ControlPlane, ns: str, pods: dict[str, str], timeou
     out = {}
     for name, verdict in verdicts.items():
         if verdict.outcome == ALLOCATED:
-            results = claims[pods[name]].get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
-            verdict = Verdict(ALLOCATED, tuple(f"{r['driver']}/{r['pool']}/{r['device']}" for r in results))
+            per_claim = tuple(tuple(claims[c].get("status", {}).get("allocation", {}).get("devices", {})
+                                    .get("results", [])) for c in pods[name])
+            verdict = Verdict(ALLOCATED, tuple(f"{r['driver']}/{r['pool']}/{r['device']}" for rs in per_claim for r in rs),
+                              results=tuple(tuple((r["request"], r["driver"], r["pool"], r["device"],
+                                                   bool(r.get("adminAccess"))) for r in rs) for rs in per_claim))
         out[name] = verdict
     return out
