@@ -117,7 +117,7 @@ def exporter_allocates(allocator: Allocator, claims: list[JSON], node: str) -> V
     """The adapter: the exporter allocates a pod's claims one after another on the node (committing
     each), as its allocator works on claims; the pod fits when all do. One allocator serves every
     case: their drivers differ, so what one case commits no other case's classes select."""
-    results = []
+    results: list[tuple[tuple[str, str, str, str, bool], ...]] = []
     for obj in claims:
         outcome = allocator.allocate(claim_from_dict(obj, "v1"), node)
         verdict = exporter_verdict(outcome)
@@ -142,37 +142,43 @@ def expected(case: JSON) -> Any:
     return [sorted(list(r) for r in claim) for claim in case["expect"]]
 
 
+def create_case(kube: ControlPlane, ns: str, prefix: str, original: JSON) -> tuple[str, list[JSON]]:
+    """The case's objects under its own names; (its node, the claims of its pod)."""
+    case = localised(original, prefix)
+    nodes = {case["node"], *case.get("nodes", ()), *(s["node"] for s in case["slices"] if "node" in s)}
+    for name in sorted(nodes):
+        kube.ready_node(name, {"region": REGIONS[unlocalised(name, prefix)], "planet": "earth"})
+    for j, spec in enumerate(case["slices"]):
+        kube.create(slice_api(spec, f"{prefix}-slice-{j}"))
+    classes = {} if case.get("no_default_classes") else localised(DEFAULT_CLASSES, prefix)
+    for name, expressions in (classes | case.get("classes", {})).items():
+        kube.create({"apiVersion": GROUP, "kind": "DeviceClass", "metadata": {"name": name},
+                     "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]}})
+    for j, held in enumerate(case.get("allocated", [])):
+        holder = claim_api({"name": f"{prefix}-held-{j}", "requests": [
+            {"name": "held", "deviceClassName": f"{prefix}-class-a"}]}, ns)
+        created = kube.create(holder, ns)
+        kube.patch_status(created, {"allocation": {"devices": {"results": [
+            {"request": "held", "driver": held[0], "pool": held[1], "device": held[2]}]}}})
+    claims = [claim_api(c, ns) for c in case["claims"]]
+    for obj in claims:
+        kube.create(obj, ns)
+    return case["node"], claims
+
+
 def test_upstreams_allocator_table_on_the_scheduler_and_the_exporter(kube: ControlPlane) -> None:
     started = time.monotonic()
     ns = kube.namespace("upstream", admin_access=True)
     made: dict[str, tuple[str, str, list[JSON]]] = {}  # case -> (prefix, node, claims)
     for k, original in enumerate(CASES):
         prefix = f"u{k}-{kube.unique('t').rsplit('-', 1)[-1]}"
-        case = localised(original, prefix)
-        for name in sorted({case["node"], *case.get("nodes", ()), *(s["node"] for s in case["slices"] if "node" in s)}):
-            kube.ready_node(name, {"region": REGIONS[unlocalised(name, prefix)], "planet": "earth"})
-        for j, spec in enumerate(case["slices"]):
-            kube.create(slice_api(spec, f"{prefix}-slice-{j}"))
-        classes = ({} if case.get("no_default_classes") else localised(DEFAULT_CLASSES, prefix)) | case.get("classes", {})
-        for name, expressions in classes.items():
-            kube.create({"apiVersion": GROUP, "kind": "DeviceClass", "metadata": {"name": name},
-                         "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]}})
-        for j, held in enumerate(case.get("allocated", [])):
-            holder = claim_api({"name": f"{prefix}-held-{j}", "requests": [
-                {"name": "held", "deviceClassName": f"{prefix}-class-a"}]}, ns)
-            created = kube.create(holder, ns)
-            kube.patch_status(created, {"allocation": {"devices": {"results": [
-                {"request": "held", "driver": held[0], "pool": held[1], "device": held[2]}]}}})
-        claims = [claim_api(c, ns) for c in case["claims"]]
-        for obj in claims:
-            kube.create(obj, ns)
-        made[original["case"]] = (prefix, case["node"], claims)
+        made[original["case"]] = (prefix, *create_case(kube, ns, prefix, original))
     print(f"\ncreated in {time.monotonic() - started:.1f} s")
     state = view(kube)
     allocator = Allocator(state)
     ours = {name: exporter_allocates(allocator, claims, node) for name, (_, node, claims) in made.items()}
     pods = {}
-    for name, (prefix, node, claims) in made.items():
+    for prefix, node, claims in made.values():
         pod = f"{prefix}-pod"
         kube.pod(ns, pod, claims={f"c{j}": c["metadata"]["name"] for j, c in enumerate(claims)}, node_name=node)
         pods[pod] = tuple(c["metadata"]["name"] for c in claims)

@@ -92,7 +92,8 @@ def scheduler_verdicts(kube: ControlPlane, ns: str, pods: Mapping[str, Sequence[
         if verdict.outcome == ALLOCATED:
             per_claim = tuple(tuple(claims[c].get("status", {}).get("allocation", {}).get("devices", {})
                                     .get("results", [])) for c in pods[name])
-            verdict = Verdict(ALLOCATED, tuple(f"{r['driver']}/{r['pool']}/{r['device']}" for rs in per_claim for r in rs),
+            devices = tuple(f"{r['driver']}/{r['pool']}/{r['device']}" for rs in per_claim for r in rs)
+            verdict = Verdict(ALLOCATED, devices,
                               results=tuple(tuple((r["request"], r["driver"], r["pool"], r["device"],
                                                    bool(r.get("adminAccess"))) for r in rs) for rs in per_claim))
         out[name] = verdict

@@ -403,6 +403,12 @@ class _Failure(Exception):
     """The allocator refuses the claim on this node (the scheduler's error return)."""
 
 
+class _OverLimit(Exception):
+    """Taking the current (sub)request's devices would pass ``MAX_RESULTS``: no choice of devices for
+    the requests before it changes that, so the search backs up to the nearest prioritized list and
+    tries its next subrequest, as the scheduler does, instead of trying every combination."""
+
+
 @dataclass(slots=True)
 class _Search:
     claim: ClaimInfo
@@ -858,6 +864,8 @@ class Allocator:
             if sum(min(r.count for r in g) for g in search.groups) > MAX_RESULTS:
                 return None, f"more than {MAX_RESULTS} devices asked"
             done = self._allocate_one(search, 0, 0, 0, 0, False)
+        except _OverLimit:
+            done = False  # no fit on this node, not an error
         except _Failure as exc:
             return None, str(exc)
         return (search.picks if done else None), ""
@@ -883,22 +891,28 @@ class Allocator:
             return True
         group = s.groups[ri]
         if not in_sub and group[0].subrequest:
-            return any(self._allocate_one(s, ri, sub, 0, 0, True) for sub in range(len(group)))
+            over = 0
+            for sub in range(len(group)):
+                try:
+                    if self._allocate_one(s, ri, sub, 0, 0, True):
+                        return True
+                except _OverLimit:
+                    over += 1
+            if over == len(group):
+                raise _OverLimit
+            return False
         req = group[si]
         if req.info.all_devices and not req.all_list:
             return False
         if di >= req.count:
             return self._allocate_one(s, ri + 1, 0, 0, 0, False)
         if len(s.picks) + req.count - di > MAX_RESULTS:
-            return False
+            raise _OverLimit
         if req.info.all_devices:
             undo = self._allocate_device(s, req, req.all_list[di], must=True)
             if undo is None:
                 return False
-            if self._allocate_one(s, ri, si, di + 1, 0, in_sub):
-                return True
-            undo()
-            return False
+            return self._allocate_next(s, undo, ri, si, di + 1, 0, in_sub)
         for pos in range(start, len(s.devices)):
             device = s.devices[pos]
             if not device.pool.usable:
@@ -918,9 +932,21 @@ class Allocator:
             undo = self._allocate_device(s, req, device, must=False)
             if undo is None:
                 continue
-            if self._allocate_one(s, ri, si, di + 1, pos + 1, in_sub):
+            if self._allocate_next(s, undo, ri, si, di + 1, pos + 1, in_sub):
                 return True
+        return False
+
+    def _allocate_next(self, s: _Search, undo: Callable[[], None], ri: int, si: int, di: int, start: int,
+                       in_sub: bool) -> bool:
+        """The rest of the search after one device was taken; the device is given back unless it
+        leads to a fit (also when the rest passes the result limit, which goes on up)."""
+        try:
+            if self._allocate_one(s, ri, si, di, start, in_sub):
+                return True
+        except _OverLimit:
             undo()
+            raise
+        undo()
         return False
 
     def _allocate_device(self, s: _Search, req: _Request, device: Device, must: bool) -> Callable[[], None] | None:
