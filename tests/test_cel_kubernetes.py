@@ -96,3 +96,11 @@ def test_has_on_another_drivers_domain_is_false_not_an_error() -> None:
                           claim_obj("waiting", [request(device_class_name="gpu")]))
     outcome = al.Allocator(state).allocate(state.claims[0], "n1")
     assert outcome.placeable and outcome.devices == ((EXAMPLE, "n1", "gpu-0"),), outcome
+
+
+def test_allow_multiple_allocations_is_the_devices_own() -> None:
+    """Upstream's consumable-capacity classes select on it; one selector (one memo) sees both kinds."""
+    selector = ClassSelector(DeviceClassInfo("shared", (f"device.driver == '{EXAMPLE}' && "
+                                                        "device.allowMultipleAllocations == true",)))
+    assert selector.matches(EXAMPLE, replace(GPU, allow_multiple_allocations=True)) is True
+    assert selector.matches(EXAMPLE, GPU) is False

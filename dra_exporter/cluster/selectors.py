@@ -18,8 +18,7 @@ compare numbers as numbers and strings as semantic versions. The rest of Kuberne
 ``kubecel``'s; a selector neither runs is refused with ``UNSUPPORTED`` first ("not supported by this
 exporter": the scheduler runs it, so no verdict either way). What this does not do that the API
 server does: type-check at admission (a string attribute compared with ``isGreaterThan`` is compared
-as a version here, not rejected), a static cost estimate (a time limit stands in: below), and
-``device.allowMultipleAllocations`` is false.
+as a version here, not rejected) and a static cost estimate (a time limit stands in: below).
 
 Cost: a device's result depends only on the attributes and capacities the expression names. When
 every ``device.attributes[...]``/``device.capacity[...]`` use is a literal ``['domain'].name`` (the
@@ -170,7 +169,8 @@ def device_view(driver: str, device: SliceDevice) -> dict[str, Any]:
     for key, value in device.capacity:
         domain, name = _split(key, driver)
         capacity.setdefault(domain, {})[name] = value
-    return {"driver": driver, "attributes": attributes, "capacity": capacity, "allowMultipleAllocations": False}
+    return {"driver": driver, "attributes": attributes, "capacity": capacity,
+            "allowMultipleAllocations": device.allow_multiple_allocations}
 
 
 def refusal(expression: str) -> str:
@@ -328,13 +328,13 @@ class ClassSelector:
 
     def _key(self, driver: str, device: SliceDevice) -> Any:
         if self._references is None:
-            return driver, device.attributes, device.attribute_kinds, device.capacity
+            return driver, device.attributes, device.attribute_kinds, device.capacity, device.allow_multiple_allocations
         attrs, caps, kinds = dict(device.attributes), dict(device.capacity), dict(device.attribute_kinds)
         values: list[Any] = []
         for kind, domain, name in self._references:
             key = name if domain == driver else f"{domain}/{name}"
             values.append((attrs.get(key), kinds.get(key)) if kind == "attributes" else caps.get(key))
-        return driver, tuple(values)
+        return driver, tuple(values), device.allow_multiple_allocations
 
 
 def _release(budget: MemoBudget, memo: dict[Any, bool | None]) -> None:
