@@ -426,3 +426,15 @@ def test_a_subrequest_over_the_result_limit_gives_way_to_a_smaller_one_without_a
     outcome = Allocator(state).allocate(state.claims[0], "n1")
     assert outcome.placeable, outcome.error
     assert [p.request for p in outcome.picks] == ["a/sub16"] * 16 + ["b/sub16"] * 16
+
+
+def test_all_does_not_take_a_share_an_earlier_request_of_the_claim_used_up() -> None:
+    """Upstream's consumable-capacity-...-allocation-mode-all-allocating-insufficient: two shareable
+    devices of capacity 1; one request takes 1 of the first, then All (1 each) cannot have it."""
+    devices = [{"name": f"gpu-{i}", "allowMultipleAllocations": True, "capacity": {"memory": {"value": "1"}}}
+               for i in range(2)]
+    one_each = {"requests": {"memory": "1"}}
+    state = cluster_state(slice_obj("n1", EXAMPLE, "n1", devices, node="n1"), EXAMPLE_GPU, claim_obj("waiting", [
+        request("a", capacity=one_each), request("b", allocationMode="All", capacity=one_each)]))
+    outcome = Allocator(state).allocate(state.claims[0], "n1")
+    assert not outcome.placeable and not outcome.error, outcome

@@ -158,8 +158,10 @@ def create_case(kube: ControlPlane, ns: str, prefix: str, original: JSON) -> tup
         holder = claim_api({"name": f"{prefix}-held-{j}", "requests": [
             {"name": "held", "deviceClassName": f"{prefix}-class-a"}]}, ns)
         created = kube.create(holder, ns)
-        kube.patch_status(created, {"allocation": {"devices": {"results": [
-            {"request": "held", "driver": held[0], "pool": held[1], "device": held[2]}]}}})
+        result = {"request": "held", "driver": held[0], "pool": held[1], "device": held[2]}
+        if len(held) > 3:  # a share of a device that allows multiple allocations: what it consumes
+            result |= {"shareID": f"00000000-0000-0000-0000-{j:012d}", "consumedCapacity": held[3]}
+        kube.patch_status(created, {"allocation": {"devices": {"results": [result]}}})
     claims = [claim_api(c, ns) for c in case["claims"]]
     for obj in claims:
         kube.create(obj, ns)

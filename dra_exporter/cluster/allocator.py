@@ -967,6 +967,12 @@ class Allocator:
                                    "claim constraint would not be satisfied")
                 return None
             added.append(c)
+        # The capacity again, after the constraints as the scheduler orders them: a request of the same
+        # claim may have taken a share of this device since All's devices were listed.
+        if not self._capacity_fits(device, req.info, s.layer):
+            for a in added:
+                a.remove(req.info.name, device)
+            return None
         share: tuple[tuple[str, float], ...] = ()
         if info.allow_multiple_allocations:
             amounts = share_of(info, req.info) or {}
