@@ -168,36 +168,47 @@ def create_case(kube: ControlPlane, ns: str, prefix: str, original: JSON) -> tup
     return case["node"], claims
 
 
-def test_upstreams_allocator_table_on_the_scheduler_and_the_exporter(kube: ControlPlane) -> None:
-    started = time.monotonic()
-    ns = kube.namespace("upstream", admin_access=True)
+def run_batch(kube: ControlPlane, ns: str, cases: list[JSON], first: int) -> tuple[dict[str, Verdict],
+                                                                                 dict[str, Verdict], dict[str, str]]:
+    """Creates the cases, asks the exporter, then the scheduler; (scheduler's, exporter's, prefixes)."""
     made: dict[str, tuple[str, str, list[JSON]]] = {}  # case -> (prefix, node, claims)
-    for k, original in enumerate(CASES):
+    for k, original in enumerate(cases, first):
         prefix = f"u{k}-{kube.unique('t').rsplit('-', 1)[-1]}"
         made[original["case"]] = (prefix, *create_case(kube, ns, prefix, original))
-    print(f"\ncreated in {time.monotonic() - started:.1f} s")
-    state = view(kube)
-    allocator = Allocator(state)
+    allocator = Allocator(view(kube))
     ours = {name: exporter_allocates(allocator, claims, node) for name, (_, node, claims) in made.items()}
     pods = {}
     for prefix, node, claims in made.values():
-        pod = f"{prefix}-pod"
-        kube.pod(ns, pod, claims={f"c{j}": c["metadata"]["name"] for j, c in enumerate(claims)}, node_name=node)
-        pods[pod] = tuple(c["metadata"]["name"] for c in claims)
-    print(f"exporter done, pods created at {time.monotonic() - started:.1f} s")
+        kube.pod(ns, f"{prefix}-pod", claims={f"c{j}": c["metadata"]["name"] for j, c in enumerate(claims)},
+                 node_name=node)
+        pods[f"{prefix}-pod"] = tuple(c["metadata"]["name"] for c in claims)
     theirs = scheduler_verdicts(kube, ns, pods)
-    print(f"scheduler verdicts at {time.monotonic() - started:.1f} s")
+    return ({name: theirs[f"{prefix}-pod"] for name, (prefix, _, _) in made.items()}, ours,
+            {name: prefix for name, (prefix, _, _) in made.items()})
+
+
+def test_upstreams_allocator_table_on_the_scheduler_and_the_exporter(kube: ControlPlane) -> None:
+    started = time.monotonic()
+    ns = kube.namespace("upstream", admin_access=True)
+    theirs, ours, prefixes = run_batch(kube, ns, [c for c in CASES if not c.get("last")], 0)
+    # Cases whose invalid counter-set pools every node sees (the scheduler gathers a slice with
+    # sharedCounters for every node): run after the others' verdicts, so they fail no All request there.
+    their_last, our_last, last_prefixes = run_batch(kube, ns, [c for c in CASES if c.get("last")], len(CASES))
+    theirs |= their_last
+    ours |= our_last
+    prefixes |= last_prefixes
+    seconds = time.monotonic() - started
 
     differ, upstream_differs = {}, {}
     for case in CASES:
-        prefix, _, _ = made[case["case"]]
-        scheduler, exporter = said(theirs[f"{prefix}-pod"], prefix), said(ours[case["case"]], prefix)
+        prefix = prefixes[case["case"]]
+        scheduler, exporter = said(theirs[case["case"]], prefix), said(ours[case["case"]], prefix)
         if scheduler != exporter:
             differ[case["case"]] = f"scheduler {scheduler}, exporter {exporter}"
         if scheduler != expected(case):
-            upstream_differs[case["case"]] = (f"scheduler {scheduler} ({theirs[f'{prefix}-pod'].message[:200]}), "
+            upstream_differs[case["case"]] = (f"scheduler {scheduler} ({theirs[case['case']].message[:200]}), "
                                               f"upstream's table {expected(case)}")
-    print(f"\nupstream's allocator table: {len(CASES)} cases run, scheduler and exporter agree on "
+    print(f"\nupstream's allocator table: {len(CASES)} cases run in {seconds:.0f} s, scheduler and exporter agree on "
           f"{len(CASES) - len(differ)}, {len(DIFFER)} listed as differing; "
           f"{len(TABLE.get('not_expressible') or {})} cases not expressible as API objects")
     assert not upstream_differs, "the fixture does not say what upstream's table says:\n" + "\n".join(
