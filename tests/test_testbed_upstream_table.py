@@ -107,8 +107,9 @@ def claim_api(spec: JSON, ns: str) -> JSON:
         else:
             requests.append({"name": req["name"], "exactly": exact(req)})
     devices: JSON = {"requests": requests}
-    if spec.get("constraints"):
-        devices["constraints"] = spec["constraints"]
+    for key in ("constraints", "config"):
+        if spec.get(key):
+            devices[key] = spec[key]
     return {"apiVersion": GROUP, "kind": "ResourceClaim", "metadata": {"name": spec["name"], "namespace": ns},
             "spec": {"devices": devices}}
 
