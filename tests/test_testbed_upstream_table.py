@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ DIFFER: dict[str, str] = TABLE.get("differ") or {}
 _NAMES = re.compile(r"\b(driver-[ab]|node-[12]|pool-[1-4]|class-[ab]|claim-[01]|counter-set-[12])\b")
 DEFAULT_CLASSES = {"class-a": ['device.driver == "driver-a"'], "class-b": ['device.driver == "driver-b"']}
 REGIONS = {"node-1": "region-1", "node-2": "region-2"}
+PARALLEL_REQUESTS = 8
 
 
 def localised(case: JSON, prefix: str) -> JSON:
@@ -172,20 +174,18 @@ def create_case(kube: ControlPlane, ns: str, prefix: str, original: JSON) -> tup
 def run_batch(kube: ControlPlane, ns: str, cases: list[JSON], first: int) -> tuple[dict[str, Verdict],
                                                                                  dict[str, Verdict], dict[str, str]]:
     """Creates the cases, asks the exporter, then the scheduler; (scheduler's, exporter's, prefixes)."""
-    made: dict[str, tuple[str, str, list[JSON]]] = {}  # case -> (prefix, node, claims)
-    for k, original in enumerate(cases, first):
-        prefix = f"u{k}-{kube.unique('t').rsplit('-', 1)[-1]}"
-        made[original["case"]] = (prefix, *create_case(kube, ns, prefix, original))
-    allocator = Allocator(view(kube))
-    ours = {name: exporter_allocates(allocator, claims, node) for name, (_, node, claims) in made.items()}
-    pods = {}
-    for prefix, node, claims in made.values():
-        kube.pod(ns, f"{prefix}-pod", claims={f"c{j}": c["metadata"]["name"] for j, c in enumerate(claims)},
-                 node_name=node)
-        pods[f"{prefix}-pod"] = tuple(c["metadata"]["name"] for c in claims)
+    prefixes = {c["case"]: f"u{k}-{kube.unique('t').rsplit('-', 1)[-1]}" for k, c in enumerate(cases, first)}
+    # Requests in parallel: each is a TLS connection of its own, and the API server has cores to spare.
+    with ThreadPoolExecutor(max_workers=PARALLEL_REQUESTS) as pool:
+        created = {c["case"]: pool.submit(create_case, kube, ns, prefixes[c["case"]], c) for c in cases}
+        made = {name: (prefixes[name], *future.result()) for name, future in created.items()}
+        allocator = Allocator(view(kube))
+        ours = {name: exporter_allocates(allocator, claims, node) for name, (_, node, claims) in made.items()}
+        pods = {f"{prefix}-pod": tuple(c["metadata"]["name"] for c in claims) for prefix, _, claims in made.values()}
+        list(pool.map(lambda m: kube.pod(ns, f"{m[0]}-pod", node_name=m[1], claims={
+            f"c{j}": c["metadata"]["name"] for j, c in enumerate(m[2])}), made.values()))
     theirs = scheduler_verdicts(kube, ns, pods)
-    return ({name: theirs[f"{prefix}-pod"] for name, (prefix, _, _) in made.items()}, ours,
-            {name: prefix for name, (prefix, _, _) in made.items()})
+    return {name: theirs[f"{prefix}-pod"] for name, (prefix, _, _) in made.items()}, ours, prefixes
 
 
 def test_upstreams_allocator_table_on_the_scheduler_and_the_exporter(kube: ControlPlane) -> None:

@@ -19,12 +19,12 @@ What the ``cel`` library lacks is filled in here, the rest reported as not suppo
   function that returns an ``optional``; the ``optional`` values themselves (``orValue``, ``hasValue``,
   ``value``, ``or``) are the library's. ``string.format`` (cel-go's verbs), ``find``/``findAll``,
   ``isSorted`` and the list forms of ``indexOf``/``lastIndexOf`` are functions below.
-- The empty map for an unknown domain: an index into ``.attributes``/``.capacity``
-  (``device.attributes['gpu.example.com']``, ``device.capacity[?d]``) becomes a call of a function
-  that returns an empty map for a domain the device lacks, as the scheduler's map does, while
-  ``'d' in device.attributes`` and iteration still see only the device's own domains. Not covered:
-  the same maps indexed through a variable (``cel.bind(a, device.attributes, a['d'])``), where a
-  missing domain stays an error.
+- The empty map for an unknown domain (``translate``): the literally indexed domains are added to
+  the device, or, where the maps are also used otherwise (``'d' in device.attributes``), each index
+  becomes a lookup that returns an empty map for a domain the device lacks, as the scheduler's map
+  does, while membership and iteration see only the device's own domains. Not covered: the maps
+  indexed through a variable (``cel.bind(a, device.attributes, a['d'])``), where a missing domain
+  stays an error.
 - Not supported (the class is reported "not supported by this exporter", never "not placeable"):
   IP/CIDR, URL and ``format.*`` named formats, two-variable comprehensions, ``transformMap`` and
   ``transformList``, optional list and map literal elements, and anything else the library cannot
@@ -113,8 +113,9 @@ def _arguments(tokens: list[tuple[str, str, int, int]], opening: int, closing: i
     return args
 
 
-def _rewrite_once(source: str) -> str | None:
-    """The source with its first ``cel.bind`` or optional selection rewritten; None when it has none."""
+def _rewrite_once(source: str, lookups: bool) -> str | None:
+    """The source with its first ``cel.bind`` or optional selection (with ``lookups``, also domain
+    index) rewritten; None when it has none."""
     tokens = _tokens(source)
 
     def text(first: int, last: int) -> str:
@@ -136,7 +137,7 @@ def _rewrite_once(source: str) -> str | None:
             return f"{source[:begin]}[{init}].map({name}, {body})[0]{source[tokens[closing][3]:]}"
         if tok == "." and nxt is not None and nxt[1] == "?" and after is not None and after[0] == "ident":
             return f"{source[:start]}.{_OPTIONAL_FIELD}('{after[1]}'){source[after[3]:]}"
-        if (tok == "[" and i > 1 and nxt is not None and tokens[i - 2][1] == "."
+        if (lookups and tok == "[" and i > 1 and nxt is not None and tokens[i - 2][1] == "."
                 and tokens[i - 1][0] == "ident" and tokens[i - 1][1] in ("attributes", "capacity")):
             closing = _closing(tokens, i)
             optional = nxt[1] == "?"
@@ -155,15 +156,53 @@ def _rewrite_once(source: str) -> str | None:
     return None
 
 
-def translate(expression: str) -> str:
-    """The expression in the form the ``cel`` library parses (raises ``Unsupported``)."""
+def translate(expression: str) -> tuple[str, tuple[str, ...]]:
+    """The expression in the form the ``cel`` library parses, and the domains to add to a device as
+    empty maps where it lacks them (raises ``Unsupported``).
+
+    An unknown domain reads as an empty map two ways: when every use of ``.attributes`` and
+    ``.capacity`` is an index by a plain string literal (the usual selector), those domains are
+    added to the device it runs over (no cost); otherwise (``'d' in device.attributes``, iteration, a
+    computed domain) each index becomes a lookup function, as exact as the scheduler's map and
+    slower (the whole map crosses into Python per lookup: ~50 µs)."""
+    domains = _literal_domains(expression)
     source = expression
     for _ in range(MAX_REWRITES):
-        rewritten = _rewrite_once(source)
+        rewritten = _rewrite_once(source, lookups=domains is None)
         if rewritten is None:
-            return source
+            return source, domains or ()
         source = rewritten
     raise Unsupported(f"more than {MAX_REWRITES} cel.bind and optional selections")
+
+
+_PLAIN_STRING: Final = re.compile(r"""'[^'\\\n]*'|"[^"\\\n]*\"""")
+
+
+def _literal_domains(expression: str) -> tuple[str, ...] | None:
+    """The domains indexed when ``.attributes``/``.capacity`` are only ever indexed by a plain string
+    literal (``[?'d']`` too); None when they are used any other way."""
+    tokens = _tokens(expression)
+    domains = set()
+    for i, (kind, text, _start, _end) in enumerate(tokens):
+        if kind != "ident" or text not in ("attributes", "capacity") or i == 0 or tokens[i - 1][1] != ".":
+            continue
+        rest = [t[1] for t in tokens[i + 1:i + 5]]
+        if rest[:1] == ["["] and rest[1:2] == ["?"]:
+            rest = rest[:1] + rest[2:]
+        if len(rest) < 3 or rest[0] != "[" or rest[2] != "]" or not _PLAIN_STRING.fullmatch(rest[1]):
+            return None
+        domains.add(rest[1][1:-1])
+    return tuple(sorted(domains))
+
+
+def with_domains(view: dict[str, Any], domains: tuple[str, ...]) -> dict[str, Any]:
+    """The ``device`` view with an empty map for each of ``domains`` it has no attributes or capacity
+    of (a copy when one is missing: the view itself is shared)."""
+    attributes, capacity = view["attributes"], view["capacity"]
+    if all(d in attributes and d in capacity for d in domains):
+        return view
+    return {**view, "attributes": {**dict.fromkeys(domains, {}), **attributes},
+            "capacity": {**dict.fromkeys(domains, {}), **capacity}}
 
 
 # --- the functions the library lacks ------------------------------------------------------------------

@@ -47,7 +47,7 @@ import cel
 
 from ..model import DeviceClassInfo, SliceDevice
 from ..quantity import quantity
-from .kubecel import LIBRARY, UNSUPPORTED, Unsupported, translate
+from .kubecel import LIBRARY, UNSUPPORTED, Unsupported, translate, with_domains
 
 #: ``device.attributes['dom'].name`` / ``device.capacity["dom"]["name"]``: a literal reference.
 _REFERENCE: Final = re.compile(
@@ -189,7 +189,13 @@ def compile_programs(expressions: Sequence[str]) -> list[Any] | str:
         if why := refusal(expression):
             return why
         try:
-            programs.append(cel.compile(translate(expression)))
+            source, domains = translate(expression)
+            program = cel.compile(source)
+            # Only the functions it calls: the library converts every entry of the context per run.
+            called = set(program.functions())
+            called |= {f"{v}.{c}" for v in program.variables() for c in called}  # ``sets.contains``
+            functions = {name: f for name, f in _FUNCTIONS.items() if name in called}
+            programs.append((program, domains, functions))
         except _FATAL:
             raise
         except Unsupported as exc:
@@ -201,10 +207,9 @@ def compile_programs(expressions: Sequence[str]) -> list[Any] | str:
 
 def run_programs(programs: Sequence[Any], view: dict[str, Any]) -> Verdict:
     """Every program over one device's ``device`` variable (see ``Verdict``)."""
-    context = {"device": view, **_FUNCTIONS}
-    for program in programs:
+    for program, domains, functions in programs:
         try:
-            result = program.execute(context)
+            result = program.execute({"device": with_domains(view, domains) if domains else view, **functions})
         except RuntimeError as exc:
             if _UNKNOWN_FUNCTION in str(exc):
                 return UNSUPPORTED + _first_line(exc)  # the library cannot run it for any device
