@@ -7,7 +7,8 @@ objects are listed there under ``not_expressible``, each with why.
 
 Every case gets its own names (nodes, pools, drivers, classes, claims: prefixed), so that all run at
 once in one control-plane session: all objects first, the exporter's verdicts, then one pod per case
-pinned to the case's node, then every pod's outcome (testbed_batch).
+pinned to the case's node, then every pod's outcome (testbed_batch). The cases marked ``last`` (an
+invalid counter-set pool, which the scheduler sees from every node) run as a second batch.
 """
 
 from __future__ import annotations
