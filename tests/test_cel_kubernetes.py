@@ -58,6 +58,12 @@ def run(expression: str) -> bool | None:
     ("device.attributes[?'other.example.com'].hasValue()", True),  # the scheduler's map finds every domain
     ("device.attributes[?'example.com'].?numa.orValue(0) == 1 && {'a': 1}[?'b'].orValue(2) == 2", True),
     (f"device.attributes['{EXAMPLE}'].?missing.value() == 1", None),
+    # IP and CIDR
+    ("ip('10.0.0.1').family() == 4 && isIP('::1') && !isIP('1.2.3') && !isIP('::ffff:1.2.3.4')", True),
+    ("cidr('10.0.0.0/8').containsIP('10.1.2.3') && cidr('10.0.0.5/8').masked() == cidr('10.0.0.0/8')", True),
+    ("cidr('10.0.0.5/8').ip() == ip('10.0.0.5') && cidr('fd00::/8').prefixLength() == 8", True),
+    ("ip('::1').isLoopback() && ip('ff02::1').isLinkLocalMulticast() && ip('8.8.8.8').isGlobalUnicast()", True),
+    ("ip(device.driver).family() == 4", None),
     # quantity and semver, as before
     (f"device.capacity['{EXAMPLE}'].memory.compareTo(quantity('40Gi')) > 0", True),
     (f"device.attributes['{EXAMPLE}'].driverVersion.isGreaterThan(semver('540.0.0'))", True),
@@ -74,7 +80,7 @@ def test_strings_and_comments_are_not_rewritten() -> None:
 
 
 @pytest.mark.parametrize("expression", [
-    "ip('10.0.0.1').family() == 4",  # IP/CIDR: the API server admits them, the exporter cannot run them
+    "url('https://example.com/a').getHost() == 'example.com'",  # the API server admits URLs
     "[1, 2].all(i, v, v > 0)",       # two-variable comprehensions: the library does not parse them
     "{?'a': optional.none()}.size() == 0",
 ])

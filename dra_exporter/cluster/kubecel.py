@@ -25,14 +25,18 @@ What the ``cel`` library lacks is filled in here, the rest reported as not suppo
   does, while membership and iteration see only the device's own domains. Not covered: the maps
   indexed through a variable (``cel.bind(a, device.attributes, a['d'])``), where a missing domain
   stays an error.
+- IP and CIDR values are their canonical text (``ip('10.0.0.1').family()``,
+  ``cidr('10.0.0.0/8').containsIP(...)``, ``isIP``/``isCIDR``, ``prefixLength``, ``masked`` …), with
+  Python's ``ipaddress`` (zones and IPv4-mapped IPv6 refused, as Kubernetes' library does).
 - Not supported (the class is reported "not supported by this exporter", never "not placeable"):
-  IP/CIDR, URL and ``format.*`` named formats, two-variable comprehensions, ``transformMap`` and
+  URL and ``format.*`` named formats, two-variable comprehensions, ``transformMap`` and
   ``transformList``, optional list and map literal elements, and anything else the library cannot
   parse or run.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -338,6 +342,78 @@ def _is_sorted(items: Any) -> bool:
     return all(a <= b for a, b in zip(items, items[1:], strict=False))
 
 
+def succeeds(check: Callable[[Any], Any]) -> Callable[[Any], bool]:
+    """``isX(value)`` from the conversion ``x(value)``: whether it succeeds."""
+    def test(value: Any) -> bool:
+        try:
+            check(value)
+        except (TypeError, ValueError):
+            return False
+        return True
+    return test
+
+
+def _address(text: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IP address as Kubernetes' ``ip()`` takes it: no zone, no IPv4-mapped IPv6 form."""
+    if not isinstance(text, str) or "%" in text:
+        raise ValueError(f"not an IP address: {text!r}")
+    address = ipaddress.ip_address(text)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        raise ValueError(f"IPv4-mapped IPv6 address: {text!r}")
+    return address
+
+
+def _network(text: Any) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
+    if not isinstance(text, str) or "/" not in text:
+        raise ValueError(f"not a CIDR: {text!r}")
+    address, _, _prefix = text.partition("/")
+    _address(address)
+    return ipaddress.ip_interface(text)
+
+
+def _ip(text: Any) -> str:
+    """``ip(s)``, and ``cidr.ip()``: IP values are their canonical text here."""
+    if isinstance(text, str) and "/" in text:
+        return str(_network(text).ip)
+    return str(_address(text))
+
+
+def _contains_ip(cidr: Any, address: Any) -> bool:
+    return _address(address) in _network(cidr).network
+
+
+def _contains_cidr(cidr: Any, other: Any) -> bool:
+    inner = _network(other).network
+    outer = _network(cidr).network
+    return inner.version == outer.version and inner.subnet_of(outer)  # type: ignore[arg-type]
+
+
+def _link_local_multicast(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    packed = address.packed
+    if address.version == 4:
+        return packed[:3] == bytes((224, 0, 0))
+    return packed[0] == 0xFF and packed[1] & 0x0F == 0x02  # any flags, link-local scope (as Go's net.IP)
+
+
+def _global_unicast(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    return not (address.is_multicast or address.is_loopback or address.is_link_local or address.is_unspecified
+                or str(address) == "255.255.255.255")
+
+
+_IP_FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
+    "isIP": succeeds(_address), "ip": _ip, "isCIDR": succeeds(_network), "cidr": lambda t: str(_network(t)),
+    "family": lambda t: _address(t).version,
+    "isLoopback": lambda t: _address(t).is_loopback,
+    "isUnspecified": lambda t: _address(t).is_unspecified,
+    "isLinkLocalUnicast": lambda t: _address(t).is_link_local,
+    "isLinkLocalMulticast": lambda t: _link_local_multicast(_address(t)),
+    "isGlobalUnicast": lambda t: _global_unicast(_address(t)),
+    "containsIP": _contains_ip, "containsCIDR": _contains_cidr,
+    "prefixLength": lambda t: _network(t).network.prefixlen,
+    "masked": lambda t: str(_network(t).network),
+}
+
+
 def _library() -> dict[str, Callable[..., Any]]:
     context = cel.Context()
     add_stdlib_to_context(context)
@@ -349,6 +425,6 @@ _STRINGS: Final = _library()
 LIBRARY: Final[dict[str, Callable[..., Any]]] = {
     **_STRINGS,
     "format": _format, "indexOf": _index_of, "lastIndexOf": _last_index_of, "find": _find, "findAll": _find_all,
-    "isSorted": _is_sorted, _OPTIONAL_FIELD: _optional_field, _OPTIONAL_INDEX: _optional_index,
+    "isSorted": _is_sorted, _OPTIONAL_FIELD: _optional_field, _OPTIONAL_INDEX: _optional_index, **_IP_FUNCTIONS,
     _DOMAIN: _domain, _OPTIONAL_DOMAIN: _optional_domain,
 }

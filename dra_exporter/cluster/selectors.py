@@ -47,7 +47,7 @@ import cel
 
 from ..model import DeviceClassInfo, SliceDevice
 from ..quantity import quantity
-from .kubecel import LIBRARY, UNSUPPORTED, Unsupported, translate, with_domains
+from .kubecel import LIBRARY, UNSUPPORTED, Unsupported, succeeds, translate, with_domains
 
 #: ``device.attributes['dom'].name`` / ``device.capacity["dom"]["name"]``: a literal reference.
 _REFERENCE: Final = re.compile(
@@ -106,22 +106,12 @@ def _quantity(text: Any) -> float:
     return number
 
 
-def _is(check: Callable[[Any], Any]) -> Callable[[Any], bool]:
-    def test(value: Any) -> bool:
-        try:
-            check(value)
-        except (TypeError, ValueError):
-            return False
-        return True
-    return test
-
-
 #: The Kubernetes CEL library functions DeviceClass selectors use, over this module's value forms.
 FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
     "semver": _semver,
-    "isSemver": _is(_semver_key),
+    "isSemver": succeeds(_semver_key),
     "quantity": _quantity,
-    "isQuantity": _is(_quantity),
+    "isQuantity": succeeds(_quantity),
     "compareTo": _compare,
     "isGreaterThan": lambda a, b: _compare(a, b) > 0,
     "isLessThan": lambda a, b: _compare(a, b) < 0,
