@@ -806,6 +806,7 @@ CLUSTER_CLAIM_PENDING_REASON: Final = MetricSpec(
     "dra_cluster_claim_pending_reason", "gauge",
     "Why a pending ResourceClaim cannot be allocated now, as the scheduler's allocator finds it (what "
     "`dra-exporter explain` says first): the first blocking request (or subrequest) and reason: class_missing, "
+    "selector_not_supported (a selector this exporter cannot run: not known whether placeable), "
     "selector_not_evaluable, pool_incomplete, pool_invalid, taken, node_constraint, capacity_exhausted, "
     "counters_exhausted, tainted, attribute_constraint, pod_claims_together (fits alone, not on one node with "
     "its pod's other pending claims), node_filters (the pod's node selector, affinity or tolerations admit no "

@@ -411,3 +411,30 @@ def test_shares_are_counted_not_placed_one_by_one() -> None:
     # A 1-byte default share of 80Gi: 85,899,345,920 claims, counted in no time (bounded work).
     device = slice_obj("s", EXAMPLE, "n1", [shared_gpu("n1", policy={"default": "1"})], node="n1")
     assert placeable(cluster_state(device, EXAMPLE_GPU), "gpu.example.com") == 80 * 2**30
+
+
+def test_a_subrequest_over_the_result_limit_gives_way_to_a_smaller_one_without_a_search() -> None:
+    """Upstream's prioritized-list-max-allocation-limit-request: two requests, each first asking 32 of 64
+    devices, then 16. The scheduler drops a subrequest that would pass the 32-result limit as a whole
+    (not device combination by device combination) and takes 16 + 16."""
+    first_32_then_16 = [{"name": "sub32", "deviceClassName": "gpu.example.com", "allocationMode": "ExactCount",
+                         "count": 32},
+                        {"name": "sub16", "deviceClassName": "gpu.example.com", "allocationMode": "ExactCount",
+                         "count": 16}]
+    state = cluster_state(example_gpus("n1", 64), EXAMPLE_GPU, claim_obj("waiting", [
+        {"name": "a", "firstAvailable": first_32_then_16}, {"name": "b", "firstAvailable": first_32_then_16}]))
+    outcome = Allocator(state).allocate(state.claims[0], "n1")
+    assert outcome.placeable, outcome.error
+    assert [p.request for p in outcome.picks] == ["a/sub16"] * 16 + ["b/sub16"] * 16
+
+
+def test_all_does_not_take_a_share_an_earlier_request_of_the_claim_used_up() -> None:
+    """Upstream's consumable-capacity-...-allocation-mode-all-allocating-insufficient: two shareable
+    devices of capacity 1; one request takes 1 of the first, then All (1 each) cannot have it."""
+    devices = [{"name": f"gpu-{i}", "allowMultipleAllocations": True, "capacity": {"memory": {"value": "1"}}}
+               for i in range(2)]
+    one_each = {"requests": {"memory": "1"}}
+    state = cluster_state(slice_obj("n1", EXAMPLE, "n1", devices, node="n1"), EXAMPLE_GPU, claim_obj("waiting", [
+        request("a", capacity=one_each), request("b", allocationMode="All", capacity=one_each)]))
+    outcome = Allocator(state).allocate(state.claims[0], "n1")
+    assert not outcome.placeable and not outcome.error, outcome

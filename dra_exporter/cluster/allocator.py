@@ -94,13 +94,15 @@ from .reasons import (
     TAINTED,
     TAKEN,
     TOGETHER,
+    UNSUPPORTED_SELECTOR,
 )
 from .scheduler_versions import Behaviours
 from .selectors import ClassSelector
 
 __all__ = [
     "CAPACITY", "CLASS_MISSING", "CONSTRAINT", "COUNTERS", "MAX_RESULTS", "NODE", "NODE_FILTERED", "POOL_INCOMPLETE",
-    "POOL_INVALID", "REASONS", "SELECTOR_ERROR", "TAINTED", "TAKEN", "TOGETHER", "Allocator", "AllocatorCache",
+    "POOL_INVALID", "REASONS", "SELECTOR_ERROR", "TAINTED", "TAKEN", "TOGETHER", "UNSUPPORTED_SELECTOR", "Allocator",
+    "AllocatorCache",
     "Blocked", "Device", "DeviceKey", "Outcome", "Pick", "Pool", "PoolKey", "RequestOutcome", "UsageKey",
     "consumed_amount", "lookup_attribute", "share_of",
 ]
@@ -228,6 +230,12 @@ class _Request:
 
 class _Failure(Exception):
     """The allocator refuses the claim on this node (the scheduler's error return)."""
+
+
+class _OverLimit(Exception):
+    """Taking the current (sub)request's devices would pass ``MAX_RESULTS``: no choice of devices for
+    the requests before it changes that, so the search backs up to the nearest prioritized list and
+    tries its next subrequest, as the scheduler does, instead of trying every combination."""
 
 
 @dataclass(slots=True)
@@ -647,6 +655,8 @@ class Allocator:
                     raise _Failure(f"claim {claim.namespace}/{claim.name}: {asked} devices asked, more than the "
                                    f"claim limit of {MAX_RESULTS}")
             done = self._allocate_one(search, 0, 0, 0, 0, False)
+        except _OverLimit:
+            done = False  # no fit on this node, not an error
         except _Failure as exc:
             return None, str(exc)
         return (search.picks if done else None), ""
@@ -675,22 +685,33 @@ class Allocator:
             return True
         group = s.groups[ri]
         if not in_sub and group[0].subrequest:
-            return any(self._allocate_one(s, ri, sub, 0, 0, True) for sub in range(len(group)))
+            over = 0
+            for sub in range(len(group)):
+                try:
+                    if self._allocate_one(s, ri, sub, 0, 0, True):
+                        return True
+                except _OverLimit:
+                    over += 1
+            if over == len(group):
+                raise _OverLimit
+            return False
         req = group[si]
         if req.info.all_devices and not req.all_list:
             return False
         if di >= req.count:
+            if ri + 1 < len(s.groups) and s.groups[ri + 1][0].claim != req.claim:
+                try:  # the next claim: its result limit is its own, no choice in this claim changes it
+                    return self._allocate_one(s, ri + 1, 0, 0, 0, False)
+                except _OverLimit:
+                    return False
             return self._allocate_one(s, ri + 1, 0, 0, 0, False)
         if len(s.picks[req.claim]) + req.count - di > MAX_RESULTS:
-            return False
+            raise _OverLimit
         if req.info.all_devices:
             undo = self._allocate_device(s, req, req.all_list[di], must=True)
             if undo is None:
                 return False
-            if self._allocate_one(s, ri, si, di + 1, 0, in_sub):
-                return True
-            undo()
-            return False
+            return self._allocate_next(s, undo, ri, si, di + 1, 0, in_sub)
         claim = s.claims[req.claim]
 
         def selected(device: Device) -> bool:
@@ -712,9 +733,21 @@ class Allocator:
             undo = self._allocate_device(s, req, device, must=False)
             if undo is None:
                 continue
-            if self._allocate_one(s, ri, si, di + 1, pos + 1, in_sub):
+            if self._allocate_next(s, undo, ri, si, di + 1, pos + 1, in_sub):
                 return True
+        return False
+
+    def _allocate_next(self, s: _Search, undo: Callable[[], None], ri: int, si: int, di: int, start: int,
+                       in_sub: bool) -> bool:
+        """The rest of the search after one device was taken; the device is given back unless it
+        leads to a fit (also when the rest passes the result limit, which goes on up)."""
+        try:
+            if self._allocate_one(s, ri, si, di, start, in_sub):
+                return True
+        except _OverLimit:
             undo()
+            raise
+        undo()
         return False
 
     def _allocate_device(self, s: _Search, req: _Request, device: Device, must: bool) -> Callable[[], None] | None:
@@ -739,6 +772,12 @@ class Allocator:
                                    "claim constraint would not be satisfied")
                 return None
             added.append(c)
+        # The capacity again, after the constraints as the scheduler orders them: a request of the same
+        # claim may have taken a share of this device since All's devices were listed.
+        if not self.checks.capacity_fits(device, req.info, s.layer):
+            for a in added:
+                a.remove(req.info.name, device)
+            return None
         share: tuple[tuple[str, float], ...] = ()
         if info.allow_multiple_allocations:
             amounts = share_of(info, req.info) or {}
@@ -813,6 +852,9 @@ class Allocator:
             error = f"class {request.device_class}: {class_selector.error}"
         elif own is not None and own.error:
             error = f"request selector: {own.error}"
+        if any(s is not None and s.unsupported for s in (class_selector, own)):
+            return RequestOutcome(request.name, request.device_class, request.count, request.all_devices,
+                                  blocked=(Blocked(UNSUPPORTED_SELECTOR, 0, (request.device_class,)),), error=error)
         chosen = tuple(p.device for p in picks if p.request == request.name)
         best: tuple[int, int, str] | None = None  # (usable, matching, reason) of the node closest to fitting
         most_matching = 0

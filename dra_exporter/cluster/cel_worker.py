@@ -33,6 +33,7 @@ import time
 import weakref
 from typing import IO, Any, Final
 
+from .kubecel import UNSUPPORTED
 from .selectors import MAX_PROGRAMS, Verdict, compile_programs, run_programs
 
 #: Wall time one evaluation (or compilation) may take, in seconds.
@@ -123,7 +124,7 @@ class CelWorker:
             except (OSError, EOFError, ValueError):
                 code = self._stop()
                 how = f"signal {-code}" if code is not None and code < 0 else f"exit {code}"
-                return f"the CEL library crashed evaluating it ({how})"
+                return f"{UNSUPPORTED}the CEL library crashed evaluating it ({how})"
             return reply if isinstance(reply, (bool, str)) else None
 
     def _start(self) -> subprocess.Popen[bytes]:

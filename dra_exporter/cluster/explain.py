@@ -34,6 +34,7 @@ from .allocator import (
     TAINTED,
     TAKEN,
     TOGETHER,
+    UNSUPPORTED_SELECTOR,
     Allocator,
     AllocatorCache,
     Outcome,
@@ -48,6 +49,8 @@ TOO_FEW: Final = "too_few_devices"
 #: What each reason means, for the text form ("N devices …").
 _SAYS: Final = {
     CLASS_MISSING: "the device class does not exist",
+    UNSUPPORTED_SELECTOR: "the class's or the request's CEL is not supported by this exporter (the scheduler runs "
+                          "it: whether the claim is placeable is not known here)",
     SELECTOR_ERROR: "the class's or the request's CEL fails on them (the scheduler refuses the claim on that node)",
     POOL_INCOMPLETE: "in a pool whose newest generation is not fully published (the scheduler skips it)",
     POOL_INVALID: "in an invalid pool (a device or counter set published twice, a counter not published)",
@@ -248,6 +251,12 @@ def first_blocking(outcome: Outcome) -> tuple[str, str] | None:
     return first.request, first.blocked[0].reason if first.blocked else CONSTRAINT
 
 
+def undecided(outcome: Outcome) -> bool:
+    """Whether the exporter cannot tell (a selector it cannot run): neither placeable nor not."""
+    blocking = first_blocking(outcome)
+    return blocking is not None and blocking[1] == UNSUPPORTED_SELECTOR
+
+
 def _reason(r: RequestOutcome) -> str:
     if r.blocked:
         return r.blocked[0].reason
@@ -262,7 +271,8 @@ def as_dict(outcome: Outcome, covers: Coverage | None = None) -> dict[str, Any]:
     filters = {} if covers is None else {"scheduler_filters": {"covered": list(covers.covered),
                                                                 "not_covered": list(covers.not_covered)}}
     return {**filters,
-        "namespace": outcome.namespace, "claim": outcome.claim, "placeable": outcome.placeable,
+        "namespace": outcome.namespace, "claim": outcome.claim,
+        "placeable": None if undecided(outcome) else outcome.placeable,
         "allocated": outcome.error == "already allocated",
         "node": outcome.node or None, "nodes_tried": outcome.nodes_tried, "pod_waits": outcome.pod_waits,
         "pod": outcome.pod or None, "attempt_fails": outcome.attempt_fails,
@@ -302,7 +312,8 @@ def _lines(o: Outcome) -> list[str]:
         devices = ", ".join("/".join(p.device[1:]) for p in o.picks)
         return [f"{name}: placeable now, on node {o.node or '(any)'}: {devices}{_waits(o)}"]
     tried = f" ({o.nodes_tried} node{'s' if o.nodes_tried != 1 else ''} tried)" if o.nodes_tried else ""
-    lines = [f"{name}: NOT placeable{tried}{_waits(o)}"]
+    verdict = "placeable or not: NOT KNOWN" if undecided(o) else "NOT placeable"
+    lines = [f"{name}: {verdict}{tried}{_waits(o)}"]
     blocking = first_blocking(o)
     if blocking is not None:
         request, reason = blocking

@@ -13,10 +13,12 @@ library's functions are registered by hand below: ``semver()``, ``isSemver()``, 
 ``isQuantity()``, ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``major``/``minor``/``patch``,
 ``asInteger``, ``asApproximateFloat``, ``add``, ``sub``. Quantities are plain numbers in base units
 and versions plain strings (the library passes only its own value types): ``compareTo`` and friends
-compare numbers as numbers and strings as semantic versions. What this does not do that the API
+compare numbers as numbers and strings as semantic versions. The rest of Kubernetes' environment
+(strings, lists, sets, optionals, ``cel.bind``, the empty map of an unknown domain) is
+``kubecel``'s; a selector neither runs is refused with ``UNSUPPORTED`` first ("not supported by this
+exporter": the scheduler runs it, so no verdict either way). What this does not do that the API
 server does: type-check at admission (a string attribute compared with ``isGreaterThan`` is compared
-as a version here, not rejected), a static cost estimate (a time limit stands in: below), and
-``device.allowMultipleAllocations`` is false.
+as a version here, not rejected) and a static cost estimate (a time limit stands in: below).
 
 Cost: a device's result depends only on the attributes and capacities the expression names. When
 every ``device.attributes[...]``/``device.capacity[...]`` use is a literal ``['domain'].name`` (the
@@ -45,6 +47,7 @@ import cel
 
 from ..model import DeviceClassInfo, SliceDevice
 from ..quantity import quantity
+from .kubecel import LIBRARY, UNSUPPORTED, Unsupported, succeeds, translate, with_domains
 
 #: ``device.attributes['dom'].name`` / ``device.capacity["dom"]["name"]``: a literal reference.
 _REFERENCE: Final = re.compile(
@@ -103,22 +106,12 @@ def _quantity(text: Any) -> float:
     return number
 
 
-def _is(check: Callable[[Any], Any]) -> Callable[[Any], bool]:
-    def test(value: Any) -> bool:
-        try:
-            check(value)
-        except (TypeError, ValueError):
-            return False
-        return True
-    return test
-
-
 #: The Kubernetes CEL library functions DeviceClass selectors use, over this module's value forms.
 FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
     "semver": _semver,
-    "isSemver": _is(_semver_key),
+    "isSemver": succeeds(_semver_key),
     "quantity": _quantity,
-    "isQuantity": _is(_quantity),
+    "isQuantity": succeeds(_quantity),
     "compareTo": _compare,
     "isGreaterThan": lambda a, b: _compare(a, b) > 0,
     "isLessThan": lambda a, b: _compare(a, b) < 0,
@@ -130,6 +123,8 @@ FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
     "add": lambda a, b: a + (_quantity(b) if isinstance(b, str) else b),
     "sub": lambda a, b: a - (_quantity(b) if isinstance(b, str) else b),
 }
+#: Everything a selector may call beyond the library's built-ins (Kubernetes' own functions win).
+_FUNCTIONS: Final = {**LIBRARY, **FUNCTIONS}
 
 
 def _typed(text: str, kind: str) -> Any:
@@ -164,7 +159,8 @@ def device_view(driver: str, device: SliceDevice) -> dict[str, Any]:
     for key, value in device.capacity:
         domain, name = _split(key, driver)
         capacity.setdefault(domain, {})[name] = value
-    return {"driver": driver, "attributes": attributes, "capacity": capacity, "allowMultipleAllocations": False}
+    return {"driver": driver, "attributes": attributes, "capacity": capacity,
+            "allowMultipleAllocations": device.allow_multiple_allocations}
 
 
 def refusal(expression: str) -> str:
@@ -176,29 +172,37 @@ def refusal(expression: str) -> str:
 
 
 def compile_programs(expressions: Sequence[str]) -> list[Any] | str:
-    """The compiled programs of a class's expressions, or why they cannot be compiled (one line)."""
+    """The compiled programs of a class's expressions, or why they cannot be compiled (one line;
+    ``UNSUPPORTED`` first when the API server would run it and this exporter cannot)."""
     programs = []
     for expression in expressions:
         if why := refusal(expression):
             return why
         try:
-            programs.append(cel.compile(expression))
+            source, domains = translate(expression)
+            program = cel.compile(source)
+            # Only the functions it calls: the library converts every entry of the context per run.
+            called = set(program.functions())
+            called |= {f"{v}.{c}" for v in program.variables() for c in called}  # ``sets.contains``
+            functions = {name: f for name, f in _FUNCTIONS.items() if name in called}
+            programs.append((program, domains, functions))
         except _FATAL:
             raise
+        except Unsupported as exc:
+            return UNSUPPORTED + str(exc)
         except BaseException as exc:  # noqa: BLE001 - ValueError and others; a Rust panic is a BaseException
-            return _first_line(exc)
+            return UNSUPPORTED + _first_line(exc)
     return programs
 
 
 def run_programs(programs: Sequence[Any], view: dict[str, Any]) -> Verdict:
     """Every program over one device's ``device`` variable (see ``Verdict``)."""
-    context = {"device": view, **FUNCTIONS}
-    for program in programs:
+    for program, domains, functions in programs:
         try:
-            result = program.execute(context)
+            result = program.execute({"device": with_domains(view, domains) if domains else view, **functions})
         except RuntimeError as exc:
             if _UNKNOWN_FUNCTION in str(exc):
-                return _first_line(exc)  # the library cannot run it for any device
+                return UNSUPPORTED + _first_line(exc)  # the library cannot run it for any device
             return None
         except _FATAL:
             raise
@@ -207,6 +211,11 @@ def run_programs(programs: Sequence[Any], view: dict[str, Any]) -> Verdict:
         if result is not True:
             return None if not isinstance(result, bool) else False
     return True
+
+
+def unsupported(why: str) -> bool:
+    """Whether a class's error says the exporter cannot run it (where the scheduler can)."""
+    return why.startswith(UNSUPPORTED)
 
 
 class CelEngine(Protocol):
@@ -290,6 +299,11 @@ class ClassSelector:
             else:
                 self._references = None  # a reference the pattern does not cover: memoise by device
 
+    @property
+    def unsupported(self) -> bool:
+        """Refused because the exporter cannot run it, not because the scheduler would refuse it."""
+        return unsupported(self.error)
+
     def matches(self, driver: str, device: SliceDevice) -> bool | None:
         if self.error:
             return False
@@ -309,13 +323,13 @@ class ClassSelector:
 
     def _key(self, driver: str, device: SliceDevice) -> Any:
         if self._references is None:
-            return driver, device.attributes, device.attribute_kinds, device.capacity
+            return driver, device.attributes, device.attribute_kinds, device.capacity, device.allow_multiple_allocations
         attrs, caps, kinds = dict(device.attributes), dict(device.capacity), dict(device.attribute_kinds)
         values: list[Any] = []
         for kind, domain, name in self._references:
             key = name if domain == driver else f"{domain}/{name}"
             values.append((attrs.get(key), kinds.get(key)) if kind == "attributes" else caps.get(key))
-        return driver, tuple(values)
+        return driver, tuple(values), device.allow_multiple_allocations
 
 
 def _release(budget: MemoBudget, memo: dict[Any, bool | None]) -> None:
