@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ from deploy_tools import (  # noqa: E402
     running_exporter,
 )
 from kubetestbed import SKIP_HINT, ControlPlane, assets_folder  # noqa: E402
-from nodetestbed import DEFAULT_PROFILE, NodeBed, unavailable_reason  # noqa: E402
+from nodetestbed import DEFAULT_PROFILE, TIMINGS, NodeBed, unavailable_reason  # noqa: E402
 from nodetestbed import testbed_folder as node_testbed_folder  # noqa: E402
 from nvmltestbed import SKIP_HINT as NVML_SKIP_HINT  # noqa: E402
 from nvmltestbed import library_folder, testbed_folder  # noqa: E402
@@ -60,6 +61,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture, marker in TESTBED_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()) and fixture not in params:
                 item.add_marker(marker)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The times the node test bed's tests measured (labels after a pod starts, gone after it is
+    deleted, back after a kubelet restart): figures to read, never asserted beyond the issue's bounds."""
+    if TIMINGS:
+        terminalreporter.section("node test bed: measured times")
+        for what, seconds in TIMINGS:
+            terminalreporter.write_line(f"{seconds:6.2f} s  {what}")
 
 
 def _in_ci() -> bool:
