@@ -13,6 +13,7 @@ times are printed at the end of the run.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -426,3 +427,96 @@ spec:
                                    if lab["namespace"] == ns], "dra_claim_not_prepared gone", timeout=LAG)
     TIMINGS.append(("dra_claim_not_prepared gone after the pod runs", time.monotonic() - ran))
     wait_labels(node_bed, exporter, ns, "the claim once prepared")
+
+
+# --- restarts: no flap, no stale label ---------------------------------------------------------------------
+
+class Watcher:
+    """Polls the exporter in a thread; every scrape whose attribution for ``namespace`` is none of the
+    ``allowed`` states is a flap, kept with its time."""
+
+    def __init__(self, exporter: Exporter, namespace: str, allowed: list[dict[str, dict[str, str]]]) -> None:
+        self.exporter, self.namespace, self.allowed = exporter, namespace, allowed
+        self.flaps: list[tuple[float, dict[str, dict[str, str]]]] = []
+        self.scrapes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                seen = exported_devices(self.exporter, self.namespace)
+            except OSError:
+                seen = {"<scrape failed>": {}}
+            self.scrapes += 1
+            if seen not in self.allowed:
+                self.flaps.append((time.monotonic(), seen))
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def _podresources_back(bed: NodeBed, exporter: Exporter, since_inode: int) -> bool:
+    """The kubelet's socket is a new one and the exporter reads it again."""
+    try:
+        inode = bed.pod_resources_socket.stat().st_ino
+    except FileNotFoundError:
+        return False
+    up = [v for n, lab, v in exporter.series("dra_exporter_source_up") if lab.get("source") == "podresources"]
+    return inode != since_inode and up == [1.0]
+
+
+@pytest.mark.slow
+def test_no_flap_and_no_stale_label_across_kubelet_plugin_and_exporter_restarts(
+        node_bed: NodeBed, exporter: Exporter, workload: Workload) -> None:
+    workload.run(SHAPES)
+    workload.run(POD_LEVEL)
+    wait_labels(node_bed, exporter, workload.namespace, "every shape and a pod-level claim")
+    before = expected_devices(node_bed, workload.namespace)
+    devices = node_bed.slice_devices()
+
+    # 1. The kubelet goes away, a pod is deleted meanwhile (its claim from a template goes with it),
+    #    the kubelet comes back with a new socket: the deleted pod's labels leave, nothing else moves.
+    inode = node_bed.pod_resources_socket.stat().st_ino
+    with Watcher(exporter, workload.namespace, [before]) as watch:
+        with node_bed.stopped("kubelet"):
+            workload.delete_pods(SHAPES.split("---")[4])  # gpu-tmpl
+            after = {u: v for u, v in before.items() if v["pod"] != "gpu-tmpl"}
+            watch.allowed.append(after)
+        restarted = time.monotonic()
+        node_bed.wait_for(lambda: _podresources_back(node_bed, exporter, inode), "the exporter on the new socket",
+                          timeout=60)
+        TIMINGS.append(("podresources read again after the kubelet restarts (new socket)",
+                        time.monotonic() - restarted))
+        node_bed.wait_for(lambda: exported_devices(exporter, workload.namespace) == after,
+                          "the deleted pod's labels gone after the kubelet is back", timeout=LAG)
+        TIMINGS.append(("labels right (a pod deleted while the kubelet was down) after the kubelet restarts",
+                        time.monotonic() - restarted))
+        watch.allowed.remove(before)  # from now on: never the deleted pod again
+        # The driver's slices may vanish for 30 s and more after a kubelet restart: hold on until back.
+        node_bed.wait_for(lambda: node_bed.slice_devices() == devices, "the driver's slices back", timeout=90)
+        TIMINGS.append(("the driver's slices back after the kubelet restarts", time.monotonic() - restarted))
+        time.sleep(1.0)  # a few more scrapes with the slices back
+    assert watch.scrapes > 50 and not watch.flaps, watch.flaps[:3]
+    assert expected_devices(node_bed, workload.namespace) == after
+
+    # 2. The plugin restarts: it re-registers and republishes; the labels never move.
+    with Watcher(exporter, workload.namespace, [after]) as watch:
+        node_bed.restart("gpu-kubelet-plugin")
+        restarted = time.monotonic()
+        node_bed.wait_for(lambda: node_bed.slice_devices() == devices, "the plugin's slices", timeout=60)
+        TIMINGS.append(("the driver's slices present after a plugin restart", time.monotonic() - restarted))
+        time.sleep(3.0)  # the kubelet re-registers the plugin meanwhile
+    assert watch.scrapes > 20 and not watch.flaps, watch.flaps[:3]
+
+    # 3. The exporter restarts: right soon after its first ready answer (the API server's view of the
+    #    pods and claims comes with its first list).
+    exporter.restart()
+    TIMINGS.append(("labels right after the exporter restarts (from /readyz 200)",
+                    wait_labels(node_bed, exporter, workload.namespace, "after an exporter restart")))
