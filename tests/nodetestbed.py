@@ -523,6 +523,28 @@ class Exporter:
                 for s in family.samples if name is None or s.name == name]
 
 
+class NodeBeds:
+    """The real node test bed for the session: one at a time (one per machine), started on first use
+    with a board profile and kept for every later test of that board; a module that asks for another
+    board stops it and starts that one (keep such tests in one module: each start is ~20 s)."""
+
+    def __init__(self, folder: Path, workdir: Callable[[str], Path]) -> None:
+        self.folder, self.workdir = folder, workdir
+        self.current: NodeBed | None = None
+
+    def bed(self, profile: str = DEFAULT_PROFILE) -> NodeBed:
+        if self.current is not None and self.current.profile == profile:
+            return self.current
+        self.close()
+        self.current = NodeBed.start(self.folder, self.workdir(profile), profile)
+        return self.current
+
+    def close(self) -> None:
+        current, self.current = self.current, None
+        if current is not None:
+            current.stop()
+
+
 def parse_podresdump(text: str) -> dict[str, Any]:
     """podresdump prints ``== List:`` then JSON, and so on for each call: {call name: JSON}."""
     out: dict[str, Any] = {}

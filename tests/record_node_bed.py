@@ -4,11 +4,11 @@
 
 For each board (8 × H100, 4 × GB200) it starts the node test bed (``tests/nodetestbed.py``, as root),
 runs every shape of ``test_testbed_node.py`` (``SHAPES`` and ``POD_LEVEL``) in namespace ``shapes``,
-and writes:
+then a pod whose claim asks for two GPUs when one is left (``gpu-waiting``, unallocated), and writes:
 
-- ``tests/dumps/node-bed-<board>.yaml``: the ResourceSlices NVIDIA's driver published, the claims
-  and the pods, as ``kubectl get resourceslices,resourceclaims,pods -A -o yaml`` gives them (the
-  simulator's dump format; ``managedFields`` left out);
+- ``tests/dumps/node-bed-<board>.yaml``: the DeviceClass, the ResourceSlices NVIDIA's driver
+  published, the claims and the pods, as ``kubectl get deviceclasses,resourceslices,resourceclaims,pods
+  -A -o yaml`` gives them (the simulator's dump format; ``managedFields`` left out);
 - ``tests/fixtures/node-bed/podresources-<board>.json``: the kubelet's pod-resources answers
   (``List``, ``GetAllocatableResources``, and ``Get`` of the pod-level claim's pod) as the bed's
   own Go client printed them.
@@ -34,6 +34,25 @@ from nodetestbed import NodeBed, testbed_folder, unavailable_reason  # noqa: E40
 from test_testbed_node import POD_LEVEL, SHAPES  # noqa: E402
 
 BOARDS = ("h100", "gb200")
+WAITING = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: claim-waiting}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      exactly: {deviceClassName: gpu.nvidia.com, allocationMode: ExactCount, count: 2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: gpu-waiting}
+spec:
+  automountServiceAccountToken: false
+  resourceClaims: [{name: g, resourceClaimName: claim-waiting}]
+  containers:
+  - {name: c, image: cuda:12, command: [sleep, infinity], resources: {claims: [{name: g}]}}
+"""
 NAMESPACE = "shapes"
 
 
@@ -50,8 +69,14 @@ def record(bed: NodeBed, board: str) -> None:
         bed.apply(text, NAMESPACE)
     for pod in ("gpu-direct", "gpu-share", "gpu-tmpl", "gpu-prio", "gpu-extres", "gpu-podlevel"):
         bed.wait_running(NAMESPACE, pod, timeout=120)
+    # One GPU is left: a pod whose claim asks for two waits, its claim unallocated (what `explain` is for).
+    bed.apply(WAITING, NAMESPACE)
+    bed.wait_for(lambda: any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+                             for c in bed.pod(NAMESPACE, "gpu-waiting").get("status", {}).get("conditions", [])),
+                 "gpu-waiting unschedulable", timeout=60)
     items = []
-    for kind, path in (("ResourceSlice", "/apis/resource.k8s.io/v1/resourceslices"),
+    for kind, path in (("DeviceClass", "/apis/resource.k8s.io/v1/deviceclasses"),
+                       ("ResourceSlice", "/apis/resource.k8s.io/v1/resourceslices"),
                        ("ResourceClaim", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"),
                        ("Pod", f"/api/v1/namespaces/{NAMESPACE}/pods")):
         for obj in bed.items(path):

@@ -178,10 +178,19 @@ def _only(values: set[str]) -> str:
 
 def expected_devices(bed: NodeBed, namespace: str) -> dict[str, dict[str, str]]:
     """GPU uuid → the attribution labels the real objects give it (claims of ``namespace``)."""
-    uuids = bed.uuid_of()
-    pods = {p["metadata"]["uid"]: p for p in bed.items(f"/api/v1/namespaces/{namespace}/pods")}
+    return expected_from_objects(bed.slices(), list(bed.claims(namespace).values()),
+                                 bed.items(f"/api/v1/namespaces/{namespace}/pods"))
+
+
+def expected_from_objects(slices: list[dict[str, Any]], claims: list[dict[str, Any]],
+                          pod_list: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """GPU uuid → attribution labels, from the objects as the API server returns them."""
+    uuids = {(s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"]): d["attributes"]["uuid"]["string"]
+             for s in slices for d in s["spec"].get("devices", []) if "uuid" in d.get("attributes", {})}
+    pods = {p["metadata"]["uid"]: p for p in pod_list}
     out = {}
-    for name, claim in bed.claims(namespace).items():
+    for claim in claims:
+        name, namespace = claim["metadata"]["name"], claim["metadata"]["namespace"]
         alloc = (claim.get("status") or {}).get("allocation")
         for r in alloc["devices"]["results"] if alloc else ():
             holders, users = set(), set()
@@ -512,8 +521,10 @@ def test_no_flap_and_no_stale_label_across_kubelet_plugin_and_exporter_restarts(
         restarted = time.monotonic()
         node_bed.wait_for(lambda: node_bed.slice_devices() == devices, "the plugin's slices", timeout=60)
         TIMINGS.append(("the driver's slices present after a plugin restart", time.monotonic() - restarted))
-        time.sleep(3.0)  # the kubelet re-registers the plugin meanwhile
-    assert watch.scrapes > 20 and not watch.flaps, watch.flaps[:3]
+        # Watched for a while: the kubelet re-registers the plugin meanwhile.
+        node_bed.wait_for(lambda: watch.scrapes >= 10 and time.monotonic() - restarted > 5, "10 scrapes and 5 s",
+                          timeout=60)
+    assert not watch.flaps, watch.flaps[:3]
 
     # 3. The exporter restarts: right soon after its first ready answer (the API server's view of the
     #    pods and claims comes with its first list).
