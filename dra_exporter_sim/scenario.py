@@ -430,13 +430,20 @@ class ClusterScenario:
 
 
 def claim_use(claim: Claim, request: str = "") -> model.ClaimUse:
-    """The claim's devices as the kubelet reports them (only those of ``request`` when one is given)."""
-    devices = claim.devices
+    """The claim's devices as the kubelet reports them (only those of ``request`` when one is given).
+
+    Like a real kubelet 1.36 (the node test bed): it keeps one list of CDI ids per driver while it
+    walks a claim's devices, so device k carries the CDI ids of the claim's devices 1..k."""
+    wanted = set(claim.devices)
     if request:
-        devices = tuple(d for r in claim.all_requests() if r.name == request for d in r.devices)
-    return model.ClaimUse(claim.namespace, claim.name, tuple(
-        model.ClaimDevice(claim.driver, claim.pool, device, cdi_devices(claim, device))
-        for device in devices))
+        wanted = {d for r in claim.all_requests() if r.name == request for d in r.devices}
+    listed: list[model.ClaimDevice] = []
+    cdi: tuple[str, ...] = ()
+    for device in claim.devices:
+        cdi += cdi_devices(claim, device)
+        if device in wanted:
+            listed.append(model.ClaimDevice(claim.driver, claim.pool, device, cdi))
+    return model.ClaimUse(claim.namespace, claim.name, tuple(listed))
 
 
 def cdi_devices(claim: Claim, device: str) -> tuple[str, ...]:

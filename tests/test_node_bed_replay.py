@@ -105,13 +105,15 @@ def test_the_real_kubelets_answer_joined_with_the_real_objects_labels_every_gpu_
 def test_the_simulated_kubelet_replaying_the_real_node_answers_what_the_real_kubelet_did(board: str) -> None:
     """The dump of the real node as the simulator's scenario: its kubelet lists each container with the
     claims and devices the real kubelet listed (a container that names one request gets all the claim's
-    devices; a pod-level claim under no container; the extended resource's claim)."""
+    devices; a pod-level claim under no container; the extended resource's claim; the CDI ids of a
+    claim's earlier devices on its later ones)."""
     from dra_exporter_sim.loader import load_scenario
 
     scenario = load_scenario(HERE / "dumps" / f"node-bed-{board}.yaml", NODE)
 
-    def claims(snapshot: Any) -> set[tuple[str, str, str, tuple[str, ...]]]:
-        return {(p.name, c.name, u.name, tuple(sorted(d.device for d in u.devices)))
+    def claims(snapshot: Any) -> set[tuple[str, str, str, tuple[tuple[str, tuple[str, ...]], ...]]]:
+        # With each device its CDI ids: device k of a claim also carries those of devices 1..k-1.
+        return {(p.name, c.name, u.name, tuple(sorted((d.device, d.cdi_devices) for d in u.devices)))
                 for p in snapshot.pods for c in p.containers for u in c.claims}
 
     assert claims(scenario.pod_allocations_at(0.0)) == claims(snapshot_from_response(recorded_list(board)))
