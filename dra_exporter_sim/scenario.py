@@ -333,13 +333,17 @@ class Scenario:
         claims = {(c.namespace, c.name): c for c in self.claims}
         # While a driver rolls out, the kubelet's answer briefly lacks that driver's devices.
         rolling = {f.params["driver"] for f in self.active_faults(t, "driver_rollout")}
+        # NodePrepareResources failing for a pod: the real kubelet lists its claims with no devices.
+        unprepared = {f.params["pod"] for f in self.active_faults(t, "prepare_failed")}
         return model.PodResourcesSnapshot(pods=tuple(
             model.PodAllocation(pod.namespace, pod.name, tuple(
                 model.ContainerAllocation(
                     name=c.name,
                     # Like the real kubelet: every device of each referenced claim, whatever
                     # request the container names (only the API server's pod spec says which).
-                    claims=tuple(claim_use(claims[(pod.namespace, name)]) for name in c.claims
+                    claims=tuple(model.ClaimUse(pod.namespace, name)
+                                 if f"{pod.namespace}/{pod.name}" in unprepared
+                                 else claim_use(claims[(pod.namespace, name)]) for name in c.claims
                                  if claims[(pod.namespace, name)].driver not in rolling),
                     plugin_devices=tuple(model.PluginDevices(d.resource, d.ids) for d in c.plugin_devices))
                 for c in pod.containers))
@@ -499,7 +503,8 @@ KUBELET_FAULTS: Final = ("kubelet_socket_gone", "kubelet_resource_exhausted", "k
                          "kubelet_malformed")
 APISERVER_FAULTS: Final = ("apiserver_gone", "apiserver_error", "apiserver_slow", "apiserver_watch_drop",
                            "apiserver_gone_410")
-FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid", "nvml_hang", "driver_rollout")
+FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid", "nvml_hang", "driver_rollout",
+                       "prepare_failed")
                       + NVLINK_FAULTS + KUBELET_FAULTS + APISERVER_FAULTS)
 
 #: resource.k8s.io versions a simulated cluster can serve, newest first.
