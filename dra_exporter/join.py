@@ -5,7 +5,9 @@ DESIGN §3, so the rules are tested without sockets, threads or GPUs:
 
 1. A device with no allocation still reports, with empty attribution labels.
 2. A device held by one pod carries namespace, pod, pod UID, claim and request;
-   ``container`` is set when exactly one container of that pod uses the device.
+   ``container`` is set when exactly one container of that pod uses the device. A pod holds
+   the devices of a claim reserved for it even when no container references the claim
+   (a pod-level claim: ``container=""``).
 3. A device used by several pods keeps ONE series with ``pod=""``;
    ``dra_claim_consumer_info`` lists every consumer. Values are never copied.
 4. Admin-access (monitoring) claims never count as consumers.
