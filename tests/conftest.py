@@ -168,7 +168,7 @@ def nvml_testbed() -> NvmlTestbed:
 
 
 @pytest.fixture(scope="session")
-def node_beds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeBeds]:
+def node_beds() -> Iterator[NodeBeds]:
     """The node test bed's keeper; skipped (one line) without DRA_EXPORTER_TESTBED_NODE or root, failed
     under CI=true. Always stopped at the end of the session."""
     folder = node_testbed_folder()
@@ -177,7 +177,7 @@ def node_beds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeBeds]:
         if _in_ci():
             pytest.fail(f"CI=true and {reason}", pytrace=False)
         pytest.skip(str(reason))
-    beds = NodeBeds(folder, lambda profile: tmp_path_factory.mktemp(f"nodebed-{profile}"))
+    beds = NodeBeds(folder)
     try:
         yield beds
     finally:

@@ -35,6 +35,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -69,13 +70,15 @@ _STOP_TIMEOUT = 120.0
 # run died) makes it run node.sh stop. It ignores SIGINT/SIGTERM/SIGHUP so a Ctrl-C or a terminal
 # closing reaches the test run, whose teardown then tells it.
 _GUARDIAN = """
-import signal, subprocess, sys
+import shutil, signal, subprocess, sys
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(s, signal.SIG_IGN)
 said = sys.stdin.read()
 if "stopped" not in said:
     subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=300)
+    if sys.argv[-1].startswith("/tmp/dra-exporter-node-bed-"):
+        shutil.rmtree(sys.argv[-1], ignore_errors=True)
 """
 
 
@@ -528,21 +531,29 @@ class NodeBeds:
     with a board profile and kept for every later test of that board; a module that asks for another
     board stops it and starts that one (keep such tests in one module: each start is ~20 s)."""
 
-    def __init__(self, folder: Path, workdir: Callable[[str], Path]) -> None:
-        self.folder, self.workdir = folder, workdir
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
         self.current: NodeBed | None = None
 
     def bed(self, profile: str = DEFAULT_PROFILE) -> NodeBed:
         if self.current is not None and self.current.profile == profile:
             return self.current
         self.close()
-        self.current = NodeBed.start(self.folder, self.workdir(profile), profile)
+        # Not under pytest's basetemp: a parallel pytest run deletes all but the newest three of those,
+        # a running bed's folder included.
+        workdir = Path(tempfile.mkdtemp(prefix=f"dra-exporter-node-bed-{profile}-"))
+        try:
+            self.current = NodeBed.start(self.folder, workdir, profile)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
         return self.current
 
     def close(self) -> None:
         current, self.current = self.current, None
         if current is not None:
             current.stop()
+            shutil.rmtree(current.workdir, ignore_errors=True)
 
 
 def parse_podresdump(text: str) -> dict[str, Any]:
