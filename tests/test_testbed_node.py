@@ -335,7 +335,7 @@ def test_every_shape_is_labelled_as_the_real_objects_say_within_5_s_and_gone_5_s
             if lab["namespace"] == workload.namespace} == consumers
 
     deleted = workload.delete_pods(SHAPES)
-    node_bed.wait_for(lambda: not any(lab["pod"] for _, lab, _ in exporter.series()
+    node_bed.wait_for(lambda: not any(lab.get("pod") for _, lab, _ in exporter.series()
                                       if lab.get("namespace") == workload.namespace),
                       "no series names a deleted pod", timeout=LAG, step=0.05)
     TIMINGS.append(("pod labels gone after the pods are deleted", time.monotonic() - deleted))
