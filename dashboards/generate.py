@@ -678,6 +678,15 @@ def claims() -> Dashboard:
                 columns=(NODE_LABEL, "namespace", "claim", "device", "uuid"),
                 width=12,
             ),
+            Panel(
+                "Claims not prepared",
+                "table",
+                (tab(f"{cat.CLAIM_NOT_PREPARED.name}{sel(*c)}"),),
+                "Claims the kubelet lists for a pod with no devices: allocated and reserved, but the DRA driver "
+                "has not prepared them (the pod waits in ContainerCreating). Alert: DraClaimNotPrepared.",
+                columns=(NODE_LABEL, "namespace", "claim", "pod"),
+                width=24,
+            ),
         ),
     )
     return Dashboard(
