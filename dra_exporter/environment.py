@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_KUBELET_SOCKET, ClusterSettings, ConfigError, Settings
+from .sources.cdi import DEFAULT_CDI_ROOT
 from .sources.procs import DEFAULT_PROCFS
 from .sources.registry import SourceContext
 
@@ -114,7 +115,8 @@ def _node(settings: Settings, sim_time: float | None, env: Environment) -> None:
     env.self_pod = self_pod
     env.context = SourceContext(node_name=node_name, nvml=nvml, kubelet_socket=kubelet_socket,
                                 claim_refresh=settings.claim_refresh, max_objects=settings.max_objects,
-                                procfs=procfs, wall_clock=wall_clock, monotonic=monotonic,
+                                procfs=procfs, cdi_root=settings.cdi_root or DEFAULT_CDI_ROOT,
+                                wall_clock=wall_clock, monotonic=monotonic,
                                 simulated_apiserver=env.simulated_apiserver, pod_labels=settings.pod_labels.keys,
                                 **access)
 
