@@ -291,6 +291,7 @@ def test_probe_lists_for_real_and_asks_for_the_rest(tmp_path: Path) -> None:
         (False, f"forbidden (403) to list pods: {RBAC_HINT}"),
         (True, "may watch resourceslices.resource.k8s.io"),
         (False, f"may not get resourceclaims.resource.k8s.io ({RBAC_HINT})"),
+        (False, f"may not list resourceclaims.resource.k8s.io ({RBAC_HINT})"),
         (True, "may watch pods"),
     ]
 

@@ -185,7 +185,8 @@ class Probe:
 
 #: (verb, group, resource) the source needs; lists are tried for real, the rest asked of the
 #: authoriser with a SelfSubjectAccessReview.
-NEEDED_ACCESS: Final = (("watch", GROUP, "resourceslices"), ("get", GROUP, "resourceclaims"), ("watch", "", "pods"))
+NEEDED_ACCESS: Final = (("watch", GROUP, "resourceslices"), ("get", GROUP, "resourceclaims"),
+                         ("list", GROUP, "resourceclaims"), ("watch", "", "pods"))
 
 
 def probe(api_client: k8s.ApiClient, node_name: str, version: str, *, timeout: float = 10.0,
