@@ -12,10 +12,11 @@ Three kinds, each a family whose value is the Unix time it was first seen (kept 
   A claim a local pod still uses (the API server's claim with this device allocated, or the
   kubelet's devices listing the CDI name) accounts for it.
 * **MIG devices** (``dra_orphan_mig_device_since_timestamp_seconds``): a MIG device in NVML on a GPU
-  a DRA driver publishes, that no allocated claim and no device-plugin allocation names, and that
-  is not itself published (a statically partitioned GPU's idle MIG devices are allocatable, not
-  orphans). Dynamic MIG creates the device at prepare and destroys it at unprepare: one left is a
-  leak. Needs the kubelet's answer and the API server's view, both up.
+  a DRA driver publishes (the GPU, or its other MIG devices), that no allocated claim and no
+  device-plugin allocation names, and that is not itself published (a statically partitioned GPU's
+  idle MIG devices are allocatable, not orphans). Dynamic MIG creates the device at prepare and
+  destroys it at unprepare: one left is a leak; one made by hand on a GPU the driver manages is
+  capacity no claim can get. Needs the kubelet's answer and the API server's view, both up.
 * **processes** (``dra_orphan_gpu_process_since_timestamp_seconds``): a process on a GPU (or MIG
   device) that no claim, device-plugin allocation or allocated claim covers — on the device, its
   parent GPU or one of its MIG devices. Needs the kubelet's answer, up.
@@ -106,11 +107,15 @@ def mig_devices(devices: Iterable[GpuDevice], held: frozenset[str], published: f
                 decidable: bool) -> Found:
     """MIG devices no allocation names, on GPUs a DRA driver publishes, not published themselves.
 
+    A GPU a DRA driver manages: its slices name it (dynamic MIG publishes the whole GPU and
+    placements without UUIDs) or one of its MIG devices (a static layout publishes each MIG device).
     ``held``: UUIDs any claim (allocated, or listed by the kubelet) or device-plugin allocation
     names; ``published``: UUIDs the ResourceSlices name; ``decidable``: the kubelet and the API
     server are both up."""
     spec = cat.ORPHAN_MIG_DEVICE
-    migs = [d for d in devices if d.is_mig and d.parent_uuid in published]
+    devices = tuple(devices)
+    managed = published | {d.parent_uuid for d in devices if d.is_mig and d.uuid in published}
+    migs = [d for d in devices if d.is_mig and d.parent_uuid in managed]
     if not decidable:
         return Found(spec, undecided=frozenset((d.uuid,) for d in migs))
     orphans: dict[Key, Labels] = {

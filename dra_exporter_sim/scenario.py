@@ -84,6 +84,8 @@ class MigDevice:
     memory_total: int
     memory_reserved: int
     taints: tuple[model.DeviceTaint, ...] = ()
+    published: bool = True
+    """False: made outside the DRA driver (``nvidia-smi mig -cgi`` by hand): NVML has it, no slice does."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -403,7 +403,7 @@ class _Builder:
         used: dict[int, str] = {}
         out: list[MigDevice] = []
         for i, m in cur.items():
-            m.mapping(("profile", "placement_start"), ("uuid", "taints"))
+            m.mapping(("profile", "placement_start"), ("uuid", "taints", "published"))
             name = m.key("profile").str()
             mp = prof.mig_profile(name)
             if mp is None:
@@ -426,7 +426,7 @@ class _Builder:
             out.append(MigDevice(name, mp.gi_profile_id, start, mp.memory_slices, mp.compute_slices,
                                  _gi_id(mp.memory_slices, start), 0, mig_uuid,
                                  int(prof.memory_total * share), int(prof.memory_reserved * share),
-                                 _taints(m.key("taints"))))
+                                 _taints(m.key("taints")), m.key("published").bool(True)))
         if sum(d.compute_slices for d in out) > prof.mig_compute_slices:
             raise cur.error(f"the MIG devices need {sum(d.compute_slices for d in out)} compute slices; "
                             f"a {prof.model} has {prof.mig_compute_slices}")

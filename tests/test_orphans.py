@@ -173,6 +173,17 @@ def test_a_published_mig_device_or_one_on_an_unpublished_gpu_is_no_orphan() -> N
     assert orphans(frame(OrphanMemory(), devices=(*GPUS, unpublished)), cat.ORPHAN_MIG_DEVICE) == {}
 
 
+def test_a_mig_device_made_by_hand_on_a_statically_partitioned_gpu_is_an_orphan() -> None:
+    """A static layout publishes each MIG device (not the GPU): one NVML has and no slice does is no
+    claim's, and no claim can get it."""
+    sibling = replace(MIG, uuid="MIG-2b", placement_start=1, gi_id=10)
+    static = replace(SLICE, devices=(*SLICE.devices[:2], SliceDevice("gpu-2-mig-19-1-1", (("uuid", "MIG-2b"),))))
+    snapshot = DeviceSnapshot(tuple(DeviceSample(d, True) for d in (*GPUS, MIG, sibling)))
+    f = join(JoinInput(devices=(snapshot,), pods=PodResourcesSnapshot(), cluster=ClusterSnapshot(NODE, "v1", (static,)),
+                       orphan_memory=OrphanMemory(), health=UP, timestamp=T0))
+    assert [dict(k)["uuid"] for k in orphans(f, cat.ORPHAN_MIG_DEVICE)] == ["MIG-2a"]
+
+
 # --- processes ----------------------------------------------------------------------------------
 
 
