@@ -3,7 +3,8 @@
 ``promtool`` is the path to promtool; ``prometheus`` is a factory that starts a real
 Prometheus scraping given targets and stops it after the test; ``prom`` is one Prometheus
 scraping the operator kit's fault scenario, once per ``--naming`` the chart offers, shared by
-the alert and dashboard tests. ``kube`` is one real control plane (etcd, kube-apiserver,
+the alert and dashboard tests. ``node_bed`` is the real node (kubelet and NVIDIA's DRA plugin) of
+``tests/nodetestbed.py``, marked ``testbed_node``. ``kube`` is one real control plane (etcd, kube-apiserver,
 kube-scheduler, kube-controller-manager from ``KUBEBUILDER_ASSETS``) for the whole session: tests
 take their own namespaces (``kube.namespace()``) and nodes (``kube.ready_node()``); every test that
 uses it is marked ``testbed_kube``. Without the tools a test is skipped on a developer machine, but
@@ -41,12 +42,15 @@ from deploy_tools import (  # noqa: E402
     running_exporter,
 )
 from kubetestbed import SKIP_HINT, ControlPlane, assets_folder  # noqa: E402
+from nodetestbed import DEFAULT_PROFILE, NodeBed, unavailable_reason  # noqa: E402
+from nodetestbed import testbed_folder as node_testbed_folder  # noqa: E402
 from nvmltestbed import SKIP_HINT as NVML_SKIP_HINT  # noqa: E402
 from nvmltestbed import library_folder, testbed_folder  # noqa: E402
 from promharness import PROMETHEUS_INSTALL_HINT, PromServer, find_tool, free_port, start_prometheus  # noqa: E402
 
 # Fixtures that stand for a test bed, and the marker their tests carry (``pytest -m testbed_kube``).
-TESTBED_FIXTURES = {"kube": "testbed_kube", "nvml_testbed": "testbed_nvml"}
+TESTBED_FIXTURES = {"kube": "testbed_kube", "nvml_testbed": "testbed_nvml", "node_beds": "testbed_node",
+                    "node_bed": "testbed_node"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -151,3 +155,48 @@ def nvml_testbed() -> NvmlTestbed:
             pytest.fail(f"CI=true and {NVML_SKIP_HINT}", pytrace=False)
         pytest.skip(NVML_SKIP_HINT)
     return NvmlTestbed(folder=folder, library=library_folder(folder))
+
+
+class NodeBeds:
+    """The real node test bed for the session: one at a time (one per machine), started on first use
+    with a board profile and kept for every later test of that board; a module that asks for another
+    board stops it and starts that one (keep such tests in one module: each start is ~20 s)."""
+
+    def __init__(self, folder: Path, workdirs: pytest.TempPathFactory) -> None:
+        self.folder, self.workdirs = folder, workdirs
+        self.current: NodeBed | None = None
+
+    def bed(self, profile: str = DEFAULT_PROFILE) -> NodeBed:
+        if self.current is not None and self.current.profile == profile:
+            return self.current
+        self.close()
+        self.current = NodeBed.start(self.folder, self.workdirs.mktemp(f"nodebed-{profile}"), profile)
+        return self.current
+
+    def close(self) -> None:
+        current, self.current = self.current, None
+        if current is not None:
+            current.stop()
+
+
+@pytest.fixture(scope="session")
+def node_beds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeBeds]:
+    """The node test bed's keeper; skipped (one line) without DRA_EXPORTER_TESTBED_NODE or root, failed
+    under CI=true. Always stopped at the end of the session."""
+    folder = node_testbed_folder()
+    reason = unavailable_reason(folder)
+    if reason is not None or folder is None:
+        if _in_ci():
+            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.skip(str(reason))
+    beds = NodeBeds(folder, tmp_path_factory)
+    try:
+        yield beds
+    finally:
+        beds.close()
+
+
+@pytest.fixture(scope="module")
+def node_bed(node_beds: NodeBeds) -> NodeBed:
+    """The real node with the default board (8 × H100)."""
+    return node_beds.bed(DEFAULT_PROFILE)

@@ -41,8 +41,9 @@ def test_the_recordings_the_tests_replay_are_in_the_repository() -> None:
         assert (FIXTURES / name).is_file(), name
 
 
-# CI's entry point is the one file that may name the test beds beside the clone: it hands them to the
-# tests through KUBEBUILDER_ASSETS and DRA_EXPORTER_TESTBED_NVML, and a clone alone skips those tests.
+# CI's entry point is the one file that may name the test beds beside the clone: it hands them to the tests
+# through KUBEBUILDER_ASSETS, DRA_EXPORTER_TESTBED_NVML and DRA_EXPORTER_TESTBED_NODE, and a clone alone
+# skips those tests.
 MAY_NAME_THE_TEST_BEDS = {".ci/run"}
 
 
