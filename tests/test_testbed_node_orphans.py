@@ -153,9 +153,9 @@ def test_a_cdi_spec_left_for_a_claim_that_never_existed_is_an_orphan_until_remov
     path.write_text(yaml.safe_dump(spec))
     try:
         seen = node_bed.wait_for(lambda: orphans(exporter, PREPARED), "the leftover spec reported", timeout=45)
+        gpu_1 = node_bed.uuid_of()[("gpu.nvidia.com", node_bed.node_name, "gpu-1")]
         assert [dict(k) for k in seen] == [{"claim_uid": uid, "device": "gpu-1", "driver": "gpu.nvidia.com",
-                                            "reason": "claim_deleted",
-                                            "uuid": node_bed.uuid_of()[("gpu.nvidia.com", node_bed.node_name, "gpu-1")]}]
+                                            "reason": "claim_deleted", "uuid": gpu_1}]
     finally:
         path.unlink()
     node_bed.wait_for(lambda: not orphans(exporter, PREPARED), "the orphan gone with its spec", timeout=10)

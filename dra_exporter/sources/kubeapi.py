@@ -28,7 +28,9 @@ What it asks the API server, and why the load per node does not grow with the cl
   ResourceClaims (``CENSUS_PAGE`` a page), keeping only the claims asked about, when such a UID
   first appears (at most every ``CENSUS_MIN_S``) and again every ``claim_refresh``. A node with
   no such spec sends none; the answer says which of those claims are gone or deallocated
-  (``orphans``): a claim UID is never reused, so one the list lacks is known absent.
+  (``orphans``): a claim UID is never reused, so one the list lacks is known absent. A claim the
+  list still finds (its pod just went, the claim is being deleted) is asked about once more
+  ``CENSUS_MIN_S`` later.
 
 What it does when the API server misbehaves (``docs/reliability.md`` names the tests; the lists and
 watches are ``reflector.Reflector``'s):
@@ -318,6 +320,8 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         self._census: model.ClaimCensus | None = None
         self._census_at = -math.inf
         self._census_said = ""
+        self._rechecked: frozenset[str] = frozenset()
+        """Claim UIDs a census found present, unexplained, and asked about once more since."""
         """When the census last listed (``monotonic``)."""
         self._wall_clock = wall_clock
         self._claim_refresh = claim_refresh
@@ -638,11 +642,16 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
             return
         now = self._monotonic()
         asked = self._census.asked if self._census is not None else frozenset()
-        due = now - self._census_at >= self._claim_refresh or (
-            not unexplained <= asked and now - self._census_at >= CENSUS_MIN_S)
+        # A claim the last list found still there while no local pod uses it is most often one being
+        # deleted or deallocated right then (its pod just went): asked again once, CENSUS_MIN_S later.
+        present = frozenset(c.uid for c in self._census.found) if self._census is not None else frozenset()
+        recheck = (present & unexplained) - self._rechecked
+        since = now - self._census_at
+        due = since >= self._claim_refresh or (since >= CENSUS_MIN_S and (not unexplained <= asked or recheck))
         if not due:
             return
         self._census_at = now  # a failed list waits as long as a good one: no request storm
+        self._rechecked = (self._rechecked | recheck) & unexplained
         version = self.api_version
         assert self._client is not None and version is not None
 
