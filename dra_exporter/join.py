@@ -577,24 +577,30 @@ def _orphan_families(out: _Builder, inp: JoinInput, pods: Sequence[PodAllocation
     """What the node holds that no claim accounts for (``orphans``), each valued since when it is seen.
 
     Decided only from sources that are up now: a kubelet or API server that is down, or has not
-    answered, leaves the question open (what was found stays found, nothing new is)."""
+    answered, leaves the question open (what was found stays found, nothing new is). What each
+    kind needs is built only when there is something of that kind to judge (a spec, a MIG device,
+    a process): most nodes have none of the first two, and the join runs every cycle."""
     memory = inp.orphan_memory
     assert memory is not None
     up = {h.source for h in inp.health if h.up}
     cluster = inp.cluster
     kube_up = cluster is not None and "kubeapi" in up
     pods_up = inp.pods is not None and "podresources" in up
-    held = _held_uuids(pods, devices, resolver, cluster)
-    in_use_cdi = frozenset(name.partition("=")[2] for pod in pods for ctr in pod.containers for claim in ctr.claims
-                           for dev in claim.devices for name in dev.cdi_devices)
     slices = cluster.slices if cluster else ()
-    uuid_of = {(sl.driver, dev.name): uuid for sl in slices for dev in sl.devices
-               if (uuid := resolver.resolve(sl.driver, sl.pool, dev.name))}
-    by_slice = SliceResolver(slices)
-    published = frozenset(uuid for sl in slices for dev in sl.devices
-                          if (uuid := by_slice.resolve(sl.driver, sl.pool, dev.name)))
+    cdi = inp.cdi
+    in_use_cdi: frozenset[str] = frozenset()
+    uuid_of: dict[tuple[str, str], str] = {}
+    if cdi is not None and cdi.devices:
+        in_use_cdi = frozenset(name.partition("=")[2] for pod in pods for ctr in pod.containers
+                               for claim in ctr.claims for dev in claim.devices for name in dev.cdi_devices)
+        wanted = {(d.driver, d.device) for d in cdi.devices}
+        uuid_of = {(sl.driver, dev.name): uuid for sl in slices for dev in sl.devices
+                   if (sl.driver, dev.name) in wanted and (uuid := resolver.resolve(sl.driver, sl.pool, dev.name))}
+    migs = any(d.is_mig for d in devices)
+    held = _held_uuids(pods, devices, resolver, cluster) if migs or processes else frozenset()
+    published = SliceResolver(slices).uuids() if migs else frozenset()
     for found in (
-        orphans.prepared(inp.cdi, cluster.claims if cluster else (), cluster.claim_census if cluster else None,
+        orphans.prepared(cdi, cluster.claims if cluster else (), cluster.claim_census if cluster else None,
                          in_use_cdi, uuid_of, kube_up),
         orphans.mig_devices(devices, held, published, kube_up and pods_up),
         orphans.processes(processes, devices, held, pods_up),
