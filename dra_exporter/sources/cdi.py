@@ -10,7 +10,7 @@ is a device the driver still holds for nobody: what ``orphans`` looks for.
 
 Only specs whose device names start with a claim UID count; the rest (a static
 ``/etc/cdi/nvidia.yaml`` of kind ``nvidia.com/gpu``) are not per claim and are ignored. The
-directory is read with bounds: at most ``MAX_SPEC_FILES`` files, each at most
+directory is read with bounds: at most ``MAX_SPEC_FILES`` files listed and read, each at most
 ``MAX_SPEC_BYTES`` (``boundedio``: a FIFO or ``/dev/zero`` under the root cannot block or eat
 memory). A file that cannot be read or parsed costs that file, with one log line (once per
 version of the file), never the rest. Parsed files are cached by (name, inode, size, mtime):
@@ -19,6 +19,7 @@ a cycle re-reads only what changed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -101,7 +102,8 @@ class CdiSource(Source[CdiSnapshot]):
 
     def collect(self) -> CdiSnapshot:
         try:
-            entries = sorted(self._spec_entries())
+            # At most one more than the bound is listed: a folder of a million files costs no more.
+            entries = sorted(itertools.islice(self._spec_entries(), self._max_files + 1))
         except FileNotFoundError:
             # No driver has written a spec yet (the runtime makes the folder on demand): nothing prepared.
             self._cache.clear()
@@ -110,7 +112,7 @@ class CdiSource(Source[CdiSnapshot]):
             raise SourceError(f"cdi: cannot list {self.root}: {exc.strerror or exc}") from None
         if len(entries) > self._max_files:
             if not self._said_too_many:
-                log.warning("cdi: %s holds %d spec files; only the first %d are read", self.root, len(entries),
+                log.warning("cdi: %s holds more than %d spec files; only %d are read", self.root, self._max_files,
                             self._max_files)
                 self._said_too_many = True
             entries = entries[:self._max_files]
