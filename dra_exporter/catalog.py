@@ -652,6 +652,12 @@ CLAIM_CONSUMER_INFO: Final = MetricSpec(
     "A pod (and container) that uses a ResourceClaim on this node; value is always 1.",
     ("namespace", "claim", "pod", "pod_uid", "container"), otlp=OtlpForm("dra.claim.consumer", "1"),
     stability=_STABLE, pod_labels=True)
+CLAIM_NOT_PREPARED: Final = MetricSpec(
+    "dra_claim_not_prepared", "gauge",
+    "A ResourceClaim the kubelet lists for a pod on this node with no devices: allocated and reserved for "
+    "the pod, but not prepared (NodePrepareResources failed or has not run; the pod waits in "
+    "ContainerCreating); value is always 1.",
+    ("namespace", "claim", "pod", "pod_uid"), otlp=OtlpForm("dra.claim.not_prepared", "1"))
 # An info family: no OTLP form (its ``type`` label would become ``error.type``).
 CLAIM_DEVICE_CONDITION: Final = MetricSpec(
     "dra_claim_device_condition", "gauge",
@@ -905,7 +911,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     GPU_NVLINK_LINK_RECOVERIES, GPU_FABRIC_INFO, GPU_FABRIC_STATE, GPU_FABRIC_REGISTERED, GPU_FABRIC_HEALTH,
     GPU_FABRIC_HEALTH_PROBLEM, GPU_MIG_COMPUTE_SLICES, GPU_PROCESSES,
     CONTAINER_GPU_MEMORY_USED, CONTAINER_GPU_SM_UTILIZATION,
-    CLAIM_ALLOCATION_INFO, CLAIM_CONSUMER_INFO, CLAIM_DEVICE_CONDITION, CLAIM_DEVICE_TOLERATION,
+    CLAIM_ALLOCATION_INFO, CLAIM_CONSUMER_INFO, CLAIM_NOT_PREPARED, CLAIM_DEVICE_CONDITION, CLAIM_DEVICE_TOLERATION,
     CLAIM_CONSUMED_CAPACITY, CLAIM_DEVICE_NETWORK,
     DEVICE_INFO, DEVICE_TAINT, DEVICE_HEALTH, DEVICE_SHARED_CAPACITY, DEVICE_SHARED_CONSUMPTION,
     ORPHAN_PREPARED_DEVICE, ORPHAN_MIG_DEVICE, ORPHAN_GPU_PROCESS,

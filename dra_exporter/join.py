@@ -5,7 +5,9 @@ DESIGN §3, so the rules are tested without sockets, threads or GPUs:
 
 1. A device with no allocation still reports, with empty attribution labels.
 2. A device held by one pod carries namespace, pod, pod UID, claim and request;
-   ``container`` is set when exactly one container of that pod uses the device.
+   ``container`` is set when exactly one container of that pod uses the device. A pod holds
+   the devices of a claim reserved for it even when no container references the claim
+   (a pod-level claim: ``container=""``).
 3. A device used by several pods keeps ONE series with ``pod=""``;
    ``dra_claim_consumer_info`` lists every consumer. Values are never copied.
 4. Admin-access (monitoring) claims never count as consumers.
@@ -215,7 +217,9 @@ def join(inp: JoinInput) -> Frame:
     pods = _with_cluster_pods(inp.pods, view)
 
     consumers = _device_consumers(pods, devices, resolver, view)
+    _add_claim_holders(consumers, {(p.namespace, p.name) for p in pods}, resolver, view)
     _claim_families(out, pods, resolver, view, inp.pod_labels)
+    _unprepared_families(out, inp.pods, view)
     if cluster:
         _cluster_families(out, cluster, resolver)
         _health_families(out, cluster, pods, view)
@@ -322,6 +326,26 @@ def _plugin_uuids(plugin: PluginDevices, gpu_by_index: dict[str, str]) -> Iterat
         yield gpu_by_index.get(device_id, device_id)
 
 
+def _add_claim_holders(by_uuid: dict[str, set[_Consumer]], running: set[tuple[str, str]], resolver: Resolver,
+                       view: _View) -> None:
+    """Pods that hold a claim's device and that no container use accounts for: a pod-level claim no
+    container references is prepared and reserved for its pod, yet the kubelet lists it under no
+    container (seen on a real kubelet 1.36). Its devices still name the claim, the request of its
+    allocation result and the pod (``container=""``). Only pods in the claim's ``reservedFor`` that
+    run here (``running``: the kubelet's word while it answers), so an ended pod leaves at once."""
+    for claim in view.claims.values():
+        holders = [pod for ref in claim.reserved_for if ref.resource == "pods"
+                   and (pod := view.pods_by_uid.get(ref.uid)) is not None and not pod.terminal
+                   and (pod.namespace, pod.name) in running]
+        for r in claim.results if holders else ():
+            if r.admin_access or not (uuid := resolver.resolve(r.driver, r.pool, r.device)):
+                continue
+            known = by_uuid.get(uuid, set())
+            for pod in holders:
+                if not any((c.namespace, c.pod, c.claim) == (claim.namespace, pod.name, claim.name) for c in known):
+                    by_uuid[uuid].add(_Consumer(claim.namespace, pod.name, pod.uid, "", claim.name, r.request))
+
+
 def _claim_consumers(pod: PodAllocation, container: str, claim: ClaimUse, resolver: Resolver,
                      view: _View) -> Iterator[tuple[str, _Consumer]]:
     info = view.claim(claim.namespace, claim.name)
@@ -420,6 +444,20 @@ def _claim_families(out: _Builder, pods: Iterable[PodAllocation], resolver: Reso
                                             container=container.name)
 
 
+def _unprepared_families(out: _Builder, snapshot: PodResourcesSnapshot | None, view: _View) -> None:
+    """Claims the kubelet lists for a pod with no devices: it lists a pod's claims before preparing
+    them and keeps them so while NodePrepareResources fails (a real kubelet 1.36). The kubelet's own
+    answer only: a claim the API server alone gives a pod is never "listed". Monitoring claims too
+    (the exporter's own pod cannot start without it)."""
+    for pod in snapshot.pods if snapshot else ():
+        for container in pod.containers:
+            for claim in container.claims:
+                if not claim.devices:
+                    out.add(cat.CLAIM_NOT_PREPARED, 1, namespace=claim.namespace, claim=claim.name, pod=pod.name,
+                            pod_uid=view.pod_uid(pod.namespace, pod.name, view.claims.get((claim.namespace,
+                                                                                          claim.name))))
+
+
 def _cluster_families(out: _Builder, cluster: ClusterSnapshot, resolver: Resolver) -> None:
     """What the API server alone knows: slice devices, their taints (the slice's and the
     DeviceTaintRules' that select them), counters; claims' tolerations, consumed capacity,
@@ -476,10 +514,34 @@ def _health_families(out: _Builder, cluster: ClusterSnapshot, pods: Iterable[Pod
         if pod.terminal:
             continue
         for ctr in pod.containers:
+            reported = set()
             for h in ctr.health:
                 driver, pool, device = _health_device(pod.namespace, h, view, cdi_devices)
+                reported.add((h.claim, driver, pool, device))
                 out.add(cat.DEVICE_HEALTH, 1, namespace=pod.namespace, pod=pod.name, container=ctr.name,
-                        claim=h.claim, request=h.request, driver=driver, pool=pool, device=device, health=h.health)
+                        claim=h.claim, request=_health_request(view.claim(pod.namespace, h.claim), h, driver, pool,
+                                                               device),
+                        driver=driver, pool=pool, device=device, health=h.health)
+            # An extended resource backed by DRA (``nvidia.com/gpu: 1`` served by a DeviceClass, the
+            # claim the scheduler made, ``ref=""``): the kubelet never reports its health (1.36), so
+            # its devices would have no row at all. They are there, their health unknown.
+            for use in ctr.claims:
+                claim = view.claim(pod.namespace, use.claim) if not use.ref and use.claim else None
+                for r in claim.results if claim else ():
+                    if r.serves(use.request) and not r.admin_access and (
+                            use.claim, r.driver, r.pool, r.device) not in reported:
+                        out.add(cat.DEVICE_HEALTH, 1, namespace=pod.namespace, pod=pod.name, container=ctr.name,
+                                claim=use.claim, request=r.request, driver=r.driver, pool=r.pool, device=r.device,
+                                health="Unknown")
+
+
+def _health_request(claim: ClaimInfo | None, health: DeviceHealth, driver: str, pool: str, device: str) -> str:
+    """The request as every other family names it: the allocation result's (``acc/h100`` for a
+    prioritized list's subrequest). The kubelet names its status entries ``claim:<name>`` for a
+    container that references the whole claim and ``claim:<name>/<request>`` for one request, never
+    the subrequest; without the claim's results its name is all there is."""
+    results = claim.results_for(driver, pool, device) if claim else ()
+    return _only({r.request for r in results if r.serves(health.request)}) or health.request
 
 
 def _cdi_owners(pods: Iterable[PodAllocation]) -> dict[tuple[str, str, str], ClaimDevice]:

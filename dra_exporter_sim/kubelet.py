@@ -13,6 +13,10 @@ Faults, by the scenario's fault kind names, come from ``fault_provider`` (polled
 * ``kubelet_slow``: answers wait ``slow_delay`` seconds (past any sane client deadline);
 * ``kubelet_malformed``: answers are bytes that do not parse as the response message.
 
+``restart`` is a real kubelet's restart as the node test bed shows it (kubelet 1.36): the socket
+goes, a new one (a new inode) comes, and for ``RESTART_UNSYNCED_S`` the new socket lists no pods
+(the kubelet has not got its pods back from the API server yet); then everything as before.
+
 ``response_from_snapshot`` is the encoder: a ``model.PodResourcesSnapshot`` as the kubelet's
 answer (the inverse of the exporter's ``sources.podresources.snapshot_from_response``).
 """
@@ -45,6 +49,9 @@ FAULTS = frozenset({SOCKET_GONE, RESOURCE_EXHAUSTED, SLOW, MALFORMED})
 
 #: A length-delimited field 1 announcing 5 bytes but carrying 3: never parses.
 MALFORMED_BYTES = b"\x0a\x05abc"
+
+#: How long a restarted real kubelet 1.36 answers List with no pods (the node test bed: ~0.9 s).
+RESTART_UNSYNCED_S = 1.0
 
 #: sun_path is 108 bytes on Linux, including the terminating NUL.
 _MAX_SOCKET_PATH = 107
@@ -177,6 +184,8 @@ class SimulatedKubelet:
         self._watcher: threading.Thread | None = None
         self._stop_watch = threading.Event()
         self._stopped = threading.Event()  # wakes slow answers when the server goes down
+        self._monotonic = monotonic
+        self._unsynced_until = 0.0  # after a restart: no pods listed before this (monotonic) time
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -209,13 +218,20 @@ class SimulatedKubelet:
         if self._own_dir is not None:
             shutil.rmtree(self._own_dir, ignore_errors=True)
 
-    def restart(self, down_seconds: float = 0.0) -> None:
-        """What a kubelet restart looks like from outside: socket removed, later recreated."""
+    def restart(self, down_seconds: float = 0.0, unsynced_seconds: float = RESTART_UNSYNCED_S) -> None:
+        """What a kubelet restart looks like from outside: socket removed, later recreated, and
+        for ``unsynced_seconds`` after that no pods listed."""
         with self._lock:
             self._bring_down()
             time.sleep(down_seconds)
+            self._unsynced_until = self._monotonic() + unsynced_seconds
             if self._running:
                 self._apply_socket_fault()
+
+    def _snapshot(self) -> model.PodResourcesSnapshot:
+        if self._monotonic() < self._unsynced_until:
+            return model.PodResourcesSnapshot(())
+        return self._provider()
 
     def inject(self, fault: str | None) -> None:
         """Force ``fault`` (one of ``FAULTS``) until ``inject(None)``; takes effect at once."""
@@ -321,11 +337,11 @@ class SimulatedKubelet:
     def _list(self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext) -> Any:
         with self._calls_lock:
             self.calls += 1
-        return self._answer(context, lambda: response_from_snapshot(self._provider()))
+        return self._answer(context, lambda: response_from_snapshot(self._snapshot()))
 
     def _get(self, request: api_pb2.GetPodResourcesRequest, context: grpc.ServicerContext) -> Any:
         def build() -> api_pb2.GetPodResourcesResponse:
-            for pod in self._provider().pods:
+            for pod in self._snapshot().pods:
                 if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
                     return api_pb2.GetPodResourcesResponse(pod_resources=pod_resources_message(pod))
             raise _Abort(
@@ -340,7 +356,7 @@ class SimulatedKubelet:
     ) -> Any:
         def build() -> api_pb2.AllocatableResourcesResponse:
             ids: dict[str, set[str]] = {}
-            for pod in self._provider().pods:
+            for pod in self._snapshot().pods:
                 for ctr in pod.containers:
                     for plugin in ctr.plugin_devices:
                         ids.setdefault(plugin.resource_name, set()).update(plugin.device_ids)

@@ -346,13 +346,17 @@ class Scenario:
         claims = {(c.namespace, c.name): c for c in self.claims}
         # While a driver rolls out, the kubelet's answer briefly lacks that driver's devices.
         rolling = {f.params["driver"] for f in self.active_faults(t, "driver_rollout")}
+        # NodePrepareResources failing for a pod: the real kubelet lists its claims with no devices.
+        unprepared = {f.params["pod"] for f in self.active_faults(t, "prepare_failed")}
         return model.PodResourcesSnapshot(pods=tuple(
             model.PodAllocation(pod.namespace, pod.name, tuple(
                 model.ContainerAllocation(
                     name=c.name,
                     # Like the real kubelet: every device of each referenced claim, whatever
                     # request the container names (only the API server's pod spec says which).
-                    claims=tuple(claim_use(claims[(pod.namespace, name)]) for name in c.claims
+                    claims=tuple(model.ClaimUse(pod.namespace, name)
+                                 if f"{pod.namespace}/{pod.name}" in unprepared
+                                 else claim_use(claims[(pod.namespace, name)]) for name in c.claims
                                  if claims[(pod.namespace, name)].driver not in rolling),
                     plugin_devices=tuple(model.PluginDevices(d.resource, d.ids) for d in c.plugin_devices))
                 for c in pod.containers))
@@ -443,13 +447,20 @@ class ClusterScenario:
 
 
 def claim_use(claim: Claim, request: str = "") -> model.ClaimUse:
-    """The claim's devices as the kubelet reports them (only those of ``request`` when one is given)."""
-    devices = claim.devices
+    """The claim's devices as the kubelet reports them (only those of ``request`` when one is given).
+
+    Like a real kubelet 1.36 (the node test bed): it keeps one list of CDI ids per driver while it
+    walks a claim's devices, so device k carries the CDI ids of the claim's devices 1..k."""
+    wanted = set(claim.devices)
     if request:
-        devices = tuple(d for r in claim.all_requests() if r.name == request for d in r.devices)
-    return model.ClaimUse(claim.namespace, claim.name, tuple(
-        model.ClaimDevice(claim.driver, claim.pool, device, cdi_devices(claim, device))
-        for device in devices))
+        wanted = {d for r in claim.all_requests() if r.name == request for d in r.devices}
+    listed: list[model.ClaimDevice] = []
+    cdi: tuple[str, ...] = ()
+    for device in claim.devices:
+        cdi += cdi_devices(claim, device)
+        if device in wanted:
+            listed.append(model.ClaimDevice(claim.driver, claim.pool, device, cdi))
+    return model.ClaimUse(claim.namespace, claim.name, tuple(listed))
 
 
 def cdi_devices(claim: Claim, device: str) -> tuple[str, ...]:
@@ -505,7 +516,8 @@ KUBELET_FAULTS: Final = ("kubelet_socket_gone", "kubelet_resource_exhausted", "k
                          "kubelet_malformed")
 APISERVER_FAULTS: Final = ("apiserver_gone", "apiserver_error", "apiserver_slow", "apiserver_watch_drop",
                            "apiserver_gone_410")
-FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid", "nvml_hang", "driver_rollout")
+FAULT_KINDS: Final = (("gpu_lost", "family_unsupported", "init_failure", "xid", "nvml_hang", "driver_rollout",
+                       "prepare_failed")
                       + NVLINK_FAULTS + KUBELET_FAULTS + APISERVER_FAULTS)
 
 #: resource.k8s.io versions a simulated cluster can serve, newest first.

@@ -956,6 +956,7 @@ _FAULT_PARAMS: Final[Mapping[str, _FaultParams]] = {
         "type": lambda b, c, g: b._nvlink_error_type(c)}),
     "fabric_unhealthy": _FaultParams((), ("gpu",)),
     "fabric_in_progress": _FaultParams((), ("gpu",)),
+    "prepare_failed": _FaultParams(("pod",), (), {"pod": lambda b, c, g: c.str(what="pod as namespace/name")}),
     "kubelet_socket_gone": _FaultParams(),
     "kubelet_resource_exhausted": _FaultParams(),
     "kubelet_slow": _FaultParams(("delay",), (), {"delay": lambda b, c, g: c.number(minimum=0)}),

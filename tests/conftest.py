@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ from deploy_tools import (  # noqa: E402
     running_exporter,
 )
 from kubetestbed import SKIP_HINT, ControlPlane, assets_folder  # noqa: E402
-from nodetestbed import DEFAULT_PROFILE, NodeBed, unavailable_reason  # noqa: E402
+from nodetestbed import DEFAULT_PROFILE, TIMINGS, NodeBed, NodeBeds, unavailable_reason  # noqa: E402
 from nodetestbed import testbed_folder as node_testbed_folder  # noqa: E402
 from nvmltestbed import SKIP_HINT as NVML_SKIP_HINT  # noqa: E402
 from nvmltestbed import library_folder, testbed_folder  # noqa: E402
@@ -60,6 +61,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture, marker in TESTBED_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()) and fixture not in params:
                 item.add_marker(marker)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The times the node test bed's tests measured (labels after a pod starts, gone after it is
+    deleted, back after a kubelet restart): figures to read, never asserted beyond the issue's bounds."""
+    if TIMINGS:
+        terminalreporter.section("node test bed: measured times")
+        for what, seconds in TIMINGS:
+            terminalreporter.write_line(f"{seconds:6.2f} s  {what}")
 
 
 def _in_ci() -> bool:
@@ -157,28 +167,6 @@ def nvml_testbed() -> NvmlTestbed:
     return NvmlTestbed(folder=folder, library=library_folder(folder))
 
 
-class NodeBeds:
-    """The real node test bed for the session: one at a time (one per machine), started on first use
-    with a board profile and kept for every later test of that board; a module that asks for another
-    board stops it and starts that one (keep such tests in one module: each start is ~20 s)."""
-
-    def __init__(self, folder: Path, workdirs: pytest.TempPathFactory) -> None:
-        self.folder, self.workdirs = folder, workdirs
-        self.current: NodeBed | None = None
-
-    def bed(self, profile: str = DEFAULT_PROFILE) -> NodeBed:
-        if self.current is not None and self.current.profile == profile:
-            return self.current
-        self.close()
-        self.current = NodeBed.start(self.folder, self.workdirs.mktemp(f"nodebed-{profile}"), profile)
-        return self.current
-
-    def close(self) -> None:
-        current, self.current = self.current, None
-        if current is not None:
-            current.stop()
-
-
 @pytest.fixture(scope="session")
 def node_beds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeBeds]:
     """The node test bed's keeper; skipped (one line) without DRA_EXPORTER_TESTBED_NODE or root, failed
@@ -189,7 +177,7 @@ def node_beds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeBeds]:
         if _in_ci():
             pytest.fail(f"CI=true and {reason}", pytrace=False)
         pytest.skip(str(reason))
-    beds = NodeBeds(folder, tmp_path_factory)
+    beds = NodeBeds(folder, lambda profile: tmp_path_factory.mktemp(f"nodebed-{profile}"))
     try:
         yield beds
     finally:

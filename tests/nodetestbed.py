@@ -52,6 +52,8 @@ from nvmltestbed import library_folder
 from prometheus_client.parser import text_string_to_metric_families
 
 FOLDER_VARIABLE = "DRA_EXPORTER_TESTBED_NODE"
+#: (what, seconds) the bed's tests measured; conftest prints them at the end of the run.
+TIMINGS: list[tuple[str, float]] = []
 LOCK_PATH = Path("/tmp/dra-exporter-node-bed.lock")
 SKIP_HINT = (f"the real node test bed is not available: set {FOLDER_VARIABLE} to the test beds' node/ folder "
              "(node.sh, the kubelet and NVIDIA's gpu-kubelet-plugin as .xz; ../kube and ../nvml beside it, or "
@@ -410,6 +412,23 @@ class NodeBed:
         if out.returncode != 0:
             raise NodeBedError(f"restart {process}: {out.stderr.strip()}")
 
+    @contextmanager
+    def stopped(self, process: str) -> Iterator[None]:
+        """``process`` (``gpu-kubelet-plugin``, ``kubelet``) killed for the block, then started again with
+        its argv, environment and log, as tools/restart.sh does."""
+        pid = self.pid(process)
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        env = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
+        os.kill(pid, signal.SIGKILL)
+        self.wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), f"{process} gone", timeout=10)
+        try:
+            yield
+        finally:
+            with open(self.workdir / "logs" / f"{process}.log", "ab") as log:
+                proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd=str(self.workdir / "cwd"), start_new_session=True)
+            (self.workdir / "run" / f"{process}.pid").write_text(f"{proc.pid}\n")
+
     def podresources(self, pod: tuple[str, str] | None = None) -> dict[str, Any]:
         """The kubelet's pod-resources answers through the bed's Go client: {"List": ...,
         "GetAllocatableResources": ..., "Get": ... (with ``pod`` = (namespace, name))}."""
@@ -504,6 +523,28 @@ class Exporter:
                 for s in family.samples if name is None or s.name == name]
 
 
+class NodeBeds:
+    """The real node test bed for the session: one at a time (one per machine), started on first use
+    with a board profile and kept for every later test of that board; a module that asks for another
+    board stops it and starts that one (keep such tests in one module: each start is ~20 s)."""
+
+    def __init__(self, folder: Path, workdir: Callable[[str], Path]) -> None:
+        self.folder, self.workdir = folder, workdir
+        self.current: NodeBed | None = None
+
+    def bed(self, profile: str = DEFAULT_PROFILE) -> NodeBed:
+        if self.current is not None and self.current.profile == profile:
+            return self.current
+        self.close()
+        self.current = NodeBed.start(self.folder, self.workdir(profile), profile)
+        return self.current
+
+    def close(self) -> None:
+        current, self.current = self.current, None
+        if current is not None:
+            current.stop()
+
+
 def parse_podresdump(text: str) -> dict[str, Any]:
     """podresdump prints ``== List:`` then JSON, and so on for each call: {call name: JSON}."""
     out: dict[str, Any] = {}
@@ -523,6 +564,13 @@ def _objects(objects: str | Iterable[Mapping[str, Any]], namespace: str | None) 
             doc["metadata"]["namespace"] = namespace
         out.append(doc)
     return out
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _message(body: Any) -> str:

@@ -14,7 +14,9 @@ from dra_exporter.model import (
     AllocationResult,
     ClaimDeviceStatus,
     ClaimInfo,
+    ClaimUse,
     ClusterSnapshot,
+    ContainerAllocation,
     ContainerClaim,
     ContainerInfo,
     CounterConsumption,
@@ -26,7 +28,9 @@ from dra_exporter.model import (
     Frame,
     GpuDevice,
     NetworkDeviceData,
+    PodAllocation,
     PodInfo,
+    PodResourcesSnapshot,
     Reading,
     ResourceSliceInfo,
     SliceDevice,
@@ -62,7 +66,10 @@ def cluster_frame() -> Frame:
                     (ContainerInfo("ctr", "containerd://1", (ContainerClaim("c", "c"),), (health,)),)),)
     device = GpuDevice("GPU-0", 0, 0, "NVIDIA H200", "00000000:01:00.0")
     nvml_snapshot = DeviceSnapshot((DeviceSample(device, True, (Reading(cat.GPU_POWER.name, 100.0),)),))
-    return join(JoinInput(devices=(nvml_snapshot,), cluster=ClusterSnapshot("node", "v1", slices, claims, pods)))
+    # A claim the kubelet lists with no devices: not prepared (dra_claim_not_prepared).
+    unprepared = PodResourcesSnapshot((PodAllocation("ml", "q", (ContainerAllocation("c", (ClaimUse("ml", "l"),)),)),))
+    return join(JoinInput(devices=(nvml_snapshot,), pods=unprepared,
+                          cluster=ClusterSnapshot("node", "v1", slices, claims, pods)))
 
 
 def cluster_mode_frame() -> Frame:

@@ -98,3 +98,21 @@ def test_explicit_kubelet_socket_replaces_the_simulated_kubelet(tmp_path) -> Non
             assert attribution(by_uuid[rt.sim.scenario.nvml_uuid("gpu-7")]) == ("mine", "p", "c", "claim-x")
             assert attribution(by_uuid[rt.sim.scenario.nvml_uuid("gpu-0")]) == ("", "", "", "")
         assert kubelet.calls >= 1
+
+
+def test_a_claim_the_kubelet_lists_with_no_devices_is_not_prepared(tmp_path) -> None:
+    """A failed NodePrepareResources (the simulator's ``prepare_failed``, as the real kubelet shows it):
+    the pod's claims are listed with no devices; dra_claim_not_prepared names each, and leaves once the
+    claim is prepared."""
+    import yaml
+
+    doc = yaml.safe_load(open(ATTRIBUTION))
+    doc.setdefault("faults", []).append({"kind": "prepare_failed", "pod": "team-a/solo-0", "at": 0, "until": 100})
+    scenario = tmp_path / "unprepared.yaml"
+    scenario.write_text(yaml.safe_dump(doc))
+    with simulated(str(scenario), sim_time=50.0) as rt:
+        frame = rt.agent.cycle(collect_side=True)
+        assert {(s["namespace"], s["claim"], s["pod"]) for s in labels_of(frame, cat.CLAIM_NOT_PREPARED.name)} == {
+            ("team-a", "solo", "solo-0")}
+        rt.sim.clock.set(100.0)
+        assert not labels_of(rt.agent.cycle(collect_side=True), cat.CLAIM_NOT_PREPARED.name)

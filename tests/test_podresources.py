@@ -22,10 +22,12 @@ from dra_exporter import model
 from dra_exporter.proto import api_pb2, api_pb2_grpc
 from dra_exporter.sources import SourceError
 from dra_exporter.sources.podresources import (
+    LIST_METHOD,
     MAX_ANSWER_BYTES,
     MAX_CONTAINERS,
     MAX_DEVICES,
     MAX_PODS,
+    RESTART_SETTLE_S,
     PodResourcesSource,
     _decode,
     snapshot_from_response,
@@ -717,3 +719,32 @@ def test_default_socket_is_temporary_and_removed_on_stop():
         src.close()
     assert not os.path.exists(path)
     assert not os.path.exists(os.path.dirname(path))
+
+
+def test_a_restarted_kubelet_lists_no_pods_at_first_and_the_last_answer_is_kept(serve, sock):
+    """A real kubelet 1.36 (the node test bed) answers on its new socket with no pods for ~1 s after a
+    restart; the simulated one does the same, and the source keeps the old socket's last answer for
+    such an empty answer, at most RESTART_SETTLE_S, so attribution does not flap."""
+    clock = FakeClock()
+    pods: list[model.PodResourcesSnapshot] = [SNAPSHOT]
+    kubelet = serve(lambda: pods[0])
+    src = PodResourcesSource(sock, timeout=2.0, monotonic=clock)
+    try:
+        assert src.collect() == SNAPSHOT
+        kubelet.restart(unsynced_seconds=30.0)
+        with grpc.insecure_channel("unix://" + sock) as channel:
+            raw = channel.unary_unary(LIST_METHOD, request_serializer=api_pb2.ListPodResourcesRequest.SerializeToString,
+                                      response_deserializer=None)(api_pb2.ListPodResourcesRequest(), timeout=2)
+        assert api_pb2.ListPodResourcesResponse.FromString(raw).pod_resources == []  # the kubelet's own answer
+        assert src.collect() == SNAPSHOT
+        clock.now += RESTART_SETTLE_S - 0.5
+        assert src.collect() == SNAPSHOT
+        clock.now += 1.0  # past the settling time: an empty answer is what it says
+        assert src.collect() == model.PodResourcesSnapshot(())
+        # On the same socket, every pod gone is believed at once.
+        kubelet.restart(unsynced_seconds=0.0)
+        assert src.collect() == SNAPSHOT
+        pods[0] = model.PodResourcesSnapshot(())
+        assert src.collect() == model.PodResourcesSnapshot(())
+    finally:
+        src.close()

@@ -287,9 +287,11 @@ def test_pod_allocations_carry_every_claim_device_with_cdi_names() -> None:
     claim = s.claim("ml-training", "llama-train-gpus")
     assert claim is not None
     assert (use.namespace, use.name) == ("ml-training", "llama-train-gpus")
+    # As a real kubelet lists them: device k also carries the CDI names of the claim's devices before it.
     assert use.devices == tuple(
         model.ClaimDevice("gpu.nvidia.com", "sim-node-1", f"gpu-{i}",
-                          (f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-{i}",)) for i in range(4))
+                          tuple(f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-{j}" for j in range(i + 1)))
+        for i in range(4))
     exporter = pods[("monitoring", "dra-exporter-x7k2p")].containers[0]
     assert exporter.name == "exporter" and exporter.claims[0].name == "dra-exporter-gpus"
     assert len(exporter.claims[0].devices) == 6

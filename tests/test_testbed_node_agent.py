@@ -229,10 +229,12 @@ def test_attribution_is_what_the_real_scheduler_and_controller_manager_made(
     assert pick(frame, cat.CLAIM_DEVICE_CONDITION.name, "claim", "device", "type", "status") == {
         ("train", "gpu-1", "Ready", "True")}
     # The container names the claim, not a request: so does the status ("claim:gpus"; the server
-    # refuses "claim:gpus/main" for it), and the health series has no request.
+    # refuses "claim:gpus/main" for it); the health series names the request as every family does, the
+    # allocation result's (issue 34). The extended resource's device has no status at all: Unknown.
     assert pick(frame, cat.DEVICE_HEALTH.name, "pod", "container", "claim", "request", "device", "health") == {
-        ("train-0", "trainer", "train", "", "gpu-0", "Healthy"),
-        ("train-0", "trainer", "train", "", "gpu-1", "Unhealthy")}
+        ("train-0", "trainer", "train", "main/h200x2", "gpu-0", "Healthy"),
+        ("train-0", "trainer", "train", "main/h200x2", "gpu-1", "Unhealthy"),
+        ("ext-0", "cuda", ext_claim, ext_request, "gpu-5", "Unknown")}
 
     # A slice's own taint, and a DeviceTaintRule (read in v1beta2: 1.36 serves none in v1).
     assert pick(frame, cat.DEVICE_TAINT.name, "device", "key", "value", "effect") == {

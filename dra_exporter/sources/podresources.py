@@ -20,7 +20,11 @@ Reliability rules, from how a real kubelet behaves:
   a limit starts the backoff, as a likely repeat would cost a decode every cycle;
 * while a DRA driver rolls out, its kubelet plugin re-registers and the answer briefly lacks
   that driver's devices: a container that is still listed keeps the claims it had for up to
-  ``CLAIM_GAP_GRACE_S`` (``_ClaimGapBridge``), so attribution does not flap.
+  ``CLAIM_GAP_GRACE_S`` (``_ClaimGapBridge``), so attribution does not flap;
+* a kubelet that has just restarted answers on its new socket with no pods at all until it has
+  its pods again (~1 s on a real kubelet 1.36): an empty answer on a new socket, within
+  ``RESTART_SETTLE_S`` of its first answer, while the old socket's last answer had pods, keeps
+  that answer. Pods deleted while the kubelet was down leave with its first full answer.
 
 ``snapshot_from_response`` is the pure decoding (its inverse, which only the simulated kubelet
 needs, is ``dra_exporter_sim.kubelet.response_from_snapshot``). gRPC is imported here and
@@ -52,6 +56,11 @@ LIST_METHOD = "/v1.PodResourcesLister/List"
 #: How long a container that is still listed keeps a claim the kubelet's answer stopped naming.
 #: A plugin re-registers within seconds of a rollout; a pod's claims never change while it lives.
 CLAIM_GAP_GRACE_S: Final = 30.0
+
+#: How long a restarted kubelet's empty answers are taken for "not synced yet" (see above): a real
+#: kubelet 1.36 lists its pods again ~1 s after its new socket appears; short enough that pods that
+#: really all went while it was down leave within seconds.
+RESTART_SETTLE_S: Final = 3.0
 
 # What one List answer may hold, far above any real node: a node runs at most 110 pods by default
 # and kubelets are rarely set beyond 250-1000 (``--max-pods``); kubelets before 1.34 list terminated
@@ -124,6 +133,9 @@ class PodResourcesSource(Source[model.PodResourcesSnapshot]):
         self._socket_id: tuple[int, int, int] | None = None
         self._last_error = ""
         self._bridge = _ClaimGapBridge(claim_grace)
+        # The last answer with pods and the socket that gave it; when the current socket first answered.
+        self._last_full: tuple[model.PodResourcesSnapshot, tuple[int, int, int] | None] | None = None
+        self._answering_since: tuple[tuple[int, int, int] | None, float] | None = None
 
     # --- public -----------------------------------------------------------------------------
 
@@ -142,7 +154,22 @@ class PodResourcesSource(Source[model.PodResourcesSnapshot]):
             if self._backoff.failures:
                 self._log.info("podresources: kubelet answering again at %s", self.socket_path)
             self._backoff.succeeded()
+            return self._settle(snapshot)
+
+    def _settle(self, snapshot: model.PodResourcesSnapshot) -> model.PodResourcesSnapshot:
+        """The last answer with pods, for an empty answer from a kubelet that has just restarted."""
+        now, socket_id = self._monotonic(), self._socket_id
+        if self._answering_since is None or self._answering_since[0] != socket_id:
+            self._answering_since = (socket_id, now)
+        if snapshot.pods:
+            self._last_full = (snapshot, socket_id)
             return snapshot
+        if (self._last_full is not None and self._last_full[1] != socket_id
+                and now - self._answering_since[1] < RESTART_SETTLE_S):
+            self._log.debug("podresources: the restarted kubelet lists no pods yet; keeping its last answer")
+            return self._last_full[0]
+        self._last_full = None
+        return snapshot
 
     def close(self) -> None:
         with self._lock:
