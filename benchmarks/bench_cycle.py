@@ -31,6 +31,7 @@ from typing import Any
 from dra_exporter import __version__
 from dra_exporter.join import JoinInput, join
 from dra_exporter.model import SourceHealth
+from dra_exporter.orphans import OrphanMemory
 from dra_exporter.sinks.exposition import Renderer
 from dra_exporter.sources.nvml import NvmlSource
 from dra_exporter.sources.podresources import PodResourcesSource
@@ -99,6 +100,7 @@ def measure(scenario_name: str, cycles: int) -> dict[str, list[float]]:
                                                      "baseline_openmetrics")}
     with kubelet(scenario_name, SIM_START) as socket_path:
         pods_source = PodResourcesSource(socket_path)
+        orphan_memory = OrphanMemory()  # as the node agent's core joins: orphans decided, first seen kept
         try:
             for i in range(_WARMUP_CYCLES + cycles):
                 clock.advance(1.0)
@@ -108,7 +110,7 @@ def measure(scenario_name: str, cycles: int) -> dict[str, list[float]]:
                 pods_cpu, pods = _cpu(time.process_time, pods_source.collect)
                 health = (SourceHealth("nvml", True, nvml_cpu, 0, clock.wall()),
                           SourceHealth("podresources", True, pods_cpu, 0, clock.wall()))
-                inp = JoinInput(devices=(snapshot,), pods=pods, health=health,
+                inp = JoinInput(devices=(snapshot,), pods=pods, health=health, orphan_memory=orphan_memory,
                                 self_pod=(pod.namespace, pod.name) if pod else None, version=__version__,
                                 python_version=platform.python_version(), timestamp=clock.wall())
                 join_cpu, frame = _cpu(time.thread_time, join, inp)

@@ -989,13 +989,55 @@ def node() -> Dashboard:
             ),
         ),
     )
+    orphans = Row(
+        "Held for no claim",
+        (
+            Panel(
+                "Prepared for a claim that is gone",
+                "table",
+                (tab(f"time() - {cat.ORPHAN_PREPARED_DEVICE.name}{sel()}"),),
+                "Devices a DRA driver still holds prepared (its CDI spec under the CDI root) for a claim the API "
+                "server no longer has or has deallocated, and for how long. DraOrphanedPreparedDevice fires after "
+                "10 minutes; the runbook says how to free them.",
+                "s",
+                columns=(NODE_LABEL, "driver", "device", "uuid", "claim_uid", "reason"),
+                renames=(("Value", "for"),),
+                thresholds=((600, "red"),),
+                width=24,
+            ),
+            Panel(
+                "MIG devices no claim names",
+                "table",
+                (tab(f"time() - {cat.ORPHAN_MIG_DEVICE.name}{sel()}"),),
+                "MIG devices on GPUs a DRA driver publishes that no allocated claim, no device-plugin allocation "
+                "and no ResourceSlice names (a dynamic MIG device its claim left behind), and for how long.",
+                "s",
+                columns=(NODE_LABEL, "gpu", "profile", "uuid", "parent_uuid"),
+                renames=(("Value", "for"),),
+                thresholds=((600, "red"),),
+                width=12,
+            ),
+            Panel(
+                "GPU processes no claim covers",
+                "table",
+                (tab(f"time() - {cat.ORPHAN_GPU_PROCESS.name}{sel()}"),),
+                "Processes on a GPU or MIG device that no claim and no device-plugin allocation covers, and for "
+                "how long.",
+                "s",
+                columns=(NODE_LABEL, "gpu", "uuid", "pid"),
+                renames=(("Value", "for"),),
+                thresholds=((600, "red"),),
+                width=12,
+            ),
+        ),
+    )
     return Dashboard(
         "dra-exporter-node",
         "dra-node.json",
         "DRA GPUs / Node",
         "Every GPU and MIG device of a node: use, power, temperature, clocks, throttling, XID and ECC.",
         (NODE_VAR, GPU_VAR),
-        (devices, use, physical, errors, io, dra_devices, exporter),
+        (devices, use, physical, errors, io, dra_devices, orphans, exporter),
     )
 
 

@@ -716,6 +716,23 @@ DEVICE_HEALTH: Final = MetricSpec(
     "value is always 1.",
     ("namespace", "pod", "container", "claim", "request", "driver", "pool", "device", "health"),
     otlp=OtlpForm("dra.device.health", "1"))
+# What the node holds that no claim accounts for (``dra_exporter.orphans``): the value is when it was first
+# seen, so an alert reads its age (``time() - x > 600``) whatever Prometheus restarted meanwhile.
+ORPHAN_PREPARED_DEVICE: Final = MetricSpec(
+    "dra_orphan_prepared_device_since_timestamp_seconds", "gauge",
+    "A device a DRA driver still holds prepared (its CDI spec) for a claim the API server no longer has "
+    "(reason=claim_deleted) or has deallocated (claim_deallocated); value: Unix time it was first seen.",
+    ("driver", "device", "uuid", "claim_uid", "reason"), unit="seconds",
+    otlp=OtlpForm("dra.orphan.prepared_device.since", "s"))
+ORPHAN_MIG_DEVICE: Final = MetricSpec(
+    "dra_orphan_mig_device_since_timestamp_seconds", "gauge",
+    "A MIG device in NVML, on a GPU a DRA driver publishes, that no allocated claim or device-plugin allocation "
+    "names and no ResourceSlice publishes; value: Unix time it was first seen.",
+    ("uuid", "gpu", "parent_uuid", "profile"), unit="seconds", otlp=OtlpForm("dra.orphan.mig_device.since", "s"))
+ORPHAN_GPU_PROCESS: Final = MetricSpec(
+    "dra_orphan_gpu_process_since_timestamp_seconds", "gauge",
+    "A process on a GPU or MIG device that no claim and no device-plugin allocation covers; value: Unix time it "
+    "was first seen.", ("uuid", "gpu", "pid"), unit="seconds", otlp=OtlpForm("dra.orphan.gpu_process.since", "s"))
 DEVICE_SHARED_CAPACITY: Final = MetricSpec(
     "dra_device_shared_capacity", "gauge",
     "Capacity of a shared counter of partitionable devices (ResourceSlice sharedCounters), "
@@ -920,6 +937,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     CLAIM_ALLOCATION_INFO, CLAIM_CONSUMER_INFO, CLAIM_NOT_PREPARED, CLAIM_DEVICE_CONDITION, CLAIM_DEVICE_TOLERATION,
     CLAIM_CONSUMED_CAPACITY, CLAIM_DEVICE_NETWORK,
     DEVICE_INFO, DEVICE_TAINT, DEVICE_HEALTH, DEVICE_SHARED_CAPACITY, DEVICE_SHARED_CONSUMPTION,
+    ORPHAN_PREPARED_DEVICE, ORPHAN_MIG_DEVICE, ORPHAN_GPU_PROCESS,
     COMPUTE_DOMAIN_INFO, COMPUTE_DOMAIN_READY, COMPUTE_DOMAIN_NODE_READY, COMPUTE_DOMAIN_CHANNEL_INFO,
     COMPUTE_DOMAIN_GPU_INFO,
     CLUSTER_DEVICES, CLUSTER_PARTITIONS_FIT, CLUSTER_GPU_EQUIVALENTS, CLUSTER_DEVICE_CAPACITY_LEFT, CLUSTER_CLAIMS,

@@ -221,6 +221,11 @@ procfs_option = _opt(
     help="The host's /proc, to find the pod of each GPU process [default: /proc; the exporter needs "
          "hostPID: true]. With --simulate it replaces the simulated /proc.")
 
+cdi_root_option = _opt(
+    "--cdi-root", default=None, metavar="PATH",
+    help="Where DRA drivers write their per-claim CDI specs, to find devices still prepared for claims the API "
+         "server no longer has [default: /var/run/cdi; mount it read-only].")
+
 
 def _source_switches() -> list[Decorator]:
     """``--source-<name>/--no-source-<name>`` for every source a flag may turn off, from the
@@ -270,6 +275,7 @@ log_level_option = _opt("--log-level", type=click.Choice(["debug", "info", "warn
 def node_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The node agent's programs (serve, snapshot, doctor): the environment and what only a node has."""
     return _apply([environment_options(NODE_OPTIONS), kubelet_socket_option, node_name_option, procfs_option,
+                   cdi_root_option,
                    *_source_switches(),
                    _opt("--claim-refresh", type=FiniteFloat(min=10, max=86400), default=DEFAULT_CLAIM_REFRESH,
                         show_default=True, metavar="S",
@@ -322,6 +328,7 @@ def _settings(kw: dict[str, Any], *, publishing: bool = False) -> Settings:
             kubelet_socket=kw.pop("kubelet_socket"),
             sources=_sources(kw),
             procfs=kw.pop("procfs"),
+            cdi_root=kw.pop("cdi_root"),
             claim_refresh=kw.pop("claim_refresh"),
             self_pod=parse_self_pod(kw.pop("pod_namespace"), kw.pop("pod_name")),
             pod_labels=parse_pod_labels(kw.pop("pod_labels", None)),

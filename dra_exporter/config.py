@@ -127,6 +127,8 @@ class Settings(ShellSettings):
     ``""``: the simulated scenario's node, else the hostname."""
     procfs: str | None = None
     """Where the host's /proc is (GPU PIDs → pods); None: /proc, or the simulated one under --simulate."""
+    cdi_root: str | None = None
+    """Where DRA drivers write per-claim CDI specs; None: /var/run/cdi."""
     sources: frozenset[str] = field(default_factory=registry.default_enabled)
     """The sources to read (``sources.registry``; NVML always): each one's ``--[no-]source-<name>``.
     Without ``kubeapi`` (``--no-kubeapi``) the join is node-local."""

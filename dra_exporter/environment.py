@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_KUBELET_SOCKET, ClusterSettings, ConfigError, Settings
+from .sources.cdi import DEFAULT_CDI_ROOT
 from .sources.procs import DEFAULT_PROCFS
 from .sources.registry import SourceContext
 
@@ -75,6 +76,7 @@ def _node(settings: Settings, sim_time: float | None, env: Environment) -> None:
     monotonic: Callable[[], float] = time.monotonic
     kubelet_socket = settings.kubelet_socket or DEFAULT_KUBELET_SOCKET
     procfs = settings.procfs or DEFAULT_PROCFS
+    cdi_root = settings.cdi_root or DEFAULT_CDI_ROOT
     node_name = settings.node_name or socket.gethostname()
     self_pod = settings.self_pod
     nvml: Any
@@ -99,6 +101,8 @@ def _node(settings: Settings, sim_time: float | None, env: Environment) -> None:
             kubelet_socket = sim.kubelet.socket_path
         if not settings.procfs and sim.procfs is not None:
             procfs = sim.procfs.root
+        if not settings.cdi_root and sim.cdi is not None:
+            cdi_root = sim.cdi.root
         # The node is what the series describe; the scenario only says where a simulated one came from.
         node_name = str(scenario.node_name)
         if self_pod is None and scenario.exporter_pod is not None:
@@ -114,7 +118,8 @@ def _node(settings: Settings, sim_time: float | None, env: Environment) -> None:
     env.self_pod = self_pod
     env.context = SourceContext(node_name=node_name, nvml=nvml, kubelet_socket=kubelet_socket,
                                 claim_refresh=settings.claim_refresh, max_objects=settings.max_objects,
-                                procfs=procfs, wall_clock=wall_clock, monotonic=monotonic,
+                                procfs=procfs, cdi_root=cdi_root,
+                                wall_clock=wall_clock, monotonic=monotonic,
                                 simulated_apiserver=env.simulated_apiserver, pod_labels=settings.pod_labels.keys,
                                 **access)
 

@@ -35,8 +35,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from . import catalog as cat
+from . import orphans
 from .join_domains import domain_families
 from .model import (
+    CdiSnapshot,
     ClaimDevice,
     ClaimInfo,
     ClaimUse,
@@ -49,6 +51,7 @@ from .model import (
     Frame,
     GpuDevice,
     Labels,
+    PluginDevices,
     PodAllocation,
     PodInfo,
     PodResourcesSnapshot,
@@ -89,6 +92,10 @@ class JoinInput:
     """The API server's view of this node; None without API access (node-local join only)."""
     owners: ProcessOwnersSnapshot | None = None
     """Which pod and container each GPU process runs in; None when /proc is not read."""
+    cdi: CdiSnapshot | None = None
+    """The per-claim CDI specs under the CDI root; None when not read (or failing)."""
+    orphan_memory: orphans.OrphanMemory | None = None
+    """When each orphan was first seen, kept across cycles by the caller; None: no orphan families."""
     pod_labels: cat.PodLabels = cat.PodLabels()
     """The pod labels consumer info carries (``--pod-labels``), from the API server's pods (``""``
     for a pod it does not know or that lacks one); none: the family's declared labels alone."""
@@ -224,6 +231,8 @@ def join(inp: JoinInput) -> Frame:
         _device_families(out, sample, _attribution(consumers.get(uuid, ())), per_device[uuid])
     if inp.devices and inp.owners is not None:
         _container_families(out, processes, inp.owners, view, consumers)
+    if inp.orphan_memory is not None:
+        _orphan_families(out, inp, pods, devices, processes, resolver)
     _self_families(out, inp)
     vendors = tuple((s.device.uuid, snapshot.vendor) for snapshot in inp.devices if snapshot.vendor
                     for s in snapshot.devices)
@@ -301,16 +310,20 @@ def _device_consumers(pods: Iterable[PodAllocation], devices: Sequence[GpuDevice
                 for uuid, consumer in _claim_consumers(pod, container.name, claim, resolver, view):
                     by_uuid[uuid].add(consumer)
             for plugin in container.plugin_devices:
-                if plugin.resource_name != _PLUGIN_GPU_RESOURCE and not plugin.resource_name.startswith(
-                        _PLUGIN_MIG_PREFIX):
-                    continue
                 pod_uid = view.pod_uid(pod.namespace, pod.name, None)
-                for device_id in plugin.device_ids:
-                    # Time-slicing replicas are announced as "<uuid>::<n>".
-                    device_id = device_id.split("::", 1)[0]
-                    uuid = gpu_by_index.get(device_id, device_id)
+                for uuid in _plugin_uuids(plugin, gpu_by_index):
                     by_uuid[uuid].add(_Consumer(pod.namespace, pod.name, pod_uid, container.name, "", ""))
     return by_uuid
+
+
+def _plugin_uuids(plugin: PluginDevices, gpu_by_index: dict[str, str]) -> Iterator[str]:
+    """The NVML UUIDs of an NVIDIA device plugin's allocation (GPUs by index or UUID, MIG devices)."""
+    if plugin.resource_name != _PLUGIN_GPU_RESOURCE and not plugin.resource_name.startswith(_PLUGIN_MIG_PREFIX):
+        return
+    for device_id in plugin.device_ids:
+        # Time-slicing replicas are announced as "<uuid>::<n>".
+        device_id = device_id.split("::", 1)[0]
+        yield gpu_by_index.get(device_id, device_id)
 
 
 def _add_claim_holders(by_uuid: dict[str, set[_Consumer]], running: set[tuple[str, str]], resolver: Resolver,
@@ -619,6 +632,60 @@ def _claim_uid_from_cdi(dev: ClaimDevice) -> str:
         if name.startswith(_NVIDIA_CDI_PREFIX) and name.endswith(suffix):
             return name[len(_NVIDIA_CDI_PREFIX):-len(suffix)]
     return ""
+
+
+def _orphan_families(out: _Builder, inp: JoinInput, pods: Sequence[PodAllocation], devices: Sequence[GpuDevice],
+                     processes: Sequence[ProcessSample], resolver: Resolver) -> None:
+    """What the node holds that no claim accounts for (``orphans``), each valued since when it is seen.
+
+    Decided only from sources that are up now: a kubelet or API server that is down, or has not
+    answered, leaves the question open (what was found stays found, nothing new is). What each
+    kind needs is built only when there is something of that kind to judge (a spec, a MIG device,
+    a process): most nodes have none of the first two, and the join runs every cycle."""
+    memory = inp.orphan_memory
+    assert memory is not None
+    up = {h.source for h in inp.health if h.up}
+    cluster = inp.cluster
+    kube_up = cluster is not None and "kubeapi" in up
+    pods_up = inp.pods is not None and "podresources" in up
+    slices = cluster.slices if cluster else ()
+    cdi = inp.cdi
+    in_use_cdi: frozenset[str] = frozenset()
+    uuid_of: dict[tuple[str, str], str] = {}
+    if cdi is not None and cdi.devices:
+        in_use_cdi = frozenset(name.partition("=")[2] for pod in pods for ctr in pod.containers
+                               for claim in ctr.claims for dev in claim.devices for name in dev.cdi_devices)
+        wanted = {(d.driver, d.device) for d in cdi.devices}
+        uuid_of = {(sl.driver, dev.name): uuid for sl in slices for dev in sl.devices
+                   if (sl.driver, dev.name) in wanted and (uuid := resolver.resolve(sl.driver, sl.pool, dev.name))}
+    migs = any(d.is_mig for d in devices)
+    held = _held_uuids(pods, devices, resolver, cluster) if migs or processes else frozenset()
+    published = SliceResolver(slices).uuids() if migs else frozenset()
+    for found in (
+        orphans.prepared(cdi, cluster.claims if cluster else (), cluster.claim_census if cluster else None,
+                         in_use_cdi, uuid_of, kube_up),
+        orphans.mig_devices(devices, held, published, kube_up and pods_up),
+        orphans.processes(processes, devices, held, pods_up),
+    ):
+        since = memory.since(found, inp.timestamp)
+        for key, labels in found.orphans.items():
+            out.add_labels(found.spec, labels, since[key])
+
+
+def _held_uuids(pods: Iterable[PodAllocation], devices: Sequence[GpuDevice], resolver: Resolver,
+                cluster: ClusterSnapshot | None) -> frozenset[str]:
+    """Every device UUID a claim (allocated, or listed by the kubelet; monitoring ones too) or a
+    device-plugin allocation names."""
+    gpu_by_index = {str(d.index): d.uuid for d in devices if not d.is_mig}
+    held: set[str | None] = set()
+    for pod in pods:
+        for container in pod.containers:
+            held.update(resolver.resolve(d.driver, d.pool, d.device) for c in container.claims for d in c.devices)
+            for plugin in container.plugin_devices:
+                held.update(_plugin_uuids(plugin, gpu_by_index))
+    for claim in cluster.claims if cluster else ():
+        held.update(resolver.resolve(r.driver, r.pool, r.device) for r in claim.results)
+    return frozenset(uuid for uuid in held if uuid)
 
 
 def _self_families(out: _Builder, inp: JoinInput) -> None:

@@ -693,6 +693,9 @@ class ClusterSnapshot:
     the CRD is not served)."""
     compute_domain_cliques: tuple[ComputeDomainClique, ...] = ()
     """The cliques of those domains."""
+    claim_census: ClaimCensus | None = None
+    """Whether the API server has the claims a driver prepared on this node that no local pod's
+    claim explains (``cdi``'s claim UIDs); None: not asked (nothing to ask, or not yet)."""
 
     def claim(self, namespace: str, name: str) -> ClaimInfo | None:
         for c in self.claims:
@@ -788,6 +791,46 @@ class ClusterState:
     server_version: str = ""
     """The API server's ``/version`` ``gitVersion`` (``v1.36.2``); ``""`` when not known. The scheduler
     is taken to run this version (``cluster.scheduler_versions``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimCensus:
+    """One good list of the cluster's ResourceClaims, kept only for the claim UIDs it was asked about.
+
+    ``asked`` holds every UID looked for; ``found`` the claims among them that exist (a UID never
+    comes back once deleted, so an asked UID not found is known absent). A UID not asked is unknown:
+    never an orphan."""
+
+    asked: frozenset[str] = frozenset()
+    found: tuple[ClaimInfo, ...] = ()
+    listed_at: float = 0.0
+    """Wall-clock time of the list."""
+
+
+# --- CDI specs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One device a DRA driver prepared for a claim, as its CDI spec under the CDI root names it:
+    ``<vendor>/<class>=<claimUID>-<device>`` (NVIDIA: ``k8s.gpu.nvidia.com/claim=<uid>-gpu-3``)."""
+
+    claim_uid: str
+    device: str
+    """The driver's device name (``gpu-3``): the ResourceSlice's, for drivers that follow the convention."""
+    driver: str
+    """The driver, from the CDI vendor (``k8s.gpu.nvidia.com`` → ``gpu.nvidia.com``)."""
+    spec_file: str
+    """The spec's file name under the CDI root."""
+
+
+@dataclass(frozen=True, slots=True)
+class CdiSnapshot:
+    """The per-claim devices of every CDI spec under the CDI root, sorted."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    skipped: int = 0
+    """Spec files that could not be read (each logged once)."""
 
 
 # --- /proc -------------------------------------------------------------------------------------

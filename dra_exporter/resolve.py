@@ -128,6 +128,10 @@ class SliceResolver:
     def resolve(self, driver: str, pool: str, device: str) -> str | None:
         return self._uuids.get((driver, pool, device))
 
+    def uuids(self) -> frozenset[str]:
+        """Every UUID the slices name."""
+        return frozenset(self._uuids.values())
+
 
 class ClaimStatusResolver:
     """Resolves a device through the identity its driver published in the claim's

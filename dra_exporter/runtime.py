@@ -30,6 +30,7 @@ from .config import Settings, ShellSettings
 from .environment import Environment
 from .join import JoinInput, join
 from .model import Frame, SourceHealth
+from .orphans import OrphanMemory
 from .sources import Snapshots
 from .sources.registry import NODE as NODE_SOURCES
 from .sources.registry import Registry, Role
@@ -121,14 +122,17 @@ class NodeProgram(Program[Settings]):
 
 @dataclass(frozen=True, slots=True)
 class JoinCore:
-    """The node agent's core: ``join`` of the latest snapshots."""
+    """The node agent's core: ``join`` of the latest snapshots. It keeps, across frames, when each
+    orphan was first seen (the agent runs the core for one frame at a time)."""
 
     self_pod: tuple[str, str] | None = None
     pod_labels: cat.PodLabels = cat.PodLabels()
+    orphan_memory: OrphanMemory = field(default_factory=OrphanMemory)
 
     def __call__(self, snapshots: Snapshots, health: tuple[SourceHealth, ...], timestamp: float) -> Frame:
         return join(JoinInput(devices=snapshots.devices, pods=snapshots.pods, cluster=snapshots.cluster,
-                              owners=snapshots.owners, health=health, self_pod=self.self_pod,
+                              owners=snapshots.owners, cdi=snapshots.cdi, orphan_memory=self.orphan_memory,
+                              health=health, self_pod=self.self_pod,
                               pod_labels=self.pod_labels,
                               version=__version__, python_version=platform.python_version(), timestamp=timestamp))
 

@@ -481,7 +481,8 @@ def nvidia_slices(scenario: Scenario) -> tuple[JSON, ...]:
             devices.append(gpu_device(scenario, gpu))
             continue
         # A MIG-enabled GPU is published as its MIG devices only; the GPU itself cannot be allocated.
-        for m in gpu.mig:
+        # A MIG device made outside the driver (``published: false``) is in NVML only.
+        for m in (m for m in gpu.mig if m.published):
             profile = scenario.profile.mig_profile(m.profile)
             assert profile is not None  # validated when the scenario was loaded
             devices.append(

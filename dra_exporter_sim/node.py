@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from .apiserver import SimulatedApiServer
+from .cdi import SimulatedCdiRoot
 from .clock import SimClock
 from .fake_nvml import FakeNvml
 from .kubelet import SimulatedKubelet
@@ -28,6 +29,7 @@ class SimulatedNode:
         ) if kubelet else None
         self.apiserver = SimulatedApiServer(scenario, clock) if apiserver else None
         self.procfs: SimulatedProcfs | None = None
+        self.cdi: SimulatedCdiRoot | None = None
 
     def _kubelet_faults(self) -> set[str]:
         return {f.kind for f in self.scenario.active_faults(self.clock.now())
@@ -44,12 +46,16 @@ class SimulatedNode:
             if self.apiserver:
                 self.apiserver.start()
             self.procfs = SimulatedProcfs(self.scenario)
+            self.cdi = SimulatedCdiRoot(self.scenario)
         except BaseException:
             self.close()  # nothing half-started is left behind
             raise
         return self
 
     def close(self) -> None:
+        if self.cdi:
+            self.cdi.close()
+            self.cdi = None
         if self.procfs:
             self.procfs.close()
             self.procfs = None

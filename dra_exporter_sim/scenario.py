@@ -84,6 +84,8 @@ class MigDevice:
     memory_total: int
     memory_reserved: int
     taints: tuple[model.DeviceTaint, ...] = ()
+    published: bool = True
+    """False: made outside the DRA driver (``nvidia-smi mig -cgi`` by hand): NVML has it, no slice does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +279,15 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class LeftoverCdiSpec:
+    """A per-claim CDI spec a driver left under the CDI root (``leftover_cdi_specs``): its claim is gone."""
+
+    claim_uid: str
+    devices: tuple[str, ...]
+    driver: str
+
+
+@dataclass(frozen=True, slots=True)
 class Hardware:
     """The node's GPUs as a cluster dump's ResourceSlices describe them (``dump``), not as the format writes
     them: the model's profile (``profile.identified``) and each GPU's PCI bus id (NVML's form)."""
@@ -307,6 +318,8 @@ class Scenario:
     """A cluster dump's own objects (ResourceSlices, ResourceClaims, Pods), served as they are."""
     gpu_profile: GpuProfile | None = None
     """The GPUs' profile where a cluster dump's slices name the model (``Hardware``); else ``gpu_model``'s."""
+    leftover_cdi_specs: tuple[LeftoverCdiSpec, ...] = ()
+    """CDI specs left behind for claims the cluster does not have (the simulated CDI root has them)."""
     cluster: ClusterScenario | None = field(default=None, hash=False, compare=False)
     """The whole simulated cluster, for a node of a multi-node scenario (``multinode``); None: one node."""
 

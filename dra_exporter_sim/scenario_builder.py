@@ -61,6 +61,7 @@ from .scenario import (
     Fault,
     Gpu,
     Hardware,
+    LeftoverCdiSpec,
     MigDevice,
     PluginDevice,
     Pod,
@@ -156,6 +157,10 @@ def _parse_yaml_documents(label: str, text: str) -> list[Any]:
     except strict_yaml.YamlFileError as e:
         raise ScenarioError(f"{label}: {e}") from None
     return docs or [None]
+
+
+#: A Kubernetes object UID as the API server writes it.
+_CLAIM_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class Cursor:
@@ -282,7 +287,8 @@ class _Builder:
         if doc.value is None:
             raise doc.error("the file is empty")
         doc.mapping(("node", "gpus"), ("seed", "gpu_model", "exporter_pod", "claims", "pods", "faults",
-                                       "description", "api_version", "slices", "dynamic_mig"))
+                                       "description", "api_version", "slices", "dynamic_mig",
+                                       "leftover_cdi_specs"))
         self.node = doc.key("node").name("node name")
         self.seed = doc.key("seed").int(default=0)
         gpu_model = doc.key("gpu_model").str(default="h200")
@@ -318,8 +324,22 @@ class _Builder:
             pod_ref = PodRef(exporter.key("namespace").name("namespace"),
                              exporter.key("name").name("pod name"))
         description = doc.key("description").str(default="")
+        leftovers = tuple(self._leftover_cdi(c) for _, c in doc.key("leftover_cdi_specs").items())
         return Scenario(self.label, self.node, self.seed, gpu_model, scenario.gpus, claims, pods, faults,
-                        pod_ref, description, api_version, slices, dynamic_mig, gpu_profile=gpu_profile)
+                        pod_ref, description, api_version, slices, dynamic_mig, gpu_profile=gpu_profile,
+                        leftover_cdi_specs=leftovers)
+
+    def _leftover_cdi(self, c: Cursor) -> LeftoverCdiSpec:
+        """A CDI spec a driver left behind for a claim the cluster does not have (``claim_uid``), for
+        devices of this node."""
+        c.mapping(("claim_uid", "devices"), ("driver",))
+        uid = c.key("claim_uid").str()
+        if not _CLAIM_UID.fullmatch(uid):
+            raise c.key("claim_uid").error(f"{uid!r} is not a claim UID (8-4-4-4-12 lower-case hex)")
+        devices = tuple(d.str() for _, d in c.key("devices").items())
+        if not devices:
+            raise c.key("devices").error("a spec names at least one device")
+        return LeftoverCdiSpec(uid, devices, c.key("driver").str(default=NVIDIA_DRIVER))
 
     # -- GPUs and MIG ------------------------------------------------------------------------
 
@@ -383,7 +403,7 @@ class _Builder:
         used: dict[int, str] = {}
         out: list[MigDevice] = []
         for i, m in cur.items():
-            m.mapping(("profile", "placement_start"), ("uuid", "taints"))
+            m.mapping(("profile", "placement_start"), ("uuid", "taints", "published"))
             name = m.key("profile").str()
             mp = prof.mig_profile(name)
             if mp is None:
@@ -406,7 +426,7 @@ class _Builder:
             out.append(MigDevice(name, mp.gi_profile_id, start, mp.memory_slices, mp.compute_slices,
                                  _gi_id(mp.memory_slices, start), 0, mig_uuid,
                                  int(prof.memory_total * share), int(prof.memory_reserved * share),
-                                 _taints(m.key("taints"))))
+                                 _taints(m.key("taints")), m.key("published").bool(True)))
         if sum(d.compute_slices for d in out) > prof.mig_compute_slices:
             raise cur.error(f"the MIG devices need {sum(d.compute_slices for d in out)} compute slices; "
                             f"a {prof.model} has {prof.mig_compute_slices}")

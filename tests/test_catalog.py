@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from simnode import SCENARIOS, simulated
+from test_orphans import orphan_frame
 
 from dra_exporter import catalog as cat
 from dra_exporter.join import JoinInput, join
@@ -82,7 +83,7 @@ def cluster_mode_frame() -> Frame:
 
 @pytest.fixture(scope="module")
 def frames() -> list[Frame]:
-    found = [cluster_frame(), cluster_mode_frame()]
+    found = [cluster_frame(), cluster_mode_frame(), orphan_frame()]
     for scenario in ("demo", "scale", str(SCENARIOS / "faults.yaml")):
         found += scenario_frames(scenario)
     # NVLink per link, the fabric and ComputeDomains: the GB200 node with the degraded link.

@@ -58,7 +58,7 @@ def test_every_flag_reads_its_environment_variable(captured: list[Settings]) -> 
 
 
 def test_every_source_but_nvml_has_a_switch_from_the_registry(captured: list[Settings]) -> None:
-    all_on = {"nvml", "podresources", "kubeapi", "procs"}
+    all_on = {"nvml", "cdi", "podresources", "kubeapi", "procs"}
     for args, env, off in [
         ((), {}, set()),
         (("--no-source-procs",), {}, {"procs"}),

@@ -25,8 +25,9 @@ FILE_OPTIONS = sorted({(command, next(o for o in param.opts if o.startswith("--"
                        for command, cmd in cli.main.commands.items() for param in cmd.params
                        if isinstance(param.type, cli.FileOption)})
 
-#: Paths that are not files to read: a unix socket the kubelet serves, a /proc directory.
-NOT_FILES = {"kubelet_socket", "procfs"}
+#: Paths that are not files to read: a unix socket the kubelet serves, a /proc directory, the CDI root (a
+#: directory of specs, each read with its own bound).
+NOT_FILES = {"kubelet_socket", "procfs", "cdi_root"}
 
 #: What a command needs besides the file option to get as far as reading it (nothing is run).
 REQUIRED_ARGS = {"report": ["--prometheus-url", "http://127.0.0.1:9"], "explain": ["--all"]}

@@ -173,7 +173,7 @@ def test_rbac_is_read_only_on_exactly_slices_claims_taint_rules_pods_nodes_and_c
     }
     assert granted == {
         ("resource.k8s.io", "resourceslices"): ["list", "watch"],
-        ("resource.k8s.io", "resourceclaims"): ["get"],
+        ("resource.k8s.io", "resourceclaims"): ["get", "list"],  # list: the claim census (orphans)
         ("resource.k8s.io", "devicetaintrules"): ["list", "watch"],
         ("", "pods"): ["list", "watch"],
         ("", "nodes"): ["get"],
@@ -199,7 +199,7 @@ def test_rbac_is_read_only_on_exactly_slices_claims_taint_rules_pods_nodes_and_c
     assert pod_spec(render_chart())["serviceAccountName"] == kinds["ServiceAccount"]["metadata"]["name"]
 
 
-def test_daemonset_identifies_itself_and_reads_only_the_pod_resources_socket() -> None:
+def test_daemonset_identifies_itself_and_reads_only_the_pod_resources_socket_and_the_cdi_specs() -> None:
     docs = render_chart()
     variables = env(docs)
     assert variables["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -209,14 +209,15 @@ def test_daemonset_identifies_itself_and_reads_only_the_pod_resources_socket() -
     spec = pod_spec(docs)
     host_paths = [v for v in spec["volumes"] if "hostPath" in v]
     assert [v["hostPath"] for v in host_paths] == [
-        {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+        {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"},
+        {"path": "/var/run/cdi", "type": "DirectoryOrCreate"},
     ]
     mounts = {m["name"]: m for m in container(docs)["volumeMounts"]}
-    assert mounts[host_paths[0]["name"]] == {
-        "name": host_paths[0]["name"],
-        "readOnly": True,
-        "mountPath": "/var/lib/kubelet/pod-resources",
-    }
+    assert [mounts[v["name"]] for v in host_paths] == [
+        {"name": host_paths[0]["name"], "readOnly": True, "mountPath": "/var/lib/kubelet/pod-resources"},
+        {"name": host_paths[1]["name"], "readOnly": True, "mountPath": "/var/run/cdi"},
+    ]
+    assert variables["DRA_EXPORTER_CDI_ROOT"] == "/var/run/cdi"
     assert not spec.get("hostPID") and not spec.get("hostNetwork") and not spec.get("hostIPC")
 
 

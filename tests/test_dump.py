@@ -255,13 +255,15 @@ def test_dynamic_mig_dump_round_trips_through_the_api_objects() -> None:
 
 
 def test_demo_round_trips_through_the_api_objects() -> None:
-    # The demo as the API server shows it, dumped and loaded back: the same node for the kubelet.
+    # The demo as the API server shows it, dumped and loaded back: the same node for the kubelet, but
+    # for the MIG device made by hand, which no slice publishes (so no dump can know it).
     demo = load_scenario("demo")
     objects = ko.cluster_objects(demo, 50)
+    unpublished = {m.uuid for g in demo.gpus for m in g.mig if not m.published}
     for version in VERSIONS:
         converted = [convert(o, version) for o in (*objects.resourceslices, *objects.resourceclaims)]
         dumped = parse_dump(dump_of([*converted, *objects.pods]), f"demo-{version}.yaml")
-        assert dumped.gpu_devices() == demo.gpu_devices()
+        assert dumped.gpu_devices() == tuple(d for d in demo.gpu_devices() if d.uuid not in unpublished)
         assert sorted(dumped.pod_allocations_at(0).pods, key=lambda p: p.name) == sorted(
             demo.pod_allocations_at(50).pods, key=lambda p: p.name
         )

@@ -99,7 +99,7 @@ def test_sum_by_claim_matches_the_scenario(exporter: int, prometheus) -> None:  
     result = prom.wait_for(query, lambda r: len(r) == len(want), timeout=60)
     got = {(r["metric"]["namespace"], r["metric"]["claim"]): float(r["value"][1]) for r in result}
     assert got == want
-    sources = {"nvml", "podresources", "kubeapi", "procs"}
+    sources = {"nvml", "cdi", "podresources", "kubeapi", "procs"}
     health = prom.wait_for('dra_exporter_source_up == 1', lambda r: len(r) == len(sources))
     assert {r["metric"]["source"] for r in health} == sources
     assert all(t["health"] == "up" for t in prom.targets())

@@ -91,8 +91,7 @@ def kube(rt: runtime.Runtime, name: str) -> float:
 
 
 def api_source(rt: runtime.Runtime) -> KubeApiSource:
-    source = rt.agent.side[1].source
-    assert isinstance(source, KubeApiSource)
+    (source,) = [r.source for r in rt.agent.side if isinstance(r.source, KubeApiSource)]
     return source
 
 

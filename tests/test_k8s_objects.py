@@ -176,16 +176,19 @@ def test_demo_slice_is_nvidias_one_slice_per_node_with_nvml_uuids() -> None:
     assert nvidia["metadata"]["name"].startswith("sim-node-1-gpu.nvidia.com-")
     devices = nvidia_devices(objects)
     # MIG-enabled GPUs 4 and 5 are published as their MIG devices only, and a device is published
-    # under the name the claims use (the batch job's claim uses the older format).
+    # under the name the claims use (the batch job's claim uses the older format). The one made by
+    # hand (placement 5, ``published: false``) is in NVML only.
     assert sorted(devices) == sorted(
         [f"gpu-{i}" for i in (0, 1, 2, 3, 6, 7)]
         + ["gpu-4-mig-3g71gb-9-0", "gpu-4-mig-3g71gb-9-4"]
-        + [f"gpu-5-mig-1g18gb-19-{i}" for i in (0, 1, 2, 4, 5, 6)]
+        + [f"gpu-5-mig-1g18gb-19-{i}" for i in (0, 1, 2, 4, 6)]
         + ["gpu-5-mig-19-3-1"]
     )
     by_uuid = {d["attributes"]["uuid"]["string"]: d for d in devices.values()}
+    unpublished = {m.uuid for g in s.gpus for m in g.mig if not m.published}
+    assert len(unpublished) == 1
     for dev in s.gpu_devices():
-        if dev.mig_mode == "enabled":
+        if dev.mig_mode == "enabled" or dev.uuid in unpublished:
             assert dev.uuid not in by_uuid
             continue
         attrs = by_uuid[dev.uuid]["attributes"]

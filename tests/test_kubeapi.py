@@ -291,6 +291,7 @@ def test_probe_lists_for_real_and_asks_for_the_rest(tmp_path: Path) -> None:
         (False, f"forbidden (403) to list pods: {RBAC_HINT}"),
         (True, "may watch resourceslices.resource.k8s.io"),
         (False, f"may not get resourceclaims.resource.k8s.io ({RBAC_HINT})"),
+        (False, f"may not list resourceclaims.resource.k8s.io ({RBAC_HINT})"),
         (True, "may watch pods"),
     ]
 
@@ -416,3 +417,46 @@ def test_taint_rules_forbidden_leave_the_rest_of_the_view_up(tmp_path: Path, cap
         finally:
             src.close()
     assert any("DeviceTaintRules not read: forbidden (403)" in r.getMessage() for r in caplog.records)
+
+
+# --- the claim census: only while a driver holds a claim no local pod explains ----------------------------
+
+
+def test_the_claim_census_lists_only_for_unexplained_prepared_claims_and_rechecks_a_present_one_once() -> None:
+    """``short-0`` ended at t=100 with its generated claim; ``train``'s claim is in use; ``spare`` is
+    allocated and no pod uses it. A CDI spec of train's claim costs nothing; one of the gone claim costs
+    one list, whose answer says it is gone; one of ``spare`` (as a claim whose pod was just deleted,
+    before the controller deallocates it) is asked about again once, CENSUS_MIN_S later, then every
+    claim_refresh."""
+    doc = {"node": NODE, "seed": 3, "gpus": [{"index": 0}, {"index": 1}, {"index": 2}],
+           "claims": [{"namespace": "ml", "name": "train", "devices": ["gpu-0"]},
+                      {"namespace": "ml", "name": "short-0-gpu", "template": "short-gpu", "devices": ["gpu-1"]},
+                      {"namespace": "ml", "name": "spare", "devices": ["gpu-2"]}],
+           "pods": [{"namespace": "ml", "name": "train-0", "containers": [{"name": "c", "claims": ["train"]}]},
+                    {"namespace": "ml", "name": "short-0", "end": 100,
+                     "containers": [{"name": "c", "claims": ["short-0-gpu"]}]}]}
+    s = parse_scenario(doc, "census-test")
+    uid = {c.name: c.uid for c in s.claims}
+    prepared = [uid["train"]]
+    now = [0.0]
+    with SimulatedApiServer(s, SimClock(150.0, frozen=True), poll_s=0.02) as server, \
+            source(server, prepared_claims=lambda: prepared, monotonic=lambda: now[0], claim_refresh=300) as src:
+        assert src.collect().claim_census is None
+        assert counts(server, "list", "resourceclaims") == 0, "explained by a local pod's claim: no list"
+        prepared.append(uid["short-0-gpu"])
+        census = src.collect().claim_census
+        assert census is not None and census.asked == {uid["short-0-gpu"]} and census.found == ()
+        assert counts(server, "list", "resourceclaims") == 1
+        now[0] = 10.0
+        src.collect()
+        assert counts(server, "list", "resourceclaims") == 1, "nothing new to ask"
+        prepared.append(uid["spare"])
+        src.collect()
+        assert counts(server, "list", "resourceclaims") == 1, "a new UID waits CENSUS_MIN_S after the last list"
+        for t, lists in ((31.0, 2), (62.0, 3), (93.0, 3), (331.0, 3), (362.0, 4)):
+            now[0] = t
+            census = src.collect().claim_census
+            assert counts(server, "list", "resourceclaims") == lists, t
+        assert census is not None and [c.name for c in census.found] == ["spare"]
+        assert census.found[0].results, "found allocated: not an orphan"
+        assert census.asked == {uid["short-0-gpu"], uid["spare"]}

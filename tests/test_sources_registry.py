@@ -10,6 +10,7 @@ from simnode import simulated, values_of
 
 from dra_exporter import catalog as cat
 from dra_exporter.model import (
+    CdiSnapshot,
     ClusterSnapshot,
     DeviceSample,
     DeviceSnapshot,
@@ -25,9 +26,11 @@ from dra_exporter.sources.registry import Role, SourceSpec, without
 
 def test_the_registered_sources_their_roles_and_defaults() -> None:
     specs = {s.name: s for s in registry.sources()}
-    assert list(specs) == ["nvml", "podresources", "kubeapi", "procs"]
+    # cdi before kubeapi: the API server's claim census asks about the claim UIDs of the CDI specs.
+    assert list(specs) == ["nvml", "cdi", "podresources", "kubeapi", "procs"]
     assert {n: s.role for n, s in specs.items()} == {
-        "nvml": Role.PRIMARY, "podresources": Role.SIDE, "kubeapi": Role.SIDE, "procs": Role.FOLLOWER}
+        "nvml": Role.PRIMARY, "cdi": Role.SIDE, "podresources": Role.SIDE, "kubeapi": Role.SIDE,
+        "procs": Role.FOLLOWER}
     # The kubelet and the API server keep their last good view through an outage; NVML and /proc do not.
     assert {n for n, s in specs.items() if s.keep_last_good} == {"podresources", "kubeapi"}
     assert registry.default_enabled() == set(specs)
@@ -37,12 +40,12 @@ def test_the_registered_sources_their_roles_and_defaults() -> None:
 def test_a_source_is_registered_once() -> None:
     with pytest.raises(ValueError, match="registered twice"):
         registry.register(dataclasses.replace(registry.PROCS))
-    assert [s.name for s in registry.sources()] == ["nvml", "podresources", "kubeapi", "procs"]
+    assert [s.name for s in registry.sources()] == ["nvml", "cdi", "podresources", "kubeapi", "procs"]
 
 
 def test_switches_apply_to_the_defaults_and_refuse_unknown_sources_and_nvml() -> None:
     assert registry.enabled({}) == registry.default_enabled()
-    assert without("kubeapi", "procs") == {"nvml", "podresources"}
+    assert without("kubeapi", "procs") == {"nvml", "cdi", "podresources"}
     with pytest.raises(ValueError, match="unknown sources: gpus"):
         registry.enabled({"gpus": False})
     with pytest.raises(ValueError, match="nvml source cannot be turned off"):
@@ -57,6 +60,7 @@ NVML_SNAPSHOT = DeviceSnapshot((), (), "580", "13", "NVIDIA")
     (registry.PODRESOURCES, PodResourcesSnapshot(()), "pods", None),
     (registry.KUBEAPI, ClusterSnapshot(node="n"), "cluster", None),
     (registry.PROCS, ProcessOwnersSnapshot((), ()), "owners", None),
+    (registry.CDI, CdiSnapshot(), "cdi", None),
 ])
 def test_each_source_places_its_snapshot_in_its_own_field(spec: SourceSpec[object], snapshot: object,
                                                           field: str, placed: object) -> None:
@@ -69,7 +73,7 @@ def test_the_runtime_builds_the_enabled_sources_and_the_frame_reports_those(off:
     with simulated("demo", sources=without(*off)) as rt:
         frame = rt.agent.cycle(collect_side=True)
         built = {r.name for r in rt.agent.runners}
-        assert built == {"nvml", "podresources", "kubeapi", "procs"} - off
+        assert built == {"nvml", "cdi", "podresources", "kubeapi", "procs"} - off
         up = frame.family(cat.SOURCE_UP.name)
         assert up is not None and {dict(s.labels)["source"] for s in up.samples} == built
         pods = {dict(s.labels)["pod"] for s in frame.family(cat.GPU_UP.name).samples}  # type: ignore[union-attr]

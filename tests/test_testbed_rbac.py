@@ -36,17 +36,19 @@ Access = tuple[str, str, str]
 """(verb, API group, resource)."""
 
 #: What the node agent asks: its node's slices and those that name no node, the claims its pods
-#: use (one GET each, never a list), its node's pods, the DeviceTaintRules, its own Node (a slice
-#: selects nodes by label here) and NVIDIA's ComputeDomains and their cliques (served here).
+#: use (one GET each), the list of claims (the census, only because a CDI spec here names a claim no
+#: local pod explains), its node's pods, the DeviceTaintRules, its own Node (a slice selects nodes by
+#: label here) and NVIDIA's ComputeDomains and their cliques (served here).
 NODE_AGENT_USES: frozenset[Access] = frozenset({
     ("list", "resource.k8s.io", "resourceslices"), ("watch", "resource.k8s.io", "resourceslices"),
-    ("get", "resource.k8s.io", "resourceclaims"),
+    ("get", "resource.k8s.io", "resourceclaims"), ("list", "resource.k8s.io", "resourceclaims"),
     ("list", "resource.k8s.io", "devicetaintrules"), ("watch", "resource.k8s.io", "devicetaintrules"),
     ("list", "", "pods"), ("watch", "", "pods"), ("get", "", "nodes"),
     ("list", "resource.nvidia.com", "computedomains"), ("watch", "resource.nvidia.com", "computedomains"),
     ("list", "resource.nvidia.com", "computedomaincliques"),
     ("watch", "resource.nvidia.com", "computedomaincliques"),
 })
+LEFTOVER_CLAIM_UID = "6d1f0c3e-2b7a-4c55-9e0d-1a2b3c4d5e6f"
 #: What the cluster mode asks: every DRA object of the cluster, the pods and the Nodes, listed and watched.
 CLUSTER_USES: frozenset[Access] = frozenset(
     (verb, group, resource) for verb in ("list", "watch")
@@ -186,7 +188,10 @@ def node_scenario(kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
     pod = kube.run_pod(ns, "one-0")
     kube.create(rule)
     try:
-        yield node.scenario(tmp_path_factory.mktemp("rbac-node") / "node.yaml", [allocated(kube, ns, "one")], [pod])
+        # A spec NVIDIA's plugin left for a claim that never existed here: the claim census lists the claims.
+        leftover = [{"claim_uid": LEFTOVER_CLAIM_UID, "devices": ["gpu-0"]}]
+        yield node.scenario(tmp_path_factory.mktemp("rbac-node") / "node.yaml", [allocated(kube, ns, "one")], [pod],
+                            leftover_cdi_specs=leftover)
     finally:
         kube.delete(f"/apis/resource.k8s.io/v1/resourceslices/{label}")
         kube.delete(f"/apis/resource.k8s.io/v1beta2/devicetaintrules/{label}")
@@ -199,9 +204,14 @@ def test_the_node_agent_reads_everything_with_its_role_and_the_role_grants_only_
         _, metrics = _scrape(port)
         assert 'dra_exporter_source_up{source="kubeapi"} 1' in metrics
         asked = wait_until_used(kube, identity, NODE_AGENT_USES)
-        _, metrics = _scrape(port)
+        orphan = re.compile(rf'dra_orphan_prepared_device_since_timestamp_seconds{{claim_uid="{LEFTOVER_CLAIM_UID}",'
+                            r'device="gpu-0",driver="gpu.nvidia.com",reason="claim_deleted",uuid="GPU-[^"]+"}')
+        deadline = time.monotonic() + 10
+        while not orphan.search(metrics := _scrape(port)[1]) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the census answered; the next cycle's frame shows it
     assert asked == NODE_AGENT_USES
     assert 'claim="one"' in metrics and "example.com/rbac" in metrics, "the claim and the taint rule were read"
+    assert orphan.search(metrics), "the claim census read the claims: the leftover spec's claim is gone"
     assert expand(identity.rules) == NODE_AGENT_USES, "the role grants exactly what the agent uses"
     assert rules_review(kube, identity) == NODE_AGENT_USES, "and the server grants the token nothing more"
 

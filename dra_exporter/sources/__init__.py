@@ -15,7 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from ..model import ClusterSnapshot, ClusterState, DeviceSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
+from ..model import (
+    CdiSnapshot,
+    ClusterSnapshot,
+    ClusterState,
+    DeviceSnapshot,
+    PodResourcesSnapshot,
+    ProcessOwnersSnapshot,
+)
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -63,5 +70,7 @@ class Snapshots:
     """The API server's view of this node (source ``kubeapi``)."""
     owners: ProcessOwnersSnapshot | None = None
     """Pod and container of each GPU process, from /proc (source ``procs``)."""
+    cdi: CdiSnapshot | None = None
+    """The per-claim CDI specs under the CDI root (source ``cdi``)."""
     state: ClusterState | None = None
     """The DRA objects of the whole cluster (the cluster mode's source ``kubeapi``)."""

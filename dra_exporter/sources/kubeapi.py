@@ -23,6 +23,14 @@ What it asks the API server, and why the load per node does not grow with the cl
   (a node's start-up, a job's pods) from falling due together, every period, for ever.
   Claims no local pod uses any more are forgotten without a request. Cost: at most 12 GETs per
   claim in use per hour, plus one per claim per pod start.
+* the claim census, only while a driver holds a claim on this node (its CDI spec,
+  ``prepared_claims``) that no local pod's claim explains: one paged list of the cluster's
+  ResourceClaims (``CENSUS_PAGE`` a page), keeping only the claims asked about, when such a UID
+  first appears (at most every ``CENSUS_MIN_S``) and again every ``claim_refresh``. A node with
+  no such spec sends none; the answer says which of those claims are gone or deallocated
+  (``orphans``): a claim UID is never reused, so one the list lacks is known absent. A claim the
+  list still finds (its pod just went, the claim is being deleted) is asked about once more
+  ``CENSUS_MIN_S`` later.
 
 What it does when the API server misbehaves (``docs/reliability.md`` names the tests; the lists and
 watches are ``reflector.Reflector``'s):
@@ -53,6 +61,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import random
 import threading
@@ -105,6 +114,10 @@ from .reflector import Timeouts as Timeouts
 SOURCE: Final = "kubeapi"
 NO_ACCESS: Final = ("kubeapi: no API server access (no in-cluster service account, no kubeconfig): "
                     "node-local attribution only")
+#: Claims a page of the census list holds (client-go's pager's default).
+CENSUS_PAGE: Final = 500
+#: The census runs at most this often when new unexplained claim UIDs appear.
+CENSUS_MIN_S: Final = 30.0
 #: A claim's next refresh falls due at a random point of [1, 1 + REFRESH_SPREAD] x claim_refresh.
 REFRESH_SPREAD: Final = 0.2
 #: While NVIDIA's ComputeDomain CRDs are not both served, ``resource.nvidia.com`` is discovered
@@ -188,7 +201,8 @@ class Probe:
 
 #: (verb, group, resource) the source needs; lists are tried for real, the rest asked of the
 #: authoriser with a SelfSubjectAccessReview.
-NEEDED_ACCESS: Final = (("watch", GROUP, "resourceslices"), ("get", GROUP, "resourceclaims"), ("watch", "", "pods"))
+NEEDED_ACCESS: Final = (("watch", GROUP, "resourceslices"), ("get", GROUP, "resourceclaims"),
+                         ("list", GROUP, "resourceclaims"), ("watch", "", "pods"))
 
 
 def probe(api_client: k8s.ApiClient, node_name: str, version: str, *, timeout: float = 10.0,
@@ -304,15 +318,26 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
     def __init__(self, node_name: str, *, client_factory: Callable[[], k8s.ApiClient] | None = None,
                  kubeconfig: str | None = None,
                  claim_hints: Callable[[], Iterable[tuple[str, str]]] = tuple,
+                 prepared_claims: Callable[[], Iterable[str]] = tuple,
                  claim_refresh: float = 300.0, timeouts: Timeouts = Timeouts(), max_objects: int | None = None,
                  monotonic: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None,
-                 simulated: bool = False, pod_labels: tuple[str, ...] = ()) -> None:
+                 simulated: bool = False, pod_labels: tuple[str, ...] = (),
+                 wall_clock: Callable[[], float] = time.time) -> None:
         if not node_name:
             raise ValueError("kubeapi: a node name is needed for the spec.nodeName field selectors")
         super().__init__(client_factory=client_factory, kubeconfig=kubeconfig, timeouts=timeouts,
                          max_objects=MAX_OBJECTS if max_objects is None else max_objects, logger=logger)
         self.node_name = node_name
         self._claim_hints = claim_hints
+        self._prepared_claims = prepared_claims
+        """Claim UIDs drivers prepared devices for on this node (the CDI specs): what the census asks about."""
+        self._census: model.ClaimCensus | None = None
+        self._census_at = -math.inf
+        self._census_said = ""
+        self._rechecked: frozenset[str] = frozenset()
+        """Claim UIDs a census found present, unexplained, and asked about once more since."""
+        """When the census last listed (``monotonic``)."""
+        self._wall_clock = wall_clock
         self._claim_refresh = claim_refresh
         self._monotonic = monotonic
         self._simulated = simulated
@@ -355,6 +380,7 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
                 self._discover_compute_domains()
                 self._check_watches()
                 self._refresh_claims()
+                self._refresh_census()
                 self._refresh_node_labels()
             except SourceError as exc:
                 self._fail(str(exc))
@@ -611,6 +637,62 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
         if old is None or old.info != info:
             self._bump()
 
+    # --- the claim census: are the claims prepared here still there? ---------------------------------
+
+    def _refresh_census(self) -> None:
+        """List the cluster's claims when a prepared claim UID is not explained by a local pod's claim
+        (see the module docstring); forget the census when none is left."""
+        try:
+            prepared = set(self._prepared_claims())
+        except Exception:  # noqa: BLE001 - a bonus, as the claim hints: the rest of the view goes on
+            self._log.debug("prepared claim UIDs failed", exc_info=True)
+            return
+        known = {c.info.uid for c in self._claims.values() if c.info is not None and c.info.results}
+        unexplained = frozenset(prepared - known)
+        if not unexplained:
+            if self._census is not None:
+                self._census = None
+                self._bump()
+            return
+        now = self._monotonic()
+        asked = self._census.asked if self._census is not None else frozenset()
+        # A claim the last list found still there while no local pod uses it is most often one being
+        # deleted or deallocated right then (its pod just went): asked again once, CENSUS_MIN_S later.
+        present = frozenset(c.uid for c in self._census.found) if self._census is not None else frozenset()
+        recheck = (present & unexplained) - self._rechecked
+        since = now - self._census_at
+        due = since >= self._claim_refresh or (since >= CENSUS_MIN_S and (not unexplained <= asked or recheck))
+        if not due:
+            return
+        self._census_at = now  # a failed list waits as long as a good one: no request storm
+        self._rechecked = (self._rechecked | recheck) & unexplained
+        version = self.api_version
+        assert self._client is not None and version is not None
+
+        def wanted(obj: Mapping[str, Any]) -> model.ClaimInfo | None:
+            meta = obj.get("metadata")
+            uid = meta.get("uid") if isinstance(meta, Mapping) else None
+            return claim_from_dict(obj, version) if uid in unexplained else None
+
+        census: Reflector[model.ClaimInfo] = self._reflector(
+            "resourceclaims", self._client, f"{http.GROUP_PATH}/{version}/resourceclaims", None, wanted,
+            self._timeouts, self.requests, page_size=CENSUS_PAGE)
+        try:
+            census.list_once(self._stop)
+        except SourceError as exc:
+            # Not allowed (a chart before list on resourceclaims) or failing: the rest of the view goes
+            # on; without a census no prepared claim is called orphaned.
+            message = f"kubeapi: the claim census failed: {str(exc).removeprefix('kubeapi: ')} (claims prepared " \
+                      "on this node are not checked against the API server until it works)"
+            if message != self._census_said:
+                self._census_said = message
+                self._log.warning("%s", message)
+            return
+        self._census_said = ""
+        found = tuple(sorted(census.snapshot(), key=lambda c: (c.namespace, c.name)))
+        self._census = model.ClaimCensus(unexplained, found, self._wall_clock())
+        self._bump()
+
     # --- snapshot -------------------------------------------------------------------------------------
 
     def _bump(self) -> None:
@@ -637,6 +719,7 @@ class KubeApiSource(ApiServerSource, Source[model.ClusterSnapshot]):
                                      key=lambda r: r.name)),
             compute_domains=domains,
             compute_domain_cliques=cliques,
+            claim_census=self._census,
         )
         self._snapshot = (revision, snapshot)
         return snapshot

@@ -50,7 +50,7 @@ from . import SourceError
 from . import kubeapi_http as http
 
 RBAC_HINT: Final = ("the exporter needs the chart's ClusterRole (the node agent: list/watch on resourceslices "
-                    "and pods, get on resourceclaims; the cluster mode: list/watch on resourceslices, "
+                    "and pods, get/list on resourceclaims; the cluster mode: list/watch on resourceslices, "
                     "resourceclaims and deviceclasses)")
 #: One object (a claim GET, one watch event): the API server refuses to store objects over 3 MiB
 #: (its request body limit; etcd's default is 1.5 MiB), so anything bigger is not a real object.

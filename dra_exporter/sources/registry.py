@@ -27,7 +27,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from ..model import ClusterSnapshot, ClusterState, DeviceSnapshot, PodResourcesSnapshot, ProcessOwnersSnapshot
+from ..model import (
+    CdiSnapshot,
+    ClusterSnapshot,
+    ClusterState,
+    DeviceSnapshot,
+    PodResourcesSnapshot,
+    ProcessOwnersSnapshot,
+)
 from . import Snapshots, Source
 
 T = TypeVar("T")
@@ -57,6 +64,8 @@ class SourceContext:
     simulated_apiserver: bool = False
     """The API server is ``--simulate``'s: what it lacks is what the scenario has, not a problem."""
     procfs: str = "/proc"
+    cdi_root: str = "/var/run/cdi"
+    """Where DRA drivers write their per-claim CDI specs (``--cdi-root``)."""
     pod_labels: tuple[str, ...] = ()
     """The pod label keys the API server source keeps on each pod (``--pod-labels``)."""
     wall_clock: Callable[[], float] = time.time
@@ -178,8 +187,14 @@ def _kubeapi(ctx: SourceContext) -> Source[ClusterSnapshot]:
             return []
         return [(c.namespace, c.name) for p in pods.pods for ctr in p.containers for c in ctr.claims]
 
+    def prepared_claims() -> list[str]:
+        # Claims drivers prepared here: the census asks the API server about those no local pod explains.
+        cdi = ctx.latest().cdi
+        return [d.claim_uid for d in cdi.devices] if cdi is not None else []
+
     return KubeApiSource(ctx.node_name, kubeconfig=ctx.kubeconfig, client_factory=ctx.kube_client,
-                         claim_hints=claim_hints, claim_refresh=ctx.claim_refresh, max_objects=ctx.max_objects,
+                         claim_hints=claim_hints, prepared_claims=prepared_claims, wall_clock=ctx.wall_clock,
+                         claim_refresh=ctx.claim_refresh, max_objects=ctx.max_objects,
                          simulated=ctx.simulated_apiserver, pod_labels=ctx.pod_labels)
 
 
@@ -193,8 +208,19 @@ def _procs(ctx: SourceContext) -> Source[ProcessOwnersSnapshot]:
     return ProcsSource(gpu_pids, ctx.procfs)
 
 
+def _cdi(ctx: SourceContext) -> Source[CdiSnapshot]:
+    from .cdi import CdiSource
+
+    return CdiSource(ctx.cdi_root)
+
+
 NVML: SourceSpec[DeviceSnapshot] = register(device_source(
     "nvml", _nvml, help="The GPUs and MIG devices, through NVML; always on."))
+# Before kubeapi: its factory reads the CDI specs' claim UIDs through ``latest``.
+CDI: SourceSpec[CdiSnapshot] = register(SourceSpec(
+    "cdi", Role.SIDE, _cdi, lambda s, v: dataclasses.replace(s, cdi=v), keep_last_good=False,
+    help="Read the per-claim CDI specs DRA drivers write under --cdi-root, to find devices prepared for "
+         "claims the API server no longer has (dra_orphan_prepared_device_since_timestamp_seconds)."))
 PODRESOURCES: SourceSpec[PodResourcesSnapshot] = register(SourceSpec(
     "podresources", Role.SIDE, _podresources, lambda s, v: dataclasses.replace(s, pods=v), keep_last_good=True,
     help="Ask the kubelet's pod-resources API which pod and container hold which device."))
