@@ -57,6 +57,7 @@ from ..model import (
     SliceDevice,
 )
 from ..taints import TaintRuleIndex
+from .cel_budget import ClassQueue
 from .selectors import CelEngine, ClassSelector, MemoBudget
 
 DeviceKey = tuple[str, str, str]
@@ -166,13 +167,18 @@ class AllocatorCache:
     cluster states: a slice is evaluated again only when it is another object, all of them when a
     class changes; a pool is built again only when one of its slices or the taint rules changed."""
 
-    def __init__(self, engine: CelEngine | None = None, budget: MemoBudget | None = None) -> None:
+    def __init__(self, engine: CelEngine | None = None, budget: MemoBudget | None = None,
+                 frame_budget: float | None = None) -> None:
         """``engine`` runs the CEL of classes and requests (default: in this process; the cluster
-        mode's is its worker process), ``budget`` bounds what all their selectors memoise."""
+        mode's is its worker process), ``budget`` bounds what all their selectors memoise,
+        ``frame_budget`` the seconds of class CEL a state may cost (``cel_budget``; None: no bound)."""
         self.engine = engine
         self.budget = budget if budget is not None else MemoBudget()
-        self._classes: dict[str, tuple[DeviceClassInfo, ClassSelector]] = {}
+        self.queue = ClassQueue(engine, self.budget, frame_budget)
+        self._classes: dict[str, ClassSelector] = {}
         self.order: tuple[str, ...] = ()
+        #: Classes whose selectors wait for a later frame's CEL budget (they match nothing meanwhile).
+        self.waiting: frozenset[str] = frozenset()
         self._index: dict[str, int] = {}
         self._slices: dict[str, tuple[ResourceSliceInfo, tuple[tuple[bool | None, ...], ...]]] = {}
         self._rows: dict[tuple[bool | None, ...], tuple[bool | None, ...]] = {}
@@ -180,18 +186,12 @@ class AllocatorCache:
         #: (class index, node) → the node's pools and their usage when counted, and the count.
         self.placeable: dict[tuple[int, str], tuple[tuple[Pool, ...], tuple[UsageKey, ...], int]] = {}
 
-    def update(self, classes: Sequence[DeviceClassInfo]) -> None:
-        order = tuple(sorted(c.name for c in classes))
-        changed = order != self.order
-        fresh = {}
-        for c in classes:
-            known = self._classes.get(c.name)
-            if known is not None and known[0] == c:
-                fresh[c.name] = known
-            else:
-                fresh[c.name] = (c, ClassSelector(c, self.engine, self.budget))
-                changed = True
-        self._classes, self.order = fresh, order
+    def update(self, classes: Sequence[DeviceClassInfo], slices: Sequence[ResourceSliceInfo] = ()) -> None:
+        """The classes' selectors for a state of ``slices``: evaluated within the frame's budget."""
+        got = self.queue.frame(classes, slices)
+        order = tuple(sorted(got.selectors))
+        changed = order != self.order or any(got.selectors[n] is not self._classes.get(n) for n in order)
+        self._classes, self.order, self.waiting = got.selectors, order, got.waiting
         self._index = {name: i for i, name in enumerate(order)}
         if changed:
             self._slices.clear()
@@ -203,14 +203,13 @@ class AllocatorCache:
         return self._index.get(name)
 
     def selector(self, name: str) -> ClassSelector | None:
-        known = self._classes.get(name)
-        return known[1] if known is not None else None
+        return self._classes.get(name)
 
     def of_slice(self, sl: ResourceSliceInfo) -> tuple[tuple[bool | None, ...], ...]:
         cached = self._slices.get(sl.name)
         if cached is not None and cached[0] is sl:
             return cached[1]
-        selectors = [self._classes[name][1] for name in self.order]
+        selectors = [self._classes[name] for name in self.order]
         rows = []
         for d in sl.devices:
             row = tuple(sel.matches(sl.driver, d) for sel in selectors)
@@ -540,7 +539,7 @@ class Allocator:
                  node_labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
         if matches is None:
             matches = AllocatorCache()
-        matches.update(state.classes)
+        matches.update(state.classes, state.slices)
         self.matches = matches
         self.classes = {c.name: c for c in state.classes}
         self.node_labels = node_labels
