@@ -79,6 +79,24 @@ def _endless_adds(req: Request, reply: Reply) -> None:
     reply.chunked(watch_event("ADDED", resource_slice(f"s{i}-{time.monotonic_ns()}")) for i in range(10**9))
 
 
+def _gpu_slice(name: str) -> dict[str, Any]:
+    """A slice as NVIDIA's driver publishes one for a node of eight GPUs (its usual attributes)."""
+    obj = resource_slice(name, devices=8)
+    for i, device in enumerate(obj["spec"]["devices"]):
+        device["attributes"].update({
+            "type": {"string": "gpu"}, "index": {"int": i}, "minor": {"int": i},
+            "productName": {"string": "NVIDIA H100 80GB HBM3"}, "brand": {"string": "Nvidia"},
+            "architecture": {"string": "Hopper"}, "cudaComputeCapability": {"version": "9.0.0"},
+            "driverVersion": {"version": "570.124.6"}, "cudaDriverVersion": {"version": "12.8.0"},
+            "pcieBusID": {"string": f"0000:{i + 0x18:02x}:00.0"}})
+        device["capacity"] = {"memory": {"value": "81559Mi"}}
+    return obj
+
+
+def _endless_gpu_slices(req: Request, reply: Reply) -> None:
+    reply.chunked(watch_event("ADDED", _gpu_slice(f"g{i}-{time.monotonic_ns()}")) for i in range(10**9))
+
+
 def _pages_for_ever(req: Request, reply: Reply) -> None:
     n = int(req.query.get("continue") or 0)
     reply.json(object_list([resource_slice(f"p{n}-{i}") for i in range(500)], token=str(n + 1)))
@@ -128,6 +146,10 @@ ATTACKS = [
     Attack("cluster-endless-added-slices",
            ApiServer(lists={"resourceslices": empty_list, "resourceclaims": empty_list, "deviceclasses": empty_list},
                      watches={"resourceslices": _endless_adds, "resourceclaims": idle_watch,
+                              "deviceclasses": idle_watch}), _cluster, "objects, the limit"),
+    Attack("cluster-endless-added-gpu-slices",
+           ApiServer(lists={"resourceslices": empty_list, "resourceclaims": empty_list, "deviceclasses": empty_list},
+                     watches={"resourceslices": _endless_gpu_slices, "resourceclaims": idle_watch,
                               "deviceclasses": idle_watch}), _cluster, "objects, the limit"),
     Attack("cluster-first-list-a-byte-a-second",
            ApiServer(lists={k: (lambda req, reply: reply.chunked(trickle(b" " * 10**6, 1.0)))
