@@ -116,7 +116,8 @@ def _summary(times: list[float]) -> dict[str, float]:
     return {"p50_ms": ms(percentile(times, 50)), "p99_ms": ms(percentile(times, 99)), "max_ms": ms(max(times))}
 
 
-def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int = 4) -> Result:
+def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int = 4, tree: Path = REPO) -> Result:
+    """The flood against the exporter of ``tree`` (this checkout, or another for a before/after run)."""
     users = [(f"login-{i}", f"secret-{i}") for i in range(2 * logins)]
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "web.yml"
@@ -126,7 +127,7 @@ def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int =
         port = free_port()
         server = subprocess.Popen(python_command("-m", "dra_exporter.cli", "serve", "--simulate", "--listen",
                                                  f"127.0.0.1:{port}", "--web-config", str(config)),
-                                  cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                  cwd=tree, env=child_env(tree), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             wait_http_ok(f"http://127.0.0.1:{port}/readyz", alive=lambda: server.poll() is None)
             baseline = [_login(port, u, p) for u, p in users[:logins]]

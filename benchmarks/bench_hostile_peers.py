@@ -35,6 +35,7 @@ from hostile import (  # noqa: E402
     Request,
     empty_list,
     forever,
+    gpu_slice,
     idle_watch,
     kubeconfig,
     object_list,
@@ -79,22 +80,8 @@ def _endless_adds(req: Request, reply: Reply) -> None:
     reply.chunked(watch_event("ADDED", resource_slice(f"s{i}-{time.monotonic_ns()}")) for i in range(10**9))
 
 
-def _gpu_slice(name: str) -> dict[str, Any]:
-    """A slice as NVIDIA's driver publishes one for a node of eight GPUs (its usual attributes)."""
-    obj = resource_slice(name, devices=8)
-    for i, device in enumerate(obj["spec"]["devices"]):
-        device["attributes"].update({
-            "type": {"string": "gpu"}, "index": {"int": i}, "minor": {"int": i},
-            "productName": {"string": "NVIDIA H100 80GB HBM3"}, "brand": {"string": "Nvidia"},
-            "architecture": {"string": "Hopper"}, "cudaComputeCapability": {"version": "9.0.0"},
-            "driverVersion": {"version": "570.124.6"}, "cudaDriverVersion": {"version": "12.8.0"},
-            "pcieBusID": {"string": f"0000:{i + 0x18:02x}:00.0"}})
-        device["capacity"] = {"memory": {"value": "81559Mi"}}
-    return obj
-
-
 def _endless_gpu_slices(req: Request, reply: Reply) -> None:
-    reply.chunked(watch_event("ADDED", _gpu_slice(f"g{i}-{time.monotonic_ns()}")) for i in range(10**9))
+    reply.chunked(watch_event("ADDED", gpu_slice(f"g{i}-{time.monotonic_ns()}")) for i in range(10**9))
 
 
 def _pages_for_ever(req: Request, reply: Reply) -> None:
@@ -179,11 +166,13 @@ def peak_rss_kib(pid: int) -> int:
     return 0
 
 
-def run(attack: Attack, seconds: float) -> dict[str, Any]:
+def run(attack: Attack, seconds: float, tree: Path = REPO) -> dict[str, Any]:
+    """``attack`` on the exporter of ``tree`` (this checkout, or another for a before/after run)."""
     with HostileServer(attack.behaviour) as peer, tempfile.TemporaryDirectory() as scratch:
         started = time.monotonic()
         proc = subprocess.Popen(python_command("-m", "dra_exporter.cli", *attack.command(peer.url, Path(scratch))),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(tree),
+                                cwd=tree)
         seen: dict[str, Any] = {}
 
         def read() -> None:

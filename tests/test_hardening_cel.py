@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 from hostile import ApiServer, HostileServer, empty_list, idle_watch, kubeconfig, object_list, resource_slice
+from hostile import device_class as class_object
 from test_cel_limits import _LIST, RUNAWAY, RUNAWAY_SHORT
-from test_cluster_capacity import EXAMPLE, NOW, device_class, example_slice, state, values
+from test_cluster_capacity import NOW, device_class, example_slice, state, values
 
 from dra_exporter import catalog as cat
 from dra_exporter.cluster.allocator import AllocatorCache
@@ -206,15 +207,9 @@ def test_an_honest_class_cut_by_a_loaded_cpu_is_retried_then_reported_too_slow(
 SLOW_CLASSES = 20
 
 
-def _class_object(name: str, expression: str) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": name, "resourceVersion": "3"},
-            "spec": {"selectors": [{"cel": {"expression": expression}}]}}
-
-
 def slow_classes_api(count: int = SLOW_CLASSES) -> ApiServer:
-    classes = [_class_object(f"slow-{i:03}", RUNAWAY.replace(">= 0", f">= -{i}")) for i in range(count)]
-    classes.append(_class_object("gpu.nvidia.com", "device.driver == 'gpu.nvidia.com'"))
+    classes = [class_object(f"slow-{i:03}", RUNAWAY.replace(">= 0", f">= -{i}")) for i in range(count)]
+    classes.append(class_object("gpu.nvidia.com", "device.driver == 'gpu.nvidia.com'"))
     slices = [resource_slice(f"s{i}", node=f"n{i}", devices=4) for i in range(4)]
     return ApiServer(lists={"resourceslices": lambda req, reply: reply.json(object_list(slices)),
                             "resourceclaims": empty_list,
