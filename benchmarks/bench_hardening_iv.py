@@ -8,9 +8,10 @@ gives both figures and their ratio (after / before):
 
 - ``slow-classes``: 100 DeviceClasses whose CEL runs past the 1 s limit (three nested ``.all()``
   over 300 elements, each different) and one ordinary class, ``cluster --interval 2`` for
-  ``--seconds``: ``/readyz``, ``/healthz`` and ``/metrics`` asked every second (share answered
-  200), frames published (distinct ``dra_exporter_last_success_timestamp_seconds``), seconds to
-  the first ready, CEL worker processes seen, peak RSS.
+  ``--seconds``: ``/readyz``, ``/healthz`` and ``/metrics`` asked every second from the first
+  answer on (share answered 200), frames published (distinct
+  ``dra_exporter_last_success_timestamp_seconds``), seconds to the first ready, CEL worker
+  processes seen, peak RSS.
 - ``ordinary-classes``: 3,000 ordinary distinct classes over 20 eight-GPU slices: seconds to the
   first ready (the first frame), frames published in ``--seconds``.
 - ``endless-gpu-slices``: an endless watch of eight-GPU slices (``bench_hostile_peers``) for at least
@@ -82,10 +83,14 @@ def _status(url: str) -> int:
 
 
 def _children(pid: int) -> set[int]:
-    try:
-        return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-    except OSError:
-        return set()
+    """Children of every thread of ``pid`` (the CEL worker is started by the collection thread)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            continue
+    return found
 
 
 def cluster_under(api: ApiServer, tree: Path, seconds: float) -> dict[str, Any]:
@@ -117,7 +122,8 @@ def cluster_under(api: ApiServer, tree: Path, seconds: float) -> dict[str, Any]:
                 frames.update(_LAST_SUCCESS.findall(page))
                 if ready == 200 and not first_ready:
                     first_ready.append(time.monotonic() - started)
-                samples.append((ready, health, scraped))
+                if samples or ready or health or scraped:  # from the first answer: not the interpreter's start
+                    samples.append((ready, health, scraped))
         prober = threading.Thread(target=probe, daemon=True)
         prober.start()
         peak, workers = 0, set()
