@@ -55,8 +55,9 @@ def _basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
-def _attacker(port: int, first: int, count: int, seconds: float) -> dict[str, int]:
-    """``count`` attacker threads on addresses ``first``.. for ``seconds``; the statuses they got."""
+def _attacker(port: int, first: int, count: int, seconds: float, reconnect: bool = False) -> dict[str, int]:
+    """``count`` attacker threads on addresses ``first``.. for ``seconds``; the statuses they got.
+    ``reconnect``: a new connection for every request (else one kept alive)."""
     import threading
 
     statuses: dict[str, int] = {}
@@ -76,7 +77,7 @@ def _attacker(port: int, first: int, count: int, seconds: float) -> dict[str, in
                 response = conn.getresponse()
                 response.read()
                 key = str(response.status)
-                if response.will_close:
+                if response.will_close or reconnect:
                     conn.close()
                     conn = None
             except (OSError, http.client.HTTPException) as e:
@@ -116,8 +117,11 @@ def _summary(times: list[float]) -> dict[str, float]:
     return {"p50_ms": ms(percentile(times, 50)), "p99_ms": ms(percentile(times, 99)), "max_ms": ms(max(times))}
 
 
-def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int = 4, tree: Path = REPO) -> Result:
-    """The flood against the exporter of ``tree`` (this checkout, or another for a before/after run)."""
+def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int = 4, tree: Path = REPO,
+        reconnect: bool = False) -> Result:
+    """The flood against the exporter of ``tree`` (this checkout, or another for a before/after run);
+    ``reconnect``: each attacker opens a new connection for every request (more attackers than the
+    server's 256 connections would otherwise hold them all, and refuse good logins at connect)."""
     users = [(f"login-{i}", f"secret-{i}") for i in range(2 * logins)]
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "web.yml"
@@ -135,7 +139,8 @@ def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int =
             per_process = -(-attackers // processes)
             with multiprocessing.get_context("spawn").Pool(processes) as pool:
                 flood = [pool.apply_async(_attacker, (port, p * per_process,
-                                                      min(per_process, attackers - p * per_process), attack_s))
+                                                      min(per_process, attackers - p * per_process), attack_s,
+                                                      reconnect))
                          for p in range(processes) if p * per_process < attackers]
                 time.sleep(WARMUP_S)
                 measured = []

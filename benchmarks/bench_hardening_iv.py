@@ -15,8 +15,11 @@ gives both figures and their ratio (after / before):
 - ``ordinary-classes``: 3,000 ordinary distinct classes over 20 eight-GPU slices: seconds to the
   first ready (the first frame), frames published in ``--seconds``.
 - ``endless-gpu-slices``: an endless watch of eight-GPU slices (``bench_hostile_peers``) for at least
-  150 s: peak RSS up to and at the 50,000-slice cap against the chart's limit (768 MiB).
-- ``auth-flood``: ``bench_auth`` with 300 attackers: the slowest correct login (target 1 s).
+  240 s: peak RSS up to and at the 50,000-slice cap against the chart's limit (768 MiB).
+- ``auth-flood``: ``bench_auth`` with 300 attackers, each on its own address and a new connection
+  for every wrong password (300 kept-alive connections would hold the server's 256 and refuse the
+  good logins at connect: a connection flood, not a bcrypt one): the slowest correct login of 40
+  (target 1 s), from an address that logged in before the flood, as Prometheus has.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from hostile import ApiServer, HostileServer, device_class, empty_list, gpu_slic
 
 CHART_MEMORY_LIMIT_MB = 768 * 2**20 / 1e6
 #: The endless watch reaches the 50,000-slice cap after ~90 s here: it runs at least this long.
-ENDLESS_SECONDS = 150.0
+ENDLESS_SECONDS = 240.0
 _LIST = "[" + ",".join(str(i) for i in range(300)) + "]"
 _LAST_SUCCESS = re.compile(r'^dra_exporter_last_success_timestamp_seconds\{source="kubeapi"\} (\S+)$', re.M)
 
@@ -169,11 +172,12 @@ def scenario(name: str, before: Path, seconds: float) -> dict[str, Any]:
             figures[label] = {"peak_rss_mb": got["peak_rss_mb"], "cap_reached_after_s": got["log_line_after_s"],
                               "within_chart_limit": got["peak_rss_mb"] <= CHART_MEMORY_LIMIT_MB}
         elif name == "auth-flood":
-            result = bench_auth.run(attackers=300, logins=20, tree=tree).as_dict()
+            result = bench_auth.run(attackers=300, logins=40, tree=tree, reconnect=True).as_dict()
             row = result["rows"][1]
             figures[label] = {"slowest_login_ms": row["max_ms"], "p50_login_ms": row["p50_ms"],
-                              "over_1s": row["over_1s"], "logins": row["logins"], "not_200": row["not_200"],
-                              "baseline_p50_ms": result["rows"][0]["p50_ms"]}
+                              "p99_login_ms": row["p99_ms"], "over_1s": row["over_1s"], "logins": row["logins"],
+                              "not_200": row["not_200"], "statuses": row["statuses"],
+                              "baseline_p50_ms": result["rows"][0]["p50_ms"], "attackers": result["notes"]}
         else:
             raise ValueError(name)
     ratios = {k: r for k, v in figures["after"].items() if (r := _ratio(v, figures["before"].get(k))) is not None}
