@@ -101,7 +101,8 @@ SHARED: Final = Shared()
 
 
 def _intern_pairs(pairs: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
-    shared: tuple[tuple[str, Any], ...] = SHARED(tuple(SHARED((sys.intern(k), sys.intern(v) if isinstance(v, str) else v)) for k, v in pairs))
+    interned = (SHARED((sys.intern(k), sys.intern(v) if isinstance(v, str) else v)) for k, v in pairs)
+    shared: tuple[tuple[str, Any], ...] = SHARED(tuple(interned))
     return shared
 
 
