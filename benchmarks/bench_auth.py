@@ -55,28 +55,31 @@ def _basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
-def _attacker(port: int, first: int, count: int, seconds: float) -> dict[str, int]:
-    """``count`` attacker threads on addresses ``first``.. for ``seconds``; the statuses they got."""
+def _attacker(port: int, first: int, count: int, seconds: float, spread: int = 1) -> dict[str, int]:
+    """``count`` attacker threads for ``seconds``; the statuses they got. Thread ``n`` sends from
+    ``spread`` addresses (``(first + n) * spread``..) in turn, a new connection for each request when
+    ``spread`` > 1 (else one connection kept alive)."""
     import threading
 
     statuses: dict[str, int] = {}
     lock = threading.Lock()
 
     def attack(n: int) -> None:
-        source = f"127.0.{2 + n // 250}.{1 + n % 250}"
+        sources = [f"127.0.{2 + a // 250}.{1 + a % 250}" for a in range(n * spread, (n + 1) * spread)]
         deadline = time.monotonic() + seconds
         conn: http.client.HTTPConnection | None = None
         guess = 0
         while time.monotonic() < deadline:
             try:
                 if conn is None:
-                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10,
+                                                      source_address=(sources[guess % spread], 0))
                 guess += 1
                 conn.request("GET", "/metrics", headers=_basic("prometheus", f"guess-{n}-{guess}"))
                 response = conn.getresponse()
                 response.read()
                 key = str(response.status)
-                if response.will_close:
+                if response.will_close or spread > 1:
                     conn.close()
                     conn = None
             except (OSError, http.client.HTTPException) as e:
@@ -116,7 +119,12 @@ def _summary(times: list[float]) -> dict[str, float]:
     return {"p50_ms": ms(percentile(times, 50)), "p99_ms": ms(percentile(times, 99)), "max_ms": ms(max(times))}
 
 
-def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int = 4) -> Result:
+def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int = 4, tree: Path = REPO,
+        spread: int = 1) -> Result:
+    """The flood against the exporter of ``tree`` (this checkout, or another for a before/after run);
+    each attacker sends from ``spread`` addresses in turn, a new connection each time (more attackers
+    than the server's 256 connections would hold them all and refuse good logins at connect: a
+    connection flood, not a bcrypt one)."""
     users = [(f"login-{i}", f"secret-{i}") for i in range(2 * logins)]
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "web.yml"
@@ -126,7 +134,7 @@ def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int =
         port = free_port()
         server = subprocess.Popen(python_command("-m", "dra_exporter.cli", "serve", "--simulate", "--listen",
                                                  f"127.0.0.1:{port}", "--web-config", str(config)),
-                                  cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                  cwd=tree, env=child_env(tree), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             wait_http_ok(f"http://127.0.0.1:{port}/readyz", alive=lambda: server.poll() is None)
             baseline = [_login(port, u, p) for u, p in users[:logins]]
@@ -134,7 +142,8 @@ def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int =
             per_process = -(-attackers // processes)
             with multiprocessing.get_context("spawn").Pool(processes) as pool:
                 flood = [pool.apply_async(_attacker, (port, p * per_process,
-                                                      min(per_process, attackers - p * per_process), attack_s))
+                                                      min(per_process, attackers - p * per_process), attack_s,
+                                                      spread))
                          for p in range(processes) if p * per_process < attackers]
                 time.sleep(WARMUP_S)
                 measured = []
@@ -153,7 +162,7 @@ def run(attackers: int = 200, logins: int = 30, cost: int = 10, processes: int =
     slowest = max(attack_times)
     result = Result(
         description=f"a correct, uncached basic-auth login (bcrypt cost {cost}) while {attackers} attackers, "
-                    "each on its own address, send wrong passwords as fast as they are answered",
+                    f"each on {spread} address(es) of its own, send wrong passwords as fast as they are answered",
         baseline="the same logins on the same server before the attack, same run",
         rows=[{"phase": "no attack", "logins": logins, **_summary(base_times),
                "not_200": sum(s != 200 for _, s in baseline)},

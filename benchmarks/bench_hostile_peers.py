@@ -38,6 +38,7 @@ from hostile import (  # noqa: E402
     Request,
     empty_list,
     forever,
+    gpu_slice,
     idle_watch,
     kubeconfig,
     object_list,
@@ -80,6 +81,10 @@ def _report(url: str, _: Path) -> list[str]:
 
 def _endless_adds(req: Request, reply: Reply) -> None:
     reply.chunked(watch_event("ADDED", resource_slice(f"s{i}-{time.monotonic_ns()}")) for i in range(10**9))
+
+
+def _endless_gpu_slices(req: Request, reply: Reply) -> None:
+    reply.chunked(watch_event("ADDED", gpu_slice(f"g{i}-{time.monotonic_ns()}")) for i in range(10**9))
 
 
 def _pages_for_ever(req: Request, reply: Reply) -> None:
@@ -137,6 +142,10 @@ ATTACKS = [
            ApiServer(lists={"resourceslices": empty_list, "resourceclaims": empty_list, "deviceclasses": empty_list},
                      watches={"resourceslices": _endless_adds, "resourceclaims": idle_watch,
                               "deviceclasses": idle_watch}), _cluster, "objects, the limit"),
+    Attack("cluster-endless-added-gpu-slices",
+           ApiServer(lists={"resourceslices": empty_list, "resourceclaims": empty_list, "deviceclasses": empty_list},
+                     watches={"resourceslices": _endless_gpu_slices, "resourceclaims": idle_watch,
+                              "deviceclasses": idle_watch}), _cluster, "objects, the limit"),
     Attack("cluster-first-list-a-byte-a-second",
            ApiServer(lists={k: (lambda req, reply: reply.chunked(trickle(b" " * 10**6, 1.0)))
                             for k in ("resourceslices", "resourceclaims", "deviceclasses")}), _cluster,
@@ -167,14 +176,13 @@ def peak_rss_kib(pid: int) -> int:
     return 0
 
 
-def run(attack: Attack, seconds: float, code: str | None = None) -> dict[str, Any]:
-    env = child_env()
-    if code:  # another tree's dra_exporter (the code before a fix), this tree's peers
-        env["PYTHONPATH"] = code + ":" + env["PYTHONPATH"]
+def run(attack: Attack, seconds: float, tree: Path = REPO) -> dict[str, Any]:
+    """``attack`` on the exporter of ``tree`` (this checkout, or another for a before/after run)."""
     with HostileServer(attack.behaviour) as peer, tempfile.TemporaryDirectory() as scratch:
         started = time.monotonic()
         proc = subprocess.Popen(python_command("-m", "dra_exporter.cli", *attack.command(peer.url, Path(scratch))),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=code or REPO)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(tree),
+                                cwd=tree)
         seen: dict[str, Any] = {}
 
         def read() -> None:
@@ -215,16 +223,14 @@ THREAD_HEADROOM: Final = 48 << 20
 FLOOD_CONNECTIONS: Final = 40
 
 
-def thread_starvation(seconds: float, code: str | None = None) -> dict[str, Any]:
+def thread_starvation(seconds: float, tree: Path = REPO) -> dict[str, Any]:
     """``serve --simulate`` with its address space capped just above its size once up, a flood of silent
     connections, and a scrape and a probe every half second: scrapes lost, log lines about threads."""
-    env = child_env()
-    if code:
-        env["PYTHONPATH"] = code + ":" + env["PYTHONPATH"]
+    env = child_env(tree)
     port = free_port()
     proc = subprocess.Popen(python_command("-m", "dra_exporter.cli", "serve", "--simulate", "--listen",
                                            f"127.0.0.1:{port}"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=code or REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tree)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
     reader.start()
@@ -313,12 +319,13 @@ def main() -> None:
     parser.add_argument("--code", help="run the dra_exporter of this directory (e.g. an export of main, for the "
                                        "figures before a fix) against this tree's peers")
     args = parser.parse_args()
+    tree = Path(args.code) if args.code else REPO
     for attack in ATTACKS:
         if args.only and attack.name not in args.only:
             continue
-        print(json.dumps(run(attack, args.seconds, args.code)), flush=True)
+        print(json.dumps(run(attack, args.seconds, tree)), flush=True)
     if not args.only or "serve-threads-cannot-start" in args.only:
-        print(json.dumps(thread_starvation(args.seconds, args.code)), flush=True)
+        print(json.dumps(thread_starvation(args.seconds, tree)), flush=True)
 
 
 if __name__ == "__main__":

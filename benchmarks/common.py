@@ -202,10 +202,11 @@ def python_command(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def child_env() -> dict[str, str]:
-    """The environment for child processes: the repository importable, nothing else changed."""
+def child_env(tree: Path = REPO) -> dict[str, str]:
+    """The environment for child processes: the repository (or another checkout of it: ``tree``, with
+    the child's working directory there too) importable, nothing else changed."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH", "")) if p)
     return env
 
 

@@ -860,6 +860,12 @@ CLUSTER_CLASS_EVALUABLE: Final = MetricSpec(
     "Whether the exporter could evaluate a DeviceClass's CEL selectors (1) or not (0: its capacity is "
     "not reported).", ("device_class",),
     otlp=OtlpForm("dra.cluster.class.selectors.evaluable", "1"))
+CLUSTER_CLASS_PENDING: Final = MetricSpec(
+    "dra_cluster_class_selectors_pending", "gauge",
+    "Whether a DeviceClass's CEL selectors wait to be evaluated (1: the frame's CEL time budget ran out "
+    "before them, or their last evaluation was cut short by the CEL worker's death or time limit and is "
+    "tried again; evaluable is 0 and its capacity is not reported meanwhile) or not (0).", ("device_class",),
+    otlp=OtlpForm("dra.cluster.class.selectors.pending", "1"))
 CLUSTER_CLASS_ERRORS: Final = MetricSpec(
     "dra_cluster_class_selector_errors", "gauge",
     "Devices for which a DeviceClass's CEL selectors failed (a missing attribute, a type error). The "
@@ -942,8 +948,8 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     COMPUTE_DOMAIN_GPU_INFO,
     CLUSTER_DEVICES, CLUSTER_PARTITIONS_FIT, CLUSTER_GPU_EQUIVALENTS, CLUSTER_DEVICE_CAPACITY_LEFT, CLUSTER_CLAIMS,
     CLUSTER_CLAIM_PENDING, CLUSTER_CLAIM_PENDING_REQUEST, CLUSTER_CLAIM_PENDING_REASON, CLUSTER_CLAIM_UNRESERVED,
-    CLUSTER_CLASS_DEVICES, CLUSTER_CLASS_PLACEABLE, CLUSTER_CLASS_EVALUABLE, CLUSTER_CLASS_ERRORS, CLUSTER_POOL_INFO,
-    CLUSTER_POOL_SLICES,
+    CLUSTER_CLASS_DEVICES, CLUSTER_CLASS_PLACEABLE, CLUSTER_CLASS_EVALUABLE, CLUSTER_CLASS_PENDING,
+    CLUSTER_CLASS_ERRORS, CLUSTER_POOL_INFO, CLUSTER_POOL_SLICES,
     CLUSTER_POOL_SLICES_EXPECTED, CLUSTER_POOL_COMPLETE, CLUSTER_TAINT_RULE_DEVICES, CLUSTER_OBJECTS,
     SOURCE_UP, COLLECT_DURATION, COLLECT_ERRORS, LAST_SUCCESS, BUILD_INFO, UNATTRIBUTED_PROCESSES,
 )

@@ -175,6 +175,27 @@ def resource_slice(name: str, node: str = "n1", generation: Any = 1, devices: in
                                  for i in range(devices)]}}
 
 
+def gpu_slice(name: str) -> dict[str, Any]:
+    """A slice as NVIDIA's driver publishes one for a node of eight GPUs (its usual attributes)."""
+    obj = resource_slice(name, devices=8)
+    for i, device in enumerate(obj["spec"]["devices"]):
+        device["attributes"].update({
+            "type": {"string": "gpu"}, "index": {"int": i}, "minor": {"int": i},
+            "productName": {"string": "NVIDIA H100 80GB HBM3"}, "brand": {"string": "Nvidia"},
+            "architecture": {"string": "Hopper"}, "cudaComputeCapability": {"version": "9.0.0"},
+            "driverVersion": {"version": "570.124.6"}, "cudaDriverVersion": {"version": "12.8.0"},
+            "pcieBusID": {"string": f"0000:{i + 0x18:02x}:00.0"}})
+        device["capacity"] = {"memory": {"value": "81559Mi"}}
+    return obj
+
+
+def device_class(name: str, expression: str) -> dict[str, Any]:
+    """A DeviceClass with one CEL selector, as the API serves it."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": name, "resourceVersion": "3"},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+
+
 def object_list(items: list[dict[str, Any]], version: str = "10", token: str = "") -> dict[str, Any]:
     meta: dict[str, Any] = {"resourceVersion": version}
     if token:

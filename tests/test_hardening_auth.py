@@ -166,6 +166,30 @@ def test_good_logins_are_not_queued_behind_failures(spy: BcryptSpy) -> None:
     assert [r for _, r in threads] == [[AuthVerdict.DENIED]] * 4 + [[AuthVerdict.OK]]
 
 
+def test_a_client_that_logged_in_before_goes_ahead_of_a_flood_from_fresh_addresses(spy: BcryptSpy) -> None:
+    """Hardening IV, item 8: attackers on ever new addresses have not failed yet either, so standing
+    alone put a good login behind every one of them that came first (2.4 s from 300 addresses).
+    A client with a recent success goes first: here, ahead of three fresh attackers that waited."""
+    now = [0.0]
+    auth = BasicAuth((("prometheus", HASH),), slots=1, monotonic=lambda: now[0])
+    assert auth.verdict(header("prometheus", PASSWORD), "10.0.0.9") is AuthVerdict.OK  # Prometheus, earlier
+    now[0] += 120  # its remembered success has expired: the next login is a real bcrypt
+    spy.calls.clear()
+    spy.release.clear()
+    threads = [in_thread(lambda: auth.verdict(header("prometheus", "blocker"), "10.0.1.1"))]
+    eventually(lambda: spy.inside == 1)
+    for i in (2, 3, 4):  # fresh addresses: standing 0, like a client that never failed
+        threads.append(in_thread(functools.partial(auth.verdict, header("prometheus", f"guess {i}"), f"10.0.1.{i}")))
+        eventually(lambda i=i: auth.waiting == i - 1)
+    threads.append(in_thread(lambda: auth.verdict(header("prometheus", PASSWORD), "10.0.0.9")))
+    eventually(lambda: auth.waiting == 4)
+    spy.release.set()
+    for thread, _ in threads:
+        thread.join(HANG_GUARD_S)
+    assert spy.passwords[:2] == ["blocker", PASSWORD], spy.passwords
+    assert threads[-1][1] == [AuthVerdict.OK]
+
+
 def test_bcrypt_checks_run_side_by_side_not_under_one_lock(spy: BcryptSpy) -> None:
     """With two slots, two checks are inside bcrypt at the same moment (under one global lock
     the second never enters while the first waits for it, and the barrier breaks)."""

@@ -264,7 +264,7 @@ class Allocator:
                  node_labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
         if matches is None:
             matches = AllocatorCache()
-        matches.update(state.classes)
+        matches.update(state.classes, state.slices)
         self.matches = matches
         self.classes = {c.name: c for c in state.classes}
         # Node labels as read (``ClusterState.nodes``); None when not read: selectors on labels count as met.

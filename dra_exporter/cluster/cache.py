@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from ..model import ClusterNode, DeviceClassInfo, DeviceTaintRule, ResourceSliceInfo
+from .cel_budget import ClassQueue
 from .nodes import NodeFilters
 from .pools import ClassRow, Pool, PoolKey, UsageKey
 from .selectors import CelEngine, ClassSelector, MemoBudget
@@ -37,13 +38,18 @@ class AllocatorCache:
     cluster states: a slice is evaluated again only when it is another object, all of them when a
     class changes; a pool is built again only when one of its slices or the taint rules changed."""
 
-    def __init__(self, engine: CelEngine | None = None, budget: MemoBudget | None = None) -> None:
+    def __init__(self, engine: CelEngine | None = None, budget: MemoBudget | None = None,
+                 frame_budget: float | None = None) -> None:
         """``engine`` runs the CEL of classes and requests (default: in this process; the cluster
-        mode's is its worker process), ``budget`` bounds what all their selectors memoise."""
+        mode's is its worker process), ``budget`` bounds what all their selectors memoise,
+        ``frame_budget`` the seconds of class CEL a state may cost (``cel_budget``; None: no bound)."""
         self.engine = engine
         self.budget = budget if budget is not None else MemoBudget()
-        self._classes: dict[str, tuple[DeviceClassInfo, ClassSelector]] = {}
+        self.queue = ClassQueue(engine, self.budget, frame_budget)
+        self._classes: dict[str, ClassSelector] = {}
         self.order: tuple[str, ...] = ()
+        #: Classes whose selectors wait for a later frame's CEL budget (they match nothing meanwhile).
+        self.waiting: frozenset[str] = frozenset()
         self._index: dict[str, int] = {}
         self._slices: dict[str, tuple[ResourceSliceInfo, tuple[ClassRow, ...]]] = {}
         self._rows: dict[ClassRow, ClassRow] = {}
@@ -63,18 +69,12 @@ class AllocatorCache:
             known = self._node_filters = NodeFilters(nodes)
         return known
 
-    def update(self, classes: Sequence[DeviceClassInfo]) -> None:
-        order = tuple(sorted(c.name for c in classes))
-        changed = order != self.order
-        fresh = {}
-        for c in classes:
-            known = self._classes.get(c.name)
-            if known is not None and known[0] == c:
-                fresh[c.name] = known
-            else:
-                fresh[c.name] = (c, ClassSelector(c, self.engine, self.budget))
-                changed = True
-        self._classes, self.order = fresh, order
+    def update(self, classes: Sequence[DeviceClassInfo], slices: Sequence[ResourceSliceInfo] = ()) -> None:
+        """The classes' selectors for a state of ``slices``: evaluated within the frame's budget."""
+        got = self.queue.frame(classes, slices)
+        order = tuple(sorted(got.selectors))
+        changed = order != self.order or any(got.selectors[n] is not self._classes.get(n) for n in order)
+        self._classes, self.order, self.waiting = got.selectors, order, got.waiting
         self._index = {name: i for i, name in enumerate(order)}
         if changed:
             self._slices.clear()
@@ -86,14 +86,13 @@ class AllocatorCache:
         return self._index.get(name)
 
     def selector(self, name: str) -> ClassSelector | None:
-        known = self._classes.get(name)
-        return known[1] if known is not None else None
+        return self._classes.get(name)
 
     def of_slice(self, sl: ResourceSliceInfo) -> tuple[ClassRow, ...]:
         cached = self._slices.get(sl.name)
         if cached is not None and cached[0] is sl:
             return cached[1]
-        selectors = [self._classes[name][1] for name in self.order]
+        selectors = [self._classes[name] for name in self.order]
         rows = []
         for d in sl.devices:
             row = tuple(sel.matches(sl.driver, d) for sel in selectors)

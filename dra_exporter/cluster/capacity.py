@@ -1,7 +1,9 @@
 """The cluster mode's core: the whole cluster's DRA objects → a ``Frame`` of capacity families.
 
 Contract: ``Capacity.frame(state, now, health)`` is a function of its arguments (``Capacity`` only
-memoises what is costly — CEL results per slice — so equal inputs give equal frames). No I/O.
+memoises what is costly — CEL results per slice — so equal inputs give equal frames), unless it is
+given a CEL time budget per frame: then classes the budget did not reach wait for a later frame
+(``cel_budget``; ``dra_cluster_class_selectors_pending``). No I/O.
 
 What is placeable, and every figure that depends on it, is the allocator's (``allocator.py``: the
 scheduler's structured allocator, first fit); nothing here computes fit. Per device, one state:
@@ -124,11 +126,13 @@ class Capacity:
     """Builds cluster frames; keeps compiled DeviceClass selectors and each slice's class matches
     between frames (recomputed only for classes and slices that changed)."""
 
-    def __init__(self, engine: CelEngine | None = None, *, every_reason: bool = False) -> None:
+    def __init__(self, engine: CelEngine | None = None, cel_budget: float | None = None, *,
+                 every_reason: bool = False) -> None:
         """``engine`` runs the classes' CEL (default: in this process, without a time limit);
-        ``every_reason``: each frame has every pending claim's reason (a single frame: ``--once``),
-        not those of a few claim shapes more a frame."""
-        self._matches = AllocatorCache(engine)
+        ``cel_budget``: the seconds of class CEL one frame may spend (``cel_budget``; None: no bound,
+        and then a frame is a function of its arguments); ``every_reason``: each frame has every
+        pending claim's reason (a single frame: ``--once``), not those of a few claim shapes more a frame."""
+        self._matches = AllocatorCache(engine, frame_budget=cel_budget)
         #: Per pool: its samples and class counts, with the pool object and its usage they are of.
         self._pools: dict[tuple[str, str], tuple[Pool, UsageKey, _PoolSamples]] = {}
         self._reasons = PendingReasons(every_shape=every_reason)
@@ -139,7 +143,8 @@ class Capacity:
         """The frame of ``state`` at ``now``. What depends on the objects alone is computed again only
         when ``state`` is a different object (the source hands out the same one while nothing changed);
         the ages of pending claims and the self-metrics are computed every time."""
-        if self._static is None or self._static[0] is not state or not self._reasons.complete:
+        if (self._static is None or self._static[0] is not state or not self._reasons.complete
+                or self._matches.waiting):  # classes wait for this frame's CEL budget
             self._static = (state, *self._static_samples(state, now))
         out = _Builder()
         out.samples.update({name: dict(found) for name, found in self._static[1].items()})
@@ -254,6 +259,7 @@ class Capacity:
             sel = self._matches.selector(name)
             labels = (("device_class", name),)
             out.set(cat.CLUSTER_CLASS_EVALUABLE, labels, 0 if sel is None or sel.error else 1)
+            out.set(cat.CLUSTER_CLASS_PENDING, labels, 1 if name in self._matches.waiting else 0)
             if sel is None or sel.error:
                 continue
             out.set(cat.CLUSTER_CLASS_ERRORS, labels, errors.get(index, 0))

@@ -34,7 +34,7 @@ import weakref
 from typing import IO, Any, Final
 
 from .kubecel import UNSUPPORTED
-from .selectors import MAX_PROGRAMS, Verdict, compile_programs, run_programs
+from .selectors import MAX_PROGRAMS, Interrupted, Verdict, compile_programs, run_programs
 
 #: Wall time one evaluation (or compilation) may take, in seconds.
 DEFAULT_TIME_LIMIT: Final = 1.0
@@ -82,7 +82,8 @@ class CelWorker:
 
     def _refused(self, name: str, expressions: tuple[str, ...], why: str) -> None:
         """One line per class and version of its selectors: the class is not counted until it changes."""
-        if not why or (name, expressions) in self._logged:
+        if not why or isinstance(why, Interrupted) or (name, expressions) in self._logged:
+            # An interrupted run is tried again (cel_budget), which logs it if it never succeeds.
             return
         if len(self._logged) >= _MAX_LOGGED:
             self._logged.clear()
@@ -108,7 +109,7 @@ class CelWorker:
                     process = self._start()
             except (OSError, EOFError, ValueError, TimeoutError) as exc:
                 self._stop()
-                return f"the CEL worker could not start: {exc or type(exc).__name__}"
+                return Interrupted(f"the CEL worker could not start: {exc or type(exc).__name__}")
             carried = None if ident in self._sent else expressions
             try:
                 payload = marshal.dumps((op, ident, carried, view))
@@ -120,11 +121,14 @@ class CelWorker:
                 reply = _read(process.stdout, time.monotonic() + self.time_limit)
             except TimeoutError:
                 self._stop()
-                return f"evaluation took longer than {self.time_limit:g} s (the scheduler's cost limit)"
+                return Interrupted(f"evaluation took longer than {self.time_limit:g} s (the scheduler's cost limit)")
             except (OSError, EOFError, ValueError):
                 code = self._stop()
                 how = f"signal {-code}" if code is not None and code < 0 else f"exit {code}"
-                return f"{UNSUPPORTED}the CEL library crashed evaluating it ({how})"
+                # The library's own crash, or the worker killed from outside (OOM, an operator):
+                # which one cannot be told here, so it is tried again (cel_budget.MAX_TRIES),
+                # then taken as a class this exporter cannot run.
+                return Interrupted(f"{UNSUPPORTED}the CEL library crashed evaluating it ({how})")
             return reply if isinstance(reply, (bool, str)) else None
 
     def _start(self) -> subprocess.Popen[bytes]:

@@ -15,6 +15,7 @@ from ..runtime import BUILD_LABELS, Program
 from ..sources import Snapshots
 from ..sources.registry import CLUSTER as CLUSTER_SOURCES
 from .capacity import Capacity
+from .cel_budget import frame_budget
 from .cel_worker import CelWorker
 
 
@@ -24,10 +25,13 @@ class CapacityCore:
     Ages (pending claims) are on ``object_clock`` when the objects are stamped on another clock
     than the host's (a simulated cluster); the frame's time is the host's either way."""
 
-    def __init__(self, object_clock: environment.Clock | None = None, *, every_reason: bool = False) -> None:
+    def __init__(self, object_clock: environment.Clock | None = None, cel_budget: float | None = None, *,
+                 every_reason: bool = False) -> None:
         # DeviceClass CEL runs in a worker process: a runaway or crashing class costs the worker,
-        # never the probes or the process (see cel_worker). ``every_reason``: one frame (--once).
-        self.capacity = Capacity(CelWorker(), every_reason=every_reason)
+        # never the probes or the process (see cel_worker).
+        # The classes' CEL a frame may cost is bounded too: the rest waits for the next frames
+        # (cel_budget), so a frame always ends and the probes hold. ``every_reason``: one frame (--once).
+        self.capacity = Capacity(CelWorker(), cel_budget=cel_budget, every_reason=every_reason)
         self.object_clock = object_clock
 
     def __call__(self, snapshots: Snapshots, health: tuple[SourceHealth, ...], timestamp: float) -> Frame:
@@ -47,7 +51,7 @@ class ClusterProgram(Program[ClusterSettings]):
         return environment.cluster(settings)
 
     def core(self, settings: ClusterSettings, env: Environment) -> Core:
-        return CapacityCore(env.object_clock, every_reason=settings.once)
+        return CapacityCore(env.object_clock, frame_budget(settings.interval), every_reason=settings.once)
 
     def otlp_node_name(self, env: Environment) -> str:
         # No k8s.node.name: the series are the cluster's, not those of the node this replica runs on

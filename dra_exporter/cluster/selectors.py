@@ -71,6 +71,12 @@ Verdict = bool | None | str
 the class cannot be run at all (the message)."""
 
 
+class Interrupted(str):
+    """A failure of the run, not of the class: the worker was killed or could not start, or an
+    evaluation ran past the time limit (a loaded CPU can push an honest class there). Retried on a
+    later frame (``cel_budget``), never kept as the class's answer."""
+
+
 def _semver_key(text: Any) -> tuple[int, int, int, tuple[tuple[int, int | str], ...]]:
     """Semantic-version order (semver 2.0: pre-releases sort before the release; build ignored)."""
     if not isinstance(text, str):
@@ -320,6 +326,10 @@ class ClassSelector:
         if self._budget.take():
             self._memo[key] = verdict
         return verdict
+
+    def memoised(self, driver: str, device: SliceDevice) -> bool:
+        """Whether ``matches`` has this device's answer without running CEL."""
+        return bool(self.error) or not self._expressions or self._key(driver, device) in self._memo
 
     def _key(self, driver: str, device: SliceDevice) -> Any:
         if self._references is None:

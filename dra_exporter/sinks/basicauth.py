@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 #: bcrypt only ever looked at the first 72 bytes of a password (htpasswd, Go and OpenBSD
 #: truncate); the ``bcrypt`` package refuses longer ones instead, so we truncate as they do.
 _BCRYPT_MAX_PASSWORD = 72
+#: The standing of a proven client (a recent success, no failure since): ahead of standing 0.
+PROVEN = -1
 
 
 class AuthVerdict(enum.Enum):
@@ -67,6 +69,12 @@ class BasicAuth:
       just fixed is checked again within ``refill_seconds``. That answer comes after
       ``throttle_delay`` seconds, so one connection cannot turn refusals into a flood of
       requests that keeps the interpreter from good logins.
+    - A client with a successful login in the last ``proven_ttl`` seconds is *proven*: while it
+      has not failed since, its checks go ahead of every unproven client's, fresh ones included.
+      Without it a flood from many addresses (each new address starts in good standing) put a
+      good login behind the whole waiting room, 16 bcrypts: 2.4 s at worst from 300 addresses.
+      What a first login from a new address cannot be told from an attacker's is not guessed:
+      it waits in arrival order among the clients that have not failed.
     - An unknown user costs one bcrypt against a dummy hash of the users' cost (the cost most
       users have; the higher one on a tie), so timing does not reveal which users exist.
     """
@@ -74,6 +82,7 @@ class BasicAuth:
     def __init__(self, users: tuple[tuple[str, bytes], ...], *, ttl: float = 60.0, max_entries: int = 256,
                  slots: int = 2, max_waiting: int = 16, failure_burst: int = 10, refill_seconds: float = 6.0,
                  wait_timeout: float = 5.0, max_clients: int = 4096, throttle_delay: float = 1.0,
+                 proven_ttl: float = 3600.0, max_proven: int = 256,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         if not users:
             raise ValueError("BasicAuth needs at least one user")
@@ -83,6 +92,7 @@ class BasicAuth:
         self._key = secrets.token_bytes(32)
         self._successes = _ExpiringKeys(ttl, max_entries)
         self._failures = _ExpiringKeys(ttl, max_entries)
+        self._proven = _ExpiringKeys(proven_ttl, max_proven)
         self._budget = _FailureBudget(failure_burst, refill_seconds, max_clients)
         self._gate = _PriorityGate(slots, max_waiting)
         self._wait_timeout = wait_timeout
@@ -120,6 +130,8 @@ class BasicAuth:
         standing = self._budget.take(client, now)
         if standing is None:
             return self._throttled()
+        if standing == 0 and self._proven.holds(client.encode(), now):
+            standing = PROVEN
         if not self._gate.acquire(standing, self._wait_timeout):
             # Turned away, the check still counts against the client's budget: given back, a
             # flood of fresh clients would retry at the best standing for ever and keep every
@@ -133,6 +145,7 @@ class BasicAuth:
         if ok:
             self._budget.give_back(client, now)
             self._successes.add(key, now)
+            self._proven.add(client.encode(), now)
             return AuthVerdict.OK
         self._failures.add(key, now)
         return AuthVerdict.DENIED
