@@ -85,13 +85,15 @@ def require_module(name: str, pip_name: str) -> ModuleType:
 
 
 def fault_scenario(directory: Path) -> Path:
-    """The demo node with XIDs a few seconds in (on a whole GPU and on a MIG device)."""
+    """The demo node with XIDs a few seconds in (on a whole GPU and on a MIG device), and one pod whose
+    NodePrepareResources fails (its claim allocated here, never prepared: ``dra_claim_not_prepared``)."""
     from dra_exporter_sim import scenario as sim_scenario
 
     demo = yaml.safe_load((Path(sim_scenario.__file__).parent / "scenarios" / "demo.yaml").read_text())
     demo["faults"] = [
         {"kind": "xid", "gpu": 2, "xid": 13, "at": 4},
         {"kind": "xid", "gpu": 5, "xid": 31, "mig_device": "gpu-5-mig-1g18gb-19-0", "at": 5},
+        {"kind": "prepare_failed", "pod": "inference/embed-2", "at": 0},
     ]
     path = directory / "demo-early-xids.yaml"
     path.write_text(yaml.safe_dump(demo, sort_keys=False))
