@@ -240,6 +240,20 @@ def test_one_frame_of_cluster_once_has_every_pending_claims_reason() -> None:
     assert reasons(core.capacity) == len(names)  # type: ignore[attr-defined]  # what `cluster --once` prints
 
 
+def test_cluster_once_evaluates_every_class_in_its_one_frame() -> None:
+    """The CEL time budget spreads classes over frames; ``--once`` has one frame: no budget there."""
+    from dra_exporter.cluster.runtime import CLUSTER
+    from dra_exporter.config import ClusterSettings
+    from dra_exporter.environment import Environment
+
+    def budget(once: bool) -> float | None:
+        core = CLUSTER.core(ClusterSettings(once=once), Environment(context=None))  # type: ignore[arg-type]
+        return core.capacity._matches.queue.budget  # type: ignore[attr-defined,no-any-return]
+
+    assert budget(once=False) is not None, "serving: a frame's class CEL is bounded"
+    assert budget(once=True) is None
+
+
 # --- what a verdict covers of the scheduler's filters ------------------------------------------------------
 
 

@@ -51,7 +51,9 @@ class ClusterProgram(Program[ClusterSettings]):
         return environment.cluster(settings)
 
     def core(self, settings: ClusterSettings, env: Environment) -> Core:
-        return CapacityCore(env.object_clock, frame_budget(settings.interval), every_reason=settings.once)
+        # ``--once`` has no next frame for classes past a frame's CEL budget: all in its one frame.
+        budget = None if settings.once else frame_budget(settings.interval)
+        return CapacityCore(env.object_clock, budget, every_reason=settings.once)
 
     def otlp_node_name(self, env: Environment) -> str:
         # No k8s.node.name: the series are the cluster's, not those of the node this replica runs on
