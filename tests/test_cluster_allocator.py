@@ -277,6 +277,26 @@ def test_all_mode_takes_every_matching_device_and_refuses_an_incomplete_pool() -
     assert "currently being updated" in refused.error
 
 
+@pytest.mark.parametrize("counter_slices", [
+    # Incomplete: the pool says two slices, only the counter set is published (on n2).
+    [slice_obj("c", NVIDIA, "n2", node="n2", count=2, counters=[{"name": "cs", "counters": {"memory": {
+        "value": "8Gi"}}}])],
+    # Invalid: the counter set published twice.
+    [slice_obj(f"c{i}", NVIDIA, "n2", node="n2", count=2, counters=[{"name": "cs", "counters": {"memory": {
+        "value": "8Gi"}}}]) for i in range(2)],
+], ids=["incomplete", "invalid"])
+def test_an_unusable_pool_with_shared_counters_fails_all_on_every_node(counter_slices: list[dict[str, Any]]) -> None:
+    """The scheduler gathers a slice of shared counters for every node, so such a pool that is
+    incomplete or invalid fails an All request on n1 too, though it has no device there and is of
+    another driver; a pool without counters elsewhere does not."""
+    state = cluster_state(example_gpus("n1", 2), EXAMPLE_GPU, counter_slices)
+    refused = Allocator(state).allocate(pending(request(allocationMode="All")), "n1")
+    assert not refused.placeable and f"resource pool {NVIDIA}/n2 is currently" in refused.error
+    assert Allocator(state).allocate(pending(request()), "n1").placeable  # ExactCount passes the pool by
+    elsewhere = cluster_state(example_gpus("n1", 2), EXAMPLE_GPU, example_gpus("n2", 1, pool="other", count=2))
+    assert Allocator(elsewhere).allocate(pending(request(allocationMode="All")), "n1").placeable
+
+
 def test_a_prioritized_list_takes_the_first_subrequest_that_fits() -> None:
     state = cluster_state(partitionable_gpus("n1", H100), NVIDIA_GPU, NVIDIA_MIG,
                           claim_obj("whole", results=[(NVIDIA, "n1", "gpu-0-mig-1g10gb-19-0")]))

@@ -1,6 +1,7 @@
 """The cluster's device pools as the scheduler's allocator sees them: each pool's newest generation
 (``newest_generation``), whether it is complete and valid, which nodes its slices name (``Pool.nodes``,
-``Pool.everywhere``; whether a slice serves a node is ``nodes.slice_serves``), and its devices in the
+``Pool.everywhere``; whether a slice serves a node is ``nodes.slice_serves``), which nodes meet it
+(``Pool.seen_with``: a pool with shared counters every node), and its devices in the
 order the allocator tries them. Each of these is decided here once. No I/O.
 
 Pools whose devices carry ``bindingConditions`` are tried after all others (``Pool.binding_conditions``,
@@ -44,6 +45,10 @@ class Pool:
     """The nodes its slices name (``nodeName``, a device's ``nodeName``)."""
     everywhere: bool = False
     """Some slice is for all nodes or for a node selector."""
+    gathered_everywhere: bool = False
+    """Some slice publishes shared counters: the scheduler gathers the pool for every node, whatever
+    the slices' placement (the pool's devices need the counters wherever they are), so an incomplete
+    or invalid such pool is seen from every node, devices there or not (``seen_with``)."""
     class_mask: tuple[bool, ...] = ()
     """Per class: whether some device of the pool does not fail it (True or None)."""
     class_errors: tuple[bool, ...] = ()
@@ -54,6 +59,11 @@ class Pool:
     @property
     def usable(self) -> bool:
         return not self.incomplete and not self.invalid
+
+    def seen_with(self, devices: Sequence[Device]) -> bool:
+        """Whether the scheduler's search on a node meets the pool, given its ``devices`` for that node:
+        when it has some there, or it is gathered everywhere and unusable (then All fails there)."""
+        return bool(devices) or (self.gathered_everywhere and not self.usable)
 
     @property
     def unusable_reason(self) -> tuple[str, str]:
@@ -134,7 +144,7 @@ def build_pool(key: PoolKey, slices: list[ResourceSliceInfo], rules: Sequence[De
         for s in slices for d in s.devices)
     pool = Pool(key, slices[0].generation, expected, slices, counters=counters,
                 incomplete=len(slices) != expected, invalid=invalid, nodes=frozenset(nodes),
-                everywhere=everywhere,
+                everywhere=everywhere, gathered_everywhere=any(s.shared_counters for s in slices),
                 binding_conditions=any(d.binding_conditions for s in slices for d in s.devices))
     for sl in slices:
         rows = rows_of(sl)
