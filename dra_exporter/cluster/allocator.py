@@ -292,7 +292,7 @@ class Allocator:
                 self.devices.setdefault(device.key, device)
         self._local: dict[str, list[Pool]] = {}
         self._global: list[Pool] = []
-        self._some_pool_unusable = any(not p.usable for p in self.pools)
+        self._some_pool_unusable = any(not p.usable or p.unusable_elsewhere for p in self.pools)
         for pool in self.pools:
             if pool.everywhere or pool.gathered_everywhere or not pool.nodes:
                 self._global.append(pool)
@@ -661,13 +661,13 @@ class Allocator:
         then fails when one of them cannot be had); the pipeline's selector, node and capacity checks."""
         claim = search.claims[req.claim]
         for pool, devices in self.pool_view(search.node):
-            if not self.checks.structural:
-                if pool.incomplete:
-                    raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
-                                   f"{'/'.join(pool.key)} is currently being updated")
-                if pool.invalid:
-                    raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
-                                   f"{'/'.join(pool.key)} is currently invalid")
+            why = "" if self.checks.structural else pool.unusable_on(devices)[0]
+            if why == POOL_INCOMPLETE:
+                raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
+                               f"{'/'.join(pool.key)} is currently being updated")
+            if why == POOL_INVALID:
+                raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
+                               f"{'/'.join(pool.key)} is currently invalid")
             for device in devices:
                 if (self._selected(req, device, claim) and device.for_node(search.node, search.labels)
                         and self.checks.capacity_fits(device, req.info, search.layer)):
