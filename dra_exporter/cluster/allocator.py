@@ -29,7 +29,9 @@ The rules, as the allocator applies them:
   ``matchAttribute``/``distinctAttribute`` constraints; a search that fails backtracks (a CEL
   run-time error on a device the search reaches fails the claim on that node, it does not skip the
   device);
-* allocation modes ExactCount and All (All needs every pool the node sees complete and valid);
+* allocation modes ExactCount and All (All needs every pool the node sees complete and valid; a
+  pool with shared counters every node sees, judged on a node without its devices by the slices it
+  gathers there: ``pools.judged_elsewhere``);
   a prioritized list (``firstAvailable``) takes the first subrequest that fits;
 * admin access takes no device (another claim's device may be used for it), but within the
   search it marks the device: the same pod's other requests cannot take it, nor another admin
