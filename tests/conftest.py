@@ -6,8 +6,9 @@ scraping the operator kit's fault scenario, once per ``--naming`` the chart offe
 the alert and dashboard tests. ``node_bed`` is the real node (kubelet and NVIDIA's DRA plugin) of
 ``tests/nodetestbed.py``, marked ``testbed_node``. ``kube`` is one real control plane (etcd, kube-apiserver,
 kube-scheduler, kube-controller-manager from ``KUBEBUILDER_ASSETS``) for the whole session: tests
-take their own namespaces (``kube.namespace()``) and nodes (``kube.ready_node()``); every test that
-uses it is marked ``testbed_kube``. Without the tools a test is skipped on a developer machine, but
+take their own namespaces (``kube.namespace()``) and nodes (``kube.ready_node()``), and the
+cluster-scoped objects a module made are deleted when it ends (``cluster_objects_per_module``); every
+test that uses it is marked ``testbed_kube``. Without the tools a test is skipped on a developer machine, but
 fails under ``CI=true``: CI must never pass by skipping.
 """
 
@@ -145,6 +146,23 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster_objects_per_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module that uses ``kube`` leaves its cluster-scoped objects behind for no other: what it made
+    of ``kubetestbed.SHARED_COLLECTIONS`` (slices, classes, Nodes…) is deleted when it ends, so that
+    every module sees the same cluster whatever ran before it."""
+    uses_kube = assets_folder() is not None and any(
+        getattr(item, "module", None) is request.module and "kube" in getattr(item, "fixturenames", ())
+        for item in request.session.items)
+    if not uses_kube:
+        yield
+        return
+    plane: ControlPlane = request.getfixturevalue("kube")
+    before = plane.cluster_objects()
+    yield
+    plane.remove_cluster_objects(before)
 
 
 @dataclass(frozen=True)

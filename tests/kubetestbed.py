@@ -32,6 +32,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,17 @@ AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages":
                           {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
                           {"level": "None"}]}
 _READY_TIMEOUT = 90.0  # a cold start on a busy 2-core machine
+
+
+#: Cluster-scoped collections whose objects change what the scheduler (and the exporter) decides for every
+#: later test: a slice of shared counters is gathered on every node, a slice for all nodes or a node
+#: selector is seen from other tests' nodes, a Node's labels meet other tests' selectors. One control
+#: plane serves the whole session, so each test module removes those it made (``cluster_objects``,
+#: ``remove_cluster_objects``; the module fixture in tests/conftest.py).
+SHARED_COLLECTIONS = ("/apis/resource.k8s.io/v1/resourceslices", "/apis/resource.k8s.io/v1/deviceclasses",
+                      "/apis/resource.k8s.io/v1beta2/devicetaintrules", "/api/v1/nodes")
+#: Deletions at once when a module's objects are removed (each is a TLS request of its own).
+PARALLEL_DELETES = 8
 
 
 class ControlPlaneError(RuntimeError):
@@ -447,6 +459,22 @@ class ControlPlane:
         status, body = self.request("DELETE", path)
         if status not in (200, 202, 404):
             raise ControlPlaneError(f"delete {path}: {status} {_message(body)}")
+
+    def cluster_objects(self) -> set[str]:
+        """The paths of every object in ``SHARED_COLLECTIONS`` (a collection not served counts as empty)."""
+        paths: set[str] = set()
+        for collection in SHARED_COLLECTIONS:
+            status, body = self.request("GET", collection)
+            if status == 200:
+                paths |= {f"{collection}/{o['metadata']['name']}" for o in body["items"]}
+        return paths
+
+    def remove_cluster_objects(self, kept: set[str]) -> int:
+        """Deletes every object of ``SHARED_COLLECTIONS`` whose path is not in ``kept``; how many."""
+        gone = sorted(self.cluster_objects() - kept)
+        with ThreadPoolExecutor(max_workers=PARALLEL_DELETES) as pool:
+            list(pool.map(self.delete, gone))
+        return len(gone)
 
     def wait_for(self, check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
         """Poll ``check`` until it returns something truthy; returns it."""

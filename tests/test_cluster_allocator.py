@@ -277,6 +277,38 @@ def test_all_mode_takes_every_matching_device_and_refuses_an_incomplete_pool() -
     assert "currently being updated" in refused.error
 
 
+_SET = [{"name": "cs", "counters": {"memory": {"value": "8Gi"}}}]
+_USES = [{"name": "p0", "consumesCounters": [{"counterSet": "cs", "counters": {"memory": {"value": "1Gi"}}}]}]
+
+
+@pytest.mark.parametrize(("counter_pool", "fails"), [
+    # Incomplete: the pool says two slices, only the counter set is published (on n2).
+    ([slice_obj("c", NVIDIA, "n2", node="n2", count=2, counters=_SET)], "being updated"),
+    # Invalid: the counter set published twice.
+    ([slice_obj(f"c{i}", NVIDIA, "n2", node="n2", count=2, counters=_SET) for i in range(2)], "invalid"),
+    # Complete, but a device on n2 consumes a counter set the pool does not publish.
+    ([slice_obj("c", NVIDIA, "n2", node="n2", count=2, counters=[{"name": "other", "counters": {}}]),
+      slice_obj("d", NVIDIA, "n2", _USES, node="n2", count=2)], "invalid"),
+    # Two slices where the pool says one: incomplete on n2, but n1 gathers the counter set alone, one
+    # slice as the pool says, so the pool is complete there.
+    ([slice_obj("c", NVIDIA, "n2", node="n2", counters=_SET), slice_obj("d", NVIDIA, "n2", _USES, node="n2")], ""),
+], ids=["incomplete", "invalid", "invalid-consumption", "complete-as-n1-sees-it"])
+def test_a_pool_with_shared_counters_is_judged_on_every_node(counter_pool: list[dict[str, Any]], fails: str) -> None:
+    """The scheduler gathers a slice of shared counters for every node, so such a pool, though of
+    another driver and without a device on n1, fails an All request on n1 when it is incomplete or
+    invalid as n1 sees it (by its counter-set slices; all its slices when those are too few); an
+    ExactCount request passes it by, and a pool without counters elsewhere is not seen at all."""
+    state = cluster_state(example_gpus("n1", 2), EXAMPLE_GPU, counter_pool)
+    outcome = Allocator(state).allocate(pending(request(allocationMode="All")), "n1")
+    if fails:
+        assert not outcome.placeable and f"resource pool {NVIDIA}/n2 is currently {fails}" in outcome.error
+    else:
+        assert outcome.placeable and len(outcome.devices) == 2
+    assert Allocator(state).allocate(pending(request()), "n1").placeable
+    elsewhere = cluster_state(example_gpus("n1", 2), EXAMPLE_GPU, example_gpus("n2", 1, pool="other", count=2))
+    assert Allocator(elsewhere).allocate(pending(request(allocationMode="All")), "n1").placeable
+
+
 def test_a_prioritized_list_takes_the_first_subrequest_that_fits() -> None:
     state = cluster_state(partitionable_gpus("n1", H100), NVIDIA_GPU, NVIDIA_MIG,
                           claim_obj("whole", results=[(NVIDIA, "n1", "gpu-0-mig-1g10gb-19-0")]))

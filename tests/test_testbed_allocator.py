@@ -30,26 +30,17 @@ from dra_layouts import (
     slice_obj,
 )
 from kubetestbed import ControlPlane
+from testbed_batch import view
 
 from dra_exporter import catalog as cat
 from dra_exporter.cluster.allocator import Allocator
 from dra_exporter.cluster.capacity import Capacity
-from dra_exporter.model import ClusterState
-from dra_exporter.sources.kubeapi_normalize import claim_from_dict, device_class_from_dict, slice_from_dict
+from dra_exporter.sources.kubeapi_normalize import claim_from_dict
 
 pytestmark = [pytest.mark.testbed_kube, pytest.mark.slow]  # some hundred pods scheduled one by one
 
 Layout = Callable[[str], list[JSON]]
 """Objects on a node (its name in): slices, and claims with their allocation already written."""
-
-
-def view(kube: ControlPlane) -> ClusterState:
-    """What the exporter's cluster source would read: every slice, claim and class of the cluster."""
-    def items(path: str) -> list[dict[str, Any]]:
-        return list(kube.get(f"/apis/resource.k8s.io/v1/{path}")["items"])
-    return ClusterState("v1", tuple(slice_from_dict(o, "v1") for o in items("resourceslices")),
-                        tuple(claim_from_dict(o, "v1") for o in items("resourceclaims")),
-                        tuple(device_class_from_dict(o) for o in items("deviceclasses")))
 
 
 def create_layout(kube: ControlPlane, layout: Layout, classes: dict[str, JSON], *,

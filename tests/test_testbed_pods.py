@@ -10,14 +10,25 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from dra_layouts import H100, JSON, NVIDIA, claim_obj, device_class, example_gpus, partitionable_gpus, request
+from dra_layouts import (
+    H100,
+    JSON,
+    NVIDIA,
+    claim_obj,
+    device_class,
+    example_gpus,
+    partitionable_gpus,
+    request,
+    slice_obj,
+)
 from kubetestbed import ControlPlane
-from test_testbed_allocator import create_layout, scheduler_places, view
+from test_testbed_allocator import create_layout, scheduler_places
+from testbed_batch import view
 
 from dra_exporter.cluster.allocator import Allocator
 from dra_exporter.cluster.explain import first_blocking
 from dra_exporter.model import ClusterState
-from dra_exporter.sources.kubeapi_normalize import cluster_node_from_dict, pod_node_filters
+from dra_exporter.sources.kubeapi_normalize import pod_node_filters
 
 pytestmark = [pytest.mark.testbed_kube, pytest.mark.slow]
 
@@ -166,8 +177,20 @@ def test_pods_are_placed_as_the_scheduler_places_them(kube: ControlPlane) -> Non
          [claim_obj(kube.unique("all"), [request(device_class_name=cls11["metadata"]["name"],
                                                  allocationMode="All")])])
 
-    nodes = tuple(cluster_node_from_dict(o) for o in kube.get("/api/v1/nodes")["items"])
-    state = replace(view(kube), nodes=nodes)
+    # 12. All on a node of free devices, the pod pinned there, while another driver publishes only the
+    # counter set of a two-slice pool on another node: the scheduler gathers a slice of shared counters
+    # for every node, so the incomplete pool stops All here too.
+    d12 = kube.unique("d12") + ".example.com"
+    cls12 = device_class(kube.unique("c12"), f"device.driver == '{d12}'")
+    n12, elsewhere = kube.ready_node(), kube.ready_node()
+    counters = slice_obj(kube.unique("counters"), kube.unique("d12c") + ".example.com", elsewhere, node=elsewhere,
+                         count=2, counters=[{"name": "cs", "counters": {"memory": {"value": "8Gi"}}}])
+    case("All beside an incomplete counter-set pool of another node", "error",
+         [cls12, _gpus(kube, d12, n12, 2), counters],
+         [claim_obj(kube.unique("all"), [request(device_class_name=cls12["metadata"]["name"],
+                                                 allocationMode="All")])], node_name=n12)
+
+    state = view(kube)
     assert any(d.binding_conditions for sl in state.slices if sl.driver == d5 for d in sl.devices), (
         "the API server keeps bindingConditions (DRADeviceBindingConditions on): case 5 tests something")
     exporter = {pod: _exporter_says(kube, state, ns, claims, node) for pod, (claims, _, node) in cases.items()}

@@ -118,18 +118,17 @@ def claim_api(spec: JSON, ns: str) -> JSON:
 
 
 def exporter_allocates(allocator: Allocator, claims: list[JSON], node: str) -> Verdict:
-    """The adapter: the exporter allocates a pod's claims one after another on the node (committing
-    each), as its allocator works on claims; the pod fits when all do. One allocator serves every
-    case: their drivers differ, so what one case commits no other case's classes select."""
-    results: list[tuple[tuple[str, str, str, str, bool], ...]] = []
-    for obj in claims:
-        outcome = allocator.allocate(claim_from_dict(obj, "v1"), node)
-        verdict = exporter_verdict(outcome)
-        if verdict.outcome != ALLOCATED:
-            return verdict
+    """The adapter: the exporter places the pod's claims together on the node (``allocate_pod``, as the
+    scheduler does) and commits them when the pod fits. One allocator serves every case: their drivers
+    differ, so what one case commits no other case's classes select."""
+    outcomes = allocator.allocate_pod([claim_from_dict(obj, "v1") for obj in claims], node)
+    verdicts = [exporter_verdict(o) for o in outcomes]
+    refused = next((v for v in verdicts if v.outcome != ALLOCATED), None)
+    if refused is not None:
+        return refused
+    for outcome in outcomes:
         allocator.commit(outcome)
-        results.extend(verdict.results)
-    return Verdict(ALLOCATED, results=tuple(results))
+    return Verdict(ALLOCATED, results=tuple(r for v in verdicts for r in v.results))
 
 
 def said(verdict: Verdict, prefix: str) -> Any:
@@ -206,7 +205,7 @@ def test_upstreams_allocator_table_on_the_scheduler_and_the_exporter(kube: Contr
         prefix = prefixes[case["case"]]
         scheduler, exporter = said(theirs[case["case"]], prefix), said(ours[case["case"]], prefix)
         if scheduler != exporter:
-            differ[case["case"]] = f"scheduler {scheduler}, exporter {exporter}"
+            differ[case["case"]] = f"scheduler {scheduler}, exporter {exporter} {ours[case['case']].message[:300]}"
         if scheduler != expected(case):
             upstream_differs[case["case"]] = (f"scheduler {scheduler} ({theirs[case['case']].message[:200]}), "
                                               f"upstream's table {expected(case)}")

@@ -16,7 +16,12 @@ from kubetestbed import ControlPlane
 from dra_exporter.cluster.allocator import Outcome
 from dra_exporter.cluster.explain import undecided
 from dra_exporter.model import ClusterState
-from dra_exporter.sources.kubeapi_normalize import claim_from_dict, device_class_from_dict, slice_from_dict
+from dra_exporter.sources.kubeapi_normalize import (
+    claim_from_dict,
+    cluster_node_from_dict,
+    device_class_from_dict,
+    slice_from_dict,
+)
 
 ALLOCATED, UNSCHEDULABLE, ERROR, REFUSED, UNSUPPORTED = "allocated", "unschedulable", "error", "refused", "unsupported"
 #: Seconds a pod's first verdict is given to turn into a binding (the scheduler retries a pod whose
@@ -35,12 +40,14 @@ class Verdict:
 
 
 def view(kube: ControlPlane) -> ClusterState:
-    """What the exporter's cluster source would read: every slice, claim and class of the cluster."""
+    """What the exporter's cluster source would read: every slice, claim and class of the cluster, and
+    its Nodes (a slice for a node selector is for the Nodes whose labels meet it, as the scheduler sees it)."""
     def items(path: str) -> list[dict[str, Any]]:
         return list(kube.get(f"/apis/resource.k8s.io/v1/{path}")["items"])
     return ClusterState("v1", tuple(slice_from_dict(o, "v1") for o in items("resourceslices")),
                         tuple(claim_from_dict(o, "v1") for o in items("resourceclaims")),
-                        tuple(device_class_from_dict(o) for o in items("deviceclasses")))
+                        tuple(device_class_from_dict(o) for o in items("deviceclasses")),
+                        nodes=tuple(cluster_node_from_dict(o) for o in kube.get("/api/v1/nodes")["items"]))
 
 
 def exporter_verdict(outcome: Outcome) -> Verdict:

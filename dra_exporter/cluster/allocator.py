@@ -29,7 +29,9 @@ The rules, as the allocator applies them:
   ``matchAttribute``/``distinctAttribute`` constraints; a search that fails backtracks (a CEL
   run-time error on a device the search reaches fails the claim on that node, it does not skip the
   device);
-* allocation modes ExactCount and All (All needs every pool the node sees complete and valid);
+* allocation modes ExactCount and All (All needs every pool the node sees complete and valid; a
+  pool with shared counters every node sees, judged on a node without its devices by the slices it
+  gathers there: ``pools.judged_elsewhere``);
   a prioritized list (``firstAvailable``) takes the first subrequest that fits;
 * admin access takes no device (another claim's device may be used for it), but within the
   search it marks the device: the same pod's other requests cannot take it, nor another admin
@@ -292,8 +294,9 @@ class Allocator:
                 self.devices.setdefault(device.key, device)
         self._local: dict[str, list[Pool]] = {}
         self._global: list[Pool] = []
+        self._some_pool_unusable = any(not p.usable or p.unusable_elsewhere for p in self.pools)
         for pool in self.pools:
-            if pool.everywhere or not pool.nodes:
+            if pool.everywhere or pool.gathered_everywhere or not pool.nodes:
                 self._global.append(pool)
             else:
                 for n in pool.nodes:
@@ -359,7 +362,7 @@ class Allocator:
         out: list[tuple[Pool, list[Device]]] = []
         for pool in pools:
             devices = [d for sl, group in pool.by_slice if group and slice_serves(sl, node, labels) for d in group]
-            if devices:
+            if pool.seen_with(devices):
                 out.append((pool, devices))
         if len(self._views) < MAX_NODE_VIEWS:
             self._views[node] = out
@@ -560,23 +563,17 @@ class Allocator:
     def _may_fail(self, claims: Sequence[ClaimInfo]) -> bool:
         """Whether the search could err on a node after the first that fits (then every candidate
         node is searched, as the scheduler filters them all): a class whose CEL fails on some device,
-        All over a class some incomplete or invalid pool has devices of. A request's own CEL is not
+        All while some pool is incomplete or invalid (All fails on every node that sees such a pool,
+        whatever the class: the scheduler checks every pool of the node first). A request's own CEL is not
         run over the whole cluster for this: its errors count on the nodes searched up to the first fit."""
         for c in claims:
             for r in c.requests:
                 index = self.matches.index(r.device_class)
                 if index is None:
                     continue
-                if self._class_fails(index) or (r.all_devices and self._class_unusable(index)):
+                if self._class_fails(index) or (r.all_devices and self._some_pool_unusable):
                     return True
         return False
-
-    def _class_unusable(self, index: int) -> bool:
-        key = -1 - index  # beside _class_fails' keys
-        known = self._failing.get(key)
-        if known is None:
-            known = self._failing[key] = any(not p.usable and p.class_mask[index] for p in self.pools)
-        return known
 
     def _class_fails(self, index: int) -> bool:
         known = self._failing.get(index)
@@ -664,21 +661,19 @@ class Allocator:
     def _all_devices(self, search: _Search, req: _Request) -> None:
         """The devices an All request takes: every candidate the node sees, in use or not (the search
         then fails when one of them cannot be had); the pipeline's selector, node and capacity checks."""
-        seen: set[PoolKey] = set()
         claim = search.claims[req.claim]
-        for device in search.devices:
-            pool = device.pool
-            if pool.key not in seen and not self.checks.structural:
-                seen.add(pool.key)
-                if pool.incomplete:
-                    raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
-                                   f"{'/'.join(pool.key)} is currently being updated")
-                if pool.invalid:
-                    raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
-                                   f"{'/'.join(pool.key)} is currently invalid")
-            if (self._selected(req, device, claim) and device.for_node(search.node, search.labels)
-                    and self.checks.capacity_fits(device, req.info, search.layer)):
-                req.all_list.append(device)
+        for pool, devices in self.pool_view(search.node):
+            why = "" if self.checks.structural else pool.unusable_on(devices)[0]
+            if why == POOL_INCOMPLETE:
+                raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
+                               f"{'/'.join(pool.key)} is currently being updated")
+            if why == POOL_INVALID:
+                raise _Failure(f"request {req.info.name}: asks for all devices, but resource pool "
+                               f"{'/'.join(pool.key)} is currently invalid")
+            for device in devices:
+                if (self._selected(req, device, claim) and device.for_node(search.node, search.labels)
+                        and self.checks.capacity_fits(device, req.info, search.layer)):
+                    req.all_list.append(device)
 
     def _allocate_one(self, s: _Search, ri: int, si: int, di: int, start: int, in_sub: bool) -> bool:
         if ri >= len(s.groups):

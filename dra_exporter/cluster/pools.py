@@ -1,6 +1,7 @@
 """The cluster's device pools as the scheduler's allocator sees them: each pool's newest generation
 (``newest_generation``), whether it is complete and valid, which nodes its slices name (``Pool.nodes``,
-``Pool.everywhere``; whether a slice serves a node is ``nodes.slice_serves``), and its devices in the
+``Pool.everywhere``; whether a slice serves a node is ``nodes.slice_serves``), which nodes meet it
+(``Pool.seen_with``: a pool with shared counters every node), and its devices in the
 order the allocator tries them. Each of these is decided here once. No I/O.
 
 Pools whose devices carry ``bindingConditions`` are tried after all others (``Pool.binding_conditions``,
@@ -44,6 +45,13 @@ class Pool:
     """The nodes its slices name (``nodeName``, a device's ``nodeName``)."""
     everywhere: bool = False
     """Some slice is for all nodes or for a node selector."""
+    gathered_everywhere: bool = False
+    """Some slice publishes shared counters: the scheduler gathers the pool for every node, whatever
+    the slices' placement (the pool's devices need the counters wherever they are), and judges it on a
+    node without its devices by what it gathered there (``unusable_elsewhere``, ``seen_with``)."""
+    unusable_elsewhere: bool = False
+    """Gathered everywhere, and incomplete or invalid as judged on a node none of its devices is for
+    (``judged_elsewhere``): an All request fails on such a node too."""
     class_mask: tuple[bool, ...] = ()
     """Per class: whether some device of the pool does not fail it (True or None)."""
     class_errors: tuple[bool, ...] = ()
@@ -54,6 +62,21 @@ class Pool:
     @property
     def usable(self) -> bool:
         return not self.incomplete and not self.invalid
+
+    def seen_with(self, devices: Sequence[Device]) -> bool:
+        """Whether the scheduler's search on a node meets the pool, given its ``devices`` for that node:
+        when it has some there, or it is unusable as judged from nodes without them (All fails there)."""
+        return bool(devices) or self.unusable_elsewhere
+
+    def unusable_on(self, devices: Sequence[Device]) -> tuple[str, str]:
+        """Why All fails over the pool on a node where it has ``devices`` (none: as judged elsewhere):
+        (reason, its detail), or ("", "")."""
+        if devices:
+            return self.unusable_reason if not self.usable else ("", "")
+        if not self.unusable_elsewhere:
+            return "", ""
+        incomplete, invalid = judged_elsewhere(self.slices, self.expected)
+        return (POOL_INCOMPLETE, "") if incomplete else (POOL_INVALID, invalid)
 
     @property
     def unusable_reason(self) -> tuple[str, str]:
@@ -85,7 +108,11 @@ class Device:
         return device_serves(self.device, node, labels)
 
 
-def pool_invalid(slices: Sequence[ResourceSliceInfo]) -> tuple[str, dict[str, dict[str, float]]]:
+def pool_invalid(slices: Sequence[ResourceSliceInfo], *, device_names: bool = True
+                 ) -> tuple[str, dict[str, dict[str, float]]]:
+    """Why the pool of ``slices`` is invalid ("" when it is not) and the counters it publishes: a counter
+    set published twice, a device name twice (unless ``device_names`` is False), a device consuming a
+    counter set or counter the pool does not publish."""
     names: set[str] = set()
     counters: dict[str, dict[str, float]] = {}
     for sl in slices:
@@ -95,7 +122,7 @@ def pool_invalid(slices: Sequence[ResourceSliceInfo]) -> tuple[str, dict[str, di
             counters[cs.name] = dict(cs.counters)
     for sl in slices:
         for d in sl.devices:
-            if d.name in names:
+            if device_names and d.name in names:
                 return f"duplicate device name {d.name}", {}
             names.add(d.name)
             for use in d.consumes_counters:
@@ -106,6 +133,19 @@ def pool_invalid(slices: Sequence[ResourceSliceInfo]) -> tuple[str, dict[str, di
                     if name not in published:
                         return f"counter {name} not found in counter set {use.counter_set}", {}
     return "", counters
+
+
+def judged_elsewhere(slices: Sequence[ResourceSliceInfo], expected: int) -> tuple[bool, str]:
+    """(incomplete, why invalid) of a pool with shared counters as the scheduler judges it on a node
+    none of its device slices is for: it gathers the counter-set slices alone; as many as the pool
+    says it has make it complete (only their counter sets are checked), else the pool is complete when
+    all its slices are there, and then every device's consumption is checked too (its names are not)."""
+    counter_slices = [s for s in slices if s.shared_counters]
+    if len(counter_slices) == expected:
+        return False, pool_invalid(counter_slices)[0]
+    if len(slices) != expected:
+        return True, ""
+    return False, pool_invalid(slices, device_names=False)[0]
 
 
 def newest_generation(slices: Iterable[ResourceSliceInfo]) -> dict[PoolKey, list[ResourceSliceInfo]]:
@@ -132,9 +172,11 @@ def build_pool(key: PoolKey, slices: list[ResourceSliceInfo], rules: Sequence[De
     everywhere = any(s.placement.all_nodes or s.placement.node_selector is not None for s in slices) or any(
         d.placement is not None and (d.placement.all_nodes or d.placement.node_selector is not None)
         for s in slices for d in s.devices)
+    gathered_everywhere = any(s.shared_counters for s in slices)
     pool = Pool(key, slices[0].generation, expected, slices, counters=counters,
                 incomplete=len(slices) != expected, invalid=invalid, nodes=frozenset(nodes),
-                everywhere=everywhere,
+                everywhere=everywhere, gathered_everywhere=gathered_everywhere,
+                unusable_elsewhere=gathered_everywhere and any(judged_elsewhere(slices, expected)),
                 binding_conditions=any(d.binding_conditions for s in slices for d in s.devices))
     for sl in slices:
         rows = rows_of(sl)
