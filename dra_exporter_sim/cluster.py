@@ -142,7 +142,10 @@ def _a100(node: str, i: int) -> JSON:
         "type": {"string": "gpu"}, "uuid": {"string": derived_uuid(1, "gpu", node, str(i)).upper()},
         "productName": {"string": "NVIDIA A100-SXM4-80GB"}, "brand": {"string": "Nvidia"},
         "architecture": {"string": "Ampere"}, "cudaComputeCapability": {"version": "8.0.0"},
-        "driverVersion": {"version": "580.82.7"}}, "capacity": {"memory": {"value": "80Gi"}}}
+        # Driver 580.82.07 is CUDA 13.0; the bus ids are those of a DGX A100's first four GPUs.
+        "driverVersion": {"version": "580.82.7"}, "cudaDriverVersion": {"version": "13.0.0"},
+        "resource.kubernetes.io/pciBusID": {"string": f"0000:{(0x07, 0x0f, 0x47, 0x4e)[i]:02x}:00.0"}},
+        "capacity": {"memory": {"value": "80Gi"}}}
     if i == 3:
         device["taints"] = [{"key": "gpu.nvidia.com/ecc-errors", "value": "uncorrectable", "effect": "NoSchedule",
                              "timeAdded": timestamp(-3600)}]

@@ -405,13 +405,15 @@ class _DumpBuilder:
         architecture = self._one_value(devices, "architecture")
         driver = self._one_value(devices, "driverVersion")
         cuda = self._one_value(devices, "cudaDriverVersion")
+        compute_capability = self._one_value(devices, "cudaComputeCapability")
         memory = self._gpu_memory(devices)
         mig = known_mig_profiles(base, architecture, memory) if memory else None
         if mig is None:
             mig = self._mig_profiles_seen(devices, memory)
         profile = identified(
             base, model=model_name, architecture=architecture, memory_total=memory,
-            driver_version=_nvml_driver_version(driver), cuda_major=_major(cuda), mig_profiles=mig,
+            driver_version=_nvml_driver_version(driver), cuda_driver_version=_major_minor(cuda),
+            cuda_compute_capability=_major_minor(compute_capability), mig_profiles=mig,
         )
         bus_ids: dict[int, str] = {}
         for d in devices:
@@ -732,9 +734,10 @@ def _nvml_driver_version(semver: str) -> str:
     return semver
 
 
-def _major(version: str) -> int | None:
-    head = version.partition(".")[0]
-    return int(head) if head.isdigit() else None
+def _major_minor(semver: str) -> str:
+    """The driver's semver ``12.4.0`` as NVML's ``<major>.<minor>`` (``12.4``); "" when it is not one."""
+    parts = semver.split(".")
+    return f"{int(parts[0])}.{int(parts[1])}" if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else ""
 
 
 def _nvml_bus_id(s: _Obj, field: str, value: str) -> str:

@@ -64,9 +64,6 @@ NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 
 JSON = dict[str, Any]
 
-# Facts NVIDIA's driver publishes that NVML has and the recorded profile does not keep
-# (the H200 recording: architecture 9 = Hopper, compute capability 9.0, CUDA driver 13000).
-_ARCHITECTURE: Final = {"h200": ("Hopper", "9.0.0", "13.0.0")}
 _BRAND: Final = "Nvidia"
 # MIG capacities per compute-slice count on a Hopper GPU (NVIDIA's MIG user guide, H100/H200
 # profiles); the simulator approximates engines by slice count.
@@ -376,11 +373,16 @@ def _taints(taints: Iterable[model.DeviceTaint]) -> list[JSON]:
 
 
 def _common_attributes(scenario: Scenario, gpu: Gpu) -> JSON:
-    arch, cc, cuda = _ARCHITECTURE.get(scenario.gpu_model, ("", "", ""))
-    attrs: JSON = {"productName": _s(scenario.profile.model), "brand": _s(_BRAND)}
-    if arch:
-        attrs.update(architecture=_s(arch), cudaComputeCapability=_v(cc), cudaDriverVersion=_v(cuda))
-    attrs["driverVersion"] = _v(_semver(scenario.profile.driver_version))
+    profile = scenario.profile
+    attrs: JSON = {"productName": _s(profile.model), "brand": _s(_BRAND)}
+    # A replayed dump's profile knows only what its slices said: what they did not, is not published.
+    if profile.architecture:
+        attrs["architecture"] = _s(profile.architecture)
+    if profile.cuda_compute_capability:
+        attrs["cudaComputeCapability"] = _v(_semver(profile.cuda_compute_capability))
+    if profile.cuda_driver_version:
+        attrs["cudaDriverVersion"] = _v(_semver(profile.cuda_driver_version))
+    attrs["driverVersion"] = _v(_semver(profile.driver_version))
     attrs["resource.kubernetes.io/pciBusID"] = _s(_pci_bus_id(gpu.pci_bus_id))
     attrs["addressingMode"] = _s("None")
     return attrs

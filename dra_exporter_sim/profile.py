@@ -7,7 +7,8 @@ Scenarios use it to validate MIG layouts; the fake NVML to answer.
 
 A node replayed from a cluster dump is whatever GPU its ResourceSlice names: ``identified``
 keeps the recorded values (power, clocks, fields: the only recording there is) and takes the
-identity from the slice (model, memory, driver version, GPM by architecture, the model's
+identity from the slice (model, memory, driver version, architecture with GPM by it, compute
+capability, CUDA driver version, the model's
 MIG profiles from ``_MIG_MEMORY_NAMES`` or from the slice's own MIG devices).
 """
 
@@ -155,6 +156,14 @@ class GpuProfile:
     gpm_metrics: tuple[GpmSpec, ...]
     latency_us: tuple[tuple[str, float], ...]
     """Recorded median latency per NVML function, for realistic benchmarks."""
+    architecture: str
+    """``nvmlDeviceGetArchitecture`` as NVIDIA's driver names it (``Hopper``); "" when unknown (a dump
+    whose slices do not say)."""
+    cuda_compute_capability: str
+    """``nvmlDeviceGetCudaComputeCapability`` as ``<major>.<minor>`` (``9.0``); "" when unknown."""
+    cuda_driver_version: str
+    """``nvmlSystemGetCudaDriverVersion`` as ``<major>.<minor>`` (13000 → ``13.0``, NVIDIA's driver's
+    formatting); "" when unknown."""
     nvlink: NvLinkSpec | None = None
     """None: NVML answers NOT_SUPPORTED for NVLink (the recorded H200)."""
     fabric: FabricSpec | None = None
@@ -232,10 +241,24 @@ def load_profile(gpu_model: str) -> GpuProfile:
                      for f in raw["fields"]),
         gpm_metrics=tuple(GpmSpec(m["id"], m["name"], m["ret"], m["idle"], m["load"]) for m in raw["gpm"]),
         latency_us=tuple(raw["latency_us"].items()),
+        architecture=NVML_ARCHITECTURES[raw["architecture"]],
+        cuda_compute_capability="{}.{}".format(*raw["cuda_compute_capability"]),
+        cuda_driver_version=cuda_version(raw["cuda_driver_version"]),
         nvlink=NvLinkSpec(**raw["nvlink"]) if "nvlink" in raw else None,
         fabric=FabricSpec(**{**raw["fabric"], "health": tuple(raw["fabric"].get("health", {}).items())})
         if "fabric" in raw else None,
     )
+
+
+#: ``nvmlDeviceArchitecture_t`` values by the name NVIDIA's driver publishes as ``architecture``
+#: (go-nvlib's ``GetArchitectureAsString``).
+NVML_ARCHITECTURES: Final = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
+                             8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell"}
+
+
+def cuda_version(nvml_value: int) -> str:
+    """``nvmlSystemGetCudaDriverVersion``'s ``1000 * major + 10 * minor`` as ``<major>.<minor>``."""
+    return f"{nvml_value // 1000}.{nvml_value % 1000 // 10}"
 
 
 #: Architectures (as NVIDIA's driver publishes ``architecture``) whose GPUs have GPM (GPU
@@ -283,17 +306,23 @@ def mig_profile_from_slice(name: str, gi_profile_id: int, memory_slices: int, st
 
 
 def identified(base: GpuProfile, *, model: str, architecture: str, memory_total: int, driver_version: str,
-               cuda_major: int | None, mig_profiles: tuple[MigProfile, ...]) -> GpuProfile:
+               cuda_driver_version: str, cuda_compute_capability: str,
+               mig_profiles: tuple[MigProfile, ...]) -> GpuProfile:
     """``base``'s recorded answers under the identity a ResourceSlice gives (see the module docstring).
 
-    Reserved memory and the context overhead scale with the memory; the NVML version is
-    ``<CUDA major>.<driver version>``, as NVML writes it.
+    ``cuda_driver_version`` and ``cuda_compute_capability`` are ``<major>.<minor>`` or "" (the slice does
+    not say; nor does the profile then: the recording's would be another GPU's). Reserved memory and the
+    context overhead scale with the memory; the NVML version is ``<CUDA major>.<driver version>``, as NVML
+    writes it.
     """
     scale = memory_total / base.memory_total if memory_total else 1.0
-    nvml_major = str(cuda_major) if cuda_major is not None else base.nvml_version.partition(".")[0]
+    cuda_major = cuda_driver_version.partition(".")[0]
+    nvml_major = cuda_major if cuda_major.isdigit() else base.nvml_version.partition(".")[0]
     driver = driver_version or base.driver_version
     return dataclasses.replace(
         base, model=model or base.model, driver_version=driver, nvml_version=f"{nvml_major}.{driver}",
+        architecture=architecture, cuda_compute_capability=cuda_compute_capability,
+        cuda_driver_version=cuda_driver_version,
         memory_total=memory_total or base.memory_total, memory_reserved=round(base.memory_reserved * scale),
         gpm_supported=base.gpm_supported and architecture.lower() in GPM_ARCHITECTURES,
         gpm_metrics=base.gpm_metrics if architecture.lower() in GPM_ARCHITECTURES else (),

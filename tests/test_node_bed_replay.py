@@ -30,6 +30,8 @@ from dra_exporter.model import ClusterSnapshot, DeviceSample, DeviceSnapshot, Gp
 from dra_exporter.proto import api_pb2
 from dra_exporter.sources import kubeapi_normalize as norm
 from dra_exporter.sources.podresources import snapshot_from_response
+from dra_exporter_sim.profile import GPU_MODELS, load_profile
+from dra_exporter_sim.scenario_builder import parse_scenario
 
 HERE = Path(__file__).resolve().parent
 BOARDS = ("h100", "gb200")
@@ -64,18 +66,92 @@ def test_the_real_drivers_gpu_attributes_are_what_the_simulator_and_the_exporter
             assert set(d["capacity"]) == {"memory"}
 
 
-def test_the_simulated_driver_publishes_the_real_drivers_attribute_names_and_types() -> None:
+def attribute_types(device: dict[str, Any]) -> dict[str, str]:
+    """A device's attributes as NVIDIA's driver types them, name → ``string``/``int``/``bool``/``version``;
+    without ``addressingMode`` (driver 25.12+ on real NVML; the bed's mock NVML has none to give)."""
+    return {k: next(iter(v)) for k, v in device["attributes"].items() if k != "addressingMode"}
+
+
+def recorded_gpus() -> list[dict[str, Any]]:
+    return [d for board in BOARDS for s in of_kind(dump(board), "ResourceSlice") for d in s["spec"]["devices"]]
+
+
+def simulated_whole_gpus(source: str) -> list[dict[str, Any]]:
+    """The whole GPUs the simulator's own slices publish: a node of ``source``'s GPU model, or (``cluster``)
+    every ``type: gpu`` device of the built-in cluster (the demo's H200s and its hand-made A100s)."""
+    from dra_exporter_sim import k8s_objects
+    from dra_exporter_sim.cluster import builtin_cluster
+
+    if source != "cluster":
+        scenario = parse_scenario({"node": "node-a", "gpu_model": source, "gpus": [{"index": 0}]}, "test.yaml")
+        return [k8s_objects.gpu_device(scenario, scenario.gpus[0])]
+    return [d for s in builtin_cluster() if s["kind"] == "ResourceSlice" and s["spec"]["driver"] == "gpu.nvidia.com"
+            for d in s["spec"].get("devices", ()) if d["attributes"].get("type") == {"string": "gpu"}]
+
+
+@pytest.mark.parametrize("source", [*GPU_MODELS, "cluster"])
+def test_the_simulators_whole_gpus_carry_the_real_drivers_attribute_names_and_types(source: str) -> None:
+    real = recorded_gpus()
+    # What the real driver says of a CUDA driver branch and of an architecture, from the recorded boards.
+    cuda_by_driver = {d["attributes"]["driverVersion"]["version"].split(".")[0]:
+                      d["attributes"]["cudaDriverVersion"]["version"].split(".")[0] for d in real}
+    compute_by_architecture = {d["attributes"]["architecture"]["string"]:
+                               d["attributes"]["cudaComputeCapability"]["version"] for d in real}
+    # NVIDIA's CUDA GPU table for the architectures no recorded board has.
+    compute_by_architecture.setdefault("Ampere", "8.0.0")
+    devices = simulated_whole_gpus(source)
+    assert devices
+    for device in devices:
+        assert attribute_types(device) == REAL_GPU_ATTRIBUTES, device["name"]
+        if "consumesCounters" not in device:  # DynamicMIG's whole GPUs: no recorded board has them
+            assert set(device["capacity"]) == {"memory"}, device["name"]
+        attrs = device["attributes"]
+        for name, value in attrs.items():
+            if "version" in value:  # NVIDIA's driver publishes semver: no leading zeros, three parts
+                assert re.fullmatch(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)", value["version"]), (name, value)
+        architecture = attrs["architecture"]["string"]
+        assert attrs["cudaComputeCapability"]["version"] == compute_by_architecture[architecture], device["name"]
+        driver_branch = attrs["driverVersion"]["version"].split(".")[0]
+        assert attrs["cudaDriverVersion"]["version"].split(".")[0] == cuda_by_driver[driver_branch], device["name"]
+    if source in GPU_MODELS:
+        profile = load_profile(source)
+        expected = {"h200": "Hopper", "h200-hgx": "Hopper", "gb200": "Blackwell"}[source]
+        assert devices[0]["attributes"]["architecture"] == {"string": expected}
+        # The CUDA driver version the simulated NVML reports (``<CUDA major>.<driver>``) is the slice's.
+        cuda = devices[0]["attributes"]["cudaDriverVersion"]["version"]
+        assert profile.nvml_version.split(".")[0] == cuda.split(".")[0]
+
+
+@pytest.mark.parametrize("gpu_model", GPU_MODELS)
+def test_the_simulators_mig_devices_carry_their_parents_attributes_as_nvidias_driver_does(gpu_model: str) -> None:
+    """NVIDIA's driver gives a MIG device its parent GPU's attributes plus ``parentUUID`` and ``profile``."""
+    from dra_exporter_sim import k8s_objects
+
+    scenario = parse_scenario({"node": "node-a", "gpu_model": gpu_model, "gpus": [{"index": 0}]}, "test.yaml")
+    gpu = scenario.gpus[0]
+    mig_profile = scenario.profile.mig_profiles[0]
+    mig = k8s_objects.mig_device(scenario, gpu, mig_profile, mig_profile.starts[0], uuid="MIG-0")
+    whole = k8s_objects.gpu_device(scenario, gpu)
+    assert attribute_types(mig) == {**attribute_types(whole), "parentUUID": "string", "profile": "string"}
+    shared = set(REAL_GPU_ATTRIBUTES) - {"type", "uuid"}
+    assert {k: mig["attributes"][k] for k in shared} == {k: whole["attributes"][k] for k in shared}
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_the_simulator_publishes_a_replayed_real_gpu_as_the_real_driver_did(board: str) -> None:
+    """The dump of the real node as a scenario: the simulator's own device for each GPU (from the profile it
+    identified from the slices) is the real driver's, architecture and CUDA driver version included."""
     from dra_exporter_sim import k8s_objects
     from dra_exporter_sim.loader import load_scenario
 
-    scenario = load_scenario("demo")
-    gpu = next(g for g in scenario.gpus if not g.mig)  # a whole GPU
-    device = k8s_objects.gpu_device(scenario, gpu)
-    simulated_types = {k: next(iter(v)) for k, v in device["attributes"].items()}
-    # addressingMode: NVIDIA's driver 25.12+ on real NVML; the bed's mock NVML has none to give.
-    assert {k: v for k, v in simulated_types.items() if k != "addressingMode"} == REAL_GPU_ATTRIBUTES
-    real = of_kind(dump("h100"), "ResourceSlice")[0]["spec"]["devices"][0]["attributes"]["driverVersion"]
-    assert k8s_objects._semver("550.163.01") == real["version"] == "550.163.1"  # the H100 profile's driver
+    scenario = load_scenario(HERE / "dumps" / f"node-bed-{board}.yaml", NODE)
+    real = {d["name"]: d for s in of_kind(dump(board), "ResourceSlice") for d in s["spec"]["devices"]}
+    simulated = {f"gpu-{g.minor}": k8s_objects.gpu_device(scenario, g) for g in scenario.gpus}
+    assert set(simulated) == set(real)
+    for name, device in simulated.items():
+        device["attributes"].pop("addressingMode")
+        assert device == real[name]
+    assert k8s_objects._semver("550.163.01") == "550.163.1"  # the H100 board's driver, as NVIDIA publishes it
 
 
 @pytest.mark.parametrize("board", BOARDS)

@@ -111,6 +111,10 @@ def build_profile(fixtures: Path) -> dict[str, Any]:
         "generated_from": ["h200-idle.json", "h200-under-load.json"],
         "driver_version": _ok(meta["driver"], "driver"),
         "nvml_version": _ok(meta["nvml_version"], "NVML version"),
+        # NVML's answers; the simulated driver publishes them as NVIDIA's does (architecture name, semver).
+        "cuda_driver_version": _ok(meta["cuda_driver_version"], "CUDA driver version"),
+        "architecture": _ok(ig["nvmlDeviceGetArchitecture"], "architecture"),
+        "cuda_compute_capability": _ok(ig["nvmlDeviceGetCudaComputeCapability"], "compute capability"),
         "pci": {"device_id": pci["pciDeviceId"], "subsystem_id": pci["pciSubSystemId"]},
         "memory": {
             "total_bytes": mem_idle["total"],
