@@ -106,23 +106,28 @@ def binaries(assets: Path) -> dict[str, Path]:
     missing = [str(p) for p in packed.values() if not p.is_file()]
     if missing:
         raise ControlPlaneError(f"{ASSETS_VARIABLE}={assets} has neither the binaries nor {', '.join(missing)}")
-    # Keyed by what the packed files are, so a newer test bed unpacks anew.
-    key = hashlib.sha256()
-    for name in BINARIES:
-        stat = packed[name].stat()
+    return unpacked("kube", packed)
+
+
+def unpacked(prefix: str, packed: Mapping[str, Path], salt: bytes = b"") -> dict[str, Path]:
+    """Each ``NAME.xz`` of ``packed`` (name -> file) unpacked once into the cache as an executable, in a
+    folder keyed by what the packed files are (and ``salt``), so a newer test bed unpacks anew."""
+    key = hashlib.sha256(salt)
+    for name, path in packed.items():
+        stat = path.stat()
         key.update(f"{name}:{stat.st_size}:{int(stat.st_mtime)}\n".encode())
-    target = cache_root() / f"kube-{key.hexdigest()[:16]}"
+    target = cache_root() / f"{prefix}-{key.hexdigest()[:16]}"
     target.mkdir(parents=True, exist_ok=True)
-    for name in BINARIES:
+    for name, path in packed.items():
         out = target / name
         if out.is_file() and os.access(out, os.X_OK):
             continue
         tmp = target / f".{name}.{os.getpid()}.tmp"
-        with lzma.open(packed[name]) as src, open(tmp, "wb") as dst:
+        with lzma.open(path) as src, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
         tmp.chmod(0o755)
         tmp.replace(out)  # atomic: a parallel session sees a whole file or none
-    return {name: target / name for name in BINARIES}
+    return {name: target / name for name in packed}
 
 
 def free_port() -> int:

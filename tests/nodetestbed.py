@@ -24,9 +24,7 @@ to run or be gone, ``exporter()`` runs ``dra-exporter serve`` on the node and sc
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
-import lzma
 import os
 import re
 import shutil
@@ -48,7 +46,7 @@ from typing import Any
 import yaml
 from childproc import die_with_parent
 from kubetestbed import binaries as kube_binaries
-from kubetestbed import cache_root, collection_path
+from kubetestbed import collection_path, unpacked
 from nvmltestbed import library_folder
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -109,24 +107,10 @@ def beside(folder: Path, variable: str, name: str) -> Path:
 
 
 def _unpacked_node_binaries(folder: Path) -> dict[str, Path]:
-    """The bed's Go binaries, unpacked once into the cache (keyed by the bed's checksum list)."""
+    """The bed's Go binaries, unpacked once into the cache (keyed by the bed's checksum list too)."""
     sums = folder / "SHA256SUMS"
-    key = hashlib.sha256(sums.read_bytes() if sums.is_file() else b"")
-    for name in NODE_BINARIES:
-        stat = (folder / f"{name}.xz").stat()
-        key.update(f"{name}:{stat.st_size}:{int(stat.st_mtime)}\n".encode())
-    target = cache_root() / f"node-{key.hexdigest()[:16]}"
-    target.mkdir(parents=True, exist_ok=True)
-    for name in NODE_BINARIES:
-        out = target / name
-        if out.is_file() and os.access(out, os.X_OK):
-            continue
-        tmp = target / f".{name}.{os.getpid()}.tmp"
-        with lzma.open(folder / f"{name}.xz") as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        tmp.chmod(0o755)
-        tmp.replace(out)  # atomic: a parallel session sees a whole file or none
-    return {name: target / name for name in NODE_BINARIES}
+    return unpacked("node", {name: folder / f"{name}.xz" for name in NODE_BINARIES},
+                    sums.read_bytes() if sums.is_file() else b"")
 
 
 def _driver_version(profile: Path) -> str:
